@@ -1,0 +1,360 @@
+/*
+ * prosody.h - the public interface of libprosody, a Kafka consumer/producer
+ * framework with per-key ordering, durable per-key timers and failure
+ * handling that never lets one bad key stall a partition.
+ *
+ * This is the only installed header. Every type is opaque except the plain
+ * option tables documented as such. Conventions, shared by every function:
+ *
+ *  - Functions that can fail return a prosody_err_t (0 is success) and, when
+ *    they take an `errstr`/`errstr_size` pair, write a human-readable message
+ *    naming what was wrong into it (always NUL-terminated, truncated to fit;
+ *    `errstr` may be NULL when the caller does not want the text).
+ *  - Constructors return NULL on failure and fill `errstr`.
+ *  - Ownership moves only on success. `*_destroy(NULL)` is a no-op.
+ *  - Unless a function says otherwise it is thread-safe and may be called
+ *    from any thread.
+ */
+#ifndef PROSODY_H
+#define PROSODY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(PROSODY_BUILDING) && defined(__GNUC__)
+#define PROSODY_EXPORT __attribute__((visibility("default")))
+#else
+#define PROSODY_EXPORT
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Version                                                                   */
+/* ------------------------------------------------------------------------ */
+
+#define PROSODY_VERSION_MAJOR 0
+#define PROSODY_VERSION_MINOR 1
+#define PROSODY_VERSION_PATCH 0
+/* 0xMMmmpp: comparable with < and >. */
+#define PROSODY_VERSION                                                        \
+  ((PROSODY_VERSION_MAJOR << 16) | (PROSODY_VERSION_MINOR << 8) |              \
+   PROSODY_VERSION_PATCH)
+
+/* The library's version as "MAJOR.MINOR.PATCH" (static storage). */
+PROSODY_EXPORT const char *prosody_version_str(void);
+/* The library's version as PROSODY_VERSION would encode it at build time. */
+PROSODY_EXPORT int prosody_version(void);
+
+/* ------------------------------------------------------------------------ */
+/* Errors                                                                    */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Every error the library returns. Transient errors may succeed when retried
+ * (see prosody_err_is_transient()); the others will not.
+ */
+typedef enum prosody_err {
+  PROSODY_OK = 0,
+  /* An argument was NULL, empty or malformed (the message names it). */
+  PROSODY_ERR_INVALID_ARG = 1,
+  /* The configuration is invalid (the message names the option, its
+   * environment variable, the bad value and the accepted form). */
+  PROSODY_ERR_CONFIG = 2,
+  /* Memory allocation failed. */
+  PROSODY_ERR_NOMEM = 3,
+  /* A payload is not valid JSON (the message gives line and column). */
+  PROSODY_ERR_INVALID_PAYLOAD = 4,
+  /* The operation did not complete within its time budget. Transient. */
+  PROSODY_ERR_TIMEOUT = 5,
+  /* Kafka reported an error that may go away when retried. Transient. */
+  PROSODY_ERR_TRANSIENT = 6,
+  /* Kafka reported an error that retrying will not fix. */
+  PROSODY_ERR_PERMANENT = 7,
+  /* The topic to create already exists. */
+  PROSODY_ERR_TOPIC_EXISTS = 8,
+  /* The topic does not exist. */
+  PROSODY_ERR_UNKNOWN_TOPIC = 9,
+  /* The operation is not supported here (the message says why). */
+  PROSODY_ERR_UNSUPPORTED = 10,
+  /* The object is shutting down or not in a state that allows the call. */
+  PROSODY_ERR_STATE = 11
+} prosody_err_t;
+
+/* The constant's name, e.g. "PROSODY_ERR_TIMEOUT" (static storage; an
+ * unknown value gives "PROSODY_ERR_UNKNOWN"). */
+PROSODY_EXPORT const char *prosody_err_name(prosody_err_t err);
+/* A short English description of the error (static storage). */
+PROSODY_EXPORT const char *prosody_err_message(prosody_err_t err);
+/* 1 when retrying the failed operation may succeed, 0 otherwise. */
+PROSODY_EXPORT int prosody_err_is_transient(prosody_err_t err);
+
+/* ------------------------------------------------------------------------ */
+/* Configuration                                                             */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * A set of options. Every option of the specification has a name (e.g.
+ * "max_concurrency") and an environment variable (e.g.
+ * PROSODY_MAX_CONCURRENCY). The effective value of an option is, in order of
+ * precedence: the value set with prosody_config_set(), the environment
+ * variable (read when the configuration is resolved, i.e. by
+ * prosody_client_new(), prosody_admin_new(), prosody_config_get() and
+ * prosody_config_validate()), the default. The full table, with types,
+ * defaults and bounds, is in docs/CONFIGURATION.md.
+ *
+ * Value syntax: durations are humantime strings ("500ms", "5m", "2h 30m",
+ * "7d"; units ns us ms s m h d w M y; a bare number is an error); lists are
+ * comma-separated and trimmed; booleans are "true"/"false"; optional values
+ * accept "none" to unset them.
+ *
+ * A prosody_config_t is not thread-safe: use it from one thread at a time.
+ */
+typedef struct prosody_config prosody_config_t;
+
+/* Where an option's effective value came from. */
+typedef enum prosody_config_source {
+  PROSODY_CONFIG_SOURCE_DEFAULT = 0, /* the built-in default */
+  PROSODY_CONFIG_SOURCE_ENV = 1,     /* the option's environment variable */
+  PROSODY_CONFIG_SOURCE_SET = 2      /* prosody_config_set() */
+} prosody_config_source_t;
+
+/* A new, empty configuration (every option at its environment value or
+ * default). Returns NULL only when out of memory. */
+PROSODY_EXPORT prosody_config_t *prosody_config_new(void);
+
+/*
+ * Sets option `name` to `value`, validating the value at once. A NULL `value`
+ * removes an earlier set, so the environment or default applies again.
+ * Errors: PROSODY_ERR_INVALID_ARG (NULL conf or name), PROSODY_ERR_CONFIG
+ * (unknown option, or a value that does not parse or is out of bounds; the
+ * message says which and what is accepted). On error the option keeps its
+ * previous value.
+ */
+PROSODY_EXPORT prosody_err_t prosody_config_set(prosody_config_t *conf,
+                                                const char *name,
+                                                const char *value, char *errstr,
+                                                size_t errstr_size);
+
+/*
+ * Writes option `name`'s effective value, in canonical form, into `buf` and
+ * where it came from into `*source` (may be NULL). Unset optional values are
+ * written as "none". Errors: PROSODY_ERR_INVALID_ARG, PROSODY_ERR_CONFIG
+ * (unknown option, or its environment variable holds an invalid value).
+ */
+PROSODY_EXPORT prosody_err_t prosody_config_get(const prosody_config_t *conf,
+                                                const char *name, char *buf,
+                                                size_t buf_size,
+                                                prosody_config_source_t *source,
+                                                char *errstr,
+                                                size_t errstr_size);
+
+/*
+ * Resolves every option (set values, environment, defaults) and checks the
+ * rules between options that a client needs (e.g. max_retry_delay >=
+ * retry_base, failure_topic in low-latency mode). Returns the first error.
+ * prosody_client_new() runs the same checks.
+ */
+PROSODY_EXPORT prosody_err_t prosody_config_validate(
+    const prosody_config_t *conf, char *errstr, size_t errstr_size);
+
+/* Frees the configuration. NULL is a no-op. */
+PROSODY_EXPORT void prosody_config_destroy(prosody_config_t *conf);
+
+/*
+ * A read-only description of one option, as recorded in the option table.
+ * This is a plain table: all strings are static storage.
+ */
+typedef struct prosody_option_info {
+  const char *name;          /* "max_concurrency" */
+  const char *env;           /* "PROSODY_MAX_CONCURRENCY" */
+  const char *type;          /* "integer", "duration", "list", ... */
+  const char *default_value; /* display form, e.g. "32", "5m" or "-" */
+  const char *accepted;      /* the accepted form, e.g. "integer 1..65536" */
+  const char *section;       /* "Core", "Consumer", ... */
+  const char *description;   /* one sentence */
+} prosody_option_info_t;
+
+/* Number of options in the table. */
+PROSODY_EXPORT size_t prosody_option_count(void);
+/* The i-th option (0-based), or NULL when out of range. */
+PROSODY_EXPORT const prosody_option_info_t *prosody_option_info(size_t i);
+
+/* ------------------------------------------------------------------------ */
+/* Client and producer                                                       */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * A client: one Kafka producer now, and the consumer in later releases.
+ * Created from a configuration that needs `bootstrap_servers` (unless
+ * `mock` is true) and `source_system` or `group_id` (the value of the
+ * `source-system` header on every record sent).
+ */
+typedef struct prosody_client prosody_client_t;
+
+/*
+ * Creates a client. On success the client takes ownership of `conf` (do not
+ * use or destroy it afterwards); on failure the caller keeps it. With
+ * `mock=true` the client uses the process-wide embedded mock cluster (see
+ * prosody_mock_bootstrap_servers()). Does not block on the network.
+ * Returns NULL on error with the reason in `errstr`.
+ */
+PROSODY_EXPORT prosody_client_t *prosody_client_new(prosody_config_t *conf,
+                                                    char *errstr,
+                                                    size_t errstr_size);
+
+/*
+ * Destroys the client. Records still awaiting delivery are waited for up to
+ * `send_timeout`; their async callbacks fire (with an error if they were not
+ * delivered) before this returns. Must not be called from a send callback.
+ * NULL is a no-op.
+ */
+PROSODY_EXPORT void prosody_client_destroy(prosody_client_t *client);
+
+/* The value of the `source-system` header this client writes (owned by the
+ * client, valid until it is destroyed). */
+PROSODY_EXPORT const char *prosody_client_source_system(
+    const prosody_client_t *client);
+
+/*
+ * Optional W3C trace context for a record sent from within a traced
+ * operation. A plain table: every field may be NULL. `traceparent` must be a
+ * W3C traceparent ("00-<32 hex>-<16 hex>-<2 hex>"); `tracestate` and
+ * `baggage` are passed through as given.
+ */
+typedef struct prosody_trace {
+  const char *traceparent;
+  const char *tracestate;
+  const char *baggage;
+} prosody_trace_t;
+
+/*
+ * Sends `payload_json` (a JSON text) to `topic` with `key`, and waits for the
+ * broker's acknowledgement, at most `send_timeout`. The record carries the
+ * header `source-system` and, when `trace` gives them, `traceparent`,
+ * `tracestate` and `baggage`. Blocks the calling thread.
+ *
+ * Errors: PROSODY_ERR_INVALID_ARG (NULL/empty topic, NULL key, key not
+ * UTF-8, malformed traceparent), PROSODY_ERR_INVALID_PAYLOAD, PROSODY_ERR_TIMEOUT
+ * (not acknowledged within send_timeout; transient), PROSODY_ERR_TRANSIENT,
+ * PROSODY_ERR_PERMANENT (e.g. record too large), PROSODY_ERR_STATE (client
+ * shutting down).
+ */
+PROSODY_EXPORT prosody_err_t prosody_send(prosody_client_t *client,
+                                          const char *topic, const char *key,
+                                          const char *payload_json,
+                                          const prosody_trace_t *trace,
+                                          char *errstr, size_t errstr_size);
+
+/* Where a delivered record landed. A plain table. */
+typedef struct prosody_delivery {
+  const char *topic;
+  int32_t partition;
+  int64_t offset;
+} prosody_delivery_t;
+
+/*
+ * Called exactly once per accepted prosody_send_async() call, on an internal
+ * thread, when the record was acknowledged (`err` == PROSODY_OK, `delivery`
+ * set) or finally failed (`errstr` says why, `delivery` is NULL or carries
+ * the topic only). The strings and `delivery` are valid during the call only.
+ * The callback must not block for long and must not destroy the client.
+ */
+typedef void (*prosody_send_cb)(prosody_err_t err, const char *errstr,
+                                const prosody_delivery_t *delivery,
+                                void *opaque);
+
+/*
+ * Like prosody_send() but does not wait: returns PROSODY_OK once the record
+ * is queued, and `cb` fires later exactly once. When this returns an error
+ * the record was not queued and `cb` never fires.
+ */
+PROSODY_EXPORT prosody_err_t prosody_send_async(
+    prosody_client_t *client, const char *topic, const char *key,
+    const char *payload_json, const prosody_trace_t *trace, prosody_send_cb cb,
+    void *opaque, char *errstr, size_t errstr_size);
+
+/* ------------------------------------------------------------------------ */
+/* Admin                                                                     */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Topic management, for tests and operational tooling (production topics are
+ * better managed declaratively). Uses `bootstrap_servers` and `mock` from
+ * its configuration; against the mock cluster it creates topics through the
+ * mock's own API, since the mock has no admin protocol.
+ */
+typedef struct prosody_admin prosody_admin_t;
+
+/* Creates an admin handle. Takes `conf` on success, like
+ * prosody_client_new(). Returns NULL on error with the reason in errstr. */
+PROSODY_EXPORT prosody_admin_t *prosody_admin_new(prosody_config_t *conf,
+                                                  char *errstr,
+                                                  size_t errstr_size);
+
+/* Frees the admin handle. NULL is a no-op. */
+PROSODY_EXPORT void prosody_admin_destroy(prosody_admin_t *admin);
+
+/*
+ * Topic settings: a plain table. Zero / NULL fields take the value of the
+ * PROSODY_TOPIC_* environment variable when set, and the broker's default
+ * otherwise. Initialise with PROSODY_TOPIC_OPTIONS_INIT.
+ */
+typedef struct prosody_topic_options {
+  int32_t partitions;         /* 0: default */
+  int16_t replication_factor; /* 0: default */
+  const char *cleanup_policy; /* "delete", "compact", "compact,delete" */
+  int64_t retention_ms;       /* 0: default; -1: keep for ever */
+  int64_t timeout_ms;         /* 0: 30 s; bounds the whole operation */
+} prosody_topic_options_t;
+
+#define PROSODY_TOPIC_OPTIONS_INIT {0, 0, NULL, 0, 0}
+
+/*
+ * Creates topic `name` and waits until the cluster's metadata shows it with
+ * all its partitions. `opts` may be NULL. Blocks.
+ * Errors: PROSODY_ERR_INVALID_ARG, PROSODY_ERR_CONFIG (bad PROSODY_TOPIC_*
+ * variable), PROSODY_ERR_TOPIC_EXISTS, PROSODY_ERR_TIMEOUT,
+ * PROSODY_ERR_TRANSIENT, PROSODY_ERR_PERMANENT.
+ */
+PROSODY_EXPORT prosody_err_t prosody_admin_create_topic(
+    prosody_admin_t *admin, const char *name,
+    const prosody_topic_options_t *opts, char *errstr, size_t errstr_size);
+
+/*
+ * Deletes topic `name` and waits for the broker's answer (at most 30 s).
+ * Destroy every client that consumed from the topic first (librdkafka can
+ * hang otherwise). On the mock cluster, which cannot delete, the topic is
+ * made to report UNKNOWN_TOPIC_OR_PART until it is created again.
+ * Errors: PROSODY_ERR_INVALID_ARG, PROSODY_ERR_UNKNOWN_TOPIC,
+ * PROSODY_ERR_TIMEOUT, PROSODY_ERR_TRANSIENT, PROSODY_ERR_PERMANENT.
+ */
+PROSODY_EXPORT prosody_err_t prosody_admin_delete_topic(prosody_admin_t *admin,
+                                                        const char *name,
+                                                        char *errstr,
+                                                        size_t errstr_size);
+
+/* ------------------------------------------------------------------------ */
+/* Embedded mock cluster                                                     */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Starts (on first use) the process-wide mock Kafka cluster that every
+ * `mock=true` client and admin handle shares, and writes its bootstrap
+ * address ("127.0.0.1:port") into `buf`. Plain librdkafka clients in the same
+ * process (or other processes on this machine) can connect to it. The
+ * cluster lives until the process exits. Errors: PROSODY_ERR_INVALID_ARG
+ * (buffer too small), PROSODY_ERR_TRANSIENT (could not start).
+ */
+PROSODY_EXPORT prosody_err_t prosody_mock_bootstrap_servers(char *buf,
+                                                            size_t buf_size,
+                                                            char *errstr,
+                                                            size_t errstr_size);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PROSODY_H */

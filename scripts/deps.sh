@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs every system package Prosody-C needs to build, test and benchmark.
+# Idempotent: packages already present are not reinstalled and apt-get update
+# runs only when something is missing. Run as root or with sudo available.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake pkg-config
+  librdkafka-dev libuv1-dev libjansson-dev libmicrohttpd-dev
+  libcurl4-openssl-dev libxxhash-dev libcmocka-dev
+  valgrind clang clang-format
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+    missing+=("$p")
+  fi
+done
+
+if [ "${#missing[@]}" -eq 0 ]; then
+  echo "deps: all ${#PACKAGES[@]} packages present"
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null 2>&1; then SUDO="sudo"; else
+    echo "deps: need root (or sudo) to install: ${missing[*]}" >&2
+    exit 1
+  fi
+fi
+
+echo "deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+echo "deps: done"

@@ -1,0 +1,225 @@
+# shellcheck shell=bash disable=SC2012
+# Shared helpers for scripts/services/kafka and scripts/services/cassandra.
+# Sourced, not executed. The caller sets SERVICE (kafka|cassandra) before
+# sourcing and defines probe() (exit 0 when the service really answers).
+#
+# Environment (all optional):
+#   PROSODY_SERVICES_CACHE  jar cache, kept across runs  (default ~/.cache/prosody-services)
+#   PROSODY_SERVICES_RUN    data, config, logs, pid file (default /tmp/prosody-services)
+
+# shellcheck disable=SC2034  # used by the sourcing scripts
+SERVICES_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+CACHE_ROOT="${PROSODY_SERVICES_CACHE:-${HOME:-/root}/.cache/prosody-services}"
+RUN_ROOT="${PROSODY_SERVICES_RUN:-/tmp/prosody-services}"
+RUN_DIR="$RUN_ROOT/$SERVICE"
+PID_FILE="$RUN_DIR/$SERVICE.pid"
+# Every JVM we launch carries this property, so stop/status can recognise our
+# own process (and never signal a recycled pid or someone else's server).
+MARKER="-Dprosody.service=$SERVICE"
+
+say() { printf '%s: %s\n' "$SERVICE" "$*"; }
+die() { printf '%s: error: %s\n' "$SERVICE" "$*" >&2; exit 1; }
+
+now() { date +%s.%N; }
+# elapsed START -> seconds with one decimal since START
+elapsed() { awk -v s="$1" -v e="$(now)" 'BEGIN { printf "%.1f", e - s }'; }
+
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"
+  elif command -v sudo >/dev/null 2>&1; then sudo -n "$@"
+  else die "need root (or sudo) to run: $*"
+  fi
+}
+
+apt_install() {
+  say "installing Debian packages: $*"
+  export DEBIAN_FRONTEND=noninteractive
+  as_root apt-get update -qq
+  as_root apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+java_major() {
+  "$1" -XshowSettings:properties -version 2>&1 |
+    awk -F'= ' '/java.specification.version/ { v = $2; sub(/^1\./, "", v); print v; exit }'
+}
+
+# ensure_tools any|ALLOWED_JAVA_MAJORS... : makes mvn, python3 and a suitable
+# java available, installing Debian packages if needed; sets JAVA.
+ensure_tools() {
+  local want=("$@") pkgs=() candidate major
+  command -v python3 >/dev/null 2>&1 || pkgs+=(python3)
+  command -v mvn >/dev/null 2>&1 || pkgs+=(maven)
+  if ! command -v java >/dev/null 2>&1 && [ -z "${JAVA_HOME:-}" ]; then
+    pkgs+=(openjdk-17-jre-headless)
+  fi
+  if [ "${#pkgs[@]}" -gt 0 ]; then apt_install "${pkgs[@]}"; fi
+
+  JAVA=""
+  for candidate in ${JAVA_HOME:+"$JAVA_HOME/bin/java"} "$(command -v java || true)" \
+      /usr/lib/jvm/java-17-openjdk-*/bin/java /usr/lib/jvm/java-11-openjdk-*/bin/java; do
+    if [ -z "$candidate" ] || [ ! -x "$candidate" ]; then continue; fi
+    major="$(java_major "$candidate")"
+    if [[ " ${want[*]} " == *" any "* || " ${want[*]} " == *" $major "* ]]; then
+      JAVA="$candidate"
+      break
+    fi
+  done
+  if [ -z "$JAVA" ]; then
+    apt_install openjdk-17-jre-headless
+    JAVA="$(ls /usr/lib/jvm/java-17-openjdk-*/bin/java 2>/dev/null | head -n 1)"
+    [ -x "$JAVA" ] || die "no usable java (need major version ${want[*]})"
+  fi
+}
+
+# resolve_jars NAME VERSION DEPENDENCY... : makes sure $CACHE_ROOT/NAME-VERSION/lib
+# holds the runtime closure of the given groupId:artifactId:version coordinates,
+# resolved once with Maven; sets LIB_DIR. Extra Maven flags: MVN_EXTRA (array).
+resolve_jars() {
+  local name="$1" version="$2"; shift 2
+  local dir="$CACHE_ROOT/$name-$version" started dep g a v
+  LIB_DIR="$dir/lib"
+  if [ -f "$dir/.complete" ]; then
+    say "jars: cached ($(ls "$LIB_DIR" | wc -l) jars in $LIB_DIR)"
+    return 0
+  fi
+  mkdir -p "$dir"
+  # One resolution at a time per machine: the Maven local repository is shared.
+  exec 8>"$CACHE_ROOT/.resolve.lock"
+  flock 8
+  if [ -f "$dir/.complete" ]; then flock -u 8; exec 8>&-; resolve_jars "$name" "$version" "$@"; return; fi
+
+  say "jars: resolving $name $version from Maven Central into $dir"
+  started="$(now)"
+  {
+    echo '<project xmlns="http://maven.apache.org/POM/4.0.0">'
+    echo '  <modelVersion>4.0.0</modelVersion>'
+    echo "  <groupId>prosody.services</groupId><artifactId>$name-jars</artifactId>"
+    echo "  <version>$version</version><packaging>pom</packaging>"
+    echo '  <dependencies>'
+    for dep in "$@"; do
+      IFS=: read -r g a v <<<"$dep"
+      echo "    <dependency><groupId>$g</groupId><artifactId>$a</artifactId><version>$v</version></dependency>"
+    done
+    echo '  </dependencies>'
+    echo '</project>'
+  } >"$dir/pom.xml"
+  rm -rf "$dir/lib.tmp"
+  if ! mvn -B -q -f "$dir/pom.xml" -Dmaven.repo.local="$CACHE_ROOT/m2" \
+      ${MVN_EXTRA[@]+"${MVN_EXTRA[@]}"} \
+      org.apache.maven.plugins:maven-dependency-plugin:3.6.1:copy-dependencies \
+      -DincludeScope=runtime -DoutputDirectory="$dir/lib.tmp" >"$dir/mvn.log" 2>&1; then
+    tail -n 40 "$dir/mvn.log" >&2
+    die "Maven could not resolve $name $version (full log: $dir/mvn.log)"
+  fi
+  rm -rf "$LIB_DIR"
+  mv "$dir/lib.tmp" "$LIB_DIR"
+  touch "$dir/.complete"
+  flock -u 8; exec 8>&-
+  say "jars: downloaded $(ls "$LIB_DIR" | wc -l) jars in $(elapsed "$started") s"
+}
+
+# our_pid: prints the pid of our running JVM (from the pid file, else by its
+# marker in /proc), or nothing.
+our_pid() {
+  local pid="" p
+  if [ -f "$PID_FILE" ]; then pid="$(cat "$PID_FILE" 2>/dev/null || true)"; fi
+  if [ -n "$pid" ] && is_ours "$pid"; then echo "$pid"; return 0; fi
+  for p in /proc/[0-9]*; do
+    p="${p#/proc/}"
+    if is_ours "$p"; then echo "$p"; return 0; fi
+  done
+  return 0
+}
+
+is_ours() {
+  [ -r "/proc/$1/cmdline" ] || return 1
+  grep -qzx -- "$MARKER" "/proc/$1/cmdline" 2>/dev/null
+}
+
+port_open() { timeout 2 bash -c "exec 3<>/dev/tcp/127.0.0.1/$1" 2>/dev/null; }
+
+# launch LOGFILE CMD... : starts CMD detached (own session, no terminal, stdin
+# from /dev/null), output appended to LOGFILE, pid written to PID_FILE.
+launch() {
+  local out="$1"; shift
+  rm -f "$PID_FILE"
+  # shellcheck disable=SC2016  # $$ and $@ belong to the inner shell
+  # The inner shell writes its own pid and then execs the JVM, so the pid file
+  # holds the JVM's pid whether or not setsid had to fork.
+  setsid nohup bash -c 'echo $$ >"$0"; exec "$@"' "$PID_FILE" "$@" >>"$out" 2>&1 </dev/null &
+  local _
+  for _ in $(seq 1 50); do [ -s "$PID_FILE" ] && return 0; sleep 0.1; done
+  die "could not launch $1"
+}
+
+# rotate_logs DIR : keeps one previous generation (NAME.log.prev) of every log
+# in DIR, so that each start's logs (and failure tails) are its own.
+rotate_logs() {
+  local f
+  for f in "$1"/*.log; do
+    [ -f "$f" ] && mv -f "$f" "$f.prev"
+  done
+  return 0
+}
+
+show_logs() {
+  local f
+  for f in "$@"; do
+    [ -s "$f" ] || continue
+    echo "----- last 40 lines of $f -----" >&2
+    tail -n 40 "$f" >&2
+  done
+}
+
+# wait_ready TIMEOUT_S STARTED LOGS... : waits until probe succeeds; on failure
+# prints the log tails, stops whatever was started and exits 1.
+wait_ready() {
+  local limit="$1" started="$2"; shift 2
+  local deadline=$(( $(date +%s) + limit )) pid
+  while :; do
+    if probe; then return 0; fi
+    pid="$(our_pid)"
+    if [ -z "$pid" ]; then
+      show_logs "$@"
+      die "the $SERVICE process exited during start-up after $(elapsed "$started") s (logs: $RUN_DIR/logs)"
+    fi
+    if [ "$(date +%s)" -ge "$deadline" ]; then
+      show_logs "$@"
+      say "not answering after ${limit} s; stopping it" >&2
+      stop_service 20 >&2 || true
+      die "$SERVICE did not become ready within ${limit} s (logs: $RUN_DIR/logs)"
+    fi
+    sleep 1
+  done
+}
+
+# stop_service GRACE_S PORTS... : SIGTERM, wait up to GRACE_S, then SIGKILL;
+# then confirms the ports are closed.
+stop_service() {
+  local grace="$1"; shift
+  local pid started deadline port
+  pid="$(our_pid)"
+  started="$(now)"
+  if [ -n "$pid" ]; then
+    say "stopping pid $pid (SIGTERM)"
+    kill -TERM "$pid" 2>/dev/null || true
+    deadline=$(( $(date +%s) + grace ))
+    while is_ours "$pid" && [ "$(date +%s)" -lt "$deadline" ]; do sleep 0.2; done
+    if is_ours "$pid"; then
+      say "still running after ${grace} s; sending SIGKILL"
+      kill -KILL "$pid" 2>/dev/null || true
+      while is_ours "$pid"; do sleep 0.1; done
+    fi
+  fi
+  rm -f "$PID_FILE"
+  for port in "$@"; do
+    deadline=$(( $(date +%s) + 10 ))
+    while port_open "$port"; do
+      if [ "$(date +%s)" -ge "$deadline" ]; then
+        die "port $port is still open, but not by a process this script started"
+      fi
+      sleep 0.2
+    done
+  done
+  if [ -n "$pid" ]; then say "stopped in $(elapsed "$started") s"; else say "not running"; fi
+}

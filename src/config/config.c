@@ -1,0 +1,871 @@
+/*
+ * config.c - configuration: the option table, parsing of each value type,
+ * resolution (set in code > environment > default), cross-option checks, and
+ * the public prosody_config_* / prosody_option_* functions.
+ *
+ * Every message a user can see names the option, its environment variable,
+ * the offending value and the accepted form.
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "../util/util.h"
+#include "config.h"
+
+const pr__opt_def_t pr__opt_defs[PR_OPT__COUNT] = {
+#define PR_OPT(id, name, env, type, def, min, max, flags, section, values,     \
+               default_doc, help)                                              \
+  {name, env, type, def, min, max, flags, section, values, default_doc, help},
+#include "options.def"
+#undef PR_OPT
+};
+
+/* ------------------------------------------------------------------------ */
+/* Accepted forms and public option info (built once, static afterwards)     */
+/* ------------------------------------------------------------------------ */
+
+static char *accepted_text[PR_OPT__COUNT];
+static char *default_text[PR_OPT__COUNT];
+static prosody_option_info_t option_info[PR_OPT__COUNT];
+static pthread_once_t info_once = PTHREAD_ONCE_INIT;
+
+static const char *type_name(pr__opt_type_t t) {
+  switch (t) {
+  case PR_T_STRING:
+    return "string";
+  case PR_T_TOPIC:
+    return "topic";
+  case PR_T_TOPICS:
+    return "topic list";
+  case PR_T_LIST:
+    return "list";
+  case PR_T_HOSTPORTS:
+    return "host:port list";
+  case PR_T_IDENT:
+    return "identifier";
+  case PR_T_URL:
+    return "URL";
+  case PR_T_BOOL:
+    return "boolean";
+  case PR_T_INT:
+    return "integer";
+  case PR_T_FLOAT:
+    return "number";
+  case PR_T_DURATION:
+    return "duration";
+  case PR_T_ENUM:
+    return "enum";
+  }
+  return "?";
+}
+
+static int64_t seconds_to_ns(double s) { return (int64_t)llround(s * 1e9); }
+
+static void fmt_number(double v, char *buf, size_t n) {
+  if (v == floor(v) && fabs(v) < 1e15)
+    snprintf(buf, n, "%.0f", v);
+  else
+    snprintf(buf, n, "%g", v);
+}
+
+static void build_accepted(pr__opt_id_t id, char *buf, size_t n) {
+  const pr__opt_def_t *d = &pr__opt_defs[id];
+  char lo[64], hi[64];
+  size_t off = 0;
+
+  switch (d->type) {
+  case PR_T_STRING:
+    off = (size_t)snprintf(buf, n, "a non-empty string");
+    break;
+  case PR_T_TOPIC:
+    off = (size_t)snprintf(buf, n,
+                           "a topic name (1-249 characters from a-z A-Z 0-9 "
+                           ". _ -)");
+    break;
+  case PR_T_TOPICS:
+    off = (size_t)snprintf(buf, n,
+                           "a comma-separated list of topic names (1-249 "
+                           "characters from a-z A-Z 0-9 . _ - each)");
+    break;
+  case PR_T_LIST:
+    off = (size_t)snprintf(buf, n, "a comma-separated list");
+    break;
+  case PR_T_HOSTPORTS:
+    off = (size_t)snprintf(buf, n,
+                           "a comma-separated list of host:port (port 1-65535)");
+    break;
+  case PR_T_IDENT:
+    off = (size_t)snprintf(buf, n,
+                           "an identifier of 1-48 characters: a letter, then "
+                           "letters, digits or _");
+    break;
+  case PR_T_URL:
+    off = (size_t)snprintf(buf, n, "an http:// or https:// URL");
+    break;
+  case PR_T_BOOL:
+    off = (size_t)snprintf(buf, n, "true or false");
+    break;
+  case PR_T_INT:
+    fmt_number(d->min, lo, sizeof(lo));
+    fmt_number(d->max, hi, sizeof(hi));
+    off = (size_t)snprintf(buf, n, "an integer from %s to %s", lo, hi);
+    break;
+  case PR_T_FLOAT:
+    fmt_number(d->min, lo, sizeof(lo));
+    fmt_number(d->max, hi, sizeof(hi));
+    if (d->flags & (PR_F_OPEN_MIN | PR_F_OPEN_MAX))
+      off = (size_t)snprintf(
+          buf, n, "a number %s %s and %s %s",
+          (d->flags & PR_F_OPEN_MIN) ? "greater than" : "at least", lo,
+          (d->flags & PR_F_OPEN_MAX) ? "less than" : "at most", hi);
+    else
+      off = (size_t)snprintf(buf, n, "a number from %s to %s", lo, hi);
+    break;
+  case PR_T_DURATION:
+    pr__duration_format(seconds_to_ns(d->min), lo, sizeof(lo));
+    pr__duration_format(seconds_to_ns(d->max), hi, sizeof(hi));
+    off = (size_t)snprintf(buf, n,
+                           "a duration from %s to %s, like \"500ms\", \"5m\" or "
+                           "\"2h 30m\" (units ns us ms s m h d w M y)",
+                           lo, hi);
+    break;
+  case PR_T_ENUM: {
+    const char *p = d->values;
+    off = (size_t)snprintf(buf, n, "one of ");
+    while (*p && off < n) {
+      const char *bar = strchr(p, '|');
+      size_t len = bar ? (size_t)(bar - p) : strlen(p);
+      off += (size_t)snprintf(buf + off, n - off, "%s%.*s",
+                              p == d->values ? "" : ", ", (int)len, p);
+      p += len + (bar ? 1 : 0);
+    }
+    break;
+  }
+  }
+  if ((d->flags & PR_F_OPTIONAL) && off < n)
+    snprintf(buf + off, n - off, ", or none");
+}
+
+static void build_info(void) {
+  for (int i = 0; i < PR_OPT__COUNT; i++) {
+    const pr__opt_def_t *d = &pr__opt_defs[i];
+    char buf[512];
+    build_accepted((pr__opt_id_t)i, buf, sizeof(buf));
+    accepted_text[i] = strdup(buf);
+    if (d->def) {
+      pr__value_t v;
+      char err[256];
+      /* Defaults are shown in canonical form (what `prosody config`
+       * prints), so the docs and the listing agree. */
+      if (pr__opt_parse((pr__opt_id_t)i, d->def, 0, &v, err, sizeof(err)) ==
+          PROSODY_OK) {
+        pr__opt_format((pr__opt_id_t)i, &v, buf, sizeof(buf));
+        pr__value_fini(&v);
+      } else {
+        snprintf(buf, sizeof(buf), "%s", d->def);
+      }
+    } else {
+      snprintf(buf, sizeof(buf), "%s", d->default_doc ? d->default_doc : "-");
+    }
+    default_text[i] = strdup(buf);
+    option_info[i].name = d->name;
+    option_info[i].env = d->env;
+    option_info[i].type = type_name(d->type);
+    option_info[i].default_value = default_text[i] ? default_text[i] : "-";
+    option_info[i].accepted = accepted_text[i] ? accepted_text[i] : "";
+    option_info[i].section = d->section;
+    option_info[i].description = d->help;
+  }
+}
+
+/* The static strings live for the process; free them at exit so leak
+ * checkers see a clean heap. */
+__attribute__((destructor)) static void free_info(void) {
+  for (int i = 0; i < PR_OPT__COUNT; i++) {
+    free(accepted_text[i]);
+    free(default_text[i]);
+    accepted_text[i] = default_text[i] = NULL;
+  }
+}
+
+const char *pr__opt_accepted(pr__opt_id_t id) {
+  pthread_once(&info_once, build_info);
+  return accepted_text[id] ? accepted_text[id] : "";
+}
+
+PROSODY_EXPORT size_t prosody_option_count(void) { return PR_OPT__COUNT; }
+
+PROSODY_EXPORT const prosody_option_info_t *prosody_option_info(size_t i) {
+  if (i >= PR_OPT__COUNT)
+    return NULL;
+  pthread_once(&info_once, build_info);
+  return &option_info[i];
+}
+
+/* ------------------------------------------------------------------------ */
+/* Lookup                                                                    */
+/* ------------------------------------------------------------------------ */
+
+int pr__opt_lookup(const char *name) {
+  if (!name)
+    return -1;
+  for (int i = 0; i < PR_OPT__COUNT; i++)
+    if (!strcmp(pr__opt_defs[i].name, name))
+      return i;
+  return -1;
+}
+
+/* Levenshtein distance, capped to keep it cheap; for "did you mean". */
+static size_t edit_distance(const char *a, const char *b) {
+  size_t la = strlen(a), lb = strlen(b), row[64], i, j;
+  if (la >= 63 || lb >= 63)
+    return 99;
+  for (j = 0; j <= lb; j++)
+    row[j] = j;
+  for (i = 1; i <= la; i++) {
+    size_t prev = row[0];
+    row[0] = i;
+    for (j = 1; j <= lb; j++) {
+      size_t cur = row[j];
+      size_t sub = prev + (a[i - 1] != b[j - 1]);
+      size_t best = row[j] + 1 < row[j - 1] + 1 ? row[j] + 1 : row[j - 1] + 1;
+      row[j] = sub < best ? sub : best;
+      prev = cur;
+    }
+  }
+  return row[lb];
+}
+
+static void unknown_option(const char *name, char *errstr, size_t n) {
+  int best = -1;
+  size_t best_d = 4;
+  for (int i = 0; i < PR_OPT__COUNT; i++) {
+    size_t d = edit_distance(name, pr__opt_defs[i].name);
+    if (d < best_d) {
+      best_d = d;
+      best = i;
+    }
+    if (!strcasecmp(name, pr__opt_defs[i].env)) {
+      best = i;
+      best_d = 0;
+      break;
+    }
+  }
+  if (best >= 0)
+    pr__errf(errstr, n, "unknown option \"%s\" (did you mean \"%s\"?)", name,
+             pr__opt_defs[best].name);
+  else
+    pr__errf(errstr, n,
+             "unknown option \"%s\" (see docs/CONFIGURATION.md or `prosody "
+             "config` for the list)",
+             name);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Parsing                                                                   */
+/* ------------------------------------------------------------------------ */
+
+void pr__value_fini(pr__value_t *v) {
+  if (!v)
+    return;
+  for (size_t i = 0; i < v->list_n; i++)
+    free(v->list[i]);
+  free(v->list);
+  v->list = NULL;
+  v->list_n = 0;
+  /* Only string types use u.s; callers zero values before parsing. */
+  v->isset = 0;
+}
+
+static int is_string_type(pr__opt_type_t t) {
+  return t == PR_T_STRING || t == PR_T_TOPIC || t == PR_T_IDENT ||
+         t == PR_T_URL;
+}
+
+static void value_free(pr__opt_id_t id, pr__value_t *v) {
+  if (is_string_type(pr__opt_defs[id].type) && v->isset)
+    free(v->u.s);
+  pr__value_fini(v);
+  memset(v, 0, sizeof(*v));
+}
+
+int pr__topic_name_check(const char *name, char *why, size_t why_size) {
+  size_t len = strlen(name);
+  if (len == 0) {
+    pr__errf(why, why_size, "topic name is empty");
+    return -1;
+  }
+  if (len > 249) {
+    pr__errf(why, why_size, "topic name is %zu characters long (at most 249)",
+             len);
+    return -1;
+  }
+  if (!strcmp(name, ".") || !strcmp(name, "..")) {
+    pr__errf(why, why_size, "\"%s\" is not a valid topic name", name);
+    return -1;
+  }
+  for (size_t i = 0; i < len; i++) {
+    unsigned char c = (unsigned char)name[i];
+    if (!(isalnum(c) || c == '.' || c == '_' || c == '-')) {
+      pr__errf(why, why_size,
+               "topic name \"%s\" contains '%c' (allowed: a-z A-Z 0-9 . _ -)",
+               name, isprint(c) ? c : '?');
+      return -1;
+    }
+  }
+  return 0;
+}
+
+static int hostport_check(const char *s, char *why, size_t n) {
+  const char *colon;
+  char *end;
+  long port;
+
+  if (s[0] == '[') {
+    const char *close = strchr(s, ']');
+    if (!close || close == s + 1 || close[1] != ':') {
+      pr__errf(why, n, "\"%s\" is not [ipv6]:port", s);
+      return -1;
+    }
+    colon = close + 1;
+  } else {
+    colon = strrchr(s, ':');
+    if (!colon || colon == s) {
+      pr__errf(why, n, "\"%s\" has no %s", s, colon ? "host" : ":port");
+      return -1;
+    }
+    for (const char *p = s; p < colon; p++) {
+      if (isspace((unsigned char)*p) || *p == ':') {
+        pr__errf(why, n, "\"%s\" is not host:port", s);
+        return -1;
+      }
+    }
+  }
+  errno = 0;
+  port = strtol(colon + 1, &end, 10);
+  if (!isdigit((unsigned char)colon[1]) || *end || errno || port < 1 ||
+      port > 65535) {
+    pr__errf(why, n, "\"%s\" has an invalid port (1-65535)", s);
+    return -1;
+  }
+  return 0;
+}
+
+static int ident_check(const char *s, char *why, size_t n) {
+  size_t len = strlen(s);
+  if (len == 0 || len > 48 || !isalpha((unsigned char)s[0])) {
+    pr__errf(why, n, "\"%s\" must start with a letter and be 1-48 long", s);
+    return -1;
+  }
+  for (size_t i = 0; i < len; i++) {
+    if (!(isalnum((unsigned char)s[i]) || s[i] == '_')) {
+      pr__errf(why, n, "\"%s\" contains '%c'", s, s[i]);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+static int url_check(const char *s, char *why, size_t n) {
+  const char *rest = NULL;
+  if (!strncasecmp(s, "http://", 7))
+    rest = s + 7;
+  else if (!strncasecmp(s, "https://", 8))
+    rest = s + 8;
+  if (!rest || !*rest || *rest == '/') {
+    pr__errf(why, n, "\"%s\" is not an http:// or https:// URL with a host",
+             s);
+    return -1;
+  }
+  for (const char *p = s; *p; p++) {
+    if (isspace((unsigned char)*p)) {
+      pr__errf(why, n, "URL contains whitespace");
+      return -1;
+    }
+  }
+  return 0;
+}
+
+/* Copies `text` without leading/trailing whitespace into a new string. */
+static char *trimmed_dup(const char *text, size_t len) {
+  while (len && isspace((unsigned char)*text)) {
+    text++;
+    len--;
+  }
+  while (len && isspace((unsigned char)text[len - 1]))
+    len--;
+  char *s = malloc(len + 1);
+  if (s) {
+    memcpy(s, text, len);
+    s[len] = '\0';
+  }
+  return s;
+}
+
+static int parse_list(pr__opt_id_t id, const char *text, pr__value_t *out,
+                      char *why, size_t n) {
+  const pr__opt_def_t *d = &pr__opt_defs[id];
+  const char *p = text;
+
+  for (;;) {
+    const char *comma = strchr(p, ',');
+    size_t len = comma ? (size_t)(comma - p) : strlen(p);
+    char *item = trimmed_dup(p, len);
+    if (!item)
+      goto nomem;
+    if (*item == '\0') {
+      free(item); /* empty entries (e.g. a trailing comma) are ignored */
+    } else {
+      char **grown;
+      if ((d->type == PR_T_TOPICS && pr__topic_name_check(item, why, n)) ||
+          (d->type == PR_T_HOSTPORTS && hostport_check(item, why, n))) {
+        free(item);
+        return -1;
+      }
+      grown = realloc(out->list, (out->list_n + 1) * sizeof(char *));
+      if (!grown) {
+        free(item);
+        goto nomem;
+      }
+      out->list = grown;
+      out->list[out->list_n++] = item;
+    }
+    if (!comma)
+      break;
+    p = comma + 1;
+  }
+  if (out->list_n == 0 && d->type == PR_T_HOSTPORTS) {
+    pr__errf(why, n, "the list is empty");
+    return -1;
+  }
+  out->isset = 1;
+  return 0;
+nomem:
+  pr__errf(why, n, "out of memory");
+  return -1;
+}
+
+static int parse_enum(const pr__opt_def_t *d, const char *s, int *index) {
+  const char *p = d->values;
+  int i = 0;
+  while (*p) {
+    const char *bar = strchr(p, '|');
+    size_t len = bar ? (size_t)(bar - p) : strlen(p);
+    if (strlen(s) == len && !strncasecmp(s, p, len)) {
+      *index = i;
+      return 0;
+    }
+    i++;
+    p += len + (bar ? 1 : 0);
+  }
+  return -1;
+}
+
+/* Copies the i-th enum value into buf. */
+static void enum_name(const pr__opt_def_t *d, int index, char *buf, size_t n) {
+  const char *p = d->values;
+  for (int i = 0; *p; i++) {
+    const char *bar = strchr(p, '|');
+    size_t len = bar ? (size_t)(bar - p) : strlen(p);
+    if (i == index) {
+      snprintf(buf, n, "%.*s", (int)len, p);
+      return;
+    }
+    p += len + (bar ? 1 : 0);
+  }
+  snprintf(buf, n, "?");
+}
+
+static int in_float_bounds(const pr__opt_def_t *d, double f) {
+  if ((d->flags & PR_F_OPEN_MIN) ? !(f > d->min) : !(f >= d->min))
+    return 0;
+  if ((d->flags & PR_F_OPEN_MAX) ? !(f < d->max) : !(f <= d->max))
+    return 0;
+  return 1;
+}
+
+prosody_err_t pr__opt_parse(pr__opt_id_t id, const char *text, int from_env,
+                            pr__value_t *out, char *errstr,
+                            size_t errstr_size) {
+  const pr__opt_def_t *d = &pr__opt_defs[id];
+  char why[256] = "";
+  char *s = NULL;
+  int rc = -1;
+
+  memset(out, 0, sizeof(*out));
+  if (!text)
+    text = "";
+  s = trimmed_dup(text, strlen(text));
+  if (!s) {
+    pr__errf(errstr, errstr_size, "out of memory parsing %s", d->name);
+    return PROSODY_ERR_NOMEM;
+  }
+  if (!pr__utf8_valid(s, strlen(s))) {
+    snprintf(why, sizeof(why), "not valid UTF-8");
+    goto bad;
+  }
+  if ((d->flags & PR_F_OPTIONAL) && !strcasecmp(s, "none")) {
+    free(s);
+    return PROSODY_OK; /* isset stays 0 */
+  }
+
+  switch (d->type) {
+  case PR_T_STRING:
+  case PR_T_TOPIC:
+  case PR_T_IDENT:
+  case PR_T_URL:
+    if (*s == '\0') {
+      snprintf(why, sizeof(why), "empty");
+      goto bad;
+    }
+    if ((d->type == PR_T_TOPIC && pr__topic_name_check(s, why, sizeof(why))) ||
+        (d->type == PR_T_IDENT && ident_check(s, why, sizeof(why))) ||
+        (d->type == PR_T_URL && url_check(s, why, sizeof(why))))
+      goto bad;
+    out->u.s = s;
+    out->isset = 1;
+    return PROSODY_OK;
+  case PR_T_TOPICS:
+  case PR_T_LIST:
+  case PR_T_HOSTPORTS:
+    rc = parse_list(id, s, out, why, sizeof(why));
+    break;
+  case PR_T_BOOL:
+    if (!strcasecmp(s, "true"))
+      out->u.b = 1;
+    else if (!strcasecmp(s, "false"))
+      out->u.b = 0;
+    else
+      goto bad;
+    rc = 0;
+    break;
+  case PR_T_INT: {
+    char *end;
+    long long v;
+    errno = 0;
+    v = strtoll(s, &end, 10);
+    if (*s == '\0' || *end || errno) {
+      snprintf(why, sizeof(why), "not an integer");
+      goto bad;
+    }
+    if ((double)v < d->min || (double)v > d->max) {
+      snprintf(why, sizeof(why), "out of range");
+      goto bad;
+    }
+    out->u.i = v;
+    rc = 0;
+    break;
+  }
+  case PR_T_FLOAT: {
+    char *end;
+    double v;
+    errno = 0;
+    v = strtod(s, &end);
+    if (*s == '\0' || *end || errno || !isfinite(v)) {
+      snprintf(why, sizeof(why), "not a number");
+      goto bad;
+    }
+    if (!in_float_bounds(d, v)) {
+      snprintf(why, sizeof(why), "out of range");
+      goto bad;
+    }
+    out->u.f = v;
+    rc = 0;
+    break;
+  }
+  case PR_T_DURATION: {
+    int64_t ns;
+    if (pr__duration_parse(s, &ns, why, sizeof(why)))
+      goto bad;
+    if (ns < seconds_to_ns(d->min) || ns > seconds_to_ns(d->max)) {
+      snprintf(why, sizeof(why), "out of range");
+      goto bad;
+    }
+    out->u.ns = ns;
+    rc = 0;
+    break;
+  }
+  case PR_T_ENUM:
+    if (parse_enum(d, s, &out->u.e))
+      goto bad;
+    rc = 0;
+    break;
+  }
+  if (rc != 0)
+    goto bad;
+  out->isset = 1;
+  free(s);
+  return PROSODY_OK;
+
+bad:
+  pr__errf(errstr, errstr_size,
+           "invalid value \"%.80s\" for option %s (%s%s)%s%s; expected %s",
+           (d->flags & PR_F_SECRET) ? "****" : s, d->name,
+           from_env ? "environment variable " : "", d->env, *why ? ": " : "",
+           why, pr__opt_accepted(id));
+  value_free(id, out);
+  free(s);
+  return PROSODY_ERR_CONFIG;
+}
+
+void pr__opt_format(pr__opt_id_t id, const pr__value_t *v, char *buf,
+                    size_t n) {
+  const pr__opt_def_t *d = &pr__opt_defs[id];
+  size_t off = 0;
+
+  if (n == 0)
+    return;
+  buf[0] = '\0';
+  if (!v->isset) {
+    snprintf(buf, n, "none");
+    return;
+  }
+  if (d->flags & PR_F_SECRET) {
+    snprintf(buf, n, "****");
+    return;
+  }
+  switch (d->type) {
+  case PR_T_STRING:
+  case PR_T_TOPIC:
+  case PR_T_IDENT:
+  case PR_T_URL:
+    snprintf(buf, n, "%s", v->u.s);
+    break;
+  case PR_T_TOPICS:
+  case PR_T_LIST:
+  case PR_T_HOSTPORTS:
+    for (size_t i = 0; i < v->list_n && off < n; i++)
+      off += (size_t)snprintf(buf + off, n - off, "%s%s", i ? "," : "",
+                              v->list[i]);
+    break;
+  case PR_T_BOOL:
+    snprintf(buf, n, "%s", v->u.b ? "true" : "false");
+    break;
+  case PR_T_INT:
+    snprintf(buf, n, "%lld", (long long)v->u.i);
+    break;
+  case PR_T_FLOAT:
+    snprintf(buf, n, "%g", v->u.f);
+    break;
+  case PR_T_DURATION:
+    pr__duration_format(v->u.ns, buf, n);
+    break;
+  case PR_T_ENUM:
+    enum_name(d, v->u.e, buf, n);
+    break;
+  }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Resolution                                                                */
+/* ------------------------------------------------------------------------ */
+
+prosody_err_t pr__opt_resolve(const prosody_config_t *conf, pr__opt_id_t id,
+                              pr__value_t *out,
+                              prosody_config_source_t *source, char *errstr,
+                              size_t errstr_size) {
+  const pr__opt_def_t *d = &pr__opt_defs[id];
+  const char *env;
+
+  if (conf && conf->set[id]) {
+    if (source)
+      *source = PROSODY_CONFIG_SOURCE_SET;
+    return pr__opt_parse(id, conf->set[id], 0, out, errstr, errstr_size);
+  }
+  env = getenv(d->env);
+  if (env && *env) {
+    if (source)
+      *source = PROSODY_CONFIG_SOURCE_ENV;
+    return pr__opt_parse(id, env, 1, out, errstr, errstr_size);
+  }
+  if (source)
+    *source = PROSODY_CONFIG_SOURCE_DEFAULT;
+  if (!d->def) {
+    memset(out, 0, sizeof(*out));
+    return PROSODY_OK;
+  }
+  return pr__opt_parse(id, d->def, 0, out, errstr, errstr_size);
+}
+
+void pr__settings_fini(pr__settings_t *st) {
+  if (!st)
+    return;
+  for (int i = 0; i < PR_OPT__COUNT; i++)
+    value_free((pr__opt_id_t)i, &st->v[i]);
+}
+
+static void describe(const pr__settings_t *st, pr__opt_id_t id, char *buf,
+                     size_t n) {
+  pr__opt_format(id, &st->v[id], buf, n);
+}
+
+prosody_err_t pr__settings_resolve(const prosody_config_t *conf,
+                                   pr__settings_t *st, char *errstr,
+                                   size_t errstr_size) {
+  prosody_err_t err;
+  char a[64], b[64];
+
+  memset(st, 0, sizeof(*st));
+  for (int i = 0; i < PR_OPT__COUNT; i++) {
+    err = pr__opt_resolve(conf, (pr__opt_id_t)i, &st->v[i], &st->src[i],
+                          errstr, errstr_size);
+    if (err) {
+      pr__settings_fini(st);
+      return err;
+    }
+  }
+
+  if (PR_CFG_NS(st, MAX_RETRY_DELAY) < PR_CFG_NS(st, RETRY_BASE)) {
+    describe(st, PR_OPT_MAX_RETRY_DELAY, a, sizeof(a));
+    describe(st, PR_OPT_RETRY_BASE, b, sizeof(b));
+    pr__errf(errstr, errstr_size,
+             "option max_retry_delay (PROSODY_RETRY_MAX_DELAY) is %s, less "
+             "than retry_base (PROSODY_RETRY_BASE) %s; expected "
+             "max_retry_delay >= retry_base",
+             a, b);
+    goto bad;
+  }
+  if (PR_CFG_NS(st, DEFER_MAX_DELAY) < PR_CFG_NS(st, DEFER_BASE)) {
+    describe(st, PR_OPT_DEFER_MAX_DELAY, a, sizeof(a));
+    describe(st, PR_OPT_DEFER_BASE, b, sizeof(b));
+    pr__errf(errstr, errstr_size,
+             "option defer_max_delay (PROSODY_DEFER_MAX_DELAY) is %s, less "
+             "than defer_base (PROSODY_DEFER_BASE) %s; expected "
+             "defer_max_delay >= defer_base",
+             a, b);
+    goto bad;
+  }
+  if (PR_CFG_ENUM(st, MODE) == PR_MODE_LOW_LATENCY &&
+      !PR_CFG_SET(st, FAILURE_TOPIC)) {
+    pr__errf(errstr, errstr_size,
+             "option failure_topic (PROSODY_FAILURE_TOPIC) is required when "
+             "mode (PROSODY_MODE) is low-latency; expected a topic name for "
+             "messages that fail after max_retries");
+    goto bad;
+  }
+  return PROSODY_OK;
+bad:
+  pr__settings_fini(st);
+  return PROSODY_ERR_CONFIG;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Public API                                                                */
+/* ------------------------------------------------------------------------ */
+
+PROSODY_EXPORT prosody_config_t *prosody_config_new(void) {
+  return calloc(1, sizeof(prosody_config_t));
+}
+
+PROSODY_EXPORT void prosody_config_destroy(prosody_config_t *conf) {
+  if (!conf)
+    return;
+  for (int i = 0; i < PR_OPT__COUNT; i++)
+    free(conf->set[i]);
+  free(conf);
+}
+
+PROSODY_EXPORT prosody_err_t prosody_config_set(prosody_config_t *conf,
+                                                const char *name,
+                                                const char *value, char *errstr,
+                                                size_t errstr_size) {
+  pr__value_t v;
+  prosody_err_t err;
+  char *copy = NULL;
+  int id;
+
+  if (!conf || !name) {
+    pr__errf(errstr, errstr_size, "prosody_config_set: %s is NULL",
+             conf ? "name" : "conf");
+    return PROSODY_ERR_INVALID_ARG;
+  }
+  id = pr__opt_lookup(name);
+  if (id < 0) {
+    unknown_option(name, errstr, errstr_size);
+    return PROSODY_ERR_CONFIG;
+  }
+  if (value) {
+    err = pr__opt_parse((pr__opt_id_t)id, value, 0, &v, errstr, errstr_size);
+    if (err)
+      return err;
+    value_free((pr__opt_id_t)id, &v);
+    copy = strdup(value);
+    if (!copy) {
+      pr__errf(errstr, errstr_size, "out of memory");
+      return PROSODY_ERR_NOMEM;
+    }
+  }
+  free(conf->set[id]);
+  conf->set[id] = copy;
+  return PROSODY_OK;
+}
+
+PROSODY_EXPORT prosody_err_t prosody_config_get(
+    const prosody_config_t *conf, const char *name, char *buf, size_t buf_size,
+    prosody_config_source_t *source, char *errstr, size_t errstr_size) {
+  pr__value_t v;
+  prosody_err_t err;
+  int id;
+
+  if (!name || !buf || buf_size == 0) {
+    pr__errf(errstr, errstr_size, "prosody_config_get: %s",
+             !name ? "name is NULL" : "no output buffer");
+    return PROSODY_ERR_INVALID_ARG;
+  }
+  id = pr__opt_lookup(name);
+  if (id < 0) {
+    unknown_option(name, errstr, errstr_size);
+    return PROSODY_ERR_CONFIG;
+  }
+  err = pr__opt_resolve(conf, (pr__opt_id_t)id, &v, source, errstr,
+                        errstr_size);
+  if (err)
+    return err;
+  pr__opt_format((pr__opt_id_t)id, &v, buf, buf_size);
+  value_free((pr__opt_id_t)id, &v);
+  return PROSODY_OK;
+}
+
+PROSODY_EXPORT prosody_err_t prosody_config_validate(
+    const prosody_config_t *conf, char *errstr, size_t errstr_size) {
+  pr__settings_t st;
+  prosody_err_t err = pr__settings_resolve(conf, &st, errstr, errstr_size);
+  if (err)
+    return err;
+  err = pr__settings_check_client(&st, errstr, errstr_size);
+  pr__settings_fini(&st);
+  return err;
+}
+
+prosody_err_t pr__settings_check_kafka(const pr__settings_t *st, char *errstr,
+                                       size_t errstr_size) {
+  if (!PR_CFG_BOOL(st, MOCK) && !PR_CFG_SET(st, BOOTSTRAP_SERVERS)) {
+    pr__errf(errstr, errstr_size,
+             "option bootstrap_servers (PROSODY_BOOTSTRAP_SERVERS) is not "
+             "set; expected a comma-separated list of host:port, or mock=true "
+             "(PROSODY_MOCK) for the embedded mock cluster");
+    return PROSODY_ERR_CONFIG;
+  }
+  return PROSODY_OK;
+}
+
+prosody_err_t pr__settings_check_client(const pr__settings_t *st,
+                                        char *errstr, size_t errstr_size) {
+  prosody_err_t err = pr__settings_check_kafka(st, errstr, errstr_size);
+  if (err)
+    return err;
+  if (!PR_CFG_SET(st, SOURCE_SYSTEM) && !PR_CFG_SET(st, GROUP_ID)) {
+    pr__errf(errstr, errstr_size,
+             "option source_system (PROSODY_SOURCE_SYSTEM) is not set and "
+             "there is no group_id (PROSODY_GROUP_ID) to default to; expected "
+             "a non-empty string in either");
+    return PROSODY_ERR_CONFIG;
+  }
+  return PROSODY_OK;
+}

@@ -1,0 +1,153 @@
+/*
+ * config.h - the option table, value parsing and settings resolution
+ * (private to libprosody).
+ *
+ * Ownership: a prosody_config_t belongs to its creator and is used from one
+ * thread at a time; a pr__settings_t is the immutable, resolved snapshot a
+ * client or admin handle builds once in its constructor and owns from then on
+ * (read-only afterwards, so any thread may read it without a lock).
+ */
+#ifndef PR_CONFIG_H
+#define PR_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "prosody.h"
+
+typedef enum pr__opt_type {
+  PR_T_STRING,    /* any non-empty UTF-8 string */
+  PR_T_TOPIC,     /* a Kafka topic name */
+  PR_T_TOPICS,    /* comma-separated topic names */
+  PR_T_LIST,      /* comma-separated strings, trimmed */
+  PR_T_HOSTPORTS, /* comma-separated host:port */
+  PR_T_IDENT,     /* a CQL identifier: letter, then letters/digits/_ */
+  PR_T_URL,       /* http:// or https:// URL */
+  PR_T_BOOL,      /* true | false */
+  PR_T_INT,       /* integer within [min, max] */
+  PR_T_FLOAT,     /* number within [min, max] (PR_F_OPEN_* for exclusive) */
+  PR_T_DURATION,  /* humantime duration within [min, max] seconds */
+  PR_T_ENUM       /* one of the '|'-separated values */
+} pr__opt_type_t;
+
+#define PR_F_OPTIONAL 0x1u /* "none" unsets the value */
+#define PR_F_SECRET 0x2u   /* value is never printed */
+#define PR_F_OPEN_MIN 0x4u /* float bound min is exclusive */
+#define PR_F_OPEN_MAX 0x8u /* float bound max is exclusive */
+
+typedef enum pr__opt_id {
+#define PR_OPT(id, ...) PR_OPT_##id,
+#include "options.def"
+#undef PR_OPT
+  PR_OPT__COUNT
+} pr__opt_id_t;
+
+typedef struct pr__opt_def {
+  const char *name;        /* option name, snake_case */
+  const char *env;         /* environment variable */
+  pr__opt_type_t type;     /* value type */
+  const char *def;         /* default as a user would write it, or NULL */
+  double min, max;         /* bounds (durations in seconds) */
+  unsigned flags;          /* PR_F_* */
+  const char *section;     /* documentation section */
+  const char *values;      /* enum values, '|'-separated */
+  const char *default_doc; /* shown in docs when def is NULL */
+  const char *help;        /* one-sentence description */
+} pr__opt_def_t;
+
+extern const pr__opt_def_t pr__opt_defs[PR_OPT__COUNT];
+
+/* A parsed value. `isset` is 0 for an unset optional value. */
+typedef struct pr__value {
+  int isset;
+  union {
+    int b;      /* PR_T_BOOL */
+    int64_t i;  /* PR_T_INT */
+    double f;   /* PR_T_FLOAT */
+    int64_t ns; /* PR_T_DURATION, nanoseconds */
+    int e;      /* PR_T_ENUM, index into values */
+    char *s;    /* string types (owned) */
+  } u;
+  char **list;   /* list types: owned array of owned strings */
+  size_t list_n; /* number of list entries */
+} pr__value_t;
+
+/* A prosody_config_t: only what was set in code, as validated text. */
+struct prosody_config {
+  char *set[PR_OPT__COUNT]; /* owned; NULL when not set in code */
+};
+
+/* Every option resolved: value plus where it came from. */
+typedef struct pr__settings {
+  pr__value_t v[PR_OPT__COUNT];
+  prosody_config_source_t src[PR_OPT__COUNT];
+} pr__settings_t;
+
+/* Index of option `name`, or -1. */
+int pr__opt_lookup(const char *name);
+
+/* Parses `text` for option `id`. On error writes a message naming the
+ * option, its variable, the value and the accepted form, and returns
+ * PROSODY_ERR_CONFIG. `from_env` only changes the wording. */
+prosody_err_t pr__opt_parse(pr__opt_id_t id, const char *text, int from_env,
+                            pr__value_t *out, char *errstr,
+                            size_t errstr_size);
+
+/* Frees what a value owns. */
+void pr__value_fini(pr__value_t *v);
+
+/* Canonical text of a value ("none" when unset, "****" for secrets). */
+void pr__opt_format(pr__opt_id_t id, const pr__value_t *v, char *buf,
+                    size_t buf_size);
+
+/* The accepted form of option `id` ("an integer from 1 to 65536"). */
+const char *pr__opt_accepted(pr__opt_id_t id);
+
+/* Resolves one option (set, then environment, then default). */
+prosody_err_t pr__opt_resolve(const prosody_config_t *conf, pr__opt_id_t id,
+                              pr__value_t *out,
+                              prosody_config_source_t *source, char *errstr,
+                              size_t errstr_size);
+
+/* Resolves every option and runs the cross-option checks. On error the
+ * settings are left empty (nothing to free). */
+prosody_err_t pr__settings_resolve(const prosody_config_t *conf,
+                                   pr__settings_t *st, char *errstr,
+                                   size_t errstr_size);
+
+/* Checks what every Kafka handle needs: bootstrap_servers unless mock. */
+prosody_err_t pr__settings_check_kafka(const pr__settings_t *st, char *errstr,
+                                       size_t errstr_size);
+/* Checks what a client needs on top: source_system or group_id. */
+prosody_err_t pr__settings_check_client(const pr__settings_t *st,
+                                        char *errstr, size_t errstr_size);
+
+/* Frees resolved settings. */
+void pr__settings_fini(pr__settings_t *st);
+
+/* Typed access to resolved settings. */
+#define PR_CFG(st, ID) ((st)->v[PR_OPT_##ID])
+#define PR_CFG_SET(st, ID) ((st)->v[PR_OPT_##ID].isset)
+#define PR_CFG_INT(st, ID) ((st)->v[PR_OPT_##ID].u.i)
+#define PR_CFG_BOOL(st, ID) ((st)->v[PR_OPT_##ID].u.b)
+#define PR_CFG_FLOAT(st, ID) ((st)->v[PR_OPT_##ID].u.f)
+#define PR_CFG_NS(st, ID) ((st)->v[PR_OPT_##ID].u.ns)
+#define PR_CFG_MS(st, ID) ((st)->v[PR_OPT_##ID].u.ns / 1000000)
+#define PR_CFG_ENUM(st, ID) ((st)->v[PR_OPT_##ID].u.e)
+#define PR_CFG_STR(st, ID)                                                     \
+  ((st)->v[PR_OPT_##ID].isset ? (st)->v[PR_OPT_##ID].u.s : NULL)
+
+/* Mode values, in the order of the table's enum. */
+enum { PR_MODE_PIPELINE = 0, PR_MODE_LOW_LATENCY = 1, PR_MODE_BEST_EFFORT = 2 };
+
+/* Durations (duration.c). Parses humantime text into nanoseconds; returns 0
+ * on success, -1 with a message (without the option name) on error. */
+int pr__duration_parse(const char *text, int64_t *ns, char *errstr,
+                       size_t errstr_size);
+/* Formats nanoseconds as a humantime string ("2h 30m", "20ms", "0s"). */
+void pr__duration_format(int64_t ns, char *buf, size_t buf_size);
+
+/* Validates a Kafka topic name; 0 if valid, -1 with the reason. */
+int pr__topic_name_check(const char *name, char *why, size_t why_size);
+
+#endif /* PR_CONFIG_H */

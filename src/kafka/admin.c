@@ -1,0 +1,413 @@
+/*
+ * admin.c - prosody_admin_*: create and delete topics.
+ *
+ * DESIGN: an admin handle owns one librdkafka producer-type handle used only
+ * for the Admin API and metadata queries (never shared with a consumer,
+ * LIBRDKAFKA.md rule 6). Against a real cluster, CreateTopics/DeleteTopics
+ * results are awaited on a private queue; then metadata is polled until the
+ * topic shows every partition with a leader (or is gone), so callers can
+ * produce or subscribe at once. Against the mock cluster, which has no admin
+ * protocol, topics are created with the mock's own API (mock.c). Metadata is
+ * always requested for all topics: a request naming an unknown topic would
+ * auto-create it on the mock.
+ *
+ * A prosody_admin_t is used from one thread at a time per call; its fields
+ * are immutable after prosody_admin_new().
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../util/util.h"
+#include "kafka.h"
+
+#define DEFAULT_TIMEOUT_MS 30000
+
+struct prosody_admin {
+  prosody_config_t *conf; /* owned, taken at _new */
+  pr__settings_t st;      /* resolved at _new, read-only */
+  int mock;               /* use the mock cluster's API */
+  rd_kafka_t *rk;         /* admin + metadata handle */
+};
+
+PROSODY_EXPORT prosody_admin_t *prosody_admin_new(prosody_config_t *conf,
+                                                  char *errstr,
+                                                  size_t errstr_size) {
+  prosody_admin_t *admin;
+  rd_kafka_conf_t *kconf;
+  char *bootstrap = NULL;
+  const char *mock_bootstrap = NULL;
+  char why[512];
+
+  if (!conf) {
+    pr__errf(errstr, errstr_size, "prosody_admin_new: conf is NULL");
+    return NULL;
+  }
+  admin = calloc(1, sizeof(*admin));
+  if (!admin) {
+    pr__errf(errstr, errstr_size, "out of memory");
+    return NULL;
+  }
+  if (pr__settings_resolve(conf, &admin->st, errstr, errstr_size)) {
+    free(admin);
+    return NULL;
+  }
+  if (pr__settings_check_kafka(&admin->st, errstr, errstr_size))
+    goto fail;
+  admin->mock = PR_CFG_BOOL(&admin->st, MOCK);
+  if (admin->mock) {
+    if (pr__mock_acquire(&mock_bootstrap, errstr, errstr_size))
+      goto fail;
+    bootstrap = strdup(mock_bootstrap);
+  } else {
+    bootstrap = pr__join_list(PR_CFG(&admin->st, BOOTSTRAP_SERVERS).list,
+                              PR_CFG(&admin->st, BOOTSTRAP_SERVERS).list_n);
+  }
+  if (!bootstrap) {
+    pr__errf(errstr, errstr_size, "out of memory");
+    goto fail_mock;
+  }
+  kconf = pr__kafka_conf_new(bootstrap, errstr, errstr_size);
+  free(bootstrap);
+  if (!kconf)
+    goto fail_mock;
+  admin->rk = rd_kafka_new(RD_KAFKA_PRODUCER, kconf, why, sizeof(why));
+  if (!admin->rk) {
+    rd_kafka_conf_destroy(kconf);
+    pr__errf(errstr, errstr_size, "could not create the admin handle: %s",
+             why);
+    goto fail_mock;
+  }
+  admin->conf = conf;
+  return admin;
+
+fail_mock:
+  if (admin->mock)
+    pr__mock_release();
+fail:
+  pr__settings_fini(&admin->st);
+  free(admin);
+  return NULL;
+}
+
+PROSODY_EXPORT void prosody_admin_destroy(prosody_admin_t *admin) {
+  if (!admin)
+    return;
+  pr__kafka_destroy_bounded(admin->rk, 30000, "admin");
+  if (admin->mock)
+    pr__mock_release();
+  pr__settings_fini(&admin->st);
+  prosody_config_destroy(admin->conf);
+  free(admin);
+}
+
+/* Partitions with a leader for `topic` in all-topics metadata: -1 when the
+ * topic is absent (or reports an error), -2 when metadata failed. */
+static int topic_state(prosody_admin_t *admin, const char *topic,
+                       int timeout_ms, int *ready, char *why,
+                       size_t why_size) {
+  const struct rd_kafka_metadata *md;
+  rd_kafka_resp_err_t kerr;
+  int count = -1;
+
+  *ready = 0;
+  kerr = rd_kafka_metadata(admin->rk, 1, NULL, &md, timeout_ms);
+  if (kerr) {
+    pr__errf(why, why_size, "metadata request failed: %s",
+             rd_kafka_err2str(kerr));
+    return -2;
+  }
+  for (int i = 0; i < md->topic_cnt; i++) {
+    const struct rd_kafka_metadata_topic *t = &md->topics[i];
+    if (strcmp(t->topic, topic))
+      continue;
+    if (t->err || (admin->mock && pr__mock_topic_deleted(topic)))
+      break;
+    count = t->partition_cnt;
+    *ready = count > 0;
+    for (int p = 0; p < t->partition_cnt; p++)
+      if (t->partitions[p].err || t->partitions[p].leader < 0)
+        *ready = 0;
+    break;
+  }
+  rd_kafka_metadata_destroy(md);
+  return count;
+}
+
+/* Polls metadata until the topic is ready with `want` partitions (0: any),
+ * or, with `gone`, until it is absent. */
+static prosody_err_t await_topic(prosody_admin_t *admin, const char *topic,
+                                 int want, int gone, int64_t deadline,
+                                 char *errstr, size_t errstr_size) {
+  char why[256] = "";
+  for (;;) {
+    int64_t left_ms = (deadline - pr__now_ns()) / 1000000;
+    int ready, n;
+    if (left_ms <= 0)
+      break;
+    n = topic_state(admin, topic, (int)(left_ms < 5000 ? left_ms : 5000),
+                    &ready, why, sizeof(why));
+    if (gone && n == -1)
+      return PROSODY_OK;
+    if (!gone && ready && (want <= 0 || n == want))
+      return PROSODY_OK;
+    usleep(50000);
+  }
+  pr__errf(errstr, errstr_size,
+           "topic \"%s\" was %s but the cluster's metadata did not show it %s "
+           "in time%s%s",
+           topic, gone ? "deleted" : "created", gone ? "gone" : "ready",
+           *why ? ": " : "", why);
+  return PROSODY_ERR_TIMEOUT;
+}
+
+/* Runs one admin request on a private queue and returns the event. */
+static rd_kafka_event_t *await_event(rd_kafka_queue_t *q, int64_t deadline) {
+  rd_kafka_event_t *ev = NULL;
+  while (!ev) {
+    int64_t left_ms = (deadline - pr__now_ns()) / 1000000;
+    if (left_ms <= 0)
+      break;
+    ev = rd_kafka_queue_poll(q, (int)(left_ms < 1000 ? left_ms : 1000));
+  }
+  return ev;
+}
+
+static prosody_err_t admin_options(prosody_admin_t *admin,
+                                   rd_kafka_admin_op_t op, int timeout_ms,
+                                   rd_kafka_AdminOptions_t **out,
+                                   char *errstr, size_t errstr_size) {
+  char why[256];
+  rd_kafka_AdminOptions_t *o = rd_kafka_AdminOptions_new(admin->rk, op);
+  if (!o || rd_kafka_AdminOptions_set_request_timeout(o, timeout_ms, why,
+                                                      sizeof(why)) ||
+      rd_kafka_AdminOptions_set_operation_timeout(o, timeout_ms, why,
+                                                  sizeof(why))) {
+    if (o)
+      rd_kafka_AdminOptions_destroy(o);
+    pr__errf(errstr, errstr_size, "could not set admin options: %s",
+             o ? why : "out of memory");
+    return PROSODY_ERR_NOMEM;
+  }
+  *out = o;
+  return PROSODY_OK;
+}
+
+static prosody_err_t check_name(const char *name, char *errstr,
+                                size_t errstr_size) {
+  char why[256];
+  if (!name || pr__topic_name_check(name, why, sizeof(why))) {
+    pr__errf(errstr, errstr_size, "invalid topic: %s",
+             name ? why : "name is NULL");
+    return PROSODY_ERR_INVALID_ARG;
+  }
+  return PROSODY_OK;
+}
+
+PROSODY_EXPORT prosody_err_t prosody_admin_create_topic(
+    prosody_admin_t *admin, const char *name,
+    const prosody_topic_options_t *opts, char *errstr, size_t errstr_size) {
+  prosody_topic_options_t o = PROSODY_TOPIC_OPTIONS_INIT;
+  const pr__settings_t *st;
+  char policy[32] = "", retention[32] = "", why[512];
+  rd_kafka_NewTopic_t *nt = NULL;
+  rd_kafka_AdminOptions_t *aopts = NULL;
+  rd_kafka_queue_t *q = NULL;
+  rd_kafka_event_t *ev = NULL;
+  prosody_err_t err;
+  int64_t deadline;
+
+  if (!admin) {
+    pr__errf(errstr, errstr_size, "admin is NULL");
+    return PROSODY_ERR_INVALID_ARG;
+  }
+  if ((err = check_name(name, errstr, errstr_size)))
+    return err;
+  st = &admin->st;
+  if (opts)
+    o = *opts;
+  if (o.partitions < 0 || o.replication_factor < 0 || o.retention_ms < -1 ||
+      o.timeout_ms < 0) {
+    pr__errf(errstr, errstr_size,
+             "invalid topic options for \"%s\": partitions, "
+             "replication_factor and timeout_ms must be >= 0 and "
+             "retention_ms >= -1",
+             name);
+    return PROSODY_ERR_INVALID_ARG;
+  }
+  /* Unset fields fall back to PROSODY_TOPIC_*, then the broker default. */
+  if (o.partitions == 0 && PR_CFG_SET(st, TOPIC_PARTITIONS))
+    o.partitions = (int32_t)PR_CFG_INT(st, TOPIC_PARTITIONS);
+  if (o.replication_factor == 0 && PR_CFG_SET(st, TOPIC_REPLICATION_FACTOR))
+    o.replication_factor = (int16_t)PR_CFG_INT(st, TOPIC_REPLICATION_FACTOR);
+  if (o.cleanup_policy) {
+    pr__value_t v;
+    err = pr__opt_parse(PR_OPT_TOPIC_CLEANUP_POLICY, o.cleanup_policy, 0, &v,
+                        errstr, errstr_size);
+    if (err)
+      return err;
+    pr__opt_format(PR_OPT_TOPIC_CLEANUP_POLICY, &v, policy, sizeof(policy));
+    pr__value_fini(&v);
+  } else if (PR_CFG_SET(st, TOPIC_CLEANUP_POLICY)) {
+    pr__opt_format(PR_OPT_TOPIC_CLEANUP_POLICY,
+                   &PR_CFG(st, TOPIC_CLEANUP_POLICY), policy, sizeof(policy));
+  }
+  if (o.retention_ms == 0 && PR_CFG_SET(st, TOPIC_RETENTION))
+    o.retention_ms = PR_CFG_MS(st, TOPIC_RETENTION);
+  if (o.retention_ms != 0)
+    snprintf(retention, sizeof(retention), "%lld", (long long)o.retention_ms);
+  if (o.timeout_ms == 0)
+    o.timeout_ms = DEFAULT_TIMEOUT_MS;
+  deadline = pr__now_ns() + o.timeout_ms * INT64_C(1000000);
+
+  if (admin->mock) {
+    /* The mock has one broker and no topic configs: the replication factor
+     * is capped at 1 and cleanup policy / retention are not applied. */
+    err = pr__mock_create_topic(name, o.partitions, errstr, errstr_size);
+    if (err)
+      return err;
+    return await_topic(admin, name, 0, 0, deadline, errstr, errstr_size);
+  }
+
+  nt = rd_kafka_NewTopic_new(name, o.partitions > 0 ? o.partitions : -1,
+                             o.replication_factor > 0 ? o.replication_factor
+                                                      : -1,
+                             why, sizeof(why));
+  if (!nt) {
+    pr__errf(errstr, errstr_size, "invalid topic \"%s\": %s", name, why);
+    return PROSODY_ERR_INVALID_ARG;
+  }
+  if ((*policy &&
+       rd_kafka_NewTopic_set_config(nt, "cleanup.policy", policy)) ||
+      (*retention &&
+       rd_kafka_NewTopic_set_config(nt, "retention.ms", retention))) {
+    rd_kafka_NewTopic_destroy(nt);
+    pr__errf(errstr, errstr_size, "could not set topic configs");
+    return PROSODY_ERR_NOMEM;
+  }
+  err = admin_options(admin, RD_KAFKA_ADMIN_OP_CREATETOPICS,
+                      (int)o.timeout_ms, &aopts, errstr, errstr_size);
+  if (err)
+    goto done;
+  q = rd_kafka_queue_new(admin->rk);
+  rd_kafka_CreateTopics(admin->rk, &nt, 1, aopts, q);
+  ev = await_event(q, deadline);
+  if (!ev) {
+    err = PROSODY_ERR_TIMEOUT;
+    pr__errf(errstr, errstr_size,
+             "creating topic \"%s\": no answer from the cluster within %lld ms",
+             name, (long long)o.timeout_ms);
+  } else if (rd_kafka_event_error(ev)) {
+    err = pr__kafka_classify(rd_kafka_event_error(ev));
+    pr__errf(errstr, errstr_size, "creating topic \"%s\" failed: %s", name,
+             rd_kafka_event_error_string(ev));
+  } else {
+    const rd_kafka_CreateTopics_result_t *res =
+        rd_kafka_event_CreateTopics_result(ev);
+    size_t n = 0;
+    const rd_kafka_topic_result_t **tr =
+        res ? rd_kafka_CreateTopics_result_topics(res, &n) : NULL;
+    rd_kafka_resp_err_t kerr = n ? rd_kafka_topic_result_error(tr[0])
+                                 : RD_KAFKA_RESP_ERR__BAD_MSG;
+    if (kerr) {
+      err = pr__kafka_classify(kerr);
+      if (err == PROSODY_ERR_TOPIC_EXISTS)
+        pr__errf(errstr, errstr_size, "topic \"%s\" already exists", name);
+      else
+        pr__errf(errstr, errstr_size, "creating topic \"%s\" failed: %s",
+                 name,
+                 n && rd_kafka_topic_result_error_string(tr[0])
+                     ? rd_kafka_topic_result_error_string(tr[0])
+                     : rd_kafka_err2str(kerr));
+    }
+  }
+  if (!err)
+    err = await_topic(admin, name, o.partitions, 0, deadline, errstr,
+                      errstr_size);
+done:
+  if (ev)
+    rd_kafka_event_destroy(ev);
+  if (q)
+    rd_kafka_queue_destroy(q);
+  if (aopts)
+    rd_kafka_AdminOptions_destroy(aopts);
+  rd_kafka_NewTopic_destroy(nt);
+  return err;
+}
+
+PROSODY_EXPORT prosody_err_t prosody_admin_delete_topic(prosody_admin_t *admin,
+                                                        const char *name,
+                                                        char *errstr,
+                                                        size_t errstr_size) {
+  rd_kafka_DeleteTopic_t *dt;
+  rd_kafka_AdminOptions_t *aopts = NULL;
+  rd_kafka_queue_t *q;
+  rd_kafka_event_t *ev;
+  prosody_err_t err;
+  int64_t deadline = pr__now_ns() + DEFAULT_TIMEOUT_MS * INT64_C(1000000);
+  char why[256];
+  int ready;
+
+  if (!admin) {
+    pr__errf(errstr, errstr_size, "admin is NULL");
+    return PROSODY_ERR_INVALID_ARG;
+  }
+  if ((err = check_name(name, errstr, errstr_size)))
+    return err;
+
+  if (admin->mock) {
+    int n = topic_state(admin, name, 5000, &ready, why, sizeof(why));
+    if (n == -2) {
+      pr__errf(errstr, errstr_size, "deleting topic \"%s\": %s", name, why);
+      return PROSODY_ERR_TRANSIENT;
+    }
+    if (n == -1) {
+      pr__errf(errstr, errstr_size, "topic \"%s\" does not exist", name);
+      return PROSODY_ERR_UNKNOWN_TOPIC;
+    }
+    return pr__mock_delete_topic(name, errstr, errstr_size);
+  }
+
+  err = admin_options(admin, RD_KAFKA_ADMIN_OP_DELETETOPICS,
+                      DEFAULT_TIMEOUT_MS, &aopts, errstr, errstr_size);
+  if (err)
+    return err;
+  dt = rd_kafka_DeleteTopic_new(name);
+  q = rd_kafka_queue_new(admin->rk);
+  rd_kafka_DeleteTopics(admin->rk, &dt, 1, aopts, q);
+  ev = await_event(q, deadline);
+  if (!ev) {
+    err = PROSODY_ERR_TIMEOUT;
+    pr__errf(errstr, errstr_size,
+             "deleting topic \"%s\": no answer from the cluster within %d ms",
+             name, DEFAULT_TIMEOUT_MS);
+  } else if (rd_kafka_event_error(ev)) {
+    err = pr__kafka_classify(rd_kafka_event_error(ev));
+    pr__errf(errstr, errstr_size, "deleting topic \"%s\" failed: %s", name,
+             rd_kafka_event_error_string(ev));
+  } else {
+    const rd_kafka_DeleteTopics_result_t *res =
+        rd_kafka_event_DeleteTopics_result(ev);
+    size_t n = 0;
+    const rd_kafka_topic_result_t **tr =
+        res ? rd_kafka_DeleteTopics_result_topics(res, &n) : NULL;
+    rd_kafka_resp_err_t kerr = n ? rd_kafka_topic_result_error(tr[0])
+                                 : RD_KAFKA_RESP_ERR__BAD_MSG;
+    if (kerr) {
+      err = pr__kafka_classify(kerr);
+      if (err == PROSODY_ERR_UNKNOWN_TOPIC)
+        pr__errf(errstr, errstr_size, "topic \"%s\" does not exist", name);
+      else
+        pr__errf(errstr, errstr_size, "deleting topic \"%s\" failed: %s",
+                 name, rd_kafka_err2str(kerr));
+    }
+  }
+  if (!err)
+    err = await_topic(admin, name, 0, 1, deadline, errstr, errstr_size);
+  if (ev)
+    rd_kafka_event_destroy(ev);
+  rd_kafka_queue_destroy(q);
+  rd_kafka_AdminOptions_destroy(aopts);
+  rd_kafka_DeleteTopic_destroy(dt);
+  return err;
+}

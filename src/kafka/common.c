@@ -1,0 +1,200 @@
+/*
+ * common.c - what every librdkafka handle shares: base configuration, log
+ * routing into our logger, error classification and bounded destruction.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../util/util.h"
+#include "kafka.h"
+
+static void log_cb(const rd_kafka_t *rk, int level, const char *fac,
+                   const char *buf) {
+  pr__log_level_t l = level <= 3   ? PR_LOG_ERROR
+                      : level == 4 ? PR_LOG_WARN
+                      : level == 5 ? PR_LOG_INFO
+                                   : PR_LOG_DEBUG;
+  pr__log(l, "kafka", "%s: [%s] %s", rk ? rd_kafka_name(rk) : "-", fac, buf);
+}
+
+int pr__kafka_conf_set(rd_kafka_conf_t *kconf, const char *name,
+                       const char *value, char *errstr, size_t errstr_size) {
+  char why[256];
+  if (rd_kafka_conf_set(kconf, name, value, why, sizeof(why)) !=
+      RD_KAFKA_CONF_OK) {
+    pr__errf(errstr, errstr_size,
+             "librdkafka rejected %s=\"%s\": %s", name, value, why);
+    return -1;
+  }
+  return 0;
+}
+
+rd_kafka_conf_t *pr__kafka_conf_new(const char *bootstrap, char *errstr,
+                                    size_t errstr_size) {
+  rd_kafka_conf_t *kconf = rd_kafka_conf_new();
+  if (!kconf) {
+    pr__errf(errstr, errstr_size, "out of memory");
+    return NULL;
+  }
+  if ((bootstrap && pr__kafka_conf_set(kconf, "bootstrap.servers", bootstrap,
+                                       errstr, errstr_size)) ||
+      pr__kafka_conf_set(kconf, "client.id", "prosody", errstr,
+                         errstr_size) ||
+      pr__kafka_conf_set(kconf, "broker.address.family", "v4", errstr,
+                         errstr_size) ||
+      pr__kafka_conf_set(kconf, "socket.nagle.disable", "true", errstr,
+                         errstr_size) ||
+      /* Identical connection errors are reported once, not every retry. */
+      pr__kafka_conf_set(kconf, "log.connection.close", "false", errstr,
+                         errstr_size)) {
+    rd_kafka_conf_destroy(kconf);
+    return NULL;
+  }
+  rd_kafka_conf_set_log_cb(kconf, log_cb);
+  return kconf;
+}
+
+prosody_err_t pr__kafka_classify(rd_kafka_resp_err_t err) {
+  switch (err) {
+  case RD_KAFKA_RESP_ERR_NO_ERROR:
+    return PROSODY_OK;
+  case RD_KAFKA_RESP_ERR__MSG_TIMED_OUT:
+  case RD_KAFKA_RESP_ERR__TIMED_OUT:
+  case RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT:
+    return PROSODY_ERR_TIMEOUT;
+  case RD_KAFKA_RESP_ERR_TOPIC_ALREADY_EXISTS:
+    return PROSODY_ERR_TOPIC_EXISTS;
+  case RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC:
+  case RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART:
+    return PROSODY_ERR_UNKNOWN_TOPIC;
+  case RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE:
+  case RD_KAFKA_RESP_ERR_INVALID_MSG:
+  case RD_KAFKA_RESP_ERR_INVALID_MSG_SIZE:
+  case RD_KAFKA_RESP_ERR_RECORD_LIST_TOO_LARGE:
+  case RD_KAFKA_RESP_ERR_INVALID_RECORD:
+  case RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED:
+  case RD_KAFKA_RESP_ERR_CLUSTER_AUTHORIZATION_FAILED:
+  case RD_KAFKA_RESP_ERR_SASL_AUTHENTICATION_FAILED:
+  case RD_KAFKA_RESP_ERR__AUTHENTICATION:
+  case RD_KAFKA_RESP_ERR_TOPIC_EXCEPTION:
+  case RD_KAFKA_RESP_ERR_INVALID_REQUIRED_ACKS:
+  case RD_KAFKA_RESP_ERR_INVALID_PARTITIONS:
+  case RD_KAFKA_RESP_ERR_INVALID_REPLICATION_FACTOR:
+  case RD_KAFKA_RESP_ERR_INVALID_CONFIG:
+  case RD_KAFKA_RESP_ERR_POLICY_VIOLATION:
+  case RD_KAFKA_RESP_ERR_UNSUPPORTED_VERSION:
+  case RD_KAFKA_RESP_ERR__INVALID_ARG:
+  case RD_KAFKA_RESP_ERR__UNKNOWN_PARTITION:
+  case RD_KAFKA_RESP_ERR__NOT_IMPLEMENTED:
+    return PROSODY_ERR_PERMANENT;
+  default:
+    return PROSODY_ERR_TRANSIENT;
+  }
+}
+
+typedef struct destroy_job {
+  rd_kafka_t *rk;
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  int done;      /* guarded by lock */
+  int abandoned; /* guarded by lock: the waiter gave up; the thread frees */
+} destroy_job_t;
+
+static void *destroy_thread(void *arg) {
+  destroy_job_t *job = arg;
+  int abandoned;
+  rd_kafka_destroy(job->rk);
+  pthread_mutex_lock(&job->lock);
+  job->done = 1;
+  abandoned = job->abandoned;
+  pthread_cond_signal(&job->cond);
+  pthread_mutex_unlock(&job->lock);
+  if (abandoned) {
+    pthread_mutex_destroy(&job->lock);
+    pthread_cond_destroy(&job->cond);
+    free(job);
+  }
+  return NULL;
+}
+
+int pr__kafka_destroy_bounded(rd_kafka_t *rk, int timeout_ms,
+                              const char *what) {
+  destroy_job_t *job;
+  pthread_t thr;
+  pthread_condattr_t attr;
+  struct timespec deadline;
+  int done;
+
+  if (!rk)
+    return 0;
+  job = calloc(1, sizeof(*job));
+  if (!job) {
+    rd_kafka_destroy(rk);
+    return 0;
+  }
+  job->rk = rk;
+  pthread_mutex_init(&job->lock, NULL);
+  pthread_condattr_init(&attr);
+  pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+  pthread_cond_init(&job->cond, &attr);
+  pthread_condattr_destroy(&attr);
+  if (pthread_create(&thr, NULL, destroy_thread, job) != 0) {
+    rd_kafka_destroy(rk);
+    pthread_mutex_destroy(&job->lock);
+    pthread_cond_destroy(&job->cond);
+    free(job);
+    return 0;
+  }
+  clock_gettime(CLOCK_MONOTONIC, &deadline);
+  deadline.tv_sec += timeout_ms / 1000;
+  deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+  if (deadline.tv_nsec >= 1000000000L) {
+    deadline.tv_sec++;
+    deadline.tv_nsec -= 1000000000L;
+  }
+  pthread_mutex_lock(&job->lock);
+  while (!job->done &&
+         pthread_cond_timedwait(&job->cond, &job->lock, &deadline) == 0)
+    ;
+  done = job->done;
+  if (!done)
+    job->abandoned = 1;
+  pthread_mutex_unlock(&job->lock);
+  if (!done) {
+    pthread_detach(thr);
+    PR_ERROR("kafka",
+             "librdkafka did not finish destroying the %s handle within %d "
+             "ms; abandoning it (it keeps its threads and sockets until it "
+             "returns)",
+             what, timeout_ms);
+    return -1;
+  }
+  pthread_join(thr, NULL);
+  pthread_mutex_destroy(&job->lock);
+  pthread_cond_destroy(&job->cond);
+  free(job);
+  return 0;
+}
+
+char *pr__join_list(char **items, size_t n) {
+  size_t len = 1;
+  char *out, *p;
+  for (size_t i = 0; i < n; i++)
+    len += strlen(items[i]) + 1;
+  out = malloc(len);
+  if (!out)
+    return NULL;
+  p = out;
+  *p = '\0';
+  for (size_t i = 0; i < n; i++) {
+    size_t l = strlen(items[i]);
+    if (i)
+      *p++ = ',';
+    memcpy(p, items[i], l);
+    p += l;
+    *p = '\0';
+  }
+  return out;
+}

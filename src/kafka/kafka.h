@@ -1,0 +1,91 @@
+/*
+ * kafka.h - everything that talks to librdkafka (private): common handle
+ * configuration and error classification, the process-wide mock cluster,
+ * the producer and the admin operations.
+ *
+ * Rules from LIBRDKAFKA.md that shape this layer: one separate handle per
+ * role (producer, admin, consumer); idempotent lz4 producer with Nagle off;
+ * only __FATAL is fatal, every other error-callback error is transient;
+ * handles are destroyed under a bounded wait that reports a hang loudly.
+ */
+#ifndef PR_KAFKA_H
+#define PR_KAFKA_H
+
+#include <librdkafka/rdkafka.h>
+#include <librdkafka/rdkafka_mock.h>
+
+#include "../config/config.h"
+#include "prosody.h"
+
+/* ---- common.c ---- */
+
+/* A librdkafka configuration with what every handle shares: bootstrap
+ * servers, IPv4, Nagle off, our log callback. NULL on error (errstr). */
+rd_kafka_conf_t *pr__kafka_conf_new(const char *bootstrap, char *errstr,
+                                    size_t errstr_size);
+/* rd_kafka_conf_set() that reports failures in our words. */
+int pr__kafka_conf_set(rd_kafka_conf_t *kconf, const char *name,
+                       const char *value, char *errstr, size_t errstr_size);
+/* Maps a librdkafka error to our error class. */
+prosody_err_t pr__kafka_classify(rd_kafka_resp_err_t err);
+/* Destroys a handle, waiting at most `timeout_ms`; when librdkafka does not
+ * return in time the hang is logged as an error and the handle abandoned
+ * (LIBRDKAFKA.md rule 9). Returns 0 if destroyed, -1 if abandoned. */
+int pr__kafka_destroy_bounded(rd_kafka_t *rk, int timeout_ms,
+                              const char *what);
+/* Joins a host:port list with commas into a new string. */
+char *pr__join_list(char **items, size_t n);
+
+/* ---- mock.c: the process-wide mock cluster ----
+ * Owned by mock.c; every function is thread-safe (one mutex). The cluster is
+ * created on first use and destroyed at process exit. */
+
+/* Takes a reference to the cluster, starting it if needed, and returns its
+ * bootstrap address (valid while the reference is held). */
+prosody_err_t pr__mock_acquire(const char **bootstraps, char *errstr,
+                               size_t errstr_size);
+/* Drops a reference taken by pr__mock_acquire(). */
+void pr__mock_release(void);
+/* Creates `topic` on the cluster unless this process already did. */
+prosody_err_t pr__mock_ensure_topic(const char *topic, char *errstr,
+                                    size_t errstr_size);
+/* Admin operations on the mock cluster (no CreateTopics/DeleteTopics). */
+prosody_err_t pr__mock_create_topic(const char *topic, int partitions,
+                                    char *errstr, size_t errstr_size);
+prosody_err_t pr__mock_delete_topic(const char *topic, char *errstr,
+                                    size_t errstr_size);
+/* 1 if `topic` was deleted through pr__mock_delete_topic() and not created
+ * again. */
+int pr__mock_topic_deleted(const char *topic);
+/* The cluster, for tests that inject faults (NULL before first use). */
+rd_kafka_mock_cluster_t *pr__mock_cluster(void);
+
+/* ---- producer.c ---- */
+
+typedef struct pr__producer pr__producer_t;
+
+pr__producer_t *pr__producer_new(const pr__settings_t *st,
+                                 const char *bootstrap,
+                                 const char *source_system, char *errstr,
+                                 size_t errstr_size);
+/* Waits up to send_timeout for outstanding records, fails the rest (their
+ * callbacks fire), then frees everything. */
+void pr__producer_destroy(pr__producer_t *prod);
+/* Validates and queues one record; `cb` fires exactly once on success. */
+prosody_err_t pr__producer_send_async(pr__producer_t *prod, const char *topic,
+                                      const char *key, const char *json,
+                                      const prosody_trace_t *trace,
+                                      prosody_send_cb cb, void *opaque,
+                                      char *errstr, size_t errstr_size);
+/* Queues one record and waits for its delivery report. */
+prosody_err_t pr__producer_send(pr__producer_t *prod, const char *topic,
+                                const char *key, const char *json,
+                                const prosody_trace_t *trace, char *errstr,
+                                size_t errstr_size);
+/* The current librdkafka handle (tests: fault injection). */
+rd_kafka_t *pr__producer_handle(pr__producer_t *prod);
+
+/* Checks a W3C traceparent; 0 if valid, -1 with the reason. */
+int pr__traceparent_check(const char *tp, char *why, size_t why_size);
+
+#endif /* PR_KAFKA_H */

@@ -1,0 +1,443 @@
+/*
+ * producer.c - the client's Kafka producer.
+ *
+ * DESIGN: one idempotent, lz4-compressing librdkafka producer per client.
+ * Callers on any thread validate and queue records (librdkafka's produce
+ * path is thread-safe). One poller thread per producer serves librdkafka's
+ * callbacks: delivery reports complete each record's request exactly once,
+ * and error reports update `last_error`, which failure messages quote so a
+ * user sees why a record timed out (for example, a refused connection).
+ * A blocking send is an async send plus a refcounted waiter, so a waiter
+ * that gives up can never be freed under a late delivery report.
+ *
+ * librdkafka's own delivery timeout (message.timeout.ms) is send_timeout,
+ * so every queued record gets its report within that budget.
+ */
+#include <jansson.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../util/util.h"
+#include "kafka.h"
+
+struct pr__producer {
+  rd_kafka_t *rk;         /* immutable after _new; thread-safe handle */
+  char *source_system;    /* immutable after _new */
+  int send_timeout_ms;    /* immutable after _new */
+  int mock;               /* immutable after _new: ensure topics first */
+  pthread_t poller;       /* the only thread calling rd_kafka_poll() */
+  atomic_int stop;        /* set by _destroy to end the poller */
+  pthread_mutex_t err_lock; /* guards last_error */
+  char last_error[256];     /* last error-callback text, "" if none */
+};
+
+/* One queued record; freed by the delivery report. */
+typedef struct send_req {
+  pr__producer_t *prod;
+  prosody_send_cb cb;
+  void *opaque;
+  char topic[]; /* NUL-terminated copy */
+} send_req_t;
+
+/* ------------------------------------------------------------------------ */
+/* librdkafka callbacks (poller thread, or the destroying thread)            */
+/* ------------------------------------------------------------------------ */
+
+static void dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque) {
+  send_req_t *req = m->_private;
+  pr__producer_t *prod = opaque;
+  (void)rk;
+  if (!req)
+    return;
+  if (!m->err) {
+    prosody_delivery_t d = {req->topic, m->partition, m->offset};
+    req->cb(PROSODY_OK, NULL, &d, req->opaque);
+  } else {
+    prosody_err_t err = pr__kafka_classify(m->err);
+    char last[256], msg[768];
+    char budget[32];
+    pthread_mutex_lock(&prod->err_lock);
+    memcpy(last, prod->last_error, sizeof(last));
+    pthread_mutex_unlock(&prod->err_lock);
+    pr__duration_format((int64_t)prod->send_timeout_ms * 1000000, budget,
+                        sizeof(budget));
+    snprintf(msg, sizeof(msg),
+             "record for topic \"%s\" (key \"%.*s\") was not delivered: "
+             "%s%s%s%s%s",
+             req->topic, m->key_len > 64 ? 64 : (int)m->key_len,
+             m->key ? (const char *)m->key : "", rd_kafka_err2str(m->err),
+             err == PROSODY_ERR_TIMEOUT ? " within send_timeout " : "",
+             err == PROSODY_ERR_TIMEOUT ? budget : "",
+             *last ? "; last broker error: " : "", last);
+    req->cb(err, msg, NULL, req->opaque);
+  }
+  free(req);
+}
+
+static void error_cb(rd_kafka_t *rk, int err, const char *reason,
+                     void *opaque) {
+  pr__producer_t *prod = opaque;
+  (void)rk;
+  pthread_mutex_lock(&prod->err_lock);
+  snprintf(prod->last_error, sizeof(prod->last_error), "%s", reason);
+  pthread_mutex_unlock(&prod->err_lock);
+  if (err == RD_KAFKA_RESP_ERR__FATAL)
+    PR_ERROR("producer", "fatal producer error: %s", reason);
+  else
+    PR_WARN("producer", "%s (%s)", reason,
+            rd_kafka_err2name((rd_kafka_resp_err_t)err));
+}
+
+static void *poller_main(void *arg) {
+  pr__producer_t *prod = arg;
+  while (!atomic_load(&prod->stop))
+    rd_kafka_poll(prod->rk, 50);
+  return NULL;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Lifecycle                                                                 */
+/* ------------------------------------------------------------------------ */
+
+pr__producer_t *pr__producer_new(const pr__settings_t *st,
+                                 const char *bootstrap,
+                                 const char *source_system, char *errstr,
+                                 size_t errstr_size) {
+  pr__producer_t *prod;
+  rd_kafka_conf_t *kconf;
+  char buf[32], why[512];
+
+  prod = calloc(1, sizeof(*prod));
+  if (!prod || !(prod->source_system = strdup(source_system))) {
+    free(prod);
+    pr__errf(errstr, errstr_size, "out of memory");
+    return NULL;
+  }
+  pthread_mutex_init(&prod->err_lock, NULL);
+  prod->send_timeout_ms = (int)PR_CFG_MS(st, SEND_TIMEOUT);
+  if (prod->send_timeout_ms < 1)
+    prod->send_timeout_ms = 1;
+  prod->mock = PR_CFG_BOOL(st, MOCK);
+
+  kconf = pr__kafka_conf_new(bootstrap, errstr, errstr_size);
+  if (!kconf)
+    goto fail;
+  snprintf(buf, sizeof(buf), "%d", prod->send_timeout_ms);
+  if (pr__kafka_conf_set(kconf, "enable.idempotence", "true", errstr,
+                         errstr_size) ||
+      pr__kafka_conf_set(kconf, "compression.type", "lz4", errstr,
+                         errstr_size) ||
+      pr__kafka_conf_set(kconf, "message.timeout.ms", buf, errstr,
+                         errstr_size) ||
+      pr__kafka_conf_set(kconf, "linger.ms",
+                         prod->send_timeout_ms > 10 ? "5" : "0", errstr,
+                         errstr_size)) {
+    rd_kafka_conf_destroy(kconf);
+    goto fail;
+  }
+  rd_kafka_conf_set_dr_msg_cb(kconf, dr_cb);
+  rd_kafka_conf_set_error_cb(kconf, error_cb);
+  rd_kafka_conf_set_opaque(kconf, prod);
+
+  prod->rk = rd_kafka_new(RD_KAFKA_PRODUCER, kconf, why, sizeof(why));
+  if (!prod->rk) {
+    rd_kafka_conf_destroy(kconf);
+    pr__errf(errstr, errstr_size, "could not create the Kafka producer: %s",
+             why);
+    goto fail;
+  }
+  if (pthread_create(&prod->poller, NULL, poller_main, prod) != 0) {
+    pr__kafka_destroy_bounded(prod->rk, 10000, "producer");
+    pr__errf(errstr, errstr_size, "could not start the producer thread");
+    goto fail;
+  }
+  return prod;
+
+fail:
+  pthread_mutex_destroy(&prod->err_lock);
+  free(prod->source_system);
+  free(prod);
+  return NULL;
+}
+
+void pr__producer_destroy(pr__producer_t *prod) {
+  int64_t deadline;
+  if (!prod)
+    return;
+  atomic_store(&prod->stop, 1);
+  pthread_join(prod->poller, NULL);
+  /* From here this thread serves the callbacks. */
+  rd_kafka_flush(prod->rk, prod->send_timeout_ms);
+  rd_kafka_purge(prod->rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
+  deadline = pr__now_ns() + INT64_C(5000000000);
+  while (rd_kafka_outq_len(prod->rk) > 0 && pr__now_ns() < deadline)
+    rd_kafka_poll(prod->rk, 50);
+  rd_kafka_poll(prod->rk, 0);
+  pr__kafka_destroy_bounded(prod->rk, 30000, "producer");
+  pthread_mutex_destroy(&prod->err_lock);
+  free(prod->source_system);
+  free(prod);
+}
+
+rd_kafka_t *pr__producer_handle(pr__producer_t *prod) { return prod->rk; }
+
+/* ------------------------------------------------------------------------ */
+/* Sending                                                                   */
+/* ------------------------------------------------------------------------ */
+
+static int is_lower_hex(const char *s, size_t n, int *all_zero) {
+  *all_zero = 1;
+  for (size_t i = 0; i < n; i++) {
+    char c = s[i];
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f')))
+      return 0;
+    if (c != '0')
+      *all_zero = 0;
+  }
+  return 1;
+}
+
+int pr__traceparent_check(const char *tp, char *why, size_t why_size) {
+  /* version "-" trace-id(32) "-" parent-id(16) "-" flags(2) */
+  size_t len = strlen(tp);
+  int zero;
+  if (len < 55 || tp[2] != '-' || tp[35] != '-' || tp[52] != '-' ||
+      !is_lower_hex(tp, 2, &zero) || !strncmp(tp, "ff", 2) ||
+      (len > 55 && (!strncmp(tp, "00", 2) || tp[55] != '-'))) {
+    pr__errf(why, why_size,
+             "traceparent \"%.80s\" is not \"00-<32 hex>-<16 hex>-<2 hex>\"",
+             tp);
+    return -1;
+  }
+  if (!is_lower_hex(tp + 3, 32, &zero) || zero) {
+    pr__errf(why, why_size,
+             "traceparent \"%.80s\" has an invalid trace id (32 lower-case "
+             "hex digits, not all zero)",
+             tp);
+    return -1;
+  }
+  if (!is_lower_hex(tp + 36, 16, &zero) || zero) {
+    pr__errf(why, why_size,
+             "traceparent \"%.80s\" has an invalid parent id (16 lower-case "
+             "hex digits, not all zero)",
+             tp);
+    return -1;
+  }
+  if (!is_lower_hex(tp + 53, 2, &zero)) {
+    pr__errf(why, why_size, "traceparent \"%.80s\" has invalid flags", tp);
+    return -1;
+  }
+  return 0;
+}
+
+static prosody_err_t check_record(const char *topic, const char *key,
+                                  const char *json,
+                                  const prosody_trace_t *trace, char *errstr,
+                                  size_t errstr_size) {
+  char why[256];
+  json_t *doc;
+  json_error_t jerr;
+
+  if (!topic || pr__topic_name_check(topic, why, sizeof(why))) {
+    pr__errf(errstr, errstr_size, "invalid topic: %s",
+             topic ? why : "topic is NULL");
+    return PROSODY_ERR_INVALID_ARG;
+  }
+  if (!key) {
+    pr__errf(errstr, errstr_size, "key is NULL (every record needs a key)");
+    return PROSODY_ERR_INVALID_ARG;
+  }
+  if (!pr__utf8_valid(key, strlen(key))) {
+    pr__errf(errstr, errstr_size, "key for topic \"%s\" is not valid UTF-8",
+             topic);
+    return PROSODY_ERR_INVALID_ARG;
+  }
+  if (!json) {
+    pr__errf(errstr, errstr_size, "payload for topic \"%s\" is NULL", topic);
+    return PROSODY_ERR_INVALID_PAYLOAD;
+  }
+  doc = json_loads(json, JSON_DECODE_ANY, &jerr);
+  if (!doc) {
+    pr__errf(errstr, errstr_size,
+             "payload for topic \"%s\" (key \"%.64s\") is not valid JSON: %s "
+             "at line %d, column %d",
+             topic, key, jerr.text, jerr.line, jerr.column);
+    return PROSODY_ERR_INVALID_PAYLOAD;
+  }
+  json_decref(doc);
+  if (trace && trace->traceparent &&
+      pr__traceparent_check(trace->traceparent, why, sizeof(why))) {
+    pr__errf(errstr, errstr_size, "%s", why);
+    return PROSODY_ERR_INVALID_ARG;
+  }
+  return PROSODY_OK;
+}
+
+static rd_kafka_headers_t *make_headers(pr__producer_t *prod,
+                                        const prosody_trace_t *trace) {
+  rd_kafka_headers_t *h = rd_kafka_headers_new(4);
+  rd_kafka_header_add(h, "source-system", -1, prod->source_system, -1);
+  if (trace) {
+    if (trace->traceparent)
+      rd_kafka_header_add(h, "traceparent", -1, trace->traceparent, -1);
+    if (trace->tracestate)
+      rd_kafka_header_add(h, "tracestate", -1, trace->tracestate, -1);
+    if (trace->baggage)
+      rd_kafka_header_add(h, "baggage", -1, trace->baggage, -1);
+  }
+  return h;
+}
+
+prosody_err_t pr__producer_send_async(pr__producer_t *prod, const char *topic,
+                                      const char *key, const char *json,
+                                      const prosody_trace_t *trace,
+                                      prosody_send_cb cb, void *opaque,
+                                      char *errstr, size_t errstr_size) {
+  prosody_err_t err;
+  rd_kafka_resp_err_t kerr;
+  rd_kafka_headers_t *hdrs;
+  send_req_t *req;
+  size_t tlen;
+  int64_t deadline;
+
+  if (!cb) {
+    pr__errf(errstr, errstr_size, "callback is NULL");
+    return PROSODY_ERR_INVALID_ARG;
+  }
+  err = check_record(topic, key, json, trace, errstr, errstr_size);
+  if (err)
+    return err;
+  if (prod->mock) {
+    err = pr__mock_ensure_topic(topic, errstr, errstr_size);
+    if (err)
+      return err;
+  }
+  tlen = strlen(topic);
+  req = malloc(sizeof(*req) + tlen + 1);
+  if (!req) {
+    pr__errf(errstr, errstr_size, "out of memory");
+    return PROSODY_ERR_NOMEM;
+  }
+  req->prod = prod;
+  req->cb = cb;
+  req->opaque = opaque;
+  memcpy(req->topic, topic, tlen + 1);
+
+  deadline = pr__now_ns() + (int64_t)prod->send_timeout_ms * 1000000;
+  for (;;) {
+    hdrs = make_headers(prod, trace);
+    kerr = rd_kafka_producev(
+        prod->rk, RD_KAFKA_V_TOPIC(topic),
+        RD_KAFKA_V_KEY((void *)key, strlen(key)),
+        RD_KAFKA_V_VALUE((void *)json, strlen(json)),
+        RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_HEADERS(hdrs),
+        RD_KAFKA_V_OPAQUE(req), RD_KAFKA_V_END);
+    if (!kerr)
+      return PROSODY_OK; /* headers and req now belong to librdkafka */
+    rd_kafka_headers_destroy(hdrs);
+    /* A full local queue drains as the poller serves delivery reports:
+     * wait for room within the send budget. */
+    if (kerr != RD_KAFKA_RESP_ERR__QUEUE_FULL || pr__now_ns() >= deadline)
+      break;
+    usleep(1000);
+  }
+  free(req);
+  err = kerr == RD_KAFKA_RESP_ERR__QUEUE_FULL ? PROSODY_ERR_TIMEOUT
+                                              : pr__kafka_classify(kerr);
+  pr__errf(errstr, errstr_size, "could not queue a record for topic \"%s\": %s",
+           topic, rd_kafka_err2str(kerr));
+  return err;
+}
+
+/* A blocking send's rendezvous with its delivery report. */
+typedef struct waiter {
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  int done;          /* guarded by lock */
+  int refs;          /* guarded by lock: the sender and the report */
+  prosody_err_t err; /* guarded by lock */
+  char errstr[768];  /* guarded by lock */
+} waiter_t;
+
+static void waiter_unref_locked(waiter_t *w) {
+  if (--w->refs == 0) {
+    pthread_mutex_unlock(&w->lock);
+    pthread_mutex_destroy(&w->lock);
+    pthread_cond_destroy(&w->cond);
+    free(w);
+    return;
+  }
+  pthread_mutex_unlock(&w->lock);
+}
+
+static void waiter_cb(prosody_err_t err, const char *errstr,
+                      const prosody_delivery_t *d, void *opaque) {
+  waiter_t *w = opaque;
+  (void)d;
+  pthread_mutex_lock(&w->lock);
+  w->err = err;
+  snprintf(w->errstr, sizeof(w->errstr), "%s", errstr ? errstr : "");
+  w->done = 1;
+  pthread_cond_signal(&w->cond);
+  waiter_unref_locked(w);
+}
+
+prosody_err_t pr__producer_send(pr__producer_t *prod, const char *topic,
+                                const char *key, const char *json,
+                                const prosody_trace_t *trace, char *errstr,
+                                size_t errstr_size) {
+  pthread_condattr_t attr;
+  struct timespec deadline;
+  prosody_err_t err;
+  waiter_t *w = calloc(1, sizeof(*w));
+  /* librdkafka reports every record within send_timeout; the grace covers
+   * the poller's latency and is never reached in practice. */
+  int wait_ms = prod->send_timeout_ms + 5000;
+
+  if (!w) {
+    pr__errf(errstr, errstr_size, "out of memory");
+    return PROSODY_ERR_NOMEM;
+  }
+  pthread_mutex_init(&w->lock, NULL);
+  pthread_condattr_init(&attr);
+  pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+  pthread_cond_init(&w->cond, &attr);
+  pthread_condattr_destroy(&attr);
+  w->refs = 2;
+
+  err = pr__producer_send_async(prod, topic, key, json, trace, waiter_cb, w,
+                                errstr, errstr_size);
+  if (err) {
+    pthread_mutex_destroy(&w->lock);
+    pthread_cond_destroy(&w->cond);
+    free(w);
+    return err;
+  }
+  clock_gettime(CLOCK_MONOTONIC, &deadline);
+  deadline.tv_sec += wait_ms / 1000;
+  deadline.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
+  if (deadline.tv_nsec >= 1000000000L) {
+    deadline.tv_sec++;
+    deadline.tv_nsec -= 1000000000L;
+  }
+  pthread_mutex_lock(&w->lock);
+  while (!w->done &&
+         pthread_cond_timedwait(&w->cond, &w->lock, &deadline) == 0)
+    ;
+  if (w->done) {
+    err = w->err;
+    if (err)
+      pr__errf(errstr, errstr_size, "%s", w->errstr);
+  } else {
+    err = PROSODY_ERR_TIMEOUT;
+    pr__errf(errstr, errstr_size,
+             "no delivery report for topic \"%s\" within %d ms", topic,
+             wait_ms);
+  }
+  waiter_unref_locked(w);
+  return err;
+}

@@ -1,0 +1,123 @@
+/*
+ * util.c - bounded formatting, UTF-8 validation, clocks and the logger.
+ *
+ * The logger's threshold is one atomic int shared by the process; lines are
+ * written with a single fprintf so concurrent lines do not interleave.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include "util.h"
+
+void pr__errf(char *errstr, size_t errstr_size, const char *fmt, ...) {
+  va_list ap;
+  if (!errstr || errstr_size == 0)
+    return;
+  va_start(ap, fmt);
+  vsnprintf(errstr, errstr_size, fmt, ap);
+  va_end(ap);
+}
+
+char *pr__strdup(const char *s) { return s ? strdup(s) : NULL; }
+
+int pr__utf8_valid(const char *str, size_t len) {
+  const unsigned char *s = (const unsigned char *)str;
+  size_t i = 0;
+  while (i < len) {
+    unsigned char c = s[i];
+    size_t n;
+    uint32_t cp;
+    if (c < 0x80) {
+      i++;
+      continue;
+    } else if ((c & 0xE0) == 0xC0) {
+      n = 1;
+      cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      n = 2;
+      cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      n = 3;
+      cp = c & 0x07;
+    } else {
+      return 0;
+    }
+    if (i + n >= len)
+      return 0;
+    for (size_t k = 1; k <= n; k++) {
+      if ((s[i + k] & 0xC0) != 0x80)
+        return 0;
+      cp = (cp << 6) | (s[i + k] & 0x3F);
+    }
+    if ((n == 1 && cp < 0x80) || (n == 2 && cp < 0x800) ||
+        (n == 3 && cp < 0x10000) || cp > 0x10FFFF ||
+        (cp >= 0xD800 && cp <= 0xDFFF))
+      return 0;
+    i += n + 1;
+  }
+  return 1;
+}
+
+int64_t pr__now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+int64_t pr__wall_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static atomic_int log_level = -1; /* -1: not yet read from PROSODY_LOG */
+static const char *const level_names[] = {"OFF",  "ERROR", "WARN",
+                                          "INFO", "DEBUG", "TRACE"};
+
+static pr__log_level_t level_from_env(void) {
+  const char *e = getenv("PROSODY_LOG");
+  if (e && *e) {
+    for (int i = 0; i <= PR_LOG_TRACE; i++)
+      if (!strcasecmp(e, level_names[i]))
+        return (pr__log_level_t)i;
+  }
+  return PR_LOG_INFO;
+}
+
+void pr__log_set_level(pr__log_level_t level) {
+  atomic_store(&log_level, (int)level);
+}
+
+pr__log_level_t pr__log_level(void) {
+  int l = atomic_load(&log_level);
+  if (l < 0) {
+    l = (int)level_from_env();
+    atomic_store(&log_level, l);
+  }
+  return (pr__log_level_t)l;
+}
+
+void pr__log(pr__log_level_t level, const char *subsystem, const char *fmt,
+             ...) {
+  char msg[1024];
+  char stamp[32];
+  va_list ap;
+  struct timespec ts;
+  struct tm tm;
+
+  if (level == PR_LOG_OFF || level > pr__log_level())
+    return;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  clock_gettime(CLOCK_REALTIME, &ts);
+  gmtime_r(&ts.tv_sec, &tm);
+  strftime(stamp, sizeof(stamp), "%Y-%m-%dT%H:%M:%S", &tm);
+  fprintf(stderr, "%s.%03ldZ %-5s prosody::%s: %s\n", stamp,
+          ts.tv_nsec / 1000000, level_names[level], subsystem, msg);
+}

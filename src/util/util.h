@@ -1,0 +1,58 @@
+/*
+ * util.h - small helpers shared by every subsystem: bounded string
+ * formatting, UTF-8 validation, monotonic time, and the process-wide logger.
+ */
+#ifndef PR_UTIL_H
+#define PR_UTIL_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(__GNUC__)
+#define PR_PRINTF(f, a) __attribute__((format(printf, f, a)))
+#else
+#define PR_PRINTF(f, a)
+#endif
+
+/* snprintf into a caller's errstr that may be NULL or zero-sized. */
+void pr__errf(char *errstr, size_t errstr_size, const char *fmt, ...)
+    PR_PRINTF(3, 4);
+
+/* strdup that returns NULL for NULL. */
+char *pr__strdup(const char *s);
+
+/* 1 if the `len` bytes at `s` are valid UTF-8 (no overlongs, no surrogates,
+ * nothing above U+10FFFF), 0 otherwise. */
+int pr__utf8_valid(const char *s, size_t len);
+
+/* Monotonic clock in nanoseconds. */
+int64_t pr__now_ns(void);
+/* Wall clock in milliseconds since the epoch. */
+int64_t pr__wall_ms(void);
+
+/* Log levels, most severe first; matches the `log` option's enum order
+ * (off, error, warn, info, debug, trace). */
+typedef enum pr__log_level {
+  PR_LOG_OFF = 0,
+  PR_LOG_ERROR = 1,
+  PR_LOG_WARN = 2,
+  PR_LOG_INFO = 3,
+  PR_LOG_DEBUG = 4,
+  PR_LOG_TRACE = 5
+} pr__log_level_t;
+
+/* Process-wide log threshold. Starts from PROSODY_LOG (default info); a
+ * client whose `log` option was set in code overrides it. Thread-safe. */
+void pr__log_set_level(pr__log_level_t level);
+pr__log_level_t pr__log_level(void);
+/* Writes one line to stderr when `level` passes the threshold. */
+void pr__log(pr__log_level_t level, const char *subsystem, const char *fmt,
+             ...) PR_PRINTF(3, 4);
+
+#define PR_ERROR(sub, ...) pr__log(PR_LOG_ERROR, sub, __VA_ARGS__)
+#define PR_WARN(sub, ...) pr__log(PR_LOG_WARN, sub, __VA_ARGS__)
+#define PR_INFO(sub, ...) pr__log(PR_LOG_INFO, sub, __VA_ARGS__)
+#define PR_DEBUG(sub, ...) pr__log(PR_LOG_DEBUG, sub, __VA_ARGS__)
+
+#endif /* PR_UTIL_H */
