@@ -30,21 +30,24 @@ static const char *usage_text =
     "  demo [--messages N] [--keys N] [--topic T]\n"
     "                        produce a stream of realistic events to the\n"
     "                        embedded mock broker and summarise the result\n"
-    "  broker                run a standalone mock Kafka cluster and print its\n"
+    "  broker                run a standalone mock Kafka cluster and print "
+    "its\n"
     "                        bootstrap address until Ctrl-C\n"
     "  send TOPIC KEY JSON   send one record and wait for the acknowledgement\n"
     "  topic create NAME [--partitions N] [--replication-factor N]\n"
     "                    [--cleanup-policy P] [--retention DURATION]\n"
     "  topic delete NAME\n"
     "  config [--markdown]   print the effective configuration and where each\n"
-    "                        value came from (--markdown: the option reference)\n"
+    "                        value came from (--markdown: the option "
+    "reference)\n"
     "\n"
     "Options:\n"
     "  --set NAME=VALUE      set an option (wins over PROSODY_* variables)\n"
     "  -h, --help            show this help\n"
     "  -V, --version         show the version\n"
     "\n"
-    "Every option is listed by `prosody config` and in docs/CONFIGURATION.md.\n";
+    "Every option is listed by `prosody config` and in "
+    "docs/CONFIGURATION.md.\n";
 
 static double now_s(void) {
   struct timespec ts;
@@ -55,7 +58,10 @@ static double now_s(void) {
 static int fail(const char *what, prosody_err_t err, const char *msg) {
   fprintf(stderr, "prosody: %s: %s (%s)\n", what, msg && *msg ? msg : "",
           prosody_err_name(err));
-  return err == PROSODY_ERR_CONFIG || err == PROSODY_ERR_INVALID_ARG ? 2 : 1;
+  return err == PROSODY_ERR_CONFIG || err == PROSODY_ERR_INVALID_ARG ||
+                 err == PROSODY_ERR_INVALID_PAYLOAD
+             ? 2
+             : 1;
 }
 
 /* Sets `name` unless the user already set it or the environment has it. */
@@ -270,9 +276,13 @@ static int cmd_broker(void) {
 /* demo                                                                      */
 /* ------------------------------------------------------------------------ */
 
-static const char *const event_types[] = {
-    "order.created", "order.paid",  "order.shipped", "user.signup",
-    "user.login",    "payment.failed", NULL /* no type field */};
+static const char *const event_types[] = {"order.created",
+                                          "order.paid",
+                                          "order.shipped",
+                                          "user.signup",
+                                          "user.login",
+                                          "payment.failed",
+                                          NULL /* no type field */};
 #define N_TYPES (sizeof(event_types) / sizeof(event_types[0]))
 
 /* Results written by the delivery callbacks (librdkafka's thread), read by
@@ -280,12 +290,12 @@ static const char *const event_types[] = {
 typedef struct demo {
   pthread_mutex_t lock;
   pthread_cond_t cond;
-  long acked, failed;     /* guarded by lock */
-  double *sent_at;        /* per record, written before send */
-  double *latency;        /* per record; guarded by lock */
-  int32_t *partition;     /* per record; guarded by lock */
-  int64_t *offset;        /* per record; guarded by lock */
-  char first_error[512];  /* guarded by lock */
+  long acked, failed;    /* guarded by lock */
+  double *sent_at;       /* per record, written before send */
+  double *latency;       /* per record; guarded by lock */
+  int32_t *partition;    /* per record; guarded by lock */
+  int64_t *offset;       /* per record; guarded by lock */
+  char first_error[512]; /* guarded by lock */
 } demo_t;
 
 typedef struct demo_rec {
@@ -379,8 +389,8 @@ static int cmd_demo(prosody_config_t *conf, int argc, char **argv) {
   demo.offset = calloc((size_t)messages, sizeof(int64_t));
   recs = calloc((size_t)messages, sizeof(*recs));
   key_of = calloc((size_t)messages, sizeof(long));
-  if (!key_of || !demo.sent_at || !demo.latency || !demo.partition || !demo.offset ||
-      !recs) {
+  if (!key_of || !demo.sent_at || !demo.latency || !demo.partition ||
+      !demo.offset || !recs) {
     fprintf(stderr, "prosody demo: out of memory\n");
     return 1;
   }
@@ -441,8 +451,8 @@ static int cmd_demo(prosody_config_t *conf, int argc, char **argv) {
     ts.tv_sec += 1;
     pthread_cond_timedwait(&demo.cond, &demo.lock, &ts);
     if (tty)
-      fprintf(stderr, "\r  sent %ld/%ld, acknowledged %ld", messages,
-              messages, demo.acked);
+      fprintf(stderr, "\r  sent %ld/%ld, acknowledged %ld", messages, messages,
+              demo.acked);
   }
   pthread_mutex_unlock(&demo.lock);
   elapsed = now_s() - start;

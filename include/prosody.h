@@ -144,12 +144,9 @@ PROSODY_EXPORT prosody_err_t prosody_config_set(prosody_config_t *conf,
  * written as "none". Errors: PROSODY_ERR_INVALID_ARG, PROSODY_ERR_CONFIG
  * (unknown option, or its environment variable holds an invalid value).
  */
-PROSODY_EXPORT prosody_err_t prosody_config_get(const prosody_config_t *conf,
-                                                const char *name, char *buf,
-                                                size_t buf_size,
-                                                prosody_config_source_t *source,
-                                                char *errstr,
-                                                size_t errstr_size);
+PROSODY_EXPORT prosody_err_t prosody_config_get(
+    const prosody_config_t *conf, const char *name, char *buf, size_t buf_size,
+    prosody_config_source_t *source, char *errstr, size_t errstr_size);
 
 /*
  * Resolves every option (set values, environment, defaults) and checks the
@@ -201,9 +198,8 @@ typedef struct prosody_client prosody_client_t;
  * prosody_mock_bootstrap_servers()). Does not block on the network.
  * Returns NULL on error with the reason in `errstr`.
  */
-PROSODY_EXPORT prosody_client_t *prosody_client_new(prosody_config_t *conf,
-                                                    char *errstr,
-                                                    size_t errstr_size);
+PROSODY_EXPORT prosody_client_t *
+prosody_client_new(prosody_config_t *conf, char *errstr, size_t errstr_size);
 
 /*
  * Destroys the client. Records still awaiting delivery are waited for up to
@@ -215,8 +211,8 @@ PROSODY_EXPORT void prosody_client_destroy(prosody_client_t *client);
 
 /* The value of the `source-system` header this client writes (owned by the
  * client, valid until it is destroyed). */
-PROSODY_EXPORT const char *prosody_client_source_system(
-    const prosody_client_t *client);
+PROSODY_EXPORT const char *
+prosody_client_source_system(const prosody_client_t *client);
 
 /*
  * Optional W3C trace context for a record sent from within a traced
@@ -237,10 +233,10 @@ typedef struct prosody_trace {
  * `tracestate` and `baggage`. Blocks the calling thread.
  *
  * Errors: PROSODY_ERR_INVALID_ARG (NULL/empty topic, NULL key, key not
- * UTF-8, malformed traceparent), PROSODY_ERR_INVALID_PAYLOAD, PROSODY_ERR_TIMEOUT
- * (not acknowledged within send_timeout; transient), PROSODY_ERR_TRANSIENT,
- * PROSODY_ERR_PERMANENT (e.g. record too large), PROSODY_ERR_STATE (client
- * shutting down).
+ * UTF-8, malformed traceparent), PROSODY_ERR_INVALID_PAYLOAD,
+ * PROSODY_ERR_TIMEOUT (not acknowledged within send_timeout; transient),
+ * PROSODY_ERR_TRANSIENT, PROSODY_ERR_PERMANENT (e.g. record too large),
+ * PROSODY_ERR_STATE (client shutting down).
  */
 PROSODY_EXPORT prosody_err_t prosody_send(prosody_client_t *client,
                                           const char *topic, const char *key,
@@ -290,9 +286,8 @@ typedef struct prosody_admin prosody_admin_t;
 
 /* Creates an admin handle. Takes `conf` on success, like
  * prosody_client_new(). Returns NULL on error with the reason in errstr. */
-PROSODY_EXPORT prosody_admin_t *prosody_admin_new(prosody_config_t *conf,
-                                                  char *errstr,
-                                                  size_t errstr_size);
+PROSODY_EXPORT prosody_admin_t *
+prosody_admin_new(prosody_config_t *conf, char *errstr, size_t errstr_size);
 
 /* Frees the admin handle. NULL is a no-op. */
 PROSODY_EXPORT void prosody_admin_destroy(prosody_admin_t *admin);
@@ -310,7 +305,8 @@ typedef struct prosody_topic_options {
   int64_t timeout_ms;         /* 0: 30 s; bounds the whole operation */
 } prosody_topic_options_t;
 
-#define PROSODY_TOPIC_OPTIONS_INIT {0, 0, NULL, 0, 0}
+#define PROSODY_TOPIC_OPTIONS_INIT                                             \
+  { 0, 0, NULL, 0, 0 }
 
 /*
  * Creates topic `name` and waits until the cluster's metadata shows it with

@@ -21,9 +21,8 @@ struct prosody_client {
   pr__producer_t *producer; /* thread-safe */
 };
 
-PROSODY_EXPORT prosody_client_t *prosody_client_new(prosody_config_t *conf,
-                                                    char *errstr,
-                                                    size_t errstr_size) {
+PROSODY_EXPORT prosody_client_t *
+prosody_client_new(prosody_config_t *conf, char *errstr, size_t errstr_size) {
   prosody_client_t *c;
   const char *mock_bootstrap;
   const char *source;
@@ -62,8 +61,8 @@ PROSODY_EXPORT prosody_client_t *prosody_client_new(prosody_config_t *conf,
     pr__errf(errstr, errstr_size, "out of memory");
     goto fail_mock;
   }
-  c->producer = pr__producer_new(&c->st, c->bootstrap, c->source_system,
-                                 errstr, errstr_size);
+  c->producer = pr__producer_new(&c->st, c->bootstrap, c->source_system, errstr,
+                                 errstr_size);
   if (!c->producer)
     goto fail_mock;
   c->conf = conf;
@@ -95,8 +94,8 @@ PROSODY_EXPORT void prosody_client_destroy(prosody_client_t *c) {
   free(c);
 }
 
-PROSODY_EXPORT const char *prosody_client_source_system(
-    const prosody_client_t *c) {
+PROSODY_EXPORT const char *
+prosody_client_source_system(const prosody_client_t *c) {
   return c ? c->source_system : NULL;
 }
 
@@ -109,8 +108,8 @@ PROSODY_EXPORT prosody_err_t prosody_send(prosody_client_t *c,
     pr__errf(errstr, errstr_size, "prosody_send: client is NULL");
     return PROSODY_ERR_INVALID_ARG;
   }
-  return pr__producer_send(c->producer, topic, key, payload_json, trace,
-                           errstr, errstr_size);
+  return pr__producer_send(c->producer, topic, key, payload_json, trace, errstr,
+                           errstr_size);
 }
 
 PROSODY_EXPORT prosody_err_t prosody_send_async(

@@ -97,8 +97,8 @@ static void build_accepted(pr__opt_id_t id, char *buf, size_t n) {
     off = (size_t)snprintf(buf, n, "a comma-separated list");
     break;
   case PR_T_HOSTPORTS:
-    off = (size_t)snprintf(buf, n,
-                           "a comma-separated list of host:port (port 1-65535)");
+    off = (size_t)snprintf(
+        buf, n, "a comma-separated list of host:port (port 1-65535)");
     break;
   case PR_T_IDENT:
     off = (size_t)snprintf(buf, n,
@@ -130,10 +130,11 @@ static void build_accepted(pr__opt_id_t id, char *buf, size_t n) {
   case PR_T_DURATION:
     pr__duration_format(seconds_to_ns(d->min), lo, sizeof(lo));
     pr__duration_format(seconds_to_ns(d->max), hi, sizeof(hi));
-    off = (size_t)snprintf(buf, n,
-                           "a duration from %s to %s, like \"500ms\", \"5m\" or "
-                           "\"2h 30m\" (units ns us ms s m h d w M y)",
-                           lo, hi);
+    off =
+        (size_t)snprintf(buf, n,
+                         "a duration from %s to %s, like \"500ms\", \"5m\" or "
+                         "\"2h 30m\" (units ns us ms s m h d w M y)",
+                         lo, hi);
     break;
   case PR_T_ENUM: {
     const char *p = d->values;
@@ -379,8 +380,7 @@ static int url_check(const char *s, char *why, size_t n) {
   else if (!strncasecmp(s, "https://", 8))
     rest = s + 8;
   if (!rest || !*rest || *rest == '/') {
-    pr__errf(why, n, "\"%s\" is not an http:// or https:// URL with a host",
-             s);
+    pr__errf(why, n, "\"%s\" is not an http:// or https:// URL with a host", s);
     return -1;
   }
   for (const char *p = s; *p; p++) {
@@ -667,9 +667,8 @@ void pr__opt_format(pr__opt_id_t id, const pr__value_t *v, char *buf,
 /* ------------------------------------------------------------------------ */
 
 prosody_err_t pr__opt_resolve(const prosody_config_t *conf, pr__opt_id_t id,
-                              pr__value_t *out,
-                              prosody_config_source_t *source, char *errstr,
-                              size_t errstr_size) {
+                              pr__value_t *out, prosody_config_source_t *source,
+                              char *errstr, size_t errstr_size) {
   const pr__opt_def_t *d = &pr__opt_defs[id];
   const char *env;
 
@@ -713,8 +712,8 @@ prosody_err_t pr__settings_resolve(const prosody_config_t *conf,
 
   memset(st, 0, sizeof(*st));
   for (int i = 0; i < PR_OPT__COUNT; i++) {
-    err = pr__opt_resolve(conf, (pr__opt_id_t)i, &st->v[i], &st->src[i],
-                          errstr, errstr_size);
+    err = pr__opt_resolve(conf, (pr__opt_id_t)i, &st->v[i], &st->src[i], errstr,
+                          errstr_size);
     if (err) {
       pr__settings_fini(st);
       return err;
@@ -823,8 +822,8 @@ PROSODY_EXPORT prosody_err_t prosody_config_get(
     unknown_option(name, errstr, errstr_size);
     return PROSODY_ERR_CONFIG;
   }
-  err = pr__opt_resolve(conf, (pr__opt_id_t)id, &v, source, errstr,
-                        errstr_size);
+  err =
+      pr__opt_resolve(conf, (pr__opt_id_t)id, &v, source, errstr, errstr_size);
   if (err)
     return err;
   pr__opt_format((pr__opt_id_t)id, &v, buf, buf_size);
@@ -855,8 +854,8 @@ prosody_err_t pr__settings_check_kafka(const pr__settings_t *st, char *errstr,
   return PROSODY_OK;
 }
 
-prosody_err_t pr__settings_check_client(const pr__settings_t *st,
-                                        char *errstr, size_t errstr_size) {
+prosody_err_t pr__settings_check_client(const pr__settings_t *st, char *errstr,
+                                        size_t errstr_size) {
   prosody_err_t err = pr__settings_check_kafka(st, errstr, errstr_size);
   if (err)
     return err;

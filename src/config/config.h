@@ -90,8 +90,7 @@ int pr__opt_lookup(const char *name);
  * option, its variable, the value and the accepted form, and returns
  * PROSODY_ERR_CONFIG. `from_env` only changes the wording. */
 prosody_err_t pr__opt_parse(pr__opt_id_t id, const char *text, int from_env,
-                            pr__value_t *out, char *errstr,
-                            size_t errstr_size);
+                            pr__value_t *out, char *errstr, size_t errstr_size);
 
 /* Frees what a value owns. */
 void pr__value_fini(pr__value_t *v);
@@ -105,9 +104,8 @@ const char *pr__opt_accepted(pr__opt_id_t id);
 
 /* Resolves one option (set, then environment, then default). */
 prosody_err_t pr__opt_resolve(const prosody_config_t *conf, pr__opt_id_t id,
-                              pr__value_t *out,
-                              prosody_config_source_t *source, char *errstr,
-                              size_t errstr_size);
+                              pr__value_t *out, prosody_config_source_t *source,
+                              char *errstr, size_t errstr_size);
 
 /* Resolves every option and runs the cross-option checks. On error the
  * settings are left empty (nothing to free). */
@@ -119,8 +117,8 @@ prosody_err_t pr__settings_resolve(const prosody_config_t *conf,
 prosody_err_t pr__settings_check_kafka(const pr__settings_t *st, char *errstr,
                                        size_t errstr_size);
 /* Checks what a client needs on top: source_system or group_id. */
-prosody_err_t pr__settings_check_client(const pr__settings_t *st,
-                                        char *errstr, size_t errstr_size);
+prosody_err_t pr__settings_check_client(const pr__settings_t *st, char *errstr,
+                                        size_t errstr_size);
 
 /* Frees resolved settings. */
 void pr__settings_fini(pr__settings_t *st);

@@ -113,9 +113,7 @@ int pr__duration_parse(const char *text, int64_t *ns_out, char *errstr,
       }
     }
     if (!unit) {
-      snprintf(errstr, errstr_size,
-               "unknown unit \"%.*s\"",
-               (int)ulen, u);
+      snprintf(errstr, errstr_size, "unknown unit \"%.*s\"", (int)ulen, u);
       return -1;
     }
     if (n > INT64_MAX / unit->ns || total > INT64_MAX - n * unit->ns)
@@ -139,8 +137,12 @@ overflow:
 
 void pr__duration_format(int64_t ns, char *buf, size_t buf_size) {
   static const unit_t parts[] = {
-      {"d", 86400 * NS_PER_S}, {"h", 3600 * NS_PER_S}, {"m", 60 * NS_PER_S},
-      {"s", NS_PER_S},         {"ms", NS_PER_MS},      {"us", NS_PER_US},
+      {"d", 86400 * NS_PER_S},
+      {"h", 3600 * NS_PER_S},
+      {"m", 60 * NS_PER_S},
+      {"s", NS_PER_S},
+      {"ms", NS_PER_MS},
+      {"us", NS_PER_US},
       {"ns", 1},
   };
   size_t off = 0, i;

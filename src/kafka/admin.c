@@ -30,9 +30,8 @@ struct prosody_admin {
   rd_kafka_t *rk;         /* admin + metadata handle */
 };
 
-PROSODY_EXPORT prosody_admin_t *prosody_admin_new(prosody_config_t *conf,
-                                                  char *errstr,
-                                                  size_t errstr_size) {
+PROSODY_EXPORT prosody_admin_t *
+prosody_admin_new(prosody_config_t *conf, char *errstr, size_t errstr_size) {
   prosody_admin_t *admin;
   rd_kafka_conf_t *kconf;
   char *bootstrap = NULL;
@@ -74,8 +73,7 @@ PROSODY_EXPORT prosody_admin_t *prosody_admin_new(prosody_config_t *conf,
   admin->rk = rd_kafka_new(RD_KAFKA_PRODUCER, kconf, why, sizeof(why));
   if (!admin->rk) {
     rd_kafka_conf_destroy(kconf);
-    pr__errf(errstr, errstr_size, "could not create the admin handle: %s",
-             why);
+    pr__errf(errstr, errstr_size, "could not create the admin handle: %s", why);
     goto fail_mock;
   }
   admin->conf = conf;
@@ -104,8 +102,7 @@ PROSODY_EXPORT void prosody_admin_destroy(prosody_admin_t *admin) {
 /* Partitions with a leader for `topic` in all-topics metadata: -1 when the
  * topic is absent (or reports an error), -2 when metadata failed. */
 static int topic_state(prosody_admin_t *admin, const char *topic,
-                       int timeout_ms, int *ready, char *why,
-                       size_t why_size) {
+                       int timeout_ms, int *ready, char *why, size_t why_size) {
   const struct rd_kafka_metadata *md;
   rd_kafka_resp_err_t kerr;
   int count = -1;
@@ -175,12 +172,13 @@ static rd_kafka_event_t *await_event(rd_kafka_queue_t *q, int64_t deadline) {
 
 static prosody_err_t admin_options(prosody_admin_t *admin,
                                    rd_kafka_admin_op_t op, int timeout_ms,
-                                   rd_kafka_AdminOptions_t **out,
-                                   char *errstr, size_t errstr_size) {
+                                   rd_kafka_AdminOptions_t **out, char *errstr,
+                                   size_t errstr_size) {
   char why[256];
   rd_kafka_AdminOptions_t *o = rd_kafka_AdminOptions_new(admin->rk, op);
-  if (!o || rd_kafka_AdminOptions_set_request_timeout(o, timeout_ms, why,
-                                                      sizeof(why)) ||
+  if (!o ||
+      rd_kafka_AdminOptions_set_request_timeout(o, timeout_ms, why,
+                                                sizeof(why)) ||
       rd_kafka_AdminOptions_set_operation_timeout(o, timeout_ms, why,
                                                   sizeof(why))) {
     if (o)
@@ -269,24 +267,22 @@ PROSODY_EXPORT prosody_err_t prosody_admin_create_topic(
     return await_topic(admin, name, 0, 0, deadline, errstr, errstr_size);
   }
 
-  nt = rd_kafka_NewTopic_new(name, o.partitions > 0 ? o.partitions : -1,
-                             o.replication_factor > 0 ? o.replication_factor
-                                                      : -1,
-                             why, sizeof(why));
+  nt = rd_kafka_NewTopic_new(
+      name, o.partitions > 0 ? o.partitions : -1,
+      o.replication_factor > 0 ? o.replication_factor : -1, why, sizeof(why));
   if (!nt) {
     pr__errf(errstr, errstr_size, "invalid topic \"%s\": %s", name, why);
     return PROSODY_ERR_INVALID_ARG;
   }
-  if ((*policy &&
-       rd_kafka_NewTopic_set_config(nt, "cleanup.policy", policy)) ||
+  if ((*policy && rd_kafka_NewTopic_set_config(nt, "cleanup.policy", policy)) ||
       (*retention &&
        rd_kafka_NewTopic_set_config(nt, "retention.ms", retention))) {
     rd_kafka_NewTopic_destroy(nt);
     pr__errf(errstr, errstr_size, "could not set topic configs");
     return PROSODY_ERR_NOMEM;
   }
-  err = admin_options(admin, RD_KAFKA_ADMIN_OP_CREATETOPICS,
-                      (int)o.timeout_ms, &aopts, errstr, errstr_size);
+  err = admin_options(admin, RD_KAFKA_ADMIN_OP_CREATETOPICS, (int)o.timeout_ms,
+                      &aopts, errstr, errstr_size);
   if (err)
     goto done;
   q = rd_kafka_queue_new(admin->rk);
@@ -307,15 +303,14 @@ PROSODY_EXPORT prosody_err_t prosody_admin_create_topic(
     size_t n = 0;
     const rd_kafka_topic_result_t **tr =
         res ? rd_kafka_CreateTopics_result_topics(res, &n) : NULL;
-    rd_kafka_resp_err_t kerr = n ? rd_kafka_topic_result_error(tr[0])
-                                 : RD_KAFKA_RESP_ERR__BAD_MSG;
+    rd_kafka_resp_err_t kerr =
+        n ? rd_kafka_topic_result_error(tr[0]) : RD_KAFKA_RESP_ERR__BAD_MSG;
     if (kerr) {
       err = pr__kafka_classify(kerr);
       if (err == PROSODY_ERR_TOPIC_EXISTS)
         pr__errf(errstr, errstr_size, "topic \"%s\" already exists", name);
       else
-        pr__errf(errstr, errstr_size, "creating topic \"%s\" failed: %s",
-                 name,
+        pr__errf(errstr, errstr_size, "creating topic \"%s\" failed: %s", name,
                  n && rd_kafka_topic_result_error_string(tr[0])
                      ? rd_kafka_topic_result_error_string(tr[0])
                      : rd_kafka_err2str(kerr));
@@ -368,8 +363,8 @@ PROSODY_EXPORT prosody_err_t prosody_admin_delete_topic(prosody_admin_t *admin,
     return pr__mock_delete_topic(name, errstr, errstr_size);
   }
 
-  err = admin_options(admin, RD_KAFKA_ADMIN_OP_DELETETOPICS,
-                      DEFAULT_TIMEOUT_MS, &aopts, errstr, errstr_size);
+  err = admin_options(admin, RD_KAFKA_ADMIN_OP_DELETETOPICS, DEFAULT_TIMEOUT_MS,
+                      &aopts, errstr, errstr_size);
   if (err)
     return err;
   dt = rd_kafka_DeleteTopic_new(name);
@@ -391,15 +386,15 @@ PROSODY_EXPORT prosody_err_t prosody_admin_delete_topic(prosody_admin_t *admin,
     size_t n = 0;
     const rd_kafka_topic_result_t **tr =
         res ? rd_kafka_DeleteTopics_result_topics(res, &n) : NULL;
-    rd_kafka_resp_err_t kerr = n ? rd_kafka_topic_result_error(tr[0])
-                                 : RD_KAFKA_RESP_ERR__BAD_MSG;
+    rd_kafka_resp_err_t kerr =
+        n ? rd_kafka_topic_result_error(tr[0]) : RD_KAFKA_RESP_ERR__BAD_MSG;
     if (kerr) {
       err = pr__kafka_classify(kerr);
       if (err == PROSODY_ERR_UNKNOWN_TOPIC)
         pr__errf(errstr, errstr_size, "topic \"%s\" does not exist", name);
       else
-        pr__errf(errstr, errstr_size, "deleting topic \"%s\" failed: %s",
-                 name, rd_kafka_err2str(kerr));
+        pr__errf(errstr, errstr_size, "deleting topic \"%s\" failed: %s", name,
+                 rd_kafka_err2str(kerr));
     }
   }
   if (!err)

@@ -24,8 +24,8 @@ int pr__kafka_conf_set(rd_kafka_conf_t *kconf, const char *name,
   char why[256];
   if (rd_kafka_conf_set(kconf, name, value, why, sizeof(why)) !=
       RD_KAFKA_CONF_OK) {
-    pr__errf(errstr, errstr_size,
-             "librdkafka rejected %s=\"%s\": %s", name, value, why);
+    pr__errf(errstr, errstr_size, "librdkafka rejected %s=\"%s\": %s", name,
+             value, why);
     return -1;
   }
   return 0;
@@ -40,8 +40,7 @@ rd_kafka_conf_t *pr__kafka_conf_new(const char *bootstrap, char *errstr,
   }
   if ((bootstrap && pr__kafka_conf_set(kconf, "bootstrap.servers", bootstrap,
                                        errstr, errstr_size)) ||
-      pr__kafka_conf_set(kconf, "client.id", "prosody", errstr,
-                         errstr_size) ||
+      pr__kafka_conf_set(kconf, "client.id", "prosody", errstr, errstr_size) ||
       pr__kafka_conf_set(kconf, "broker.address.family", "v4", errstr,
                          errstr_size) ||
       pr__kafka_conf_set(kconf, "socket.nagle.disable", "true", errstr,

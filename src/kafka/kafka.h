@@ -31,8 +31,7 @@ prosody_err_t pr__kafka_classify(rd_kafka_resp_err_t err);
 /* Destroys a handle, waiting at most `timeout_ms`; when librdkafka does not
  * return in time the hang is logged as an error and the handle abandoned
  * (LIBRDKAFKA.md rule 9). Returns 0 if destroyed, -1 if abandoned. */
-int pr__kafka_destroy_bounded(rd_kafka_t *rk, int timeout_ms,
-                              const char *what);
+int pr__kafka_destroy_bounded(rd_kafka_t *rk, int timeout_ms, const char *what);
 /* Joins a host:port list with commas into a new string. */
 char *pr__join_list(char **items, size_t n);
 

@@ -23,15 +23,15 @@
 #define MOCK_DEFAULT_PARTITIONS 4
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static rd_kafka_t *owner;            /* guarded by lock */
-static rd_kafka_mock_cluster_t *mc;  /* guarded by lock */
-static char *bootstraps;             /* guarded by lock */
-static int refs;                     /* guarded by lock */
-static int atexit_registered;        /* guarded by lock */
-static char **known;                 /* topics created here; guarded by lock */
-static size_t known_n;               /* guarded by lock */
-static char **deleted;               /* topics "deleted"; guarded by lock */
-static size_t deleted_n;             /* guarded by lock */
+static rd_kafka_t *owner;           /* guarded by lock */
+static rd_kafka_mock_cluster_t *mc; /* guarded by lock */
+static char *bootstraps;            /* guarded by lock */
+static int refs;                    /* guarded by lock */
+static int atexit_registered;       /* guarded by lock */
+static char **known;                /* topics created here; guarded by lock */
+static size_t known_n;              /* guarded by lock */
+static char **deleted;              /* topics "deleted"; guarded by lock */
+static size_t deleted_n;            /* guarded by lock */
 
 static int set_find(char **set, size_t n, const char *topic) {
   for (size_t i = 0; i < n; i++)
@@ -209,8 +209,8 @@ prosody_err_t pr__mock_create_topic(const char *topic, int partitions,
         pr__errf(errstr, errstr_size, "topic \"%s\" already exists", topic);
       else
         pr__errf(errstr, errstr_size,
-                 "could not create topic \"%s\" on the mock cluster: %s",
-                 topic, rd_kafka_err2str(kerr));
+                 "could not create topic \"%s\" on the mock cluster: %s", topic,
+                 rd_kafka_err2str(kerr));
     } else if (set_find(known, known_n, topic) < 0 &&
                set_add(&known, &known_n, topic)) {
       err = PROSODY_ERR_NOMEM;

@@ -25,12 +25,12 @@
 #include "kafka.h"
 
 struct pr__producer {
-  rd_kafka_t *rk;         /* immutable after _new; thread-safe handle */
-  char *source_system;    /* immutable after _new */
-  int send_timeout_ms;    /* immutable after _new */
-  int mock;               /* immutable after _new: ensure topics first */
-  pthread_t poller;       /* the only thread calling rd_kafka_poll() */
-  atomic_int stop;        /* set by _destroy to end the poller */
+  rd_kafka_t *rk;           /* immutable after _new; thread-safe handle */
+  char *source_system;      /* immutable after _new */
+  int send_timeout_ms;      /* immutable after _new */
+  int mock;                 /* immutable after _new: ensure topics first */
+  pthread_t poller;         /* the only thread calling rd_kafka_poll() */
+  atomic_int stop;          /* set by _destroy to end the poller */
   pthread_mutex_t err_lock; /* guards last_error */
   char last_error[256];     /* last error-callback text, "" if none */
 };
@@ -164,19 +164,26 @@ fail:
   return NULL;
 }
 
+/* Waits (bounded) until librdkafka holds no record and no unserved
+ * delivery report; the poller keeps serving callbacks meanwhile. */
+static void await_empty(pr__producer_t *prod, int64_t budget_ns) {
+  int64_t deadline = pr__now_ns() + budget_ns;
+  while (rd_kafka_outq_len(prod->rk) > 0 && pr__now_ns() < deadline)
+    usleep(1000);
+}
+
 void pr__producer_destroy(pr__producer_t *prod) {
-  int64_t deadline;
   if (!prod)
     return;
+  /* Callbacks keep running on the poller thread, never the caller's:
+   * first let outstanding records finish within send_timeout, then fail
+   * what is left (purged records report an error), then stop the poller. */
+  await_empty(prod, (int64_t)prod->send_timeout_ms * 1000000);
+  rd_kafka_purge(prod->rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
+  await_empty(prod, INT64_C(5000000000));
   atomic_store(&prod->stop, 1);
   pthread_join(prod->poller, NULL);
-  /* From here this thread serves the callbacks. */
-  rd_kafka_flush(prod->rk, prod->send_timeout_ms);
-  rd_kafka_purge(prod->rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
-  deadline = pr__now_ns() + INT64_C(5000000000);
-  while (rd_kafka_outq_len(prod->rk) > 0 && pr__now_ns() < deadline)
-    rd_kafka_poll(prod->rk, 50);
-  rd_kafka_poll(prod->rk, 0);
+  rd_kafka_poll(prod->rk, 0); /* anything the poller did not get to */
   pr__kafka_destroy_bounded(prod->rk, 30000, "producer");
   pthread_mutex_destroy(&prod->err_lock);
   free(prod->source_system);
@@ -330,12 +337,12 @@ prosody_err_t pr__producer_send_async(pr__producer_t *prod, const char *topic,
   deadline = pr__now_ns() + (int64_t)prod->send_timeout_ms * 1000000;
   for (;;) {
     hdrs = make_headers(prod, trace);
-    kerr = rd_kafka_producev(
-        prod->rk, RD_KAFKA_V_TOPIC(topic),
-        RD_KAFKA_V_KEY((void *)key, strlen(key)),
-        RD_KAFKA_V_VALUE((void *)json, strlen(json)),
-        RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_HEADERS(hdrs),
-        RD_KAFKA_V_OPAQUE(req), RD_KAFKA_V_END);
+    kerr = rd_kafka_producev(prod->rk, RD_KAFKA_V_TOPIC(topic),
+                             RD_KAFKA_V_KEY((void *)key, strlen(key)),
+                             RD_KAFKA_V_VALUE((void *)json, strlen(json)),
+                             RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+                             RD_KAFKA_V_HEADERS(hdrs), RD_KAFKA_V_OPAQUE(req),
+                             RD_KAFKA_V_END);
     if (!kerr)
       return PROSODY_OK; /* headers and req now belong to librdkafka */
     rd_kafka_headers_destroy(hdrs);
@@ -425,8 +432,7 @@ prosody_err_t pr__producer_send(pr__producer_t *prod, const char *topic,
     deadline.tv_nsec -= 1000000000L;
   }
   pthread_mutex_lock(&w->lock);
-  while (!w->done &&
-         pthread_cond_timedwait(&w->cond, &w->lock, &deadline) == 0)
+  while (!w->done && pthread_cond_timedwait(&w->cond, &w->lock, &deadline) == 0)
     ;
   if (w->done) {
     err = w->err;

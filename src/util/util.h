@@ -47,8 +47,8 @@ typedef enum pr__log_level {
 void pr__log_set_level(pr__log_level_t level);
 pr__log_level_t pr__log_level(void);
 /* Writes one line to stderr when `level` passes the threshold. */
-void pr__log(pr__log_level_t level, const char *subsystem, const char *fmt,
-             ...) PR_PRINTF(3, 4);
+void pr__log(pr__log_level_t level, const char *subsystem, const char *fmt, ...)
+    PR_PRINTF(3, 4);
 
 #define PR_ERROR(sub, ...) pr__log(PR_LOG_ERROR, sub, __VA_ARGS__)
 #define PR_WARN(sub, ...) pr__log(PR_LOG_WARN, sub, __VA_ARGS__)

@@ -1,0 +1,199 @@
+/*
+ * harness.h - shared helpers for the integration tests.
+ *
+ * Every scenario runs against the embedded mock cluster by default, or
+ * against a real broker when PROSODY_TEST_BOOTSTRAP is set (the `real` tier
+ * sets it to 127.0.0.1:9094). Records are read back with a plain librdkafka
+ * consumer using assign() (no group), so no test waits on a rebalance.
+ * Assertions run on the test's main thread only; failures print what did
+ * not happen and exit 1.
+ */
+#ifndef PR_TEST_HARNESS_H
+#define PR_TEST_HARNESS_H
+
+#include <librdkafka/rdkafka.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "prosody.h"
+
+#define CHECK(cond, ...)                                                       \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
+      fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond); \
+      fprintf(stderr, __VA_ARGS__);                                            \
+      fprintf(stderr, "\n");                                                   \
+      exit(1);                                                                 \
+    }                                                                          \
+  } while (0)
+
+#define CHECK_OK(expr, err)                                                    \
+  do {                                                                         \
+    prosody_err_t e_ = (expr);                                                 \
+    CHECK(e_ == PROSODY_OK, "%s: %s", prosody_err_name(e_), err);              \
+  } while (0)
+
+static inline double t_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* The real broker's address, or NULL for the mock cluster. The `real`
+ * tier sets PROSODY_TEST_REAL=1 (default address 127.0.0.1:9094);
+ * PROSODY_TEST_BOOTSTRAP points it at another broker. */
+static inline const char *t_real_bootstrap(void) {
+  const char *b = getenv("PROSODY_TEST_BOOTSTRAP");
+  const char *real = getenv("PROSODY_TEST_REAL");
+  if (!real || strcmp(real, "1"))
+    return NULL;
+  return b && *b ? b : "127.0.0.1:9094";
+}
+
+/* The address a plain librdkafka client should use. */
+static inline const char *t_bootstrap(void) {
+  static char buf[256];
+  char err[512];
+  if (t_real_bootstrap())
+    return t_real_bootstrap();
+  CHECK(prosody_mock_bootstrap_servers(buf, sizeof(buf), err, sizeof(err)) ==
+            PROSODY_OK,
+        "mock cluster: %s", err);
+  return buf;
+}
+
+/* A configuration pointing at the broker under test. */
+static inline prosody_config_t *t_config(void) {
+  char err[1024];
+  prosody_config_t *conf = prosody_config_new();
+  CHECK(conf, "out of memory");
+  if (t_real_bootstrap())
+    CHECK_OK(prosody_config_set(conf, "bootstrap_servers", t_real_bootstrap(),
+                                err, sizeof(err)),
+             err);
+  else
+    CHECK_OK(prosody_config_set(conf, "mock", "true", err, sizeof(err)), err);
+  CHECK_OK(prosody_config_set(conf, "send_timeout", "30s", err, sizeof(err)),
+           err);
+  return conf;
+}
+
+static inline void t_set(prosody_config_t *conf, const char *k, const char *v) {
+  char err[1024];
+  CHECK_OK(prosody_config_set(conf, k, v, err, sizeof(err)), err);
+}
+
+/* A topic name no other test (or earlier run) uses. */
+static inline const char *t_topic(const char *prefix) {
+  static char buf[4][128];
+  static int n;
+  struct timespec ts;
+  char *out = buf[n++ % 4];
+  clock_gettime(CLOCK_REALTIME, &ts);
+  snprintf(out, 128, "%s-%d-%ld-%d", prefix, (int)getpid(),
+           (long)(ts.tv_nsec / 1000), n);
+  return out;
+}
+
+static inline void t_create_topic(const char *topic, int partitions) {
+  char err[1024];
+  prosody_topic_options_t o = PROSODY_TOPIC_OPTIONS_INIT;
+  prosody_admin_t *admin = prosody_admin_new(t_config(), err, sizeof(err));
+  CHECK(admin, "admin: %s", err);
+  o.partitions = partitions;
+  o.replication_factor = 1;
+  CHECK_OK(prosody_admin_create_topic(admin, topic, &o, err, sizeof(err)), err);
+  prosody_admin_destroy(admin);
+}
+
+/* One record read back. */
+typedef struct t_record {
+  char *key, *value;
+  int32_t partition;
+  int64_t offset;
+  rd_kafka_headers_t *headers;
+} t_record_t;
+
+/* The value of header `name`, or NULL (points into the record). */
+static inline const char *t_header(const t_record_t *r, const char *name,
+                                   char *buf, size_t n) {
+  const void *v;
+  size_t len;
+  if (!r->headers || rd_kafka_header_get_last(r->headers, name, &v, &len) != 0)
+    return NULL;
+  snprintf(buf, n, "%.*s", (int)len, (const char *)v);
+  return buf;
+}
+
+static inline int t_partition_count(rd_kafka_t *rk, const char *topic) {
+  const struct rd_kafka_metadata *md;
+  int n = -1;
+  if (rd_kafka_metadata(rk, 1, NULL, &md, 10000))
+    return -1;
+  for (int i = 0; i < md->topic_cnt; i++)
+    if (!strcmp(md->topics[i].topic, topic) && !md->topics[i].err)
+      n = md->topics[i].partition_cnt;
+  rd_kafka_metadata_destroy(md);
+  return n;
+}
+
+/* Reads `want` records of `topic` from the beginning of every partition,
+ * waiting at most `timeout_s`. Returns how many were read. */
+static inline int t_read_back(const char *topic, int want, double timeout_s,
+                              t_record_t *out) {
+  char err[512];
+  rd_kafka_conf_t *kc = rd_kafka_conf_new();
+  rd_kafka_t *rk;
+  rd_kafka_topic_partition_list_t *parts;
+  int got = 0, np;
+  double deadline = t_now() + timeout_s;
+
+  rd_kafka_conf_set(kc, "bootstrap.servers", t_bootstrap(), err, sizeof(err));
+  rd_kafka_conf_set(kc, "group.id", "prosody-test-reader", err, sizeof(err));
+  rd_kafka_conf_set(kc, "enable.auto.commit", "false", err, sizeof(err));
+  rd_kafka_conf_set(kc, "broker.address.family", "v4", err, sizeof(err));
+  rk = rd_kafka_new(RD_KAFKA_CONSUMER, kc, err, sizeof(err));
+  CHECK(rk, "reader: %s", err);
+  np = t_partition_count(rk, topic);
+  CHECK(np > 0, "topic %s not in metadata", topic);
+  parts = rd_kafka_topic_partition_list_new(np);
+  for (int p = 0; p < np; p++)
+    rd_kafka_topic_partition_list_add(parts, topic, p)->offset =
+        RD_KAFKA_OFFSET_BEGINNING;
+  CHECK(!rd_kafka_assign(rk, parts), "assign failed");
+  rd_kafka_topic_partition_list_destroy(parts);
+  while (got < want && t_now() < deadline) {
+    rd_kafka_message_t *m = rd_kafka_consumer_poll(rk, 100);
+    if (!m)
+      continue;
+    if (!m->err) {
+      t_record_t *r = &out[got++];
+      r->key = strndup(m->key ? (const char *)m->key : "", m->key_len);
+      r->value = strndup(m->payload ? (const char *)m->payload : "", m->len);
+      r->partition = m->partition;
+      r->offset = m->offset;
+      r->headers = NULL;
+      rd_kafka_message_detach_headers(m, &r->headers);
+    }
+    rd_kafka_message_destroy(m);
+  }
+  rd_kafka_consumer_close(rk);
+  rd_kafka_destroy(rk);
+  return got;
+}
+
+static inline void t_records_free(t_record_t *r, int n) {
+  for (int i = 0; i < n; i++) {
+    free(r[i].key);
+    free(r[i].value);
+    if (r[i].headers)
+      rd_kafka_headers_destroy(r[i].headers);
+  }
+}
+
+#endif /* PR_TEST_HARNESS_H */

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# End-to-end checks of the `prosody` CLI on the embedded mock cluster:
+# version, help, config listing with sources, error messages and exit
+# codes, send, topic create/delete, demo.
+set -uo pipefail
+cli="$1"
+fails=0
+out=$(mktemp); trap 'rm -f "$out"' EXIT
+
+# Run without any PROSODY_* variables from the caller's environment.
+run() { env -i PATH="$PATH" "$@" >"$out" 2>&1; }
+expect() { # expect CODE NEEDLE DESCRIPTION -- command...
+  local code="$1" needle="$2" what="$3"; shift 4
+  run "$@"; local rc=$?
+  if [ "$rc" != "$code" ] || ! grep -qF -- "$needle" "$out"; then
+    echo "FAIL: $what: exit $rc (want $code), output:"; sed 's/^/  | /' "$out"
+    echo "  (wanted to find: $needle)"
+    fails=$((fails + 1))
+  else
+    echo "ok: $what"
+  fi
+}
+
+expect 0 "prosody 0." "--version" -- "$cli" --version
+expect 0 "usage: prosody" "--help" -- "$cli" --help
+expect 2 "unknown command" "unknown command" -- "$cli" frobnicate
+expect 0 "max_concurrency              32" "config defaults" -- "$cli" config
+expect 0 "max_concurrency              7                                  env" \
+  "config shows env source" -- env PROSODY_MAX_CONCURRENCY=7 "$cli" config
+expect 0 "max_concurrency              9                                  set" \
+  "config shows set source (set wins over env)" -- \
+  env PROSODY_MAX_CONCURRENCY=7 "$cli" --set max_concurrency=9 config
+expect 2 'invalid value "lots" for option max_concurrency (environment variable PROSODY_MAX_CONCURRENCY)' \
+  "invalid env value" -- env PROSODY_MAX_CONCURRENCY=lots "$cli" config
+expect 2 'missing unit after "5"' "bare number duration" -- \
+  "$cli" --set send_timeout=5 config
+expect 2 'did you mean "max_retries"' "unknown option suggestion" -- \
+  "$cli" --set max_retrys=3 config
+expect 0 "note: a client could not start" "config notes missing bootstrap" -- \
+  "$cli" config
+expect 0 "sent to cli-topic" "send on the mock cluster" -- \
+  "$cli" --set mock=true send cli-topic k1 '{"id":"1","type":"x"}'
+expect 2 "is not valid JSON" "send rejects invalid JSON" -- \
+  "$cli" --set mock=true send cli-topic k1 '{oops'
+expect 2 "bootstrap_servers (PROSODY_BOOTSTRAP_SERVERS) is not set" \
+  "send without a broker" -- "$cli" send cli-topic k1 '{}'
+expect 0 "created topic cli-created" "topic create" -- \
+  "$cli" --set mock=true topic create cli-created --partitions 3 --retention 7d
+expect 2 "topic_partitions (PROSODY_TOPIC_PARTITIONS)" "topic create bad flag" -- \
+  "$cli" --set mock=true topic create cli-x --partitions zero
+expect 1 "does not exist" "topic delete unknown" -- \
+  "$cli" --set mock=true topic delete cli-never-created
+expect 0 "1000 of 1000 (0 failed)" "demo" -- "$cli" demo --messages 1000 --keys 50
+expect 0 "50 of 50 keys stored in send order" "demo key order" -- \
+  "$cli" demo --messages 1000 --keys 50
+
+# broker: prints its address and serves clients until SIGTERM.
+log=$(mktemp)
+env -i PATH="$PATH" "$cli" broker >"$log" 2>&1 &
+pid=$!
+for _ in $(seq 1 100); do grep -q "listening on" "$log" && break; sleep 0.1; done
+addr=$(sed -n 's/^mock Kafka cluster listening on \(.*\)$/\1/p' "$log")
+if [ -n "$addr" ] && env -i PATH="$PATH" "$cli" --set bootstrap_servers="$addr" \
+     --set source_system=cli send via-broker k '{}' >"$out" 2>&1; then
+  echo "ok: broker serves other processes at $addr"
+else
+  echo "FAIL: broker at '$addr'"; cat "$log" "$out"; fails=$((fails + 1))
+fi
+kill -TERM "$pid"; wait "$pid"; rc=$?
+if [ "$rc" != 0 ]; then echo "FAIL: broker exit $rc"; fails=$((fails + 1)); fi
+rm -f "$log"
+
+[ "$fails" = 0 ] || { echo "$fails CLI check(s) failed"; exit 1; }
+echo "all CLI checks passed"
