@@ -8,7 +8,10 @@ fails=0
 out=$(mktemp); trap 'rm -f "$out"' EXIT
 
 # Run without any PROSODY_* variables from the caller's environment.
-run() { env -i PATH="$PATH" "$@" >"$out" 2>&1; }
+# Sanitizer settings pass through; nothing else does.
+sanenv=(); for v in ASAN_OPTIONS UBSAN_OPTIONS TSAN_OPTIONS LSAN_OPTIONS; do
+  [ -n "${!v:-}" ] && sanenv+=("$v=${!v}"); done
+run() { env -i PATH="$PATH" "${sanenv[@]}" "$@" >"$out" 2>&1; }
 expect() { # expect CODE NEEDLE DESCRIPTION -- command...
   local code="$1" needle="$2" what="$3"; shift 4
   run "$@"; local rc=$?
@@ -56,11 +59,11 @@ expect 0 "50 of 50 keys stored in send order" "demo key order" -- \
 
 # broker: prints its address and serves clients until SIGTERM.
 log=$(mktemp)
-env -i PATH="$PATH" "$cli" broker >"$log" 2>&1 &
+env -i PATH="$PATH" "${sanenv[@]}" "$cli" broker >"$log" 2>&1 &
 pid=$!
 for _ in $(seq 1 100); do grep -q "listening on" "$log" && break; sleep 0.1; done
 addr=$(sed -n 's/^mock Kafka cluster listening on \(.*\)$/\1/p' "$log")
-if [ -n "$addr" ] && env -i PATH="$PATH" "$cli" --set bootstrap_servers="$addr" \
+if [ -n "$addr" ] && env -i PATH="$PATH" "${sanenv[@]}" "$cli" --set bootstrap_servers="$addr" \
      --set source_system=cli send via-broker k '{}' >"$out" 2>&1; then
   echo "ok: broker serves other processes at $addr"
 else

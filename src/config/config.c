@@ -30,6 +30,7 @@ const pr__opt_def_t pr__opt_defs[PR_OPT__COUNT] = {
 /* Accepted forms and public option info (built once, static afterwards)     */
 /* ------------------------------------------------------------------------ */
 
+static int is_string_type(pr__opt_type_t t);
 static char *accepted_text[PR_OPT__COUNT];
 static char *default_text[PR_OPT__COUNT];
 static prosody_option_info_t option_info[PR_OPT__COUNT];
@@ -167,7 +168,7 @@ static void build_info(void) {
       if (pr__opt_parse((pr__opt_id_t)i, d->def, 0, &v, err, sizeof(err)) ==
           PROSODY_OK) {
         pr__opt_format((pr__opt_id_t)i, &v, buf, sizeof(buf));
-        pr__value_fini(&v);
+        pr__value_fini((pr__opt_id_t)i, &v);
       } else {
         snprintf(buf, sizeof(buf), "%s", d->def);
       }
@@ -272,27 +273,19 @@ static void unknown_option(const char *name, char *errstr, size_t n) {
 /* Parsing                                                                   */
 /* ------------------------------------------------------------------------ */
 
-void pr__value_fini(pr__value_t *v) {
-  if (!v)
-    return;
-  for (size_t i = 0; i < v->list_n; i++)
-    free(v->list[i]);
-  free(v->list);
-  v->list = NULL;
-  v->list_n = 0;
-  /* Only string types use u.s; callers zero values before parsing. */
-  v->isset = 0;
-}
-
 static int is_string_type(pr__opt_type_t t) {
   return t == PR_T_STRING || t == PR_T_TOPIC || t == PR_T_IDENT ||
          t == PR_T_URL;
 }
 
-static void value_free(pr__opt_id_t id, pr__value_t *v) {
+void pr__value_fini(pr__opt_id_t id, pr__value_t *v) {
+  if (!v)
+    return;
   if (is_string_type(pr__opt_defs[id].type) && v->isset)
     free(v->u.s);
-  pr__value_fini(v);
+  for (size_t i = 0; i < v->list_n; i++)
+    free(v->list[i]);
+  free(v->list);
   memset(v, 0, sizeof(*v));
 }
 
@@ -609,7 +602,7 @@ bad:
            (d->flags & PR_F_SECRET) ? "****" : s, d->name,
            from_env ? "environment variable " : "", d->env, *why ? ": " : "",
            why, pr__opt_accepted(id));
-  value_free(id, out);
+  pr__value_fini(id, out);
   free(s);
   return PROSODY_ERR_CONFIG;
 }
@@ -696,7 +689,7 @@ void pr__settings_fini(pr__settings_t *st) {
   if (!st)
     return;
   for (int i = 0; i < PR_OPT__COUNT; i++)
-    value_free((pr__opt_id_t)i, &st->v[i]);
+    pr__value_fini((pr__opt_id_t)i, &st->v[i]);
 }
 
 static void describe(const pr__settings_t *st, pr__opt_id_t id, char *buf,
@@ -793,7 +786,7 @@ PROSODY_EXPORT prosody_err_t prosody_config_set(prosody_config_t *conf,
     err = pr__opt_parse((pr__opt_id_t)id, value, 0, &v, errstr, errstr_size);
     if (err)
       return err;
-    value_free((pr__opt_id_t)id, &v);
+    pr__value_fini((pr__opt_id_t)id, &v);
     copy = strdup(value);
     if (!copy) {
       pr__errf(errstr, errstr_size, "out of memory");
@@ -827,7 +820,7 @@ PROSODY_EXPORT prosody_err_t prosody_config_get(
   if (err)
     return err;
   pr__opt_format((pr__opt_id_t)id, &v, buf, buf_size);
-  value_free((pr__opt_id_t)id, &v);
+  pr__value_fini((pr__opt_id_t)id, &v);
   return PROSODY_OK;
 }
 

@@ -92,8 +92,8 @@ int pr__opt_lookup(const char *name);
 prosody_err_t pr__opt_parse(pr__opt_id_t id, const char *text, int from_env,
                             pr__value_t *out, char *errstr, size_t errstr_size);
 
-/* Frees what a value owns. */
-void pr__value_fini(pr__value_t *v);
+/* Frees what a value of option `id` owns and zeroes it. */
+void pr__value_fini(pr__opt_id_t id, pr__value_t *v);
 
 /* Canonical text of a value ("none" when unset, "****" for secrets). */
 void pr__opt_format(pr__opt_id_t id, const pr__value_t *v, char *buf,

@@ -245,7 +245,7 @@ PROSODY_EXPORT prosody_err_t prosody_admin_create_topic(
     if (err)
       return err;
     pr__opt_format(PR_OPT_TOPIC_CLEANUP_POLICY, &v, policy, sizeof(policy));
-    pr__value_fini(&v);
+    pr__value_fini(PR_OPT_TOPIC_CLEANUP_POLICY, &v);
   } else if (PR_CFG_SET(st, TOPIC_CLEANUP_POLICY)) {
     pr__opt_format(PR_OPT_TOPIC_CLEANUP_POLICY,
                    &PR_CFG(st, TOPIC_CLEANUP_POLICY), policy, sizeof(policy));
