@@ -9,6 +9,7 @@ PACKAGES=(
   librdkafka-dev libuv1-dev libjansson-dev libmicrohttpd-dev
   libcurl4-openssl-dev libxxhash-dev libcmocka-dev
   valgrind clang clang-format
+  python3 maven openjdk-17-jre-headless
 )
 
 missing=()
@@ -33,6 +34,7 @@ fi
 
 echo "deps: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
+# .ci/run updates the package lists once and says so.
+[ "${PROSODY_APT_UPDATED:-0}" = 1 ] || $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 echo "deps: done"

@@ -34,7 +34,8 @@ as_root() {
 apt_install() {
   say "installing Debian packages: $*"
   export DEBIAN_FRONTEND=noninteractive
-  as_root apt-get update -qq
+  # .ci/run updates the package lists once and says so.
+  [ "${PROSODY_APT_UPDATED:-0}" = 1 ] || as_root apt-get update -qq
   as_root apt-get install -y -qq --no-install-recommends "$@" >/dev/null
 }
 
