@@ -124,7 +124,5 @@ PROSODY_EXPORT prosody_err_t prosody_send_async(
                                  cb, opaque, errstr, errstr_size);
 }
 
-/* Internal: the client's producer handle, for tests. */
-rd_kafka_t *pr__client_producer_handle(prosody_client_t *c) {
-  return pr__producer_handle(c->producer);
-}
+/* Internal: the client's producer, for tests (fault injection). */
+pr__producer_t *pr__client_producer(prosody_client_t *c) { return c->producer; }

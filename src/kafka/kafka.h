@@ -83,6 +83,11 @@ prosody_err_t pr__producer_send(pr__producer_t *prod, const char *topic,
                                 size_t errstr_size);
 /* The current librdkafka handle (tests: fault injection). */
 rd_kafka_t *pr__producer_handle(pr__producer_t *prod);
+/* How many times a fatal error made the producer replace its handle. */
+int pr__producer_recoveries(pr__producer_t *prod);
+
+/* The producer of a client (client.c; tests inject faults through it). */
+pr__producer_t *pr__client_producer(prosody_client_t *client);
 
 /* Checks a W3C traceparent; 0 if valid, -1 with the reason. */
 int pr__traceparent_check(const char *tp, char *why, size_t why_size);

@@ -12,6 +12,17 @@
  *
  * librdkafka's own delivery timeout (message.timeout.ms) is send_timeout,
  * so every queued record gets its report within that budget.
+ *
+ * Fatal errors (LIBRDKAFKA.md rule 7): an idempotent producer can hit a
+ * fatal error (e.g. after in-flight requests time out on 2.0.2), after
+ * which its handle accepts nothing. The error callback flags it; from then
+ * on the delivery reports of failed records are kept instead of reported;
+ * the poller purges the old handle, creates a new one from the same
+ * configuration, swaps it in under `rk_lock`, and re-sends what was kept,
+ * so each record's callback still fires exactly once. Senders that meet the
+ * dead handle wait for the swap within their send budget. A re-sent record
+ * gets a fresh delivery budget; one that was in flight may be written twice
+ * (at-least-once, as any producer retry).
  */
 #include <jansson.h>
 #include <pthread.h>
@@ -24,13 +35,28 @@
 #include "../util/util.h"
 #include "kafka.h"
 
+/* A failed record kept for re-sending after a fatal error. */
+typedef struct resend {
+  struct send_req *req; /* the record's request (callback) */
+  char *key, *value;    /* copies */
+  size_t key_len, value_len;
+  rd_kafka_headers_t *headers; /* copy, or NULL */
+} resend_t;
+
 struct pr__producer {
-  rd_kafka_t *rk;           /* immutable after _new; thread-safe handle */
+  pthread_rwlock_t rk_lock; /* guards the rk pointer: users of the handle
+                               hold it shared, the poller swaps it */
+  rd_kafka_t *rk;           /* thread-safe handle; replaced on fatal error */
+  rd_kafka_conf_t *conf;    /* template for replacements; poller only */
   char *source_system;      /* immutable after _new */
   int send_timeout_ms;      /* immutable after _new */
   int mock;                 /* immutable after _new: ensure topics first */
   pthread_t poller;         /* the only thread calling rd_kafka_poll() */
   atomic_int stop;          /* set by _destroy to end the poller */
+  atomic_int fatal;         /* set by error_cb, cleared after recovery */
+  atomic_int recoveries;    /* handles replaced so far */
+  resend_t *resend;         /* kept records; poller (then destroyer) only */
+  size_t resend_n, resend_cap;
   pthread_mutex_t err_lock; /* guards last_error */
   char last_error[256];     /* last error-callback text, "" if none */
 };
@@ -40,8 +66,42 @@ typedef struct send_req {
   pr__producer_t *prod;
   prosody_send_cb cb;
   void *opaque;
-  char topic[]; /* NUL-terminated copy */
+  int64_t deadline_ns; /* send time + send_timeout (monotonic) */
+  char topic[];        /* NUL-terminated copy */
 } send_req_t;
+
+/* Keeps a failed record for re-sending; 0 on success. */
+static int keep_for_resend(pr__producer_t *prod, const rd_kafka_message_t *m,
+                           send_req_t *req) {
+  resend_t *r;
+  rd_kafka_headers_t *h = NULL;
+  if (prod->resend_n == prod->resend_cap) {
+    size_t cap = prod->resend_cap ? prod->resend_cap * 2 : 64;
+    resend_t *grown = realloc(prod->resend, cap * sizeof(*grown));
+    if (!grown)
+      return -1;
+    prod->resend = grown;
+    prod->resend_cap = cap;
+  }
+  r = &prod->resend[prod->resend_n];
+  r->req = req;
+  r->key_len = m->key_len;
+  r->value_len = m->len;
+  r->key = malloc(m->key_len + 1);
+  r->value = malloc(m->len + 1);
+  if (!r->key || !r->value) {
+    free(r->key);
+    free(r->value);
+    return -1;
+  }
+  memcpy(r->key, m->key, m->key_len);
+  memcpy(r->value, m->payload, m->len);
+  r->headers = rd_kafka_message_headers(m, &h) == RD_KAFKA_RESP_ERR_NO_ERROR
+                   ? rd_kafka_headers_copy(h)
+                   : NULL;
+  prod->resend_n++;
+  return 0;
+}
 
 /* ------------------------------------------------------------------------ */
 /* librdkafka callbacks (poller thread, or the destroying thread)            */
@@ -53,6 +113,14 @@ static void dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque) {
   (void)rk;
   if (!req)
     return;
+  /* The handle's fatal state is set before it fails its records, which
+   * may be reported before the error event that sets prod->fatal. */
+  if (m->err && !atomic_load(&prod->fatal) && rk &&
+      rd_kafka_fatal_error(rk, NULL, 0))
+    atomic_store(&prod->fatal, 1);
+  if (m->err && atomic_load(&prod->fatal) && pr__now_ns() < req->deadline_ns &&
+      keep_for_resend(prod, m, req) == 0)
+    return; /* re-sent on the replacement handle */
   if (!m->err) {
     prosody_delivery_t d = {req->topic, m->partition, m->offset};
     req->cb(PROSODY_OK, NULL, &d, req->opaque);
@@ -85,17 +153,110 @@ static void error_cb(rd_kafka_t *rk, int err, const char *reason,
   pthread_mutex_lock(&prod->err_lock);
   snprintf(prod->last_error, sizeof(prod->last_error), "%s", reason);
   pthread_mutex_unlock(&prod->err_lock);
-  if (err == RD_KAFKA_RESP_ERR__FATAL)
+  if (err == RD_KAFKA_RESP_ERR__FATAL) {
+    atomic_store(&prod->fatal, 1);
     PR_ERROR("producer", "fatal producer error: %s", reason);
-  else
+  } else
     PR_WARN("producer", "%s (%s)", reason,
             rd_kafka_err2name((rd_kafka_resp_err_t)err));
 }
 
+/* Produces a kept record on the current handle (poller thread). */
+static void resend_one(pr__producer_t *prod, resend_t *r) {
+  rd_kafka_resp_err_t kerr = rd_kafka_producev(
+      prod->rk, RD_KAFKA_V_TOPIC(r->req->topic),
+      RD_KAFKA_V_KEY(r->key, r->key_len),
+      RD_KAFKA_V_VALUE(r->value, r->value_len),
+      RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_HEADERS(r->headers),
+      RD_KAFKA_V_OPAQUE(r->req), RD_KAFKA_V_END);
+  if (kerr) {
+    char msg[512];
+    if (r->headers)
+      rd_kafka_headers_destroy(r->headers);
+    snprintf(msg, sizeof(msg),
+             "record for topic \"%s\" was not delivered: re-sending after a "
+             "fatal producer error failed: %s",
+             r->req->topic, rd_kafka_err2str(kerr));
+    r->req->cb(pr__kafka_classify(kerr) == PROSODY_ERR_PERMANENT
+                   ? PROSODY_ERR_PERMANENT
+                   : PROSODY_ERR_TRANSIENT,
+               msg, NULL, r->req->opaque);
+    free(r->req);
+  }
+  free(r->key);
+  free(r->value);
+}
+
+/* Fails every kept record (no replacement handle could be made). */
+static void fail_kept(pr__producer_t *prod, const char *why) {
+  for (size_t i = 0; i < prod->resend_n; i++) {
+    resend_t *r = &prod->resend[i];
+    char msg[512];
+    snprintf(msg, sizeof(msg), "record for topic \"%s\" was not delivered: %s",
+             r->req->topic, why);
+    r->req->cb(PROSODY_ERR_TRANSIENT, msg, NULL, r->req->opaque);
+    free(r->req);
+    free(r->key);
+    free(r->value);
+    if (r->headers)
+      rd_kafka_headers_destroy(r->headers);
+  }
+  prod->resend_n = 0;
+}
+
+/* Replaces a handle that raised a fatal error (poller thread). */
+static void recover(pr__producer_t *prod) {
+  rd_kafka_t *old = prod->rk, *fresh;
+  rd_kafka_conf_t *kconf;
+  char why[512] = "", err[512];
+  int64_t deadline;
+
+  rd_kafka_fatal_error(old, why, sizeof(why));
+  /* Collect every record the dead handle still holds: their reports are
+   * kept (fatal is set) for re-sending. */
+  rd_kafka_purge(old, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
+  deadline = pr__now_ns() + INT64_C(5000000000);
+  while (rd_kafka_outq_len(old) > 0 && pr__now_ns() < deadline)
+    rd_kafka_poll(old, 20);
+  rd_kafka_poll(old, 0);
+
+  kconf = rd_kafka_conf_dup(prod->conf);
+  fresh =
+      kconf ? rd_kafka_new(RD_KAFKA_PRODUCER, kconf, err, sizeof(err)) : NULL;
+  if (!fresh) {
+    if (kconf)
+      rd_kafka_conf_destroy(kconf);
+    PR_ERROR("producer",
+             "could not replace the producer after a fatal error (%s): %s; "
+             "retrying in 1 s",
+             why, kconf ? err : "out of memory");
+    fail_kept(prod, "the producer hit a fatal error and could not be "
+                    "replaced");
+    usleep(1000000);
+    return;
+  }
+  pthread_rwlock_wrlock(&prod->rk_lock);
+  prod->rk = fresh;
+  pthread_rwlock_unlock(&prod->rk_lock);
+  atomic_store(&prod->fatal, 0);
+  atomic_fetch_add(&prod->recoveries, 1);
+  PR_WARN("producer",
+          "replaced the producer after a fatal error (%s); re-sending %zu "
+          "unacknowledged record(s)",
+          why, prod->resend_n);
+  pr__kafka_destroy_bounded(old, 30000, "failed producer");
+  for (size_t i = 0; i < prod->resend_n; i++)
+    resend_one(prod, &prod->resend[i]);
+  prod->resend_n = 0;
+}
+
 static void *poller_main(void *arg) {
   pr__producer_t *prod = arg;
-  while (!atomic_load(&prod->stop))
-    rd_kafka_poll(prod->rk, 50);
+  while (!atomic_load(&prod->stop)) {
+    rd_kafka_poll(prod->rk, 50); /* only this thread replaces prod->rk */
+    if (atomic_load(&prod->fatal))
+      recover(prod);
+  }
   return NULL;
 }
 
@@ -118,6 +279,7 @@ pr__producer_t *pr__producer_new(const pr__settings_t *st,
     return NULL;
   }
   pthread_mutex_init(&prod->err_lock, NULL);
+  pthread_rwlock_init(&prod->rk_lock, NULL);
   prod->send_timeout_ms = (int)PR_CFG_MS(st, SEND_TIMEOUT);
   if (prod->send_timeout_ms < 1)
     prod->send_timeout_ms = 1;
@@ -142,12 +304,19 @@ pr__producer_t *pr__producer_new(const pr__settings_t *st,
   rd_kafka_conf_set_dr_msg_cb(kconf, dr_cb);
   rd_kafka_conf_set_error_cb(kconf, error_cb);
   rd_kafka_conf_set_opaque(kconf, prod);
+  prod->conf = rd_kafka_conf_dup(kconf);
 
   prod->rk = rd_kafka_new(RD_KAFKA_PRODUCER, kconf, why, sizeof(why));
-  if (!prod->rk) {
-    rd_kafka_conf_destroy(kconf);
-    pr__errf(errstr, errstr_size, "could not create the Kafka producer: %s",
-             why);
+  if (!prod->rk || !prod->conf) {
+    if (!prod->rk)
+      rd_kafka_conf_destroy(kconf);
+    else
+      pr__kafka_destroy_bounded(prod->rk, 10000, "producer");
+    if (!prod->rk)
+      pr__errf(errstr, errstr_size, "could not create the Kafka producer: %s",
+               why);
+    else
+      pr__errf(errstr, errstr_size, "out of memory");
     goto fail;
   }
   if (pthread_create(&prod->poller, NULL, poller_main, prod) != 0) {
@@ -158,6 +327,9 @@ pr__producer_t *pr__producer_new(const pr__settings_t *st,
   return prod;
 
 fail:
+  if (prod->conf)
+    rd_kafka_conf_destroy(prod->conf);
+  pthread_rwlock_destroy(&prod->rk_lock);
   pthread_mutex_destroy(&prod->err_lock);
   free(prod->source_system);
   free(prod);
@@ -168,8 +340,15 @@ fail:
  * delivery report; the poller keeps serving callbacks meanwhile. */
 static void await_empty(pr__producer_t *prod, int64_t budget_ns) {
   int64_t deadline = pr__now_ns() + budget_ns;
-  while (rd_kafka_outq_len(prod->rk) > 0 && pr__now_ns() < deadline)
+  for (;;) {
+    int n;
+    pthread_rwlock_rdlock(&prod->rk_lock);
+    n = rd_kafka_outq_len(prod->rk);
+    pthread_rwlock_unlock(&prod->rk_lock);
+    if ((n == 0 && !atomic_load(&prod->fatal)) || pr__now_ns() >= deadline)
+      return;
     usleep(1000);
+  }
 }
 
 void pr__producer_destroy(pr__producer_t *prod) {
@@ -179,18 +358,40 @@ void pr__producer_destroy(pr__producer_t *prod) {
    * first let outstanding records finish within send_timeout, then fail
    * what is left (purged records report an error), then stop the poller. */
   await_empty(prod, (int64_t)prod->send_timeout_ms * 1000000);
-  rd_kafka_purge(prod->rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
-  await_empty(prod, INT64_C(5000000000));
   atomic_store(&prod->stop, 1);
   pthread_join(prod->poller, NULL);
-  rd_kafka_poll(prod->rk, 0); /* anything the poller did not get to */
+  /* This thread now serves the callbacks. Kept records are failed rather
+   * than re-sent: the client is going away. */
+  atomic_store(&prod->fatal, 0);
+  rd_kafka_purge(prod->rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
+  {
+    int64_t deadline = pr__now_ns() + INT64_C(5000000000);
+    while (rd_kafka_outq_len(prod->rk) > 0 && pr__now_ns() < deadline)
+      rd_kafka_poll(prod->rk, 20);
+    rd_kafka_poll(prod->rk, 0);
+  }
+  fail_kept(prod, "the client was destroyed before the record could be "
+                  "re-sent");
+  free(prod->resend);
   pr__kafka_destroy_bounded(prod->rk, 30000, "producer");
+  rd_kafka_conf_destroy(prod->conf);
+  pthread_rwlock_destroy(&prod->rk_lock);
   pthread_mutex_destroy(&prod->err_lock);
   free(prod->source_system);
   free(prod);
 }
 
-rd_kafka_t *pr__producer_handle(pr__producer_t *prod) { return prod->rk; }
+rd_kafka_t *pr__producer_handle(pr__producer_t *prod) {
+  rd_kafka_t *rk;
+  pthread_rwlock_rdlock(&prod->rk_lock);
+  rk = prod->rk;
+  pthread_rwlock_unlock(&prod->rk_lock);
+  return rk;
+}
+
+int pr__producer_recoveries(pr__producer_t *prod) {
+  return atomic_load(&prod->recoveries);
+}
 
 /* ------------------------------------------------------------------------ */
 /* Sending                                                                   */
@@ -335,26 +536,34 @@ prosody_err_t pr__producer_send_async(pr__producer_t *prod, const char *topic,
   memcpy(req->topic, topic, tlen + 1);
 
   deadline = pr__now_ns() + (int64_t)prod->send_timeout_ms * 1000000;
+  req->deadline_ns = deadline;
   for (;;) {
     hdrs = make_headers(prod, trace);
+    pthread_rwlock_rdlock(&prod->rk_lock);
     kerr = rd_kafka_producev(prod->rk, RD_KAFKA_V_TOPIC(topic),
                              RD_KAFKA_V_KEY((void *)key, strlen(key)),
                              RD_KAFKA_V_VALUE((void *)json, strlen(json)),
                              RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
                              RD_KAFKA_V_HEADERS(hdrs), RD_KAFKA_V_OPAQUE(req),
                              RD_KAFKA_V_END);
+    pthread_rwlock_unlock(&prod->rk_lock);
     if (!kerr)
       return PROSODY_OK; /* headers and req now belong to librdkafka */
     rd_kafka_headers_destroy(hdrs);
-    /* A full local queue drains as the poller serves delivery reports:
-     * wait for room within the send budget. */
-    if (kerr != RD_KAFKA_RESP_ERR__QUEUE_FULL || pr__now_ns() >= deadline)
+    /* A full local queue drains as the poller serves delivery reports; a
+     * handle with a fatal error is being replaced by the poller. Either
+     * way, wait within the send budget. */
+    if ((kerr != RD_KAFKA_RESP_ERR__QUEUE_FULL &&
+         kerr != RD_KAFKA_RESP_ERR__FATAL) ||
+        pr__now_ns() >= deadline)
       break;
     usleep(1000);
   }
   free(req);
-  err = kerr == RD_KAFKA_RESP_ERR__QUEUE_FULL ? PROSODY_ERR_TIMEOUT
-                                              : pr__kafka_classify(kerr);
+  err =
+      kerr == RD_KAFKA_RESP_ERR__QUEUE_FULL || kerr == RD_KAFKA_RESP_ERR__FATAL
+          ? PROSODY_ERR_TIMEOUT
+          : pr__kafka_classify(kerr);
   pr__errf(errstr, errstr_size, "could not queue a record for topic \"%s\": %s",
            topic, rd_kafka_err2str(kerr));
   return err;
