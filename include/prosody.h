@@ -204,8 +204,8 @@ prosody_client_new(prosody_config_t *conf, char *errstr, size_t errstr_size);
 /*
  * Destroys the client. Records still awaiting delivery are waited for up to
  * `send_timeout`; their async callbacks fire (with an error if they were not
- * delivered) before this returns. Must not be called from a send callback.
- * NULL is a no-op.
+ * delivered) before this returns, on the client's internal thread. Must not
+ * be called from a send callback. NULL is a no-op.
  */
 PROSODY_EXPORT void prosody_client_destroy(prosody_client_t *client);
 
@@ -263,14 +263,147 @@ typedef void (*prosody_send_cb)(prosody_err_t err, const char *errstr,
                                 void *opaque);
 
 /*
- * Like prosody_send() but does not wait: returns PROSODY_OK once the record
- * is queued, and `cb` fires later exactly once. When this returns an error
- * the record was not queued and `cb` never fires.
+ * Like prosody_send() but does not wait for the acknowledgement: returns
+ * PROSODY_OK once the record is queued, and `cb` fires later exactly once.
+ * It waits only when librdkafka's local queue is full (for room, within
+ * send_timeout; from inside a send callback it fails at once instead).
+ * When this returns an error the record was not queued and `cb` never
+ * fires.
  */
 PROSODY_EXPORT prosody_err_t prosody_send_async(
     prosody_client_t *client, const char *topic, const char *key,
     const char *payload_json, const prosody_trace_t *trace, prosody_send_cb cb,
     void *opaque, char *errstr, size_t errstr_size);
+
+/* ------------------------------------------------------------------------ */
+/* Consumer                                                                  */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * What a handler reports for one event. A failure without a class is
+ * transient. PROSODY_PENDING (asynchronous handlers only) means the result
+ * comes later through prosody_complete().
+ *
+ *  - SUCCESS:   done; the offset may be committed.
+ *  - TRANSIENT: may succeed if retried. pipeline: retried without limit
+ *               (exponential backoff with full jitter between retry_base and
+ *               max_retry_delay); low-latency: up to max_retries, then the
+ *               record goes to failure_topic; best-effort: logged, skipped.
+ *  - PERMANENT: retrying will not help: logged and committed past
+ *               (low-latency: sent to failure_topic first).
+ */
+typedef enum prosody_result {
+  PROSODY_SUCCESS = 0,
+  PROSODY_TRANSIENT = 1,
+  PROSODY_PERMANENT = 2,
+  PROSODY_PENDING = 3
+} prosody_result_t;
+
+/* A received record, valid until its handler finishes (returns, or its
+ * prosody_complete() call). Read-only; any thread may read it. */
+typedef struct prosody_message prosody_message_t;
+
+/* The context of one handler invocation: cancellation and (later) timers.
+ * Valid until the handler finishes; any thread may use it until then. */
+typedef struct prosody_context prosody_context_t;
+
+/* A fired timer (delivered to on_timer; timers arrive in a later release). */
+typedef struct prosody_timer prosody_timer_t;
+
+/* Handler flags. */
+#define PROSODY_HANDLER_ASYNC 0x1 /* callbacks return PENDING; see below */
+
+/*
+ * The user's handler: a plain table. For one key, events run one at a time
+ * in order; different keys run concurrently, at most max_concurrency at once.
+ *
+ * Synchronous (flags 0): callbacks run on a pool of max_concurrency worker
+ * threads and return the result; they may block. Asynchronous
+ * (PROSODY_HANDLER_ASYNC): callbacks run on the engine thread and must only
+ * hand the event over (to the host's own loop) and return PROSODY_PENDING,
+ * or return a final result at once; they never occupy a worker.
+ * `on_timer` may be NULL until timers are used.
+ */
+typedef struct prosody_handler {
+  prosody_result_t (*on_message)(prosody_context_t *ctx,
+                                 const prosody_message_t *msg, void *opaque);
+  prosody_result_t (*on_timer)(prosody_context_t *ctx,
+                               const prosody_timer_t *timer, void *opaque);
+  void *opaque;
+  unsigned flags;
+} prosody_handler_t;
+
+/* Message accessors (no allocation; strings owned by the message). */
+PROSODY_EXPORT const char *prosody_message_topic(const prosody_message_t *m);
+PROSODY_EXPORT int32_t prosody_message_partition(const prosody_message_t *m);
+PROSODY_EXPORT int64_t prosody_message_offset(const prosody_message_t *m);
+/* Record timestamp in milliseconds since the epoch (-1 if none). */
+PROSODY_EXPORT int64_t prosody_message_timestamp(const prosody_message_t *m);
+/* The key, NUL-terminated, valid UTF-8. */
+PROSODY_EXPORT const char *prosody_message_key(const prosody_message_t *m);
+/* The payload's JSON text, NUL-terminated; its length in bytes. */
+PROSODY_EXPORT const char *prosody_message_payload(const prosody_message_t *m);
+PROSODY_EXPORT size_t prosody_message_payload_len(const prosody_message_t *m);
+/* The parsed payload as a jansson value (include <jansson.h>); borrowed. */
+struct json_t;
+PROSODY_EXPORT const struct json_t *
+prosody_message_json(const prosody_message_t *m);
+/* Value of header `name` (NUL-terminated copy owned by the message), or
+ * NULL. */
+PROSODY_EXPORT const char *prosody_message_header(const prosody_message_t *m,
+                                                  const char *name);
+
+/* 1 once the invocation should stop (handler timeout, shutdown, revoke). */
+PROSODY_EXPORT int prosody_should_cancel(const prosody_context_t *ctx);
+/* Blocks until cancellation or `timeout_ms` (-1: no limit). Returns 1 if
+ * cancelled, 0 on timeout. For synchronous handlers (worker threads). */
+PROSODY_EXPORT int prosody_wait_cancel(prosody_context_t *ctx,
+                                       int64_t timeout_ms);
+/* Attaches an error message to a failing result (copied; the last one
+ * wins). */
+PROSODY_EXPORT void prosody_context_set_error(prosody_context_t *ctx,
+                                              const char *message);
+/*
+ * Completes an invocation whose callback returned PROSODY_PENDING, from any
+ * thread, exactly once. `result` is SUCCESS, TRANSIENT or PERMANENT;
+ * `message` (may be NULL) describes a failure. The context and message must
+ * not be used afterwards. Returns PROSODY_ERR_STATE if already completed.
+ */
+PROSODY_EXPORT prosody_err_t prosody_complete(prosody_context_t *ctx,
+                                              prosody_result_t result,
+                                              const char *message);
+
+/*
+ * Starts consuming `subscribed_topics` as member of `group_id` with
+ * `handler` (copied). Needs both options (PROSODY_ERR_CONFIG otherwise).
+ * Returns once the consumer runs; partitions arrive asynchronously.
+ * Errors: PROSODY_ERR_STATE (already subscribed), PROSODY_ERR_CONFIG,
+ * PROSODY_ERR_INVALID_ARG (no on_message).
+ */
+PROSODY_EXPORT prosody_err_t prosody_subscribe(prosody_client_t *client,
+                                               const prosody_handler_t *handler,
+                                               char *errstr,
+                                               size_t errstr_size);
+
+/*
+ * Stops consuming, gracefully: no new events start; running handlers get
+ * until 80% of shutdown_timeout, then their contexts are cancelled (retry
+ * waits end); at 100% the engine stops waiting. Finished work is committed;
+ * the rest is redelivered to the group later. Blocks. Must not be called
+ * from a handler. Returns PROSODY_ERR_STATE when not subscribed.
+ */
+PROSODY_EXPORT prosody_err_t prosody_unsubscribe(prosody_client_t *client);
+
+/* "unconfigured" (no group_id or subscribed_topics), "configured", or
+ * "running" (subscribed). Static storage. */
+PROSODY_EXPORT const char *
+prosody_consumer_state(const prosody_client_t *client);
+/* Partitions currently assigned to this consumer (0 when not running). */
+PROSODY_EXPORT int
+prosody_assigned_partition_count(const prosody_client_t *client);
+/* 1 if a partition's oldest unfinished event made no progress for
+ * stall_threshold. */
+PROSODY_EXPORT int prosody_is_stalled(const prosody_client_t *client);
 
 /* ------------------------------------------------------------------------ */
 /* Admin                                                                     */
@@ -302,7 +435,7 @@ typedef struct prosody_topic_options {
   int16_t replication_factor; /* 0: default */
   const char *cleanup_policy; /* "delete", "compact", "compact,delete" */
   int64_t retention_ms;       /* 0: default; -1: keep for ever */
-  int64_t timeout_ms;         /* 0: 30 s; bounds the whole operation */
+  int64_t timeout_ms;         /* 0: 30 s; at most 3600000; bounds the call */
 } prosody_topic_options_t;
 
 #define PROSODY_TOPIC_OPTIONS_INIT                                             \

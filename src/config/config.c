@@ -186,15 +186,9 @@ static void build_info(void) {
   }
 }
 
-/* The static strings live for the process; free them at exit so leak
- * checkers see a clean heap. */
-__attribute__((destructor)) static void free_info(void) {
-  for (int i = 0; i < PR_OPT__COUNT; i++) {
-    free(accepted_text[i]);
-    free(default_text[i]);
-    accepted_text[i] = default_text[i] = NULL;
-  }
-}
+/* The option-info strings live as long as the process (still reachable
+ * at exit, not leaked): prosody_option_info() may be called during
+ * teardown, e.g. by a language binding. */
 
 const char *pr__opt_accepted(pr__opt_id_t id) {
   pthread_once(&info_once, build_info);
@@ -701,7 +695,6 @@ prosody_err_t pr__settings_resolve(const prosody_config_t *conf,
                                    pr__settings_t *st, char *errstr,
                                    size_t errstr_size) {
   prosody_err_t err;
-  char a[64], b[64];
 
   memset(st, 0, sizeof(*st));
   for (int i = 0; i < PR_OPT__COUNT; i++) {
@@ -713,38 +706,7 @@ prosody_err_t pr__settings_resolve(const prosody_config_t *conf,
     }
   }
 
-  if (PR_CFG_NS(st, MAX_RETRY_DELAY) < PR_CFG_NS(st, RETRY_BASE)) {
-    describe(st, PR_OPT_MAX_RETRY_DELAY, a, sizeof(a));
-    describe(st, PR_OPT_RETRY_BASE, b, sizeof(b));
-    pr__errf(errstr, errstr_size,
-             "option max_retry_delay (PROSODY_RETRY_MAX_DELAY) is %s, less "
-             "than retry_base (PROSODY_RETRY_BASE) %s; expected "
-             "max_retry_delay >= retry_base",
-             a, b);
-    goto bad;
-  }
-  if (PR_CFG_NS(st, DEFER_MAX_DELAY) < PR_CFG_NS(st, DEFER_BASE)) {
-    describe(st, PR_OPT_DEFER_MAX_DELAY, a, sizeof(a));
-    describe(st, PR_OPT_DEFER_BASE, b, sizeof(b));
-    pr__errf(errstr, errstr_size,
-             "option defer_max_delay (PROSODY_DEFER_MAX_DELAY) is %s, less "
-             "than defer_base (PROSODY_DEFER_BASE) %s; expected "
-             "defer_max_delay >= defer_base",
-             a, b);
-    goto bad;
-  }
-  if (PR_CFG_ENUM(st, MODE) == PR_MODE_LOW_LATENCY &&
-      !PR_CFG_SET(st, FAILURE_TOPIC)) {
-    pr__errf(errstr, errstr_size,
-             "option failure_topic (PROSODY_FAILURE_TOPIC) is required when "
-             "mode (PROSODY_MODE) is low-latency; expected a topic name for "
-             "messages that fail after max_retries");
-    goto bad;
-  }
   return PROSODY_OK;
-bad:
-  pr__settings_fini(st);
-  return PROSODY_ERR_CONFIG;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -852,6 +814,35 @@ prosody_err_t pr__settings_check_client(const pr__settings_t *st, char *errstr,
   prosody_err_t err = pr__settings_check_kafka(st, errstr, errstr_size);
   if (err)
     return err;
+  char a[64], b[64];
+  if (PR_CFG_NS(st, MAX_RETRY_DELAY) < PR_CFG_NS(st, RETRY_BASE)) {
+    describe(st, PR_OPT_MAX_RETRY_DELAY, a, sizeof(a));
+    describe(st, PR_OPT_RETRY_BASE, b, sizeof(b));
+    pr__errf(errstr, errstr_size,
+             "option max_retry_delay (PROSODY_RETRY_MAX_DELAY) is %s, less "
+             "than retry_base (PROSODY_RETRY_BASE) %s; expected "
+             "max_retry_delay >= retry_base",
+             a, b);
+    return PROSODY_ERR_CONFIG;
+  }
+  if (PR_CFG_NS(st, DEFER_MAX_DELAY) < PR_CFG_NS(st, DEFER_BASE)) {
+    describe(st, PR_OPT_DEFER_MAX_DELAY, a, sizeof(a));
+    describe(st, PR_OPT_DEFER_BASE, b, sizeof(b));
+    pr__errf(errstr, errstr_size,
+             "option defer_max_delay (PROSODY_DEFER_MAX_DELAY) is %s, less "
+             "than defer_base (PROSODY_DEFER_BASE) %s; expected "
+             "defer_max_delay >= defer_base",
+             a, b);
+    return PROSODY_ERR_CONFIG;
+  }
+  if (PR_CFG_ENUM(st, MODE) == PR_MODE_LOW_LATENCY &&
+      !PR_CFG_SET(st, FAILURE_TOPIC)) {
+    pr__errf(errstr, errstr_size,
+             "option failure_topic (PROSODY_FAILURE_TOPIC) is required when "
+             "mode (PROSODY_MODE) is low-latency; expected a topic name for "
+             "messages that fail after max_retries");
+    return PROSODY_ERR_CONFIG;
+  }
   if (!PR_CFG_SET(st, SOURCE_SYSTEM) && !PR_CFG_SET(st, GROUP_ID)) {
     pr__errf(errstr, errstr_size,
              "option source_system (PROSODY_SOURCE_SYSTEM) is not set and "

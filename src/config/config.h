@@ -107,8 +107,8 @@ prosody_err_t pr__opt_resolve(const prosody_config_t *conf, pr__opt_id_t id,
                               pr__value_t *out, prosody_config_source_t *source,
                               char *errstr, size_t errstr_size);
 
-/* Resolves every option and runs the cross-option checks. On error the
- * settings are left empty (nothing to free). */
+/* Resolves every option. On error the settings are left empty (nothing to
+ * free). The rules between options are in pr__settings_check_*. */
 prosody_err_t pr__settings_resolve(const prosody_config_t *conf,
                                    pr__settings_t *st, char *errstr,
                                    size_t errstr_size);
@@ -116,7 +116,9 @@ prosody_err_t pr__settings_resolve(const prosody_config_t *conf,
 /* Checks what every Kafka handle needs: bootstrap_servers unless mock. */
 prosody_err_t pr__settings_check_kafka(const pr__settings_t *st, char *errstr,
                                        size_t errstr_size);
-/* Checks what a client needs on top: source_system or group_id. */
+/* Checks what a client needs on top: the rules between options
+ * (max_retry_delay >= retry_base, defer_max_delay >= defer_base,
+ * failure_topic in low-latency mode) and source_system or group_id. */
 prosody_err_t pr__settings_check_client(const pr__settings_t *st, char *errstr,
                                         size_t errstr_size);
 

@@ -225,11 +225,11 @@ PROSODY_EXPORT prosody_err_t prosody_admin_create_topic(
   if (opts)
     o = *opts;
   if (o.partitions < 0 || o.replication_factor < 0 || o.retention_ms < -1 ||
-      o.timeout_ms < 0) {
+      o.timeout_ms < 0 || o.timeout_ms > 3600000) {
     pr__errf(errstr, errstr_size,
-             "invalid topic options for \"%s\": partitions, "
-             "replication_factor and timeout_ms must be >= 0 and "
-             "retention_ms >= -1",
+             "invalid topic options for \"%s\": partitions and "
+             "replication_factor must be >= 0, retention_ms >= -1 and "
+             "timeout_ms from 0 (default) to 3600000",
              name);
     return PROSODY_ERR_INVALID_ARG;
   }

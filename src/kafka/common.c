@@ -41,8 +41,6 @@ rd_kafka_conf_t *pr__kafka_conf_new(const char *bootstrap, char *errstr,
   if ((bootstrap && pr__kafka_conf_set(kconf, "bootstrap.servers", bootstrap,
                                        errstr, errstr_size)) ||
       pr__kafka_conf_set(kconf, "client.id", "prosody", errstr, errstr_size) ||
-      pr__kafka_conf_set(kconf, "broker.address.family", "v4", errstr,
-                         errstr_size) ||
       pr__kafka_conf_set(kconf, "socket.nagle.disable", "true", errstr,
                          errstr_size) ||
       /* Identical connection errors are reported once, not every retry. */

@@ -20,7 +20,7 @@
 /* ---- common.c ---- */
 
 /* A librdkafka configuration with what every handle shares: bootstrap
- * servers, IPv4, Nagle off, our log callback. NULL on error (errstr). */
+ * servers, Nagle off, our log callback. NULL on error (errstr). */
 rd_kafka_conf_t *pr__kafka_conf_new(const char *bootstrap, char *errstr,
                                     size_t errstr_size);
 /* rd_kafka_conf_set() that reports failures in our words. */
@@ -76,6 +76,11 @@ prosody_err_t pr__producer_send_async(pr__producer_t *prod, const char *topic,
                                       const prosody_trace_t *trace,
                                       prosody_send_cb cb, void *opaque,
                                       char *errstr, size_t errstr_size);
+/* Like pr__producer_send_async() with `extra` headers (copied) first. */
+prosody_err_t pr__producer_send_async_ex(
+    pr__producer_t *prod, const char *topic, const char *key, const char *json,
+    const prosody_trace_t *trace, const rd_kafka_headers_t *extra,
+    prosody_send_cb cb, void *opaque, char *errstr, size_t errstr_size);
 /* Queues one record and waits for its delivery report. */
 prosody_err_t pr__producer_send(pr__producer_t *prod, const char *topic,
                                 const char *key, const char *json,

@@ -35,6 +35,11 @@
 #include "../util/util.h"
 #include "kafka.h"
 
+/* 1 on a thread that runs delivery callbacks (the poller, or _destroy while
+ * it serves the last reports): sends made from a callback must not wait
+ * for what only that thread can make happen. */
+static __thread int in_callback_thread;
+
 /* A failed record kept for re-sending after a fatal error. */
 typedef struct resend {
   struct send_req *req; /* the record's request (callback) */
@@ -55,6 +60,8 @@ struct pr__producer {
   atomic_int stop;          /* set by _destroy to end the poller */
   atomic_int fatal;         /* set by error_cb, cleared after recovery */
   atomic_int recoveries;    /* handles replaced so far */
+  atomic_int destroying;    /* set by _destroy: fail, don't re-send */
+  atomic_uint_fast64_t seq; /* next send_req.seq */
   resend_t *resend;         /* kept records; poller (then destroyer) only */
   size_t resend_n, resend_cap;
   pthread_mutex_t err_lock; /* guards last_error */
@@ -67,6 +74,7 @@ typedef struct send_req {
   prosody_send_cb cb;
   void *opaque;
   int64_t deadline_ns; /* send time + send_timeout (monotonic) */
+  uint64_t seq;        /* send order, to re-send kept records in order */
   char topic[];        /* NUL-terminated copy */
 } send_req_t;
 
@@ -118,8 +126,8 @@ static void dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque) {
   if (m->err && !atomic_load(&prod->fatal) && rk &&
       rd_kafka_fatal_error(rk, NULL, 0))
     atomic_store(&prod->fatal, 1);
-  if (m->err && atomic_load(&prod->fatal) && pr__now_ns() < req->deadline_ns &&
-      keep_for_resend(prod, m, req) == 0)
+  if (m->err && atomic_load(&prod->fatal) && !atomic_load(&prod->destroying) &&
+      pr__now_ns() < req->deadline_ns && keep_for_resend(prod, m, req) == 0)
     return; /* re-sent on the replacement handle */
   if (!m->err) {
     prosody_delivery_t d = {req->topic, m->partition, m->offset};
@@ -162,10 +170,9 @@ static void error_cb(rd_kafka_t *rk, int err, const char *reason,
 }
 
 /* Produces a kept record on the current handle (poller thread). */
-static void resend_one(pr__producer_t *prod, resend_t *r) {
+static void resend_one(rd_kafka_t *rk, resend_t *r) {
   rd_kafka_resp_err_t kerr = rd_kafka_producev(
-      prod->rk, RD_KAFKA_V_TOPIC(r->req->topic),
-      RD_KAFKA_V_KEY(r->key, r->key_len),
+      rk, RD_KAFKA_V_TOPIC(r->req->topic), RD_KAFKA_V_KEY(r->key, r->key_len),
       RD_KAFKA_V_VALUE(r->value, r->value_len),
       RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_HEADERS(r->headers),
       RD_KAFKA_V_OPAQUE(r->req), RD_KAFKA_V_END);
@@ -204,6 +211,12 @@ static void fail_kept(pr__producer_t *prod, const char *why) {
   prod->resend_n = 0;
 }
 
+static int by_seq(const void *a, const void *b) {
+  uint64_t x = ((const resend_t *)a)->req->seq;
+  uint64_t y = ((const resend_t *)b)->req->seq;
+  return x < y ? -1 : x > y;
+}
+
 /* Replaces a handle that raised a fatal error (poller thread). */
 static void recover(pr__producer_t *prod) {
   rd_kafka_t *old = prod->rk, *fresh;
@@ -235,26 +248,30 @@ static void recover(pr__producer_t *prod) {
     usleep(1000000);
     return;
   }
+  /* Re-send in the original order on the new handle before any sender
+   * can reach it, so per-key order holds; then publish it. */
+  qsort(prod->resend, prod->resend_n, sizeof(resend_t), by_seq);
+  for (size_t i = 0; i < prod->resend_n; i++)
+    resend_one(fresh, &prod->resend[i]);
+  PR_WARN("producer",
+          "replaced the producer after a fatal error (%s); re-sent %zu "
+          "unacknowledged record(s)",
+          why, prod->resend_n);
+  prod->resend_n = 0;
+  atomic_store(&prod->fatal, 0);
   pthread_rwlock_wrlock(&prod->rk_lock);
   prod->rk = fresh;
   pthread_rwlock_unlock(&prod->rk_lock);
-  atomic_store(&prod->fatal, 0);
   atomic_fetch_add(&prod->recoveries, 1);
-  PR_WARN("producer",
-          "replaced the producer after a fatal error (%s); re-sending %zu "
-          "unacknowledged record(s)",
-          why, prod->resend_n);
   pr__kafka_destroy_bounded(old, 30000, "failed producer");
-  for (size_t i = 0; i < prod->resend_n; i++)
-    resend_one(prod, &prod->resend[i]);
-  prod->resend_n = 0;
 }
 
 static void *poller_main(void *arg) {
   pr__producer_t *prod = arg;
+  in_callback_thread = 1;
   while (!atomic_load(&prod->stop)) {
     rd_kafka_poll(prod->rk, 50); /* only this thread replaces prod->rk */
-    if (atomic_load(&prod->fatal))
+    if (atomic_load(&prod->fatal) && !atomic_load(&prod->destroying))
       recover(prod);
   }
   return NULL;
@@ -345,7 +362,7 @@ static void await_empty(pr__producer_t *prod, int64_t budget_ns) {
     pthread_rwlock_rdlock(&prod->rk_lock);
     n = rd_kafka_outq_len(prod->rk);
     pthread_rwlock_unlock(&prod->rk_lock);
-    if ((n == 0 && !atomic_load(&prod->fatal)) || pr__now_ns() >= deadline)
+    if (n == 0 || pr__now_ns() >= deadline)
       return;
     usleep(1000);
   }
@@ -354,24 +371,28 @@ static void await_empty(pr__producer_t *prod, int64_t budget_ns) {
 void pr__producer_destroy(pr__producer_t *prod) {
   if (!prod)
     return;
-  /* Callbacks keep running on the poller thread, never the caller's:
-   * first let outstanding records finish within send_timeout, then fail
-   * what is left (purged records report an error), then stop the poller. */
+  /* Callbacks run on the poller thread, not the caller's: let outstanding
+   * records finish within send_timeout, fail the rest (purged records
+   * report an error; kept ones are no longer re-sent), then stop it. */
+  atomic_store(&prod->destroying, 1);
   await_empty(prod, (int64_t)prod->send_timeout_ms * 1000000);
+  pthread_rwlock_rdlock(&prod->rk_lock);
+  rd_kafka_purge(prod->rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
+  pthread_rwlock_unlock(&prod->rk_lock);
+  await_empty(prod, INT64_C(5000000000));
   atomic_store(&prod->stop, 1);
   pthread_join(prod->poller, NULL);
-  /* This thread now serves the callbacks. Kept records are failed rather
-   * than re-sent: the client is going away. */
-  atomic_store(&prod->fatal, 0);
-  rd_kafka_purge(prod->rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
-  {
-    int64_t deadline = pr__now_ns() + INT64_C(5000000000);
-    while (rd_kafka_outq_len(prod->rk) > 0 && pr__now_ns() < deadline)
-      rd_kafka_poll(prod->rk, 20);
-    rd_kafka_poll(prod->rk, 0);
-  }
+  /* Only stragglers are left, if anything: serve them here. */
+  in_callback_thread = 1;
+  rd_kafka_poll(prod->rk, 0);
   fail_kept(prod, "the client was destroyed before the record could be "
                   "re-sent");
+  in_callback_thread = 0;
+  if (rd_kafka_outq_len(prod->rk) > 0)
+    PR_ERROR("producer",
+             "%d record(s) still unreported at destroy; their callbacks will "
+             "not fire",
+             rd_kafka_outq_len(prod->rk));
   free(prod->resend);
   pr__kafka_destroy_bounded(prod->rk, 30000, "producer");
   rd_kafka_conf_destroy(prod->conf);
@@ -486,8 +507,15 @@ static prosody_err_t check_record(const char *topic, const char *key,
 }
 
 static rd_kafka_headers_t *make_headers(pr__producer_t *prod,
-                                        const prosody_trace_t *trace) {
+                                        const prosody_trace_t *trace,
+                                        const rd_kafka_headers_t *extra) {
   rd_kafka_headers_t *h = rd_kafka_headers_new(4);
+  const char *name;
+  const void *value;
+  size_t size;
+  for (size_t i = 0;
+       extra && !rd_kafka_header_get_all(extra, i, &name, &value, &size); i++)
+    rd_kafka_header_add(h, name, -1, value, (ssize_t)size);
   rd_kafka_header_add(h, "source-system", -1, prod->source_system, -1);
   if (trace) {
     if (trace->traceparent)
@@ -505,6 +533,14 @@ prosody_err_t pr__producer_send_async(pr__producer_t *prod, const char *topic,
                                       const prosody_trace_t *trace,
                                       prosody_send_cb cb, void *opaque,
                                       char *errstr, size_t errstr_size) {
+  return pr__producer_send_async_ex(prod, topic, key, json, trace, NULL, cb,
+                                    opaque, errstr, errstr_size);
+}
+
+prosody_err_t pr__producer_send_async_ex(
+    pr__producer_t *prod, const char *topic, const char *key, const char *json,
+    const prosody_trace_t *trace, const rd_kafka_headers_t *extra,
+    prosody_send_cb cb, void *opaque, char *errstr, size_t errstr_size) {
   prosody_err_t err;
   rd_kafka_resp_err_t kerr;
   rd_kafka_headers_t *hdrs;
@@ -537,8 +573,9 @@ prosody_err_t pr__producer_send_async(pr__producer_t *prod, const char *topic,
 
   deadline = pr__now_ns() + (int64_t)prod->send_timeout_ms * 1000000;
   req->deadline_ns = deadline;
+  req->seq = atomic_fetch_add(&prod->seq, 1);
   for (;;) {
-    hdrs = make_headers(prod, trace);
+    hdrs = make_headers(prod, trace, extra);
     pthread_rwlock_rdlock(&prod->rk_lock);
     kerr = rd_kafka_producev(prod->rk, RD_KAFKA_V_TOPIC(topic),
                              RD_KAFKA_V_KEY((void *)key, strlen(key)),
@@ -555,7 +592,7 @@ prosody_err_t pr__producer_send_async(pr__producer_t *prod, const char *topic,
      * way, wait within the send budget. */
     if ((kerr != RD_KAFKA_RESP_ERR__QUEUE_FULL &&
          kerr != RD_KAFKA_RESP_ERR__FATAL) ||
-        pr__now_ns() >= deadline)
+        pr__now_ns() >= deadline || in_callback_thread)
       break;
     usleep(1000);
   }
@@ -609,10 +646,19 @@ prosody_err_t pr__producer_send(pr__producer_t *prod, const char *topic,
   pthread_condattr_t attr;
   struct timespec deadline;
   prosody_err_t err;
-  waiter_t *w = calloc(1, sizeof(*w));
-  /* librdkafka reports every record within send_timeout; the grace covers
-   * the poller's latency and is never reached in practice. */
+  waiter_t *w;
+  /* librdkafka reports every record within send_timeout of queueing it;
+   * the grace covers the poller's latency and a fatal-error recovery. */
   int wait_ms = prod->send_timeout_ms + 5000;
+
+  if (in_callback_thread) {
+    pr__errf(errstr, errstr_size,
+             "prosody_send cannot wait inside a delivery callback (the thread "
+             "that would deliver the report is this one); use "
+             "prosody_send_async");
+    return PROSODY_ERR_STATE;
+  }
+  w = calloc(1, sizeof(*w));
 
   if (!w) {
     pr__errf(errstr, errstr_size, "out of memory");

@@ -100,6 +100,25 @@ int main(void) {
   }
   for (int i = 0; i < N; i++)
     CHECK(seen[i], "record %d is missing from the topic", i);
+  /* Per key, first deliveries keep the send order (a re-sent record's
+   * duplicate may follow later). */
+  {
+    int last[50];
+    char *first = calloc(N, 1);
+    for (int k = 0; k < 50; k++)
+      last[k] = -1;
+    for (int r = 0; r < got; r++) {
+      int i;
+      if (sscanf(recs[r].value, "{\"i\":%d}", &i) != 1 || i < 0 || i >= N ||
+          first[i])
+        continue;
+      first[i] = 1;
+      CHECK(i > last[i % 50], "key k%d: record %d stored after %d", i % 50, i,
+            last[i % 50]);
+      last[i % 50] = i;
+    }
+    free(first);
+  }
   t_records_free(recs, got);
   free(recs);
   free(seen);

@@ -1,0 +1,19 @@
+/*
+ * pool.h - the C executor: a fixed pool of worker threads running jobs in
+ * FIFO order (private). The engine never submits more jobs than threads
+ * (its limiter holds the rest), so a job starts at once.
+ */
+#ifndef PR_POOL_H
+#define PR_POOL_H
+
+typedef struct pr__pool pr__pool_t;
+typedef void (*pr__job_fn)(void *arg);
+
+/* Starts `threads` workers; NULL on failure. */
+pr__pool_t *pr__pool_new(int threads);
+/* Queues a job; 0 on success. Thread-safe. */
+int pr__pool_submit(pr__pool_t *pool, pr__job_fn fn, void *arg);
+/* Runs the queued jobs, then joins the workers and frees the pool. */
+void pr__pool_destroy(pr__pool_t *pool);
+
+#endif /* PR_POOL_H */
