@@ -9,7 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <pthread.h>
+
 #include "config/config.h"
+#include "engine/engine.h"
 #include "kafka/kafka.h"
 #include "util/util.h"
 
@@ -19,6 +22,8 @@ struct prosody_client {
   char *source_system;      /* source_system, or group_id */
   char *bootstrap;          /* effective bootstrap.servers */
   pr__producer_t *producer; /* thread-safe */
+  pthread_mutex_t lock;     /* guards engine (subscribe/unsubscribe) */
+  pr__engine_t *engine;     /* the running consumer, or NULL */
 };
 
 PROSODY_EXPORT prosody_client_t *
@@ -65,6 +70,7 @@ prosody_client_new(prosody_config_t *conf, char *errstr, size_t errstr_size) {
                                  errstr_size);
   if (!c->producer)
     goto fail_mock;
+  pthread_mutex_init(&c->lock, NULL);
   c->conf = conf;
   PR_DEBUG("client", "client ready (bootstrap %s, source-system \"%s\")",
            c->bootstrap, c->source_system);
@@ -84,6 +90,9 @@ fail:
 PROSODY_EXPORT void prosody_client_destroy(prosody_client_t *c) {
   if (!c)
     return;
+  if (c->engine)
+    prosody_unsubscribe(c);
+  pthread_mutex_destroy(&c->lock);
   pr__producer_destroy(c->producer);
   if (PR_CFG_BOOL(&c->st, MOCK))
     pr__mock_release();
@@ -126,3 +135,93 @@ PROSODY_EXPORT prosody_err_t prosody_send_async(
 
 /* Internal: the client's producer, for tests (fault injection). */
 pr__producer_t *pr__client_producer(prosody_client_t *c) { return c->producer; }
+
+PROSODY_EXPORT prosody_err_t prosody_subscribe(prosody_client_t *c,
+                                               const prosody_handler_t *handler,
+                                               char *errstr,
+                                               size_t errstr_size) {
+  prosody_err_t err = PROSODY_OK;
+  if (!c || !handler || !handler->on_message) {
+    pr__errf(errstr, errstr_size, "prosody_subscribe: %s is NULL",
+             !c         ? "client"
+             : !handler ? "handler"
+                        : "handler->on_message");
+    return PROSODY_ERR_INVALID_ARG;
+  }
+  if (!PR_CFG_SET(&c->st, GROUP_ID) || !PR_CFG_SET(&c->st, SUBSCRIBED_TOPICS) ||
+      PR_CFG(&c->st, SUBSCRIBED_TOPICS).list_n == 0) {
+    pr__errf(errstr, errstr_size,
+             "cannot subscribe: option %s is not set; expected %s",
+             !PR_CFG_SET(&c->st, GROUP_ID)
+                 ? "group_id (PROSODY_GROUP_ID)"
+                 : "subscribed_topics (PROSODY_SUBSCRIBED_TOPICS)",
+             !PR_CFG_SET(&c->st, GROUP_ID)
+                 ? "the consumer group name"
+                 : "a comma-separated list of topic names");
+    return PROSODY_ERR_CONFIG;
+  }
+  pthread_mutex_lock(&c->lock);
+  if (c->engine) {
+    pr__errf(errstr, errstr_size, "already subscribed");
+    err = PROSODY_ERR_STATE;
+  } else {
+    c->engine = pr__engine_start(&c->st, c->bootstrap, c->producer, handler,
+                                 errstr, errstr_size);
+    if (!c->engine)
+      err = PROSODY_ERR_TRANSIENT;
+  }
+  pthread_mutex_unlock(&c->lock);
+  return err;
+}
+
+PROSODY_EXPORT prosody_err_t prosody_unsubscribe(prosody_client_t *c) {
+  pr__engine_t *engine;
+  if (!c)
+    return PROSODY_ERR_INVALID_ARG;
+  pthread_mutex_lock(&c->lock);
+  engine = c->engine;
+  pthread_mutex_unlock(&c->lock);
+  if (!engine)
+    return PROSODY_ERR_STATE;
+  pr__engine_stop(engine);
+  pthread_mutex_lock(&c->lock);
+  c->engine = NULL;
+  pthread_mutex_unlock(&c->lock);
+  return PROSODY_OK;
+}
+
+PROSODY_EXPORT const char *prosody_consumer_state(const prosody_client_t *c) {
+  const char *state;
+  if (!c)
+    return "unconfigured";
+  pthread_mutex_lock((pthread_mutex_t *)&c->lock);
+  state =
+      c->engine ? "running"
+      : PR_CFG_SET(&c->st, GROUP_ID) && PR_CFG_SET(&c->st, SUBSCRIBED_TOPICS)
+          ? "configured"
+          : "unconfigured";
+  pthread_mutex_unlock((pthread_mutex_t *)&c->lock);
+  return state;
+}
+
+PROSODY_EXPORT int prosody_assigned_partition_count(const prosody_client_t *c) {
+  int n = 0;
+  if (!c)
+    return 0;
+  pthread_mutex_lock((pthread_mutex_t *)&c->lock);
+  if (c->engine)
+    n = pr__engine_assigned(c->engine);
+  pthread_mutex_unlock((pthread_mutex_t *)&c->lock);
+  return n;
+}
+
+PROSODY_EXPORT int prosody_is_stalled(const prosody_client_t *c) {
+  int n = 0;
+  if (!c)
+    return 0;
+  pthread_mutex_lock((pthread_mutex_t *)&c->lock);
+  if (c->engine)
+    n = pr__engine_stalled(c->engine);
+  pthread_mutex_unlock((pthread_mutex_t *)&c->lock);
+  return n;
+}

@@ -67,6 +67,15 @@ static inline const char *t_bootstrap(void) {
   return buf;
 }
 
+static int t_send_failures;
+static inline void t_ignore_cb(prosody_err_t err, const char *errstr,
+                               const prosody_delivery_t *d, void *opaque) {
+  if (err) {
+    __atomic_add_fetch(&t_send_failures, 1, __ATOMIC_SEQ_CST);
+    fprintf(stderr, "send failed: %s\n", errstr);
+  }
+}
+
 /* A configuration pointing at the broker under test. */
 static inline prosody_config_t *t_config(void) {
   char err[1024];
@@ -194,6 +203,69 @@ static inline void t_records_free(t_record_t *r, int n) {
     if (r[i].headers)
       rd_kafka_headers_destroy(r[i].headers);
   }
+}
+
+/* Sends records i = from..to-1 as {"k":i%keys,"seq":i} with key "key-<k>"
+ * and waits for every acknowledgement. */
+static inline void t_produce(const char *topic, int from, int to, int keys) {
+  char err[1024], key[32], payload[96];
+  prosody_config_t *conf = t_config();
+  prosody_client_t *client;
+  t_set(conf, "source_system", "test-producer");
+  client = prosody_client_new(conf, err, sizeof(err));
+  CHECK(client, "producer: %s", err);
+  for (int i = from; i < to; i++) {
+    snprintf(key, sizeof(key), "key-%d", i % keys);
+    snprintf(payload, sizeof(payload), "{\"k\":%d,\"seq\":%d}", i % keys, i);
+    CHECK_OK(prosody_send_async(client, topic, key, payload, NULL, t_ignore_cb,
+                                NULL, err, sizeof(err)),
+             err);
+  }
+  prosody_client_destroy(client); /* waits for every report */
+  CHECK(t_send_failures == 0, "%d sends failed", t_send_failures);
+}
+
+/* A consumer configuration: the broker under test, a fresh group, topics. */
+static inline prosody_config_t *t_consumer_config(const char *group,
+                                                  const char *topics) {
+  prosody_config_t *conf = t_config();
+  t_set(conf, "group_id", group);
+  t_set(conf, "subscribed_topics", topics);
+  t_set(conf, "probe_port", "none");
+  t_set(conf, "commit_interval", "100ms");
+  t_set(conf, "poll_interval", "20ms");
+  return conf;
+}
+
+/* The group's committed offset for each partition of `topic` (out[p]), and
+ * the end offset (end[p]). Returns the partition count. */
+static inline int t_committed(const char *group, const char *topic,
+                              int64_t *out, int64_t *end) {
+  char err[512];
+  rd_kafka_conf_t *kc = rd_kafka_conf_new();
+  rd_kafka_t *rk;
+  rd_kafka_topic_partition_list_t *parts;
+  int np;
+  rd_kafka_conf_set(kc, "bootstrap.servers", t_bootstrap(), err, sizeof(err));
+  rd_kafka_conf_set(kc, "group.id", group, err, sizeof(err));
+  rd_kafka_conf_set(kc, "enable.auto.commit", "false", err, sizeof(err));
+  rk = rd_kafka_new(RD_KAFKA_CONSUMER, kc, err, sizeof(err));
+  CHECK(rk, "reader: %s", err);
+  np = t_partition_count(rk, topic);
+  parts = rd_kafka_topic_partition_list_new(np);
+  for (int p = 0; p < np; p++)
+    rd_kafka_topic_partition_list_add(parts, topic, p);
+  CHECK(!rd_kafka_committed(rk, parts, 10000), "committed() failed");
+  for (int p = 0; p < np; p++) {
+    int64_t lo, hi;
+    out[p] = parts->elems[p].offset;
+    CHECK(!rd_kafka_query_watermark_offsets(rk, topic, p, &lo, &hi, 10000),
+          "watermarks");
+    end[p] = hi;
+  }
+  rd_kafka_topic_partition_list_destroy(parts);
+  rd_kafka_destroy(rk);
+  return np;
 }
 
 #endif /* PR_TEST_HARNESS_H */

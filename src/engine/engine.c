@@ -1,0 +1,1600 @@
+/*
+ * engine.c - the consumer engine.
+ *
+ * DESIGN
+ *
+ * Threads. One engine thread per subscribed client runs a libuv loop and
+ * owns all consumer state: partitions, key queues, offset trackers, the
+ * limiter, the paused set, retry and timeout timers. Nothing else touches
+ * that state, so it takes no locks. Other threads reach the engine only
+ * through the completion queue (`lock`, `cond`, `done_head/tail`) plus
+ * uv_async_send(&wake), and read three atomics (assigned, stalled, stop).
+ *
+ * Kafka. librdkafka's main queue is forwarded to the consumer queue, whose
+ * IO-event fd (a pipe) wakes the loop through a uv_poll_t; every wake-up
+ * drains rd_kafka_consumer_poll(rk, 0) until it returns NULL (LIBRDKAFKA.md
+ * rule 4), and a timer every poll_interval does the same as a safety net.
+ * Rebalance callbacks therefore run on the engine thread.
+ *
+ * Message path. intake: decode (key UTF-8, payload JSON), filters
+ * (source-system loop prevention, allowed_events) -> offset taken in the
+ * partition's tracker -> the key's FIFO. The head of each key's FIFO is
+ * scheduled: the limiter starts it when fewer than max_concurrency run,
+ * else it waits in the ready FIFO. Synchronous handlers run on the worker
+ * pool; asynchronous ones on this thread, completing later through
+ * prosody_complete(). Completions come back through the completion queue;
+ * the mode's policy (retry with backoff, failure topic, log-and-skip)
+ * decides, and a finished event completes its offset, which may advance
+ * the partition's watermark; advanced partitions are stored with
+ * rd_kafka_offsets_store (watermark + 1) and auto-commit commits them every
+ * commit_interval.
+ *
+ * Backpressure. `uncommitted` counts events taken and not finished. At
+ * max_uncommitted every assigned partition is paused; at half of it the
+ * partitions in the paused set (exactly those we paused, LIBRDKAFKA.md
+ * rule 2) are resumed.
+ *
+ * Shutdown and revoke. No new event starts; events not started (and those
+ * waiting for a retry) are released without commit; running handlers get
+ * until 80% of shutdown_timeout, then their contexts are cancelled; at 100%
+ * the engine stops waiting. Finished work is stored before the partition
+ * is released. A partition whose handler never returns is kept (as a
+ * zombie) until it does, so no memory is freed under a running handler.
+ *
+ * Lifetimes. An inv (invocation) lives from intake until its event
+ * finishes or is released; its message and context are embedded in it.
+ * A part lives from assignment until revoke (or until its last inv ends,
+ * for a zombie).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "../util/util.h"
+#include "engine.h"
+#include "pool.h"
+#include "tracker.h"
+
+typedef struct part part_t;
+typedef struct kq kq_t;
+typedef struct inv inv_t;
+
+/* A header value copied out for prosody_message_header(). */
+typedef struct hdr_copy {
+  struct hdr_copy *next;
+  char *name, *value;
+} hdr_copy_t;
+
+struct prosody_message {
+  const char *topic; /* the partition's topic string */
+  int32_t partition;
+  int64_t offset;
+  int64_t timestamp;           /* ms since epoch, -1 if none */
+  char *key;                   /* owned, NUL-terminated */
+  char *payload;               /* owned, NUL-terminated */
+  size_t payload_len;          /* bytes, without the NUL */
+  json_t *json;                /* owned */
+  rd_kafka_headers_t *headers; /* owned (detached), or NULL */
+  pthread_mutex_t hdr_lock;    /* guards hdr_copies */
+  hdr_copy_t *hdr_copies;      /* values handed out by _header() */
+};
+
+struct prosody_context {
+  inv_t *inv;
+  atomic_int cancelled; /* timeout, shutdown or revoke */
+  atomic_int finished;  /* this attempt's result has been given */
+  pthread_mutex_t lock; /* guards error; with cond, for wait_cancel */
+  pthread_cond_t cond;
+  char *error; /* set_error's message */
+};
+
+enum inv_state {
+  INV_QUEUED,     /* in its key FIFO, not started */
+  INV_READY,      /* head of its key, waiting for the limiter */
+  INV_RUNNING,    /* handler invoked, result not processed yet */
+  INV_RETRY_WAIT, /* waiting on its retry timer */
+  INV_DLQ         /* being sent to the failure topic */
+};
+
+enum inv_kind { KIND_HANDLER, KIND_DLQ };
+
+struct inv {
+  inv_t *next;  /* link in key FIFO; `rnext` for ready; `dnext` done */
+  inv_t *rnext; /* ready FIFO link (engine thread) */
+  inv_t *dnext; /* completion queue link (under engine->lock) */
+  pr__engine_t *eng;
+  part_t *part;
+  kq_t *kq;
+  prosody_message_t msg;
+  prosody_context_t ctx;
+  int state;               /* enum inv_state; engine thread */
+  int attempt;             /* attempts started so far */
+  int kind;                /* what the pending completion is */
+  prosody_result_t result; /* set by the completer before queueing */
+  char *result_error;      /* owned; set by the completer */
+  prosody_err_t dlq_err;   /* failure-topic send result */
+  char *dlq_errstr;        /* owned */
+  uv_timer_t *timer;       /* retry / failure-topic retry timer, or NULL */
+  uv_timer_t *timeout;     /* handler timeout timer, or NULL */
+};
+
+struct kq {
+  kq_t *next; /* bucket chain */
+  char *key;
+  inv_t *head, *tail; /* FIFO; head is the only one that may run */
+};
+
+struct part {
+  part_t *next;
+  char *topic;
+  int32_t partition;
+  pr__tracker_t tracker;
+  kq_t **buckets;
+  size_t nbuckets, nkeys;
+  int invs;              /* invs alive for this partition */
+  int active;            /* of which RUNNING or DLQ */
+  int revoking;          /* no new starts; being released */
+  int zombie;            /* released while a handler still runs */
+  int dirty;             /* watermark advanced since last store */
+  int64_t head_off;      /* oldest pending offset seen by the stall check */
+  int64_t head_since_ns; /* since when it has been the oldest */
+};
+
+typedef struct tp {
+  char *topic;
+  int32_t partition;
+} tp_t;
+
+enum phase { PH_RUNNING, PH_DRAINING };
+
+struct pr__engine {
+  /* Immutable after start. */
+  const pr__settings_t *st;
+  pr__producer_t *producer;
+  prosody_handler_t handler;
+  const char *group_id;
+  int mode;
+  int max_concurrency, max_uncommitted;
+  int64_t timeout_ms;  /* handler timeout, 0: none */
+  int64_t shutdown_ms; /* shutdown_timeout */
+  int64_t stall_ns;
+  rd_kafka_t *rk;
+  rd_kafka_queue_t *cq; /* the consumer queue (IO-event fd enabled) */
+  int pipefd[2];
+  pr__pool_t *pool; /* NULL for async handlers */
+  pthread_t thread;
+
+  /* Cross-thread. */
+  pthread_mutex_t lock; /* guards done_head/tail */
+  pthread_cond_t cond;  /* signalled on every completion */
+  inv_t *done_head, *done_tail;
+  atomic_int stop_requested;
+  atomic_int assigned;
+  atomic_int stalled;
+
+  /* Engine thread only. */
+  uv_loop_t loop;
+  uv_poll_t kpoll;
+  uv_timer_t tick;
+  uv_async_t wake;
+  part_t *parts;
+  tp_t *paused; /* partitions we paused (survives revoke: rule 2) */
+  size_t npaused, cap_paused;
+  int backpressure;
+  int uncommitted; /* events taken, not finished */
+  int running;     /* handlers started, not completed */
+  inv_t *ready_head, *ready_tail;
+  int phase;
+  int stopping; /* shutdown has begun */
+  unsigned seed;
+};
+
+static void schedule(inv_t *inv);
+static void process_done(pr__engine_t *eng);
+
+/* ------------------------------------------------------------------------ */
+/* Small helpers                                                             */
+/* ------------------------------------------------------------------------ */
+
+static uint64_t hash_key(const char *s) {
+  uint64_t h = 1469598103934665603ULL;
+  for (; *s; s++)
+    h = (h ^ (unsigned char)*s) * 1099511628211ULL;
+  return h;
+}
+
+static char *dup_n(const void *p, size_t n) {
+  char *s = malloc(n + 1);
+  if (s) {
+    if (n)
+      memcpy(s, p, n);
+    s[n] = '\0';
+  }
+  return s;
+}
+
+static void timer_free_cb(uv_handle_t *h) { free(h); }
+
+static void timer_close(uv_timer_t **t) {
+  if (*t) {
+    uv_timer_stop(*t);
+    uv_close((uv_handle_t *)*t, timer_free_cb);
+    *t = NULL;
+  }
+}
+
+static part_t *part_find(pr__engine_t *eng, const char *topic, int32_t p) {
+  for (part_t *part = eng->parts; part; part = part->next)
+    if (part->partition == p && !strcmp(part->topic, topic))
+      return part;
+  return NULL;
+}
+
+static int paused_find(pr__engine_t *eng, const char *topic, int32_t p) {
+  for (size_t i = 0; i < eng->npaused; i++)
+    if (eng->paused[i].partition == p && !strcmp(eng->paused[i].topic, topic))
+      return (int)i;
+  return -1;
+}
+
+static void paused_add(pr__engine_t *eng, const char *topic, int32_t p) {
+  if (paused_find(eng, topic, p) >= 0)
+    return;
+  if (eng->npaused == eng->cap_paused) {
+    size_t cap = eng->cap_paused ? eng->cap_paused * 2 : 16;
+    tp_t *grown = realloc(eng->paused, cap * sizeof(*grown));
+    if (!grown)
+      return;
+    eng->paused = grown;
+    eng->cap_paused = cap;
+  }
+  eng->paused[eng->npaused].topic = strdup(topic);
+  eng->paused[eng->npaused].partition = p;
+  eng->npaused++;
+}
+
+static void paused_remove(pr__engine_t *eng, int i) {
+  free(eng->paused[i].topic);
+  eng->paused[i] = eng->paused[--eng->npaused];
+}
+
+/* ------------------------------------------------------------------------ */
+/* Key queues                                                                */
+/* ------------------------------------------------------------------------ */
+
+static kq_t *kq_get(part_t *part, const char *key, int create) {
+  uint64_t h = hash_key(key);
+  kq_t *kq;
+  if (!part->buckets) {
+    if (!create)
+      return NULL;
+    part->nbuckets = 64;
+    part->buckets = calloc(part->nbuckets, sizeof(kq_t *));
+    if (!part->buckets)
+      return NULL;
+  }
+  for (kq = part->buckets[h % part->nbuckets]; kq; kq = kq->next)
+    if (!strcmp(kq->key, key))
+      return kq;
+  if (!create)
+    return NULL;
+  if (part->nkeys >= part->nbuckets * 2) { /* grow the table */
+    size_t n = part->nbuckets * 4;
+    kq_t **b = calloc(n, sizeof(kq_t *));
+    if (b) {
+      for (size_t i = 0; i < part->nbuckets; i++) {
+        kq_t *k = part->buckets[i], *next;
+        for (; k; k = next) {
+          next = k->next;
+          k->next = b[hash_key(k->key) % n];
+          b[hash_key(k->key) % n] = k;
+        }
+      }
+      free(part->buckets);
+      part->buckets = b;
+      part->nbuckets = n;
+    }
+  }
+  kq = calloc(1, sizeof(*kq));
+  if (!kq || !(kq->key = strdup(key))) {
+    free(kq);
+    return NULL;
+  }
+  kq->next = part->buckets[h % part->nbuckets];
+  part->buckets[h % part->nbuckets] = kq;
+  part->nkeys++;
+  return kq;
+}
+
+static void kq_remove(part_t *part, kq_t *kq) {
+  kq_t **pp = &part->buckets[hash_key(kq->key) % part->nbuckets];
+  while (*pp && *pp != kq)
+    pp = &(*pp)->next;
+  if (*pp)
+    *pp = kq->next;
+  part->nkeys--;
+  free(kq->key);
+  free(kq);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Invocations                                                               */
+/* ------------------------------------------------------------------------ */
+
+static void inv_free(inv_t *inv) {
+  hdr_copy_t *h, *next;
+  timer_close(&inv->timer);
+  timer_close(&inv->timeout);
+  free(inv->msg.key);
+  free(inv->msg.payload);
+  if (inv->msg.json)
+    json_decref(inv->msg.json);
+  if (inv->msg.headers)
+    rd_kafka_headers_destroy(inv->msg.headers);
+  for (h = inv->msg.hdr_copies; h; h = next) {
+    next = h->next;
+    free(h->name);
+    free(h->value);
+    free(h);
+  }
+  pthread_mutex_destroy(&inv->msg.hdr_lock);
+  pthread_mutex_destroy(&inv->ctx.lock);
+  pthread_cond_destroy(&inv->ctx.cond);
+  free(inv->ctx.error);
+  free(inv->result_error);
+  free(inv->dlq_errstr);
+  free(inv);
+}
+
+static void part_free(part_t *part) {
+  for (size_t i = 0; part->buckets && i < part->nbuckets; i++) {
+    kq_t *k = part->buckets[i], *next;
+    for (; k; k = next) {
+      next = k->next;
+      free(k->key);
+      free(k);
+    }
+  }
+  free(part->buckets);
+  pr__tracker_fini(&part->tracker);
+  free(part->topic);
+  free(part);
+}
+
+/* Detaches a finished or released event from its key and partition. */
+static inv_t *inv_detach(inv_t *inv) {
+  part_t *part = inv->part;
+  kq_t *kq = inv->kq;
+  inv_t *next = NULL;
+  if (kq && kq->head == inv) {
+    kq->head = inv->next;
+    if (!kq->head)
+      kq->tail = NULL;
+    next = kq->head;
+    if (!next)
+      kq_remove(part, kq);
+  }
+  part->invs--;
+  inv->eng->uncommitted--;
+  return next;
+}
+
+static void backpressure_check(pr__engine_t *eng);
+
+/* The event is done: commit its offset when `commit`, start the key's next
+ * event, free it. */
+static void finish(inv_t *inv, int commit) {
+  pr__engine_t *eng = inv->eng;
+  part_t *part = inv->part;
+  inv_t *next;
+  if (commit && pr__tracker_complete(&part->tracker, inv->msg.offset) > 0)
+    part->dirty = 1;
+  next = inv_detach(inv);
+  inv_free(inv);
+  if (part->zombie) {
+    if (part->invs == 0)
+      part_free(part);
+    return;
+  }
+  if (next && !part->revoking && eng->phase == PH_RUNNING)
+    schedule(next);
+  backpressure_check(eng);
+}
+
+/* Pushes a completion for the engine (any thread). */
+static void push_done(inv_t *inv) {
+  pr__engine_t *eng = inv->eng;
+  pthread_mutex_lock(&eng->lock);
+  inv->dnext = NULL;
+  if (eng->done_tail)
+    eng->done_tail->dnext = inv;
+  else
+    eng->done_head = inv;
+  eng->done_tail = inv;
+  pthread_cond_broadcast(&eng->cond);
+  pthread_mutex_unlock(&eng->lock);
+  uv_async_send(&eng->wake);
+}
+
+static void cancel_ctx(prosody_context_t *ctx) {
+  pthread_mutex_lock(&ctx->lock);
+  atomic_store(&ctx->cancelled, 1);
+  pthread_cond_broadcast(&ctx->cond);
+  pthread_mutex_unlock(&ctx->lock);
+}
+
+/* Records the attempt's result exactly once (any thread). */
+static int complete_attempt(prosody_context_t *ctx, prosody_result_t result,
+                            const char *message) {
+  inv_t *inv = ctx->inv;
+  if (atomic_exchange(&ctx->finished, 1))
+    return -1;
+  if (result != PROSODY_SUCCESS && result != PROSODY_PERMANENT)
+    result = PROSODY_TRANSIENT; /* a failure without a class */
+  inv->result = result;
+  free(inv->result_error);
+  if (message) {
+    inv->result_error = strdup(message);
+  } else {
+    pthread_mutex_lock(&ctx->lock);
+    inv->result_error = ctx->error ? strdup(ctx->error) : NULL;
+    pthread_mutex_unlock(&ctx->lock);
+  }
+  inv->kind = KIND_HANDLER;
+  push_done(inv);
+  return 0;
+}
+
+static void run_handler(void *arg) {
+  inv_t *inv = arg;
+  prosody_handler_t *h = &inv->eng->handler;
+  prosody_result_t r = h->on_message(&inv->ctx, &inv->msg, h->opaque);
+  if (r != PROSODY_PENDING)
+    complete_attempt(&inv->ctx, r, NULL);
+}
+
+static void on_timeout(uv_timer_t *t) {
+  inv_t *inv = t->data;
+  PR_WARN("engine",
+          "handler for %s[%d] offset %lld key \"%.64s\" exceeded its timeout; "
+          "cancelling it",
+          inv->msg.topic, inv->msg.partition, (long long)inv->msg.offset,
+          inv->msg.key);
+  cancel_ctx(&inv->ctx);
+}
+
+static void start(inv_t *inv) {
+  pr__engine_t *eng = inv->eng;
+  inv->state = INV_RUNNING;
+  inv->attempt++;
+  inv->part->active++;
+  eng->running++;
+  atomic_store(&inv->ctx.finished, 0);
+  pthread_mutex_lock(&inv->ctx.lock);
+  free(inv->ctx.error);
+  inv->ctx.error = NULL;
+  pthread_mutex_unlock(&inv->ctx.lock);
+  if (eng->timeout_ms > 0) {
+    inv->timeout = malloc(sizeof(uv_timer_t));
+    if (inv->timeout) {
+      uv_timer_init(&eng->loop, inv->timeout);
+      inv->timeout->data = inv;
+      uv_timer_start(inv->timeout, on_timeout, (uint64_t)eng->timeout_ms, 0);
+    }
+  }
+  if (eng->pool) {
+    if (pr__pool_submit(eng->pool, run_handler, inv))
+      complete_attempt(&inv->ctx, PROSODY_TRANSIENT, "out of memory");
+  } else {
+    run_handler(inv); /* async: must hand over and return quickly */
+  }
+}
+
+/* Starts the event when the limiter allows, else queues it as ready. */
+static void schedule(inv_t *inv) {
+  pr__engine_t *eng = inv->eng;
+  if (eng->running < eng->max_concurrency) {
+    start(inv);
+    return;
+  }
+  inv->state = INV_READY;
+  inv->rnext = NULL;
+  if (eng->ready_tail)
+    eng->ready_tail->rnext = inv;
+  else
+    eng->ready_head = inv;
+  eng->ready_tail = inv;
+}
+
+static void start_ready(pr__engine_t *eng) {
+  while (eng->running < eng->max_concurrency && eng->ready_head) {
+    inv_t *inv = eng->ready_head;
+    eng->ready_head = inv->rnext;
+    if (!eng->ready_head)
+      eng->ready_tail = NULL;
+    start(inv);
+  }
+}
+
+/* Removes every ready event of `part` (NULL: all) from the ready FIFO. */
+static void ready_remove(pr__engine_t *eng, part_t *part) {
+  inv_t **pp = &eng->ready_head;
+  eng->ready_tail = NULL;
+  while (*pp) {
+    if (!part || (*pp)->part == part) {
+      (*pp)->state = INV_QUEUED;
+      *pp = (*pp)->rnext;
+    } else {
+      eng->ready_tail = *pp;
+      pp = &(*pp)->rnext;
+    }
+  }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Modes: retry, failure topic, log                                          */
+/* ------------------------------------------------------------------------ */
+
+/* Full jitter: uniform in [0, min(2^n * base, max)). */
+static uint64_t backoff_ms(pr__engine_t *eng, int n) {
+  int64_t base = PR_CFG_MS(eng->st, RETRY_BASE);
+  int64_t cap = PR_CFG_MS(eng->st, MAX_RETRY_DELAY);
+  int64_t ceil = base;
+  if (base <= 0)
+    return 0;
+  for (int i = 0; i < n && ceil < cap; i++)
+    ceil *= 2;
+  if (ceil > cap)
+    ceil = cap;
+  if (ceil <= 0)
+    return 0;
+  return (uint64_t)(((uint64_t)rand_r(&eng->seed) << 16 ^
+                     (uint64_t)rand_r(&eng->seed)) %
+                    (uint64_t)ceil);
+}
+
+static void on_retry(uv_timer_t *t);
+static void dlq_send(inv_t *inv);
+
+static void arm_timer(inv_t *inv, uint64_t ms) {
+  timer_close(&inv->timer);
+  inv->timer = malloc(sizeof(uv_timer_t));
+  if (!inv->timer) { /* no timer: try again at once */
+    if (inv->state == INV_DLQ)
+      dlq_send(inv);
+    else
+      schedule(inv);
+    return;
+  }
+  uv_timer_init(&inv->eng->loop, inv->timer);
+  inv->timer->data = inv;
+  uv_timer_start(inv->timer, on_retry, ms, 0);
+}
+
+static void on_retry(uv_timer_t *t) {
+  inv_t *inv = t->data;
+  if (inv->eng->phase != PH_RUNNING || inv->part->revoking) {
+    finish(inv, 0); /* released: redelivered later */
+    return;
+  }
+  if (inv->state == INV_DLQ)
+    dlq_send(inv);
+  else
+    schedule(inv);
+}
+
+static void rfc3339_ms(int64_t ms, char *buf, size_t n) {
+  time_t s = (time_t)(ms / 1000);
+  struct tm tm;
+  char base[32];
+  gmtime_r(&s, &tm);
+  strftime(base, sizeof(base), "%Y-%m-%dT%H:%M:%S", &tm);
+  snprintf(buf, n, "%s.%03dZ", base, (int)(ms % 1000));
+}
+
+static void dlq_cb(prosody_err_t err, const char *errstr,
+                   const prosody_delivery_t *d, void *opaque) {
+  inv_t *inv = opaque;
+  (void)d;
+  inv->dlq_err = err;
+  free(inv->dlq_errstr);
+  inv->dlq_errstr = errstr ? strdup(errstr) : NULL;
+  inv->kind = KIND_DLQ;
+  push_done(inv);
+}
+
+/* Sends the record to failure_topic with the source-* headers. */
+static void dlq_send(inv_t *inv) {
+  pr__engine_t *eng = inv->eng;
+  rd_kafka_headers_t *h = rd_kafka_headers_new(8);
+  prosody_trace_t trace = {NULL, NULL, NULL};
+  char num[32], stamp[40], err[512];
+  const void *v;
+  size_t len;
+  char *tp = NULL, *ts = NULL, *bg = NULL;
+  prosody_err_t e;
+
+  inv->state = INV_DLQ;
+  inv->part->active++;
+  rd_kafka_header_add(h, "source-kind", -1, "message", -1);
+  rd_kafka_header_add(h, "source-topic", -1, inv->msg.topic, -1);
+  snprintf(num, sizeof(num), "%d", inv->msg.partition);
+  rd_kafka_header_add(h, "source-partition", -1, num, -1);
+  snprintf(num, sizeof(num), "%lld", (long long)inv->msg.offset);
+  rd_kafka_header_add(h, "source-offset", -1, num, -1);
+  rfc3339_ms(inv->msg.timestamp >= 0 ? inv->msg.timestamp : pr__wall_ms(),
+             stamp, sizeof(stamp));
+  rd_kafka_header_add(h, "source-timestamp", -1, stamp, -1);
+  rd_kafka_header_add(h, "source-group-id", -1, eng->group_id, -1);
+  rd_kafka_header_add(h, "source-error", -1,
+                      inv->result_error ? inv->result_error : "(no message)",
+                      -1);
+  if (inv->msg.headers) {
+    if (!rd_kafka_header_get_last(inv->msg.headers, "traceparent", &v, &len))
+      trace.traceparent = tp = dup_n(v, len);
+    if (!rd_kafka_header_get_last(inv->msg.headers, "tracestate", &v, &len))
+      trace.tracestate = ts = dup_n(v, len);
+    if (!rd_kafka_header_get_last(inv->msg.headers, "baggage", &v, &len))
+      trace.baggage = bg = dup_n(v, len);
+    if (tp && pr__traceparent_check(tp, err, sizeof(err)))
+      trace.traceparent = NULL; /* never fail a dead letter on a bad header */
+  }
+  e = pr__producer_send_async_ex(
+      eng->producer, PR_CFG_STR(eng->st, FAILURE_TOPIC), inv->msg.key,
+      inv->msg.payload, &trace, h, dlq_cb, inv, err, sizeof(err));
+  rd_kafka_headers_destroy(h);
+  free(tp);
+  free(ts);
+  free(bg);
+  if (e) /* not queued: report like a failed delivery */
+    dlq_cb(e, err, NULL, inv);
+}
+
+static const char *mode_name(int mode) {
+  return mode == PR_MODE_LOW_LATENCY   ? "low-latency"
+         : mode == PR_MODE_BEST_EFFORT ? "best-effort"
+                                       : "pipeline";
+}
+
+static void log_failure(inv_t *inv, const char *what) {
+  PR_WARN("engine",
+          "%s[%d] offset %lld key \"%.64s\": %s handler failure (attempt %d, "
+          "%s mode): %s; %s",
+          inv->msg.topic, inv->msg.partition, (long long)inv->msg.offset,
+          inv->msg.key,
+          inv->result == PROSODY_PERMANENT ? "permanent" : "transient",
+          inv->attempt, mode_name(inv->eng->mode),
+          inv->result_error ? inv->result_error : "(no message)", what);
+}
+
+/* A handler attempt finished (engine thread). */
+static void handler_done(inv_t *inv) {
+  pr__engine_t *eng = inv->eng;
+  part_t *part = inv->part;
+  int terminal = eng->phase != PH_RUNNING || part->revoking;
+
+  eng->running--;
+  part->active--;
+  timer_close(&inv->timeout);
+  start_ready(eng);
+
+  if (inv->result == PROSODY_SUCCESS) {
+    finish(inv, 1);
+    return;
+  }
+  if (terminal && !part->zombie) {
+    /* Shutting down or revoked: abort, never commit; it is redelivered. */
+    PR_DEBUG("engine", "%s[%d] offset %lld aborted by shutdown/revoke",
+             inv->msg.topic, inv->msg.partition, (long long)inv->msg.offset);
+    finish(inv, 0);
+    return;
+  }
+  if (part->zombie) {
+    finish(inv, 0);
+    return;
+  }
+  switch (eng->mode) {
+  case PR_MODE_BEST_EFFORT:
+    log_failure(inv, "skipping it");
+    finish(inv, 1);
+    return;
+  case PR_MODE_LOW_LATENCY:
+    if (inv->result == PROSODY_TRANSIENT &&
+        inv->attempt <= PR_CFG_INT(eng->st, MAX_RETRIES)) {
+      inv->state = INV_RETRY_WAIT;
+      arm_timer(inv, backoff_ms(eng, inv->attempt));
+      return;
+    }
+    log_failure(inv, "sending it to the failure topic");
+    dlq_send(inv);
+    return;
+  default: /* pipeline */
+    if (inv->result == PROSODY_PERMANENT) {
+      log_failure(inv, "skipping it");
+      finish(inv, 1);
+      return;
+    }
+    if (inv->attempt == 1 || inv->attempt % 10 == 0)
+      log_failure(inv, "retrying");
+    inv->state = INV_RETRY_WAIT;
+    arm_timer(inv, backoff_ms(eng, inv->attempt));
+    return;
+  }
+}
+
+static void dlq_done(inv_t *inv) {
+  pr__engine_t *eng = inv->eng;
+  inv->part->active--;
+  if (!inv->dlq_err) {
+    finish(inv, 1); /* committed only once the dead letter is written */
+    return;
+  }
+  if (eng->phase != PH_RUNNING || inv->part->revoking || inv->part->zombie) {
+    finish(inv, 0);
+    return;
+  }
+  PR_ERROR("engine",
+           "%s[%d] offset %lld: could not write to failure topic %s: %s; "
+           "retrying",
+           inv->msg.topic, inv->msg.partition, (long long)inv->msg.offset,
+           PR_CFG_STR(eng->st, FAILURE_TOPIC),
+           inv->dlq_errstr ? inv->dlq_errstr : "");
+  /* Stay in the DLQ state: on_retry sends again. */
+  arm_timer(inv, backoff_ms(eng, ++inv->attempt));
+  inv->state = INV_DLQ;
+}
+
+static void process_done(pr__engine_t *eng) {
+  inv_t *inv;
+  pthread_mutex_lock(&eng->lock);
+  inv = eng->done_head;
+  eng->done_head = eng->done_tail = NULL;
+  pthread_mutex_unlock(&eng->lock);
+  while (inv) {
+    inv_t *next = inv->dnext;
+    if (inv->kind == KIND_DLQ)
+      dlq_done(inv);
+    else
+      handler_done(inv);
+    inv = next;
+  }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Offsets and backpressure                                                  */
+/* ------------------------------------------------------------------------ */
+
+/* Stores watermark + 1 of every partition that advanced (or `only`). */
+static void store_offsets(pr__engine_t *eng, part_t *only) {
+  rd_kafka_topic_partition_list_t *list = NULL;
+  for (part_t *part = eng->parts; part; part = part->next) {
+    if (!part->dirty || (only && part != only))
+      continue;
+    if (!list)
+      list = rd_kafka_topic_partition_list_new(8);
+    rd_kafka_topic_partition_list_add(list, part->topic, part->partition)
+        ->offset = part->tracker.commit;
+    part->dirty = 0;
+  }
+  if (!list)
+    return; /* never an empty list (rule 3) */
+  rd_kafka_offsets_store(eng->rk, list);
+  for (int i = 0; i < list->cnt; i++)
+    if (list->elems[i].err)
+      PR_WARN("engine", "could not store offset %lld for %s[%d]: %s",
+              (long long)list->elems[i].offset, list->elems[i].topic,
+              list->elems[i].partition, rd_kafka_err2str(list->elems[i].err));
+  rd_kafka_topic_partition_list_destroy(list);
+}
+
+static void pause_all(pr__engine_t *eng) {
+  rd_kafka_topic_partition_list_t *list = rd_kafka_topic_partition_list_new(8);
+  for (part_t *part = eng->parts; part; part = part->next) {
+    if (paused_find(eng, part->topic, part->partition) >= 0)
+      continue;
+    rd_kafka_topic_partition_list_add(list, part->topic, part->partition);
+    paused_add(eng, part->topic, part->partition);
+  }
+  if (list->cnt)
+    rd_kafka_pause_partitions(eng->rk, list);
+  rd_kafka_topic_partition_list_destroy(list);
+}
+
+static void resume_ours(pr__engine_t *eng) {
+  rd_kafka_topic_partition_list_t *list = rd_kafka_topic_partition_list_new(8);
+  for (part_t *part = eng->parts; part; part = part->next) {
+    int i = paused_find(eng, part->topic, part->partition);
+    if (i < 0)
+      continue;
+    rd_kafka_topic_partition_list_add(list, part->topic, part->partition);
+    paused_remove(eng, i);
+  }
+  if (list->cnt)
+    rd_kafka_resume_partitions(eng->rk, list);
+  rd_kafka_topic_partition_list_destroy(list);
+}
+
+static void backpressure_check(pr__engine_t *eng) {
+  if (eng->stopping)
+    return;
+  if (!eng->backpressure && eng->uncommitted >= eng->max_uncommitted) {
+    eng->backpressure = 1;
+    PR_DEBUG("engine", "backpressure: %d events in flight, pausing",
+             eng->uncommitted);
+    pause_all(eng);
+  } else if (eng->backpressure &&
+             eng->uncommitted <= eng->max_uncommitted / 2) {
+    eng->backpressure = 0;
+    PR_DEBUG("engine", "backpressure released: resuming");
+    resume_ours(eng);
+  }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Intake                                                                    */
+/* ------------------------------------------------------------------------ */
+
+/* Takes the offset and finishes it at once (filtered or undecodable). */
+static void skip_record(pr__engine_t *eng, part_t *part, int64_t offset) {
+  if (pr__tracker_take(&part->tracker, offset) == 0 &&
+      pr__tracker_complete(&part->tracker, offset) > 0)
+    part->dirty = 1;
+  (void)eng;
+}
+
+static int allowed(pr__engine_t *eng, json_t *json) {
+  const pr__value_t *list = &PR_CFG(eng->st, ALLOWED_EVENTS);
+  json_t *type;
+  const char *t;
+  if (!list->isset || list->list_n == 0)
+    return 1;
+  type = json_is_object(json) ? json_object_get(json, "type") : NULL;
+  if (!type || !json_is_string(type))
+    return 1; /* no type: processed */
+  t = json_string_value(type);
+  for (size_t i = 0; i < list->list_n; i++)
+    if (!strncmp(t, list->list[i], strlen(list->list[i])))
+      return 1;
+  return 0;
+}
+
+static void intake(pr__engine_t *eng, rd_kafka_message_t *rkm) {
+  const char *topic = rd_kafka_topic_name(rkm->rkt);
+  part_t *part = part_find(eng, topic, rkm->partition);
+  rd_kafka_headers_t *hdrs = NULL;
+  json_error_t jerr;
+  json_t *json = NULL;
+  const void *v;
+  size_t len;
+  const char *why = NULL;
+  inv_t *inv;
+  kq_t *kq;
+  int rc;
+
+  if (!part || part->revoking) {
+    rd_kafka_message_destroy(rkm);
+    return;
+  }
+  /* Decode: key present and UTF-8, payload JSON. */
+  if (!rkm->key)
+    why = "no key";
+  else if (!pr__utf8_valid(rkm->key, rkm->key_len) ||
+           memchr(rkm->key, 0, rkm->key_len))
+    why = "key is not valid UTF-8 text";
+  else if (!rkm->payload)
+    why = "no payload";
+  else if (!(json = json_loadb(rkm->payload, rkm->len, JSON_DECODE_ANY, &jerr)))
+    why = "payload is not valid JSON";
+  if (why) {
+    PR_WARN("engine",
+            "skipping undecodable record %s[%d] offset %lld: %s; committing "
+            "past it",
+            topic, rkm->partition, (long long)rkm->offset, why);
+    skip_record(eng, part, rkm->offset);
+    rd_kafka_message_destroy(rkm);
+    return;
+  }
+  /* Filters (commit and skip). */
+  rd_kafka_message_detach_headers(rkm, &hdrs);
+  if (hdrs && !rd_kafka_header_get_last(hdrs, "source-system", &v, &len) &&
+      len == strlen(eng->group_id) && !memcmp(v, eng->group_id, len)) {
+    PR_DEBUG("engine", "skipping %s[%d] offset %lld: our own output", topic,
+             rkm->partition, (long long)rkm->offset);
+    why = "loop";
+  } else if (!allowed(eng, json)) {
+    why = "type";
+  }
+  if (why) {
+    skip_record(eng, part, rkm->offset);
+    json_decref(json);
+    if (hdrs)
+      rd_kafka_headers_destroy(hdrs);
+    rd_kafka_message_destroy(rkm);
+    return;
+  }
+
+  rc = pr__tracker_take(&part->tracker, rkm->offset);
+  inv = rc == 0 ? calloc(1, sizeof(*inv)) : NULL;
+  if (!inv) {
+    if (rc == 0)
+      PR_ERROR("engine", "out of memory taking %s[%d] offset %lld", topic,
+               rkm->partition, (long long)rkm->offset);
+    json_decref(json);
+    if (hdrs)
+      rd_kafka_headers_destroy(hdrs);
+    rd_kafka_message_destroy(rkm);
+    return;
+  }
+  inv->eng = eng;
+  inv->part = part;
+  inv->msg.topic = part->topic;
+  inv->msg.partition = rkm->partition;
+  inv->msg.offset = rkm->offset;
+  inv->msg.timestamp = rd_kafka_message_timestamp(rkm, NULL);
+  inv->msg.key = dup_n(rkm->key, rkm->key_len);
+  inv->msg.payload = dup_n(rkm->payload, rkm->len);
+  inv->msg.payload_len = rkm->len;
+  inv->msg.json = json;
+  inv->msg.headers = hdrs;
+  pthread_mutex_init(&inv->msg.hdr_lock, NULL);
+  inv->ctx.inv = inv;
+  pthread_mutex_init(&inv->ctx.lock, NULL);
+  pthread_cond_init(&inv->ctx.cond, NULL);
+  rd_kafka_message_destroy(rkm);
+  part->invs++;
+  eng->uncommitted++;
+  kq = inv->msg.key && inv->msg.payload ? kq_get(part, inv->msg.key, 1) : NULL;
+  if (!kq) {
+    PR_ERROR("engine", "out of memory queueing %s[%d] offset %lld", topic,
+             inv->msg.partition, (long long)inv->msg.offset);
+    finish(inv, 0);
+    return;
+  }
+  inv->kq = kq;
+  inv->state = INV_QUEUED;
+  if (kq->tail) {
+    kq->tail->next = inv;
+    kq->tail = inv;
+  } else {
+    kq->head = kq->tail = inv;
+    if (eng->phase == PH_RUNNING)
+      schedule(inv);
+  }
+}
+
+static void drain_kafka(pr__engine_t *eng) {
+  char buf[256];
+  rd_kafka_message_t *rkm;
+  while (read(eng->pipefd[0], buf, sizeof(buf)) > 0)
+    ;
+  while ((rkm = rd_kafka_consumer_poll(eng->rk, 0))) {
+    if (rkm->err) {
+      if (rkm->err != RD_KAFKA_RESP_ERR__PARTITION_EOF)
+        PR_WARN("engine", "consumer: %s", rd_kafka_message_errstr(rkm));
+      rd_kafka_message_destroy(rkm);
+      continue;
+    }
+    intake(eng, rkm);
+  }
+  process_done(eng);
+  store_offsets(eng, NULL);
+  backpressure_check(eng);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Draining (shutdown and revoke)                                            */
+/* ------------------------------------------------------------------------ */
+
+/* Releases every event of `part` (NULL: all partitions) that is not
+ * running: not started, ready, or waiting for a retry. */
+static void release_idle(pr__engine_t *eng, part_t *only) {
+  ready_remove(eng, only);
+  for (part_t *part = eng->parts; part; part = part->next) {
+    if (only && part != only)
+      continue;
+    for (size_t b = 0; part->buckets && b < part->nbuckets; b++) {
+      kq_t *kq = part->buckets[b];
+      while (kq) {
+        kq_t *knext = kq->next;
+        inv_t *inv = kq->head, *keep = NULL;
+        /* The head may be running (or in a DLQ send); everything behind
+         * it, and an idle head, is released without commit. */
+        if (inv && (inv->state == INV_RUNNING || inv->state == INV_DLQ)) {
+          keep = inv;
+          inv = inv->next;
+          keep->next = NULL;
+          kq->tail = keep;
+        } else {
+          kq->head = kq->tail = NULL;
+        }
+        while (inv) {
+          inv_t *n = inv->next;
+          part->invs--;
+          eng->uncommitted--;
+          inv_free(inv);
+          inv = n;
+        }
+        if (!kq->head)
+          kq_remove(part, kq);
+        kq = knext;
+      }
+    }
+  }
+}
+
+static void cancel_running(pr__engine_t *eng, int revoking_only) {
+  for (part_t *part = eng->parts; part; part = part->next) {
+    if (revoking_only && !part->revoking)
+      continue;
+    for (size_t b = 0; part->buckets && b < part->nbuckets; b++)
+      for (kq_t *kq = part->buckets[b]; kq; kq = kq->next)
+        if (kq->head && kq->head->state == INV_RUNNING)
+          cancel_ctx(&kq->head->ctx);
+  }
+}
+
+/* Waits for running handlers (of revoking partitions, or all), cancelling
+ * them at 80% of shutdown_timeout and giving up at 100%. Runs on the
+ * engine thread outside the loop (e.g. inside a rebalance callback). */
+static void drain(pr__engine_t *eng, int revoking_only) {
+  int64_t start = pr__now_ns();
+  int64_t cancel_at = start + eng->shutdown_ms * 800000;
+  int64_t end = start + eng->shutdown_ms * 1000000;
+  int cancelled = 0;
+
+  for (;;) {
+    int64_t now = pr__now_ns(), wake_at;
+    struct timespec ts;
+    int pending = 0;
+    for (part_t *part = eng->parts; part; part = part->next)
+      if (part->active > 0 && (!revoking_only || part->revoking))
+        pending = 1;
+    if (!pending)
+      return;
+    if (!cancelled && now >= cancel_at) {
+      PR_INFO("engine", "cancelling running handlers (%s)",
+              revoking_only ? "partitions revoked" : "shutting down");
+      cancel_running(eng, revoking_only);
+      cancelled = 1;
+    }
+    if (now >= end) {
+      PR_ERROR("engine",
+               "handlers still running after shutdown_timeout; giving up on "
+               "them (their events are redelivered later)");
+      return;
+    }
+    wake_at = cancelled ? end : cancel_at;
+    if (wake_at - now > 50000000)
+      wake_at = now + 50000000;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    {
+      int64_t ns = ts.tv_nsec + (wake_at - now);
+      ts.tv_sec += ns / 1000000000;
+      ts.tv_nsec = ns % 1000000000;
+    }
+    pthread_mutex_lock(&eng->lock);
+    if (!eng->done_head)
+      pthread_cond_timedwait(&eng->cond, &eng->lock, &ts);
+    pthread_mutex_unlock(&eng->lock);
+    process_done(eng);
+  }
+}
+
+/* Unlinks `part`; frees it, or keeps it as a zombie while a handler of it
+ * still runs. */
+static void part_release(pr__engine_t *eng, part_t *part) {
+  part_t **pp = &eng->parts;
+  while (*pp && *pp != part)
+    pp = &(*pp)->next;
+  if (*pp)
+    *pp = part->next;
+  if (part->invs > 0) {
+    part->zombie = 1;
+    PR_WARN("engine", "%s[%d] released with %d handler(s) still running",
+            part->topic, part->partition, part->invs);
+  } else {
+    part_free(part);
+  }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Rebalance                                                                 */
+/* ------------------------------------------------------------------------ */
+
+static void update_assigned(pr__engine_t *eng) {
+  int n = 0;
+  for (part_t *part = eng->parts; part; part = part->next)
+    n++;
+  atomic_store(&eng->assigned, n);
+}
+
+static void on_assign(pr__engine_t *eng, rd_kafka_topic_partition_list_t *list,
+                      int coop) {
+  rd_kafka_topic_partition_list_t *pause =
+      rd_kafka_topic_partition_list_new(list->cnt ? list->cnt : 1);
+  rd_kafka_topic_partition_list_t *resume =
+      rd_kafka_topic_partition_list_new(list->cnt ? list->cnt : 1);
+  rd_kafka_error_t *error = NULL;
+
+  for (int i = 0; i < list->cnt; i++) {
+    rd_kafka_topic_partition_t *tp = &list->elems[i];
+    part_t *part;
+    if (part_find(eng, tp->topic, tp->partition))
+      continue;
+    part = calloc(1, sizeof(*part));
+    if (!part || !(part->topic = strdup(tp->topic))) {
+      free(part);
+      continue;
+    }
+    part->partition = tp->partition;
+    pr__tracker_init(&part->tracker);
+    part->head_off = -1;
+    part->next = eng->parts;
+    eng->parts = part;
+  }
+  if (coop)
+    error = rd_kafka_incremental_assign(eng->rk, list);
+  else
+    rd_kafka_assign(eng->rk, list);
+  if (error) {
+    PR_ERROR("engine", "incremental assign failed: %s",
+             rd_kafka_error_string(error));
+    rd_kafka_error_destroy(error);
+  }
+  /* Assign first, then pause (rule 2): a returning partition may still be
+   * paused from before; the paused set says so. */
+  for (int i = 0; i < list->cnt; i++) {
+    rd_kafka_topic_partition_t *tp = &list->elems[i];
+    int idx = paused_find(eng, tp->topic, tp->partition);
+    if (eng->backpressure && idx < 0) {
+      rd_kafka_topic_partition_list_add(pause, tp->topic, tp->partition);
+      paused_add(eng, tp->topic, tp->partition);
+    } else if (!eng->backpressure && idx >= 0) {
+      rd_kafka_topic_partition_list_add(resume, tp->topic, tp->partition);
+      paused_remove(eng, idx);
+    }
+  }
+  if (pause->cnt)
+    rd_kafka_pause_partitions(eng->rk, pause);
+  if (resume->cnt)
+    rd_kafka_resume_partitions(eng->rk, resume);
+  rd_kafka_topic_partition_list_destroy(pause);
+  rd_kafka_topic_partition_list_destroy(resume);
+  update_assigned(eng);
+  PR_INFO("engine", "assigned %d partition(s); %d in total", list->cnt,
+          atomic_load(&eng->assigned));
+}
+
+static void on_revoke(pr__engine_t *eng, rd_kafka_topic_partition_list_t *list,
+                      int coop) {
+  rd_kafka_error_t *error = NULL;
+  for (int i = 0; i < list->cnt; i++) {
+    part_t *part =
+        part_find(eng, list->elems[i].topic, list->elems[i].partition);
+    if (part) {
+      part->revoking = 1;
+      release_idle(eng, part);
+    }
+  }
+  drain(eng, 1);
+  /* Store the final watermark before giving the partitions up. */
+  store_offsets(eng, NULL);
+  for (int i = 0; i < list->cnt; i++) {
+    part_t *part =
+        part_find(eng, list->elems[i].topic, list->elems[i].partition);
+    if (part)
+      part_release(eng, part);
+  }
+  if (coop)
+    error = rd_kafka_incremental_unassign(eng->rk, list);
+  else
+    rd_kafka_assign(eng->rk, NULL);
+  if (error) {
+    PR_ERROR("engine", "incremental unassign failed: %s",
+             rd_kafka_error_string(error));
+    rd_kafka_error_destroy(error);
+  }
+  update_assigned(eng);
+  PR_INFO("engine", "revoked %d partition(s); %d remain", list->cnt,
+          atomic_load(&eng->assigned));
+}
+
+static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
+                         rd_kafka_topic_partition_list_t *list, void *opaque) {
+  pr__engine_t *eng = opaque;
+  int coop = !strcmp(rd_kafka_rebalance_protocol(rk), "COOPERATIVE");
+  if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
+    on_assign(eng, list, coop);
+  } else if (err == RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS) {
+    on_revoke(eng, list, coop);
+  } else {
+    PR_ERROR("engine", "rebalance error: %s", rd_kafka_err2str(err));
+    on_revoke(eng, list, coop);
+  }
+}
+
+static void error_cb(rd_kafka_t *rk, int err, const char *reason,
+                     void *opaque) {
+  (void)rk;
+  (void)opaque;
+  if (err == RD_KAFKA_RESP_ERR__FATAL)
+    PR_ERROR("engine", "fatal consumer error: %s", reason);
+  else
+    PR_WARN("engine", "consumer: %s (%s)", reason,
+            rd_kafka_err2name((rd_kafka_resp_err_t)err));
+}
+
+/* ------------------------------------------------------------------------ */
+/* Loop callbacks                                                            */
+/* ------------------------------------------------------------------------ */
+
+static void check_stalls(pr__engine_t *eng) {
+  int64_t now = pr__now_ns();
+  int stalled = 0;
+  for (part_t *part = eng->parts; part; part = part->next) {
+    int64_t oldest = pr__tracker_oldest(&part->tracker);
+    if (oldest < 0) {
+      part->head_off = -1;
+      continue;
+    }
+    if (oldest != part->head_off) {
+      part->head_off = oldest;
+      part->head_since_ns = now;
+    } else if (now - part->head_since_ns > eng->stall_ns) {
+      stalled = 1;
+    }
+  }
+  atomic_store(&eng->stalled, stalled);
+}
+
+static void shutdown_engine(pr__engine_t *eng) {
+  int64_t t0 = pr__now_ns();
+  if (eng->stopping)
+    return;
+  eng->stopping = 1;
+  eng->phase = PH_DRAINING;
+  release_idle(eng, NULL);
+  drain(eng, 0);
+  store_offsets(eng, NULL);
+  /* Leaves the group; the revoke callback stores and releases what is
+   * left, and librdkafka commits the stored offsets. */
+  rd_kafka_consumer_close(eng->rk);
+  while (eng->parts)
+    part_release(eng, eng->parts);
+  update_assigned(eng);
+  PR_INFO("engine", "consumer stopped in %lld ms",
+          (long long)((pr__now_ns() - t0) / 1000000));
+  uv_poll_stop(&eng->kpoll);
+  uv_close((uv_handle_t *)&eng->kpoll, NULL);
+  uv_timer_stop(&eng->tick);
+  uv_close((uv_handle_t *)&eng->tick, NULL);
+  uv_close((uv_handle_t *)&eng->wake, NULL);
+}
+
+static void on_kafka(uv_poll_t *h, int status, int events) {
+  (void)status;
+  (void)events;
+  drain_kafka(h->data);
+}
+
+static void on_tick(uv_timer_t *t) {
+  pr__engine_t *eng = t->data;
+  drain_kafka(eng);
+  check_stalls(eng);
+}
+
+static void on_wake(uv_async_t *a) {
+  pr__engine_t *eng = a->data;
+  process_done(eng);
+  store_offsets(eng, NULL);
+  if (atomic_load(&eng->stop_requested))
+    shutdown_engine(eng);
+}
+
+static void *engine_main(void *arg) {
+  pr__engine_t *eng = arg;
+  uv_run(&eng->loop, UV_RUN_DEFAULT);
+  return NULL;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Start / stop                                                              */
+/* ------------------------------------------------------------------------ */
+
+static void engine_free(pr__engine_t *eng) {
+  if (eng->pool)
+    pr__pool_destroy(eng->pool);
+  for (size_t i = 0; i < eng->npaused; i++)
+    free(eng->paused[i].topic);
+  free(eng->paused);
+  if (eng->pipefd[0] >= 0)
+    close(eng->pipefd[0]);
+  if (eng->pipefd[1] >= 0)
+    close(eng->pipefd[1]);
+  pthread_mutex_destroy(&eng->lock);
+  pthread_cond_destroy(&eng->cond);
+  free(eng);
+}
+
+pr__engine_t *pr__engine_start(const pr__settings_t *st, const char *bootstrap,
+                               pr__producer_t *producer,
+                               const prosody_handler_t *handler, char *errstr,
+                               size_t errstr_size) {
+  pr__engine_t *eng = calloc(1, sizeof(*eng));
+  rd_kafka_conf_t *kconf = NULL;
+  rd_kafka_topic_partition_list_t *topics;
+  rd_kafka_resp_err_t kerr;
+  char buf[32], why[512];
+  const pr__value_t *subs = &PR_CFG(st, SUBSCRIBED_TOPICS);
+
+  if (!eng) {
+    pr__errf(errstr, errstr_size, "out of memory");
+    return NULL;
+  }
+  eng->pipefd[0] = eng->pipefd[1] = -1;
+  pthread_mutex_init(&eng->lock, NULL);
+  pthread_cond_init(&eng->cond, NULL);
+  eng->st = st;
+  eng->producer = producer;
+  eng->handler = *handler;
+  eng->group_id = PR_CFG_STR(st, GROUP_ID);
+  eng->mode = PR_CFG_ENUM(st, MODE);
+  eng->max_concurrency = (int)PR_CFG_INT(st, MAX_CONCURRENCY);
+  eng->max_uncommitted = (int)PR_CFG_INT(st, MAX_UNCOMMITTED);
+  eng->stall_ns = PR_CFG_NS(st, STALL_THRESHOLD);
+  eng->timeout_ms = PR_CFG_SET(st, TIMEOUT) ? PR_CFG_MS(st, TIMEOUT)
+                                            : eng->stall_ns / 1000000 * 8 / 10;
+  eng->shutdown_ms = PR_CFG_MS(st, SHUTDOWN_TIMEOUT);
+  eng->seed = (unsigned)pr__now_ns();
+
+  if (!(handler->flags & PROSODY_HANDLER_ASYNC)) {
+    eng->pool = pr__pool_new(eng->max_concurrency);
+    if (!eng->pool) {
+      pr__errf(errstr, errstr_size, "could not start %d worker threads",
+               eng->max_concurrency);
+      goto fail;
+    }
+  }
+  if (pipe2(eng->pipefd, O_NONBLOCK | O_CLOEXEC)) {
+    pr__errf(errstr, errstr_size, "pipe: %s", strerror(errno));
+    goto fail;
+  }
+
+  kconf = pr__kafka_conf_new(bootstrap, errstr, errstr_size);
+  if (!kconf)
+    goto fail;
+  snprintf(buf, sizeof(buf), "%lld", (long long)PR_CFG_MS(st, COMMIT_INTERVAL));
+  if (pr__kafka_conf_set(kconf, "group.id", eng->group_id, errstr,
+                         errstr_size) ||
+      pr__kafka_conf_set(kconf, "enable.auto.commit", "true", errstr,
+                         errstr_size) ||
+      pr__kafka_conf_set(kconf, "auto.commit.interval.ms", buf, errstr,
+                         errstr_size) ||
+      pr__kafka_conf_set(kconf, "enable.auto.offset.store", "false", errstr,
+                         errstr_size) ||
+      pr__kafka_conf_set(kconf, "auto.offset.reset", "earliest", errstr,
+                         errstr_size) ||
+      pr__kafka_conf_set(kconf, "enable.partition.eof", "false", errstr,
+                         errstr_size) ||
+      /* Rule 1: cooperative-sticky only where its bugs are fixed. */
+      pr__kafka_conf_set(kconf, "partition.assignment.strategy",
+                         rd_kafka_version() >= 0x020a0000 ? "cooperative-sticky"
+                                                          : "range",
+                         errstr, errstr_size) ||
+      (PR_CFG_BOOL(st, MOCK) &&
+       (pr__kafka_conf_set(kconf, "session.timeout.ms", "6000", errstr,
+                           errstr_size) ||
+        pr__kafka_conf_set(kconf, "heartbeat.interval.ms", "500", errstr,
+                           errstr_size)))) {
+    rd_kafka_conf_destroy(kconf);
+    goto fail;
+  }
+  rd_kafka_conf_set_rebalance_cb(kconf, rebalance_cb);
+  rd_kafka_conf_set_error_cb(kconf, error_cb);
+  rd_kafka_conf_set_opaque(kconf, eng);
+  eng->rk = rd_kafka_new(RD_KAFKA_CONSUMER, kconf, why, sizeof(why));
+  if (!eng->rk) {
+    rd_kafka_conf_destroy(kconf);
+    pr__errf(errstr, errstr_size, "could not create the Kafka consumer: %s",
+             why);
+    goto fail;
+  }
+  rd_kafka_poll_set_consumer(eng->rk);
+  eng->cq = rd_kafka_queue_get_consumer(eng->rk);
+  rd_kafka_queue_io_event_enable(eng->cq, eng->pipefd[1], "1", 1);
+
+  uv_loop_init(&eng->loop);
+  uv_poll_init(&eng->loop, &eng->kpoll, eng->pipefd[0]);
+  eng->kpoll.data = eng;
+  uv_poll_start(&eng->kpoll, UV_READABLE, on_kafka);
+  uv_timer_init(&eng->loop, &eng->tick);
+  eng->tick.data = eng;
+  uv_timer_start(&eng->tick, on_tick, (uint64_t)PR_CFG_MS(st, POLL_INTERVAL),
+                 (uint64_t)PR_CFG_MS(st, POLL_INTERVAL));
+  uv_async_init(&eng->loop, &eng->wake, on_wake);
+  eng->wake.data = eng;
+
+  if (PR_CFG_BOOL(st, MOCK))
+    for (size_t i = 0; i < subs->list_n; i++)
+      pr__mock_ensure_topic(subs->list[i], NULL, 0);
+  topics = rd_kafka_topic_partition_list_new((int)subs->list_n);
+  for (size_t i = 0; i < subs->list_n; i++)
+    rd_kafka_topic_partition_list_add(topics, subs->list[i],
+                                      RD_KAFKA_PARTITION_UA);
+  kerr = rd_kafka_subscribe(eng->rk, topics);
+  rd_kafka_topic_partition_list_destroy(topics);
+  if (kerr) {
+    pr__errf(errstr, errstr_size, "could not subscribe: %s",
+             rd_kafka_err2str(kerr));
+    goto fail_loop;
+  }
+  if (pthread_create(&eng->thread, NULL, engine_main, eng)) {
+    pr__errf(errstr, errstr_size, "could not start the engine thread");
+    goto fail_loop;
+  }
+  return eng;
+
+fail_loop:
+  uv_close((uv_handle_t *)&eng->kpoll, NULL);
+  uv_close((uv_handle_t *)&eng->tick, NULL);
+  uv_close((uv_handle_t *)&eng->wake, NULL);
+  uv_run(&eng->loop, UV_RUN_DEFAULT);
+  uv_loop_close(&eng->loop);
+  rd_kafka_queue_destroy(eng->cq);
+  rd_kafka_consumer_close(eng->rk);
+  pr__kafka_destroy_bounded(eng->rk, 30000, "consumer");
+fail:
+  engine_free(eng);
+  return NULL;
+}
+
+void pr__engine_stop(pr__engine_t *eng) {
+  struct timespec ts;
+  int rc;
+  if (!eng)
+    return;
+  atomic_store(&eng->stop_requested, 1);
+  uv_async_send(&eng->wake);
+  /* The engine drains within shutdown_timeout; leaving the group is
+   * librdkafka's part. Wait generously, but not for ever (rule 9). */
+  clock_gettime(CLOCK_REALTIME, &ts);
+  ts.tv_sec += eng->shutdown_ms / 1000 + 60;
+  rc = pthread_timedjoin_np(eng->thread, NULL, &ts);
+  if (rc) {
+    PR_ERROR("engine",
+             "the consumer did not stop within shutdown_timeout + 60 s; "
+             "abandoning it");
+    return;
+  }
+  uv_loop_close(&eng->loop);
+  rd_kafka_queue_destroy(eng->cq);
+  pr__kafka_destroy_bounded(eng->rk, 30000, "consumer");
+  engine_free(eng);
+}
+
+int pr__engine_assigned(const pr__engine_t *eng) {
+  return atomic_load(&((pr__engine_t *)eng)->assigned);
+}
+
+int pr__engine_stalled(const pr__engine_t *eng) {
+  return atomic_load(&((pr__engine_t *)eng)->stalled);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Public message and context functions                                      */
+/* ------------------------------------------------------------------------ */
+
+PROSODY_EXPORT const char *prosody_message_topic(const prosody_message_t *m) {
+  return m->topic;
+}
+PROSODY_EXPORT int32_t prosody_message_partition(const prosody_message_t *m) {
+  return m->partition;
+}
+PROSODY_EXPORT int64_t prosody_message_offset(const prosody_message_t *m) {
+  return m->offset;
+}
+PROSODY_EXPORT int64_t prosody_message_timestamp(const prosody_message_t *m) {
+  return m->timestamp;
+}
+PROSODY_EXPORT const char *prosody_message_key(const prosody_message_t *m) {
+  return m->key;
+}
+PROSODY_EXPORT const char *prosody_message_payload(const prosody_message_t *m) {
+  return m->payload;
+}
+PROSODY_EXPORT size_t prosody_message_payload_len(const prosody_message_t *m) {
+  return m->payload_len;
+}
+PROSODY_EXPORT const struct json_t *
+prosody_message_json(const prosody_message_t *m) {
+  return m->json;
+}
+
+PROSODY_EXPORT const char *prosody_message_header(const prosody_message_t *m,
+                                                  const char *name) {
+  prosody_message_t *mm = (prosody_message_t *)m;
+  const void *v;
+  size_t len;
+  hdr_copy_t *h;
+  const char *out = NULL;
+  if (!m || !name || !m->headers ||
+      rd_kafka_header_get_last(m->headers, name, &v, &len))
+    return NULL;
+  pthread_mutex_lock(&mm->hdr_lock);
+  for (h = mm->hdr_copies; h; h = h->next)
+    if (!strcmp(h->name, name)) {
+      out = h->value;
+      break;
+    }
+  if (!out && (h = calloc(1, sizeof(*h)))) {
+    h->name = strdup(name);
+    h->value = dup_n(v, len);
+    if (h->name && h->value) {
+      h->next = mm->hdr_copies;
+      mm->hdr_copies = h;
+      out = h->value;
+    } else {
+      free(h->name);
+      free(h->value);
+      free(h);
+    }
+  }
+  pthread_mutex_unlock(&mm->hdr_lock);
+  return out;
+}
+
+PROSODY_EXPORT int prosody_should_cancel(const prosody_context_t *ctx) {
+  return ctx ? atomic_load(&((prosody_context_t *)ctx)->cancelled) : 1;
+}
+
+PROSODY_EXPORT int prosody_wait_cancel(prosody_context_t *ctx,
+                                       int64_t timeout_ms) {
+  struct timespec ts;
+  int cancelled;
+  if (!ctx)
+    return 1;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  if (timeout_ms >= 0) {
+    int64_t ns = ts.tv_nsec + (timeout_ms % 1000) * 1000000;
+    ts.tv_sec += timeout_ms / 1000 + ns / 1000000000;
+    ts.tv_nsec = ns % 1000000000;
+  }
+  pthread_mutex_lock(&ctx->lock);
+  while (!atomic_load(&ctx->cancelled)) {
+    if (timeout_ms < 0)
+      pthread_cond_wait(&ctx->cond, &ctx->lock);
+    else if (pthread_cond_timedwait(&ctx->cond, &ctx->lock, &ts) == ETIMEDOUT)
+      break;
+  }
+  cancelled = atomic_load(&ctx->cancelled);
+  pthread_mutex_unlock(&ctx->lock);
+  return cancelled;
+}
+
+PROSODY_EXPORT void prosody_context_set_error(prosody_context_t *ctx,
+                                              const char *message) {
+  char *copy;
+  if (!ctx)
+    return;
+  copy = message ? strdup(message) : NULL;
+  pthread_mutex_lock(&ctx->lock);
+  free(ctx->error);
+  ctx->error = copy;
+  pthread_mutex_unlock(&ctx->lock);
+}
+
+PROSODY_EXPORT prosody_err_t prosody_complete(prosody_context_t *ctx,
+                                              prosody_result_t result,
+                                              const char *message) {
+  if (!ctx || result == PROSODY_PENDING)
+    return PROSODY_ERR_INVALID_ARG;
+  return complete_attempt(ctx, result, message) ? PROSODY_ERR_STATE
+                                                : PROSODY_OK;
+}

@@ -1,0 +1,27 @@
+/*
+ * engine.h - the consumer engine (private): one thread per subscribed
+ * client running a libuv loop that owns every piece of consumer state.
+ */
+#ifndef PR_ENGINE_H
+#define PR_ENGINE_H
+
+#include "../config/config.h"
+#include "../kafka/kafka.h"
+#include "prosody.h"
+
+typedef struct pr__engine pr__engine_t;
+
+/* Creates the consumer and starts the engine thread. `st` and `producer`
+ * must outlive the engine. NULL on error (errstr). */
+pr__engine_t *pr__engine_start(const pr__settings_t *st, const char *bootstrap,
+                               pr__producer_t *producer,
+                               const prosody_handler_t *handler, char *errstr,
+                               size_t errstr_size);
+/* Graceful shutdown (phases per shutdown_timeout), then frees the engine.
+ * Blocks. */
+void pr__engine_stop(pr__engine_t *engine);
+/* Thread-safe readings. */
+int pr__engine_assigned(const pr__engine_t *engine);
+int pr__engine_stalled(const pr__engine_t *engine);
+
+#endif /* PR_ENGINE_H */
