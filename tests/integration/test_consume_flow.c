@@ -1,0 +1,287 @@
+/*
+ * test_consume_flow.c - flow control and intake:
+ *  - max_concurrency=3: at most 3 handlers ever run at once (and 3 do);
+ *  - backpressure: max_uncommitted=4 with a slow handler still completes
+ *    every record (partitions pause and resume);
+ *  - asynchronous handlers: PENDING, completed from another thread;
+ *  - out-of-order completion: a blocked key does not hold back the others,
+ *    and the committed offset never passes its unfinished record;
+ *  - filters and undecodable records: committed past, never processed,
+ *    never blocking the partition.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "harness.h"
+
+static int wait_for(atomic_int *v, int want, double seconds) {
+  double deadline = t_now() + seconds;
+  while (atomic_load(v) < want && t_now() < deadline)
+    usleep(5000);
+  return atomic_load(v) >= want;
+}
+
+static prosody_client_t *consume(const char *topic, const char *group,
+                                 const char *const *opts,
+                                 prosody_handler_t *h) {
+  char err[1024];
+  prosody_config_t *conf = t_consumer_config(group, topic);
+  prosody_client_t *c;
+  for (int i = 0; opts && opts[i]; i += 2)
+    t_set(conf, opts[i], opts[i + 1]);
+  c = prosody_client_new(conf, err, sizeof(err));
+  CHECK(c, "client: %s", err);
+  CHECK_OK(prosody_subscribe(c, h, err, sizeof(err)), err);
+  return c;
+}
+
+static void stop(prosody_client_t *c) {
+  CHECK_OK(prosody_unsubscribe(c), "unsubscribe");
+  prosody_client_destroy(c);
+}
+
+/* --- max_concurrency and backpressure --------------------------------- */
+
+static atomic_int now_running, max_running, done_limit;
+
+static prosody_result_t limited(prosody_context_t *ctx,
+                                const prosody_message_t *m, void *op) {
+  int n = atomic_fetch_add(&now_running, 1) + 1;
+  int seen = atomic_load(&max_running);
+  while (n > seen && !atomic_compare_exchange_weak(&max_running, &seen, n))
+    ;
+  usleep(3000);
+  atomic_fetch_sub(&now_running, 1);
+  atomic_fetch_add(&done_limit, 1);
+  return PROSODY_SUCCESS;
+}
+
+/* --- async handler ---------------------------------------------------- */
+
+static pthread_mutex_t alock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t acond = PTHREAD_COND_INITIALIZER;
+static prosody_context_t *aqueue[4096]; /* guarded by alock */
+static int ahead, atail, astop;
+static atomic_int done_async, async_on_engine;
+static pthread_t host;
+
+static prosody_result_t async_handler(prosody_context_t *ctx,
+                                      const prosody_message_t *m, void *op) {
+  if (pthread_equal(pthread_self(), host))
+    atomic_store(&async_on_engine, -1);
+  pthread_mutex_lock(&alock);
+  aqueue[atail++ % 4096] = ctx;
+  pthread_cond_signal(&acond);
+  pthread_mutex_unlock(&alock);
+  return PROSODY_PENDING;
+}
+
+static void *host_loop(void *arg) {
+  for (;;) {
+    prosody_context_t *ctx;
+    pthread_mutex_lock(&alock);
+    while (ahead == atail && !astop)
+      pthread_cond_wait(&acond, &alock);
+    if (ahead == atail) {
+      pthread_mutex_unlock(&alock);
+      return NULL;
+    }
+    ctx = aqueue[ahead++ % 4096];
+    pthread_mutex_unlock(&alock);
+    CHECK(prosody_complete(ctx, PROSODY_SUCCESS, NULL) == PROSODY_OK,
+          "complete failed");
+    atomic_fetch_add(&done_async, 1);
+  }
+}
+
+/* --- a blocked key ---------------------------------------------------- */
+
+static atomic_int release_blocked, others_done, blocked_started;
+static atomic_llong blocked_offset = -1;
+static atomic_int blocked_partition = -1;
+
+static prosody_result_t blocking(prosody_context_t *ctx,
+                                 const prosody_message_t *m, void *op) {
+  if (!strcmp(prosody_message_key(m), "key-0") &&
+      atomic_load(&blocked_offset) < 0) {
+    atomic_store(&blocked_partition, prosody_message_partition(m));
+    atomic_store(&blocked_offset, prosody_message_offset(m));
+    atomic_store(&blocked_started, 1);
+    while (!atomic_load(&release_blocked))
+      usleep(1000);
+    return PROSODY_SUCCESS;
+  }
+  if (strcmp(prosody_message_key(m), "key-0"))
+    atomic_fetch_add(&others_done, 1);
+  return PROSODY_SUCCESS;
+}
+
+/* --- filters ---------------------------------------------------------- */
+
+static pthread_mutex_t flock = PTHREAD_MUTEX_INITIALIZER;
+static char seen_keys[64][32]; /* guarded by flock */
+static atomic_int nseen;
+
+static prosody_result_t filtered(prosody_context_t *ctx,
+                                 const prosody_message_t *m, void *op) {
+  int i = atomic_fetch_add(&nseen, 1);
+  pthread_mutex_lock(&flock);
+  if (i < 64)
+    snprintf(seen_keys[i], sizeof(seen_keys[i]), "%s", prosody_message_key(m));
+  pthread_mutex_unlock(&flock);
+  return PROSODY_SUCCESS;
+}
+
+static void raw_produce(const char *topic, const char *key, size_t klen,
+                        const char *value, const char *source) {
+  char err[512];
+  rd_kafka_conf_t *kc = rd_kafka_conf_new();
+  rd_kafka_t *rk;
+  rd_kafka_headers_t *h = rd_kafka_headers_new(1);
+  rd_kafka_conf_set(kc, "bootstrap.servers", t_bootstrap(), err, sizeof(err));
+  rk = rd_kafka_new(RD_KAFKA_PRODUCER, kc, err, sizeof(err));
+  if (source)
+    rd_kafka_header_add(h, "source-system", -1, source, -1);
+  CHECK(!rd_kafka_producev(
+            rk, RD_KAFKA_V_TOPIC(topic), RD_KAFKA_V_PARTITION(0),
+            RD_KAFKA_V_KEY((void *)key, key ? klen : 0),
+            RD_KAFKA_V_VALUE((void *)value, value ? strlen(value) : 0),
+            RD_KAFKA_V_HEADERS(h), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+            RD_KAFKA_V_END),
+        "raw produce");
+  CHECK(rd_kafka_flush(rk, 10000) == 0, "raw flush");
+  rd_kafka_destroy(rk);
+}
+
+int main(void) {
+  char t1[128], t2[128], t3[128], t4[128], g[160];
+  prosody_client_t *c;
+
+  /* max_concurrency = 3 over many keys. */
+  snprintf(t1, sizeof(t1), "%s", t_topic("flow-limit"));
+  t_create_topic(t1, 4);
+  t_produce(t1, 0, 300, 100);
+  {
+    const char *o[] = {"max_concurrency", "3", NULL};
+    prosody_handler_t h = {limited, NULL, NULL, 0};
+    snprintf(g, sizeof(g), "%s-g", t1);
+    c = consume(t1, g, o, &h);
+    CHECK(wait_for(&done_limit, 300, 60), "limit: %d of 300 done",
+          atomic_load(&done_limit));
+    stop(c);
+    CHECK(atomic_load(&max_running) == 3,
+          "at most 3 handlers should run at once, and 3 should: saw %d",
+          atomic_load(&max_running));
+  }
+
+  /* Backpressure: a tiny max_uncommitted still drains everything. */
+  snprintf(t2, sizeof(t2), "%s", t_topic("flow-backpressure"));
+  t_create_topic(t2, 2);
+  t_produce(t2, 0, 400, 40);
+  {
+    const char *o[] = {"max_uncommitted", "4", "max_concurrency", "4", NULL};
+    prosody_handler_t h = {limited, NULL, NULL, 0};
+    atomic_store(&done_limit, 0);
+    snprintf(g, sizeof(g), "%s-g", t2);
+    c = consume(t2, g, o, &h);
+    CHECK(wait_for(&done_limit, 400, 60), "backpressure: %d of 400 done",
+          atomic_load(&done_limit));
+    stop(c);
+  }
+
+  /* Async handler completed from a host thread. */
+  snprintf(t3, sizeof(t3), "%s", t_topic("flow-async"));
+  t_create_topic(t3, 2);
+  t_produce(t3, 0, 500, 50);
+  {
+    prosody_handler_t h = {async_handler, NULL, NULL, PROSODY_HANDLER_ASYNC};
+    pthread_create(&host, NULL, host_loop, NULL);
+    snprintf(g, sizeof(g), "%s-g", t3);
+    c = consume(t3, g, NULL, &h);
+    CHECK(wait_for(&done_async, 500, 60), "async: %d of 500 completed",
+          atomic_load(&done_async));
+    stop(c);
+    pthread_mutex_lock(&alock);
+    astop = 1;
+    pthread_cond_signal(&acond);
+    pthread_mutex_unlock(&alock);
+    pthread_join(host, NULL);
+    CHECK(atomic_load(&async_on_engine) == 0,
+          "an async callback ran on the host thread");
+  }
+
+  /* Out-of-order completion with a blocked key. */
+  snprintf(t4, sizeof(t4), "%s", t_topic("flow-blocked"));
+  t_create_topic(t4, 1);
+  t_produce(t4, 0, 200, 10);
+  {
+    prosody_handler_t h = {blocking, NULL, NULL, 0};
+    int64_t committed[4], end[4];
+    double deadline;
+    snprintf(g, sizeof(g), "%s-g", t4);
+    c = consume(t4, g, NULL, &h);
+    CHECK(wait_for(&blocked_started, 1, 60), "the blocked key never ran");
+    /* 180 records of the 9 other keys finish while key-0 is blocked. */
+    CHECK(wait_for(&others_done, 180, 60),
+          "other keys were held back: %d of 180 done",
+          atomic_load(&others_done));
+    usleep(400000); /* several commit intervals pass */
+    t_committed(g, t4, committed, end);
+    CHECK(committed[0] <= atomic_load(&blocked_offset),
+          "committed %lld passed the unfinished offset %lld",
+          (long long)committed[0], (long long)atomic_load(&blocked_offset));
+    atomic_store(&release_blocked, 1);
+    deadline = t_now() + 30;
+    do {
+      usleep(100000);
+      t_committed(g, t4, committed, end);
+    } while (committed[0] != end[0] && t_now() < deadline);
+    CHECK(committed[0] == end[0], "after release: committed %lld of %lld",
+          (long long)committed[0], (long long)end[0]);
+    stop(c);
+  }
+
+  /* Filters and undecodable records. */
+  {
+    char t5[128], g5[160];
+    prosody_handler_t h = {filtered, NULL, NULL, 0};
+    const char *o[] = {"allowed_events", "user.,account.", NULL};
+    int64_t committed[2], end[2];
+    double deadline;
+    snprintf(t5, sizeof(t5), "%s", t_topic("flow-filters"));
+    snprintf(g5, sizeof(g5), "%s-g", t5);
+    t_create_topic(t5, 1);
+    raw_produce(t5, NULL, 0, "{\"type\":\"user.a\"}", NULL); /* no key */
+    raw_produce(t5, "bad-json", 8, "{oops", NULL);           /* not JSON */
+    raw_produce(t5, "\xff\xfe", 2, "{\"type\":\"user.b\"}", NULL); /* key */
+    raw_produce(t5, "loop", 4, "{\"type\":\"user.c\"}", g5);       /* ours */
+    raw_produce(t5, "admin", 5, "{\"type\":\"admin.user.x\"}", NULL);
+    raw_produce(t5, "notif", 5, "{\"type\":\"notification\"}", NULL);
+    raw_produce(t5, "user", 4, "{\"type\":\"user.created\"}", NULL);
+    raw_produce(t5, "untyped", 7, "{\"x\":1}", NULL);
+    raw_produce(t5, "account", 7, "{\"type\":\"account.deleted\"}", NULL);
+    raw_produce(t5, "other-src", 9, "{\"type\":\"user.d\"}", "someone-else");
+    c = consume(t5, g5, o, &h);
+    CHECK(wait_for(&nseen, 4, 60), "filters: %d of 4 processed",
+          atomic_load(&nseen));
+    deadline = t_now() + 30;
+    do {
+      usleep(100000);
+      t_committed(g5, t5, committed, end);
+    } while (committed[0] != end[0] && t_now() < deadline);
+    CHECK(committed[0] == end[0], "filters: committed %lld of %lld",
+          (long long)committed[0], (long long)end[0]);
+    stop(c);
+    CHECK(atomic_load(&nseen) == 4, "processed %d records, want 4",
+          atomic_load(&nseen));
+    {
+      const char *want[] = {"user", "untyped", "account", "other-src"};
+      for (int i = 0; i < 4; i++)
+        CHECK(!strcmp(seen_keys[i], want[i]), "record %d was %s, want %s", i,
+              seen_keys[i], want[i]);
+    }
+  }
+  printf("ok: concurrency limit, backpressure, async, out-of-order commit, "
+         "filters\n");
+  return 0;
+}
