@@ -1,0 +1,142 @@
+/*
+ * test_consume_shutdown.c - cancellation and shutdown:
+ *  - a handler over its `timeout` sees should_cancel/wait_cancel fire;
+ *  - unsubscribe lets running handlers run until 80% of shutdown_timeout,
+ *    then cancels them, and returns within the budget;
+ *  - the aborted record is not committed, and the group redelivers it (and
+ *    what queued behind it) to the next consumer.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "harness.h"
+
+static atomic_int others, stuck_started, redelivered;
+static atomic_llong cancel_seen_ns;
+static atomic_llong timeout_elapsed_us = -1; /* set by the handler */
+
+static int64_t mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static prosody_result_t slow(prosody_context_t *ctx, const prosody_message_t *m,
+                             void *op) {
+  double t0 = t_now();
+  int cancelled = prosody_wait_cancel(ctx, 5000);
+  if (cancelled && prosody_should_cancel(ctx))
+    atomic_store(&timeout_elapsed_us, (long long)((t_now() - t0) * 1e6));
+  return PROSODY_SUCCESS;
+}
+
+static prosody_result_t stuck(prosody_context_t *ctx,
+                              const prosody_message_t *m, void *op) {
+  if (!strcmp(prosody_message_key(m), "key-0")) {
+    atomic_store(&stuck_started, 1);
+    prosody_wait_cancel(ctx, -1);
+    atomic_store(&cancel_seen_ns, mono_ns());
+    return PROSODY_TRANSIENT; /* aborted: shutdown makes it terminal */
+  }
+  atomic_fetch_add(&others, 1);
+  return PROSODY_SUCCESS;
+}
+
+static prosody_result_t second(prosody_context_t *ctx,
+                               const prosody_message_t *m, void *op) {
+  if (!strcmp(prosody_message_key(m), "key-0"))
+    atomic_fetch_add(&redelivered, 1);
+  return PROSODY_SUCCESS;
+}
+
+static int wait_for(atomic_int *v, int want, double seconds) {
+  double deadline = t_now() + seconds;
+  while (atomic_load(v) < want && t_now() < deadline)
+    usleep(5000);
+  return atomic_load(v) >= want;
+}
+
+int main(void) {
+  char err[1024], topic[128], group[160], t2[128], g2[160];
+  prosody_config_t *conf;
+  prosody_client_t *c;
+  int64_t committed[2], end[2], start_ns;
+  double took;
+
+  /* Handler timeout. */
+  snprintf(t2, sizeof(t2), "%s", t_topic("shutdown-timeout"));
+  snprintf(g2, sizeof(g2), "%s-g", t2);
+  t_create_topic(t2, 1);
+  t_produce(t2, 0, 1, 1);
+  conf = t_consumer_config(g2, t2);
+  t_set(conf, "timeout", "300ms");
+  c = prosody_client_new(conf, err, sizeof(err));
+  CHECK(c, "%s", err);
+  {
+    prosody_handler_t h = {slow, NULL, NULL, 0};
+    double deadline = t_now() + 60;
+    CHECK_OK(prosody_subscribe(c, &h, err, sizeof(err)), err);
+    while (atomic_load(&timeout_elapsed_us) < 0 && t_now() < deadline)
+      usleep(10000);
+  }
+  {
+    double el = (double)atomic_load(&timeout_elapsed_us) / 1e6;
+    CHECK(el >= 0.25 && el < 1.5,
+          "cancellation after %.3f s with timeout "
+          "300ms",
+          el);
+  }
+  CHECK_OK(prosody_unsubscribe(c), "unsubscribe");
+  prosody_client_destroy(c);
+
+  /* Shutdown phases. */
+  snprintf(topic, sizeof(topic), "%s", t_topic("shutdown-phases"));
+  snprintf(group, sizeof(group), "%s-g", topic);
+  t_create_topic(topic, 1);
+  t_produce(topic, 0, 20, 5); /* key-0 has seq 0, 5, 10, 15 */
+  conf = t_consumer_config(group, topic);
+  t_set(conf, "shutdown_timeout", "2s");
+  c = prosody_client_new(conf, err, sizeof(err));
+  CHECK(c, "%s", err);
+  {
+    prosody_handler_t h = {stuck, NULL, NULL, 0};
+    CHECK_OK(prosody_subscribe(c, &h, err, sizeof(err)), err);
+  }
+  CHECK(wait_for(&stuck_started, 1, 60), "the stuck handler never ran");
+  CHECK(wait_for(&others, 16, 60), "other keys: %d of 16 done",
+        atomic_load(&others));
+  usleep(300000); /* their offsets are stored and committed */
+  start_ns = mono_ns();
+  CHECK_OK(prosody_unsubscribe(c), "unsubscribe");
+  took = (double)(mono_ns() - start_ns) / 1e9;
+  {
+    double cancel_at = (double)(atomic_load(&cancel_seen_ns) - start_ns) / 1e9;
+    CHECK(cancel_at >= 1.5 && cancel_at < 1.9,
+          "cancellation reached the handler %.3f s into shutdown; want 80%% "
+          "of 2 s",
+          cancel_at);
+  }
+  CHECK(took < 2.6, "unsubscribe took %.3f s with shutdown_timeout 2s", took);
+  prosody_client_destroy(c);
+  t_committed(group, topic, committed, end);
+  CHECK(committed[0] <= 0,
+        "committed %lld: the aborted record (offset 0) "
+        "must not be committed",
+        (long long)committed[0]);
+
+  /* The next consumer of the group gets key-0's records again. */
+  conf = t_consumer_config(group, topic);
+  c = prosody_client_new(conf, err, sizeof(err));
+  CHECK(c, "%s", err);
+  {
+    prosody_handler_t h = {second, NULL, NULL, 0};
+    CHECK_OK(prosody_subscribe(c, &h, err, sizeof(err)), err);
+  }
+  CHECK(wait_for(&redelivered, 4, 60), "key-0 redelivered %d of 4 records",
+        atomic_load(&redelivered));
+  CHECK_OK(prosody_unsubscribe(c), "unsubscribe");
+  prosody_client_destroy(c);
+  printf("ok: timeout cancels at 300ms, shutdown cancels at 80%%, aborted "
+         "work redelivered\n");
+  return 0;
+}
