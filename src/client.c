@@ -14,6 +14,7 @@
 #include "config/config.h"
 #include "engine/engine.h"
 #include "kafka/kafka.h"
+#include "probe/probe.h"
 #include "util/util.h"
 
 struct prosody_client {
@@ -24,7 +25,22 @@ struct prosody_client {
   pr__producer_t *producer; /* thread-safe */
   pthread_mutex_t lock;     /* guards engine (subscribe/unsubscribe) */
   pr__engine_t *engine;     /* the running consumer, or NULL */
+  pr__probe_t *probe;       /* probe server while subscribed, or NULL */
 };
+
+static int probe_assigned(void *opaque) { return pr__engine_assigned(opaque); }
+static int probe_stalled(void *opaque) { return pr__engine_stalled(opaque); }
+
+/* Probes run while subscribed, on probe_port unless it is none. In mock
+ * mode they are off unless probe_port was given explicitly. */
+static int probe_wanted(const prosody_client_t *c) {
+  if (!PR_CFG_SET(&c->st, PROBE_PORT))
+    return 0;
+  if (PR_CFG_BOOL(&c->st, MOCK) &&
+      c->st.src[PR_OPT_PROBE_PORT] == PROSODY_CONFIG_SOURCE_DEFAULT)
+    return 0;
+  return 1;
+}
 
 PROSODY_EXPORT prosody_client_t *
 prosody_client_new(prosody_config_t *conf, char *errstr, size_t errstr_size) {
@@ -167,8 +183,18 @@ PROSODY_EXPORT prosody_err_t prosody_subscribe(prosody_client_t *c,
   } else {
     c->engine = pr__engine_start(&c->st, c->bootstrap, c->producer, handler,
                                  errstr, errstr_size);
-    if (!c->engine)
+    if (!c->engine) {
       err = PROSODY_ERR_TRANSIENT;
+    } else if (probe_wanted(c)) {
+      pr__probe_source_t src = {probe_assigned, probe_stalled, c->engine};
+      c->probe = pr__probe_start((int)PR_CFG_INT(&c->st, PROBE_PORT), src,
+                                 errstr, errstr_size);
+      if (!c->probe) {
+        pr__engine_stop(c->engine);
+        c->engine = NULL;
+        err = PROSODY_ERR_CONFIG;
+      }
+    }
   }
   pthread_mutex_unlock(&c->lock);
   return err;
@@ -178,11 +204,15 @@ PROSODY_EXPORT prosody_err_t prosody_unsubscribe(prosody_client_t *c) {
   pr__engine_t *engine;
   if (!c)
     return PROSODY_ERR_INVALID_ARG;
+  pr__probe_t *probe;
   pthread_mutex_lock(&c->lock);
   engine = c->engine;
+  probe = c->probe;
+  c->probe = NULL;
   pthread_mutex_unlock(&c->lock);
   if (!engine)
     return PROSODY_ERR_STATE;
+  pr__probe_stop(probe); /* before the engine its callbacks read */
   pr__engine_stop(engine);
   pthread_mutex_lock(&c->lock);
   c->engine = NULL;
@@ -224,4 +254,15 @@ PROSODY_EXPORT int prosody_is_stalled(const prosody_client_t *c) {
     n = pr__engine_stalled(c->engine);
   pthread_mutex_unlock((pthread_mutex_t *)&c->lock);
   return n;
+}
+
+PROSODY_EXPORT int prosody_probe_port(const prosody_client_t *c) {
+  int port = -1;
+  if (!c)
+    return -1;
+  pthread_mutex_lock((pthread_mutex_t *)&c->lock);
+  if (c->probe)
+    port = pr__probe_port(c->probe);
+  pthread_mutex_unlock((pthread_mutex_t *)&c->lock);
+  return port;
 }

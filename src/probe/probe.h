@@ -1,0 +1,26 @@
+/*
+ * probe.h - the liveness/readiness HTTP server (private).
+ *
+ * libmicrohttpd runs it on its own thread; the handler reads only the
+ * engine's atomics (through the callbacks), so it takes no engine lock.
+ */
+#ifndef PR_PROBE_H
+#define PR_PROBE_H
+
+typedef struct pr__probe pr__probe_t;
+
+typedef struct pr__probe_source {
+  int (*assigned)(void *opaque); /* partitions assigned now */
+  int (*stalled)(void *opaque);  /* 1 if a partition is stalled */
+  void *opaque;
+} pr__probe_source_t;
+
+/* Listens on `port` (0: any free port) on all interfaces. NULL on error. */
+pr__probe_t *pr__probe_start(int port, pr__probe_source_t src, char *errstr,
+                             size_t errstr_size);
+/* The port actually bound. */
+int pr__probe_port(const pr__probe_t *probe);
+/* Stops the server (waits for requests in progress). NULL is a no-op. */
+void pr__probe_stop(pr__probe_t *probe);
+
+#endif /* PR_PROBE_H */
