@@ -1367,7 +1367,8 @@ pr__engine_t *pr__engine_start(const pr__settings_t *st, const char *bootstrap,
     goto fail;
   }
 
-  kconf = pr__kafka_conf_new(bootstrap, errstr, errstr_size);
+  kconf =
+      pr__kafka_conf_new(bootstrap, PR_CFG_BOOL(st, MOCK), errstr, errstr_size);
   if (!kconf)
     goto fail;
   snprintf(buf, sizeof(buf), "%lld", (long long)PR_CFG_MS(st, COMMIT_INTERVAL));

@@ -66,7 +66,7 @@ prosody_admin_new(prosody_config_t *conf, char *errstr, size_t errstr_size) {
     pr__errf(errstr, errstr_size, "out of memory");
     goto fail_mock;
   }
-  kconf = pr__kafka_conf_new(bootstrap, errstr, errstr_size);
+  kconf = pr__kafka_conf_new(bootstrap, admin->mock, errstr, errstr_size);
   free(bootstrap);
   if (!kconf)
     goto fail_mock;

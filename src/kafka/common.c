@@ -31,8 +31,8 @@ int pr__kafka_conf_set(rd_kafka_conf_t *kconf, const char *name,
   return 0;
 }
 
-rd_kafka_conf_t *pr__kafka_conf_new(const char *bootstrap, char *errstr,
-                                    size_t errstr_size) {
+rd_kafka_conf_t *pr__kafka_conf_new(const char *bootstrap, int mock,
+                                    char *errstr, size_t errstr_size) {
   rd_kafka_conf_t *kconf = rd_kafka_conf_new();
   if (!kconf) {
     pr__errf(errstr, errstr_size, "out of memory");
@@ -43,6 +43,8 @@ rd_kafka_conf_t *pr__kafka_conf_new(const char *bootstrap, char *errstr,
       pr__kafka_conf_set(kconf, "client.id", "prosody", errstr, errstr_size) ||
       pr__kafka_conf_set(kconf, "socket.nagle.disable", "true", errstr,
                          errstr_size) ||
+      (mock && pr__kafka_conf_set(kconf, "broker.address.family", "v4", errstr,
+                                  errstr_size)) ||
       /* Identical connection errors are reported once, not every retry. */
       pr__kafka_conf_set(kconf, "log.connection.close", "false", errstr,
                          errstr_size)) {

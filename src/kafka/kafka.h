@@ -20,9 +20,12 @@
 /* ---- common.c ---- */
 
 /* A librdkafka configuration with what every handle shares: bootstrap
- * servers, Nagle off, our log callback. NULL on error (errstr). */
-rd_kafka_conf_t *pr__kafka_conf_new(const char *bootstrap, char *errstr,
-                                    size_t errstr_size);
+ * servers, Nagle off, our log callback. `mock`: the embedded cluster, which
+ * listens on 127.0.0.1 but advertises "localhost", so IPv4 only (else every
+ * connection first tries ::1 and waits out a reconnect backoff). NULL on
+ * error (errstr). */
+rd_kafka_conf_t *pr__kafka_conf_new(const char *bootstrap, int mock,
+                                    char *errstr, size_t errstr_size);
 /* rd_kafka_conf_set() that reports failures in our words. */
 int pr__kafka_conf_set(rd_kafka_conf_t *kconf, const char *name,
                        const char *value, char *errstr, size_t errstr_size);

@@ -302,7 +302,7 @@ pr__producer_t *pr__producer_new(const pr__settings_t *st,
     prod->send_timeout_ms = 1;
   prod->mock = PR_CFG_BOOL(st, MOCK);
 
-  kconf = pr__kafka_conf_new(bootstrap, errstr, errstr_size);
+  kconf = pr__kafka_conf_new(bootstrap, prod->mock, errstr, errstr_size);
   if (!kconf)
     goto fail;
   snprintf(buf, sizeof(buf), "%d", prod->send_timeout_ms);
