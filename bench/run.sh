@@ -9,6 +9,8 @@ mkdir -p "$here/results"
 lines=$(mktemp); trap 'rm -f "$lines"' EXIT
 echo "== produce throughput (embedded mock cluster) =="
 "$build/bench/bench_produce" 200000 5 | tee -a "$lines"
+echo "== consume throughput, no-op handler (embedded mock cluster) =="
+"$build/bench/bench_consume" 200000 3 | tee -a "$lines"
 python3 - "$lines" "$here/results/latest.json" <<'PY'
 import json, platform, os, sys, time
 rows = []

@@ -7,7 +7,7 @@
  * owns all consumer state: partitions, key queues, offset trackers, the
  * limiter, the paused set, retry and timeout timers. Nothing else touches
  * that state, so it takes no locks. Other threads reach the engine only
- * through the completion queue (`lock`, `cond`, `done_head/tail`) plus
+ * through the completion stack (`done`, lock-free) plus
  * uv_async_send(&wake), and read three atomics (assigned, stalled, stop).
  *
  * Kafka. librdkafka's main queue is forwarded to the consumer queue, whose
@@ -172,9 +172,11 @@ struct pr__engine {
   pthread_t thread;
 
   /* Cross-thread. */
-  pthread_mutex_t lock; /* guards done_head/tail */
-  pthread_cond_t cond;  /* signalled on every completion */
-  inv_t *done_head, *done_tail;
+  _Atomic(inv_t *) done; /* lock-free stack of completions (LIFO; the
+                            engine takes it whole and reverses it) */
+  atomic_int draining;   /* the engine waits on `cond` (drain) */
+  pthread_mutex_t lock;  /* with cond: wakes a draining engine */
+  pthread_cond_t cond;
   atomic_int stop_requested;
   atomic_int assigned;
   atomic_int stalled;
@@ -411,16 +413,16 @@ static void finish(inv_t *inv, int commit) {
 /* Pushes a completion for the engine (any thread). */
 static void push_done(inv_t *inv) {
   pr__engine_t *eng = inv->eng;
-  pthread_mutex_lock(&eng->lock);
-  inv->dnext = NULL;
-  if (eng->done_tail)
-    eng->done_tail->dnext = inv;
-  else
-    eng->done_head = inv;
-  eng->done_tail = inv;
-  pthread_cond_broadcast(&eng->cond);
-  pthread_mutex_unlock(&eng->lock);
-  uv_async_send(&eng->wake);
+  inv_t *head = atomic_load(&eng->done);
+  do
+    inv->dnext = head;
+  while (!atomic_compare_exchange_weak(&eng->done, &head, inv));
+  if (atomic_load(&eng->draining)) {
+    pthread_mutex_lock(&eng->lock);
+    pthread_cond_broadcast(&eng->cond);
+    pthread_mutex_unlock(&eng->lock);
+  }
+  uv_async_send(&eng->wake); /* coalesced by libuv while pending */
 }
 
 static void cancel_ctx(prosody_context_t *ctx) {
@@ -752,11 +754,13 @@ static void dlq_done(inv_t *inv) {
 }
 
 static void process_done(pr__engine_t *eng) {
-  inv_t *inv;
-  pthread_mutex_lock(&eng->lock);
-  inv = eng->done_head;
-  eng->done_head = eng->done_tail = NULL;
-  pthread_mutex_unlock(&eng->lock);
+  inv_t *lifo = atomic_exchange(&eng->done, NULL), *inv = NULL;
+  while (lifo) { /* reverse into completion order */
+    inv_t *n = lifo->dnext;
+    lifo->dnext = inv;
+    inv = lifo;
+    lifo = n;
+  }
   while (inv) {
     inv_t *next = inv->dnext;
     if (inv->kind == KIND_DLQ)
@@ -1079,10 +1083,12 @@ static void drain(pr__engine_t *eng, int revoking_only) {
       ts.tv_sec += ns / 1000000000;
       ts.tv_nsec = ns % 1000000000;
     }
+    atomic_store(&eng->draining, 1);
     pthread_mutex_lock(&eng->lock);
-    if (!eng->done_head)
+    if (!atomic_load(&eng->done))
       pthread_cond_timedwait(&eng->cond, &eng->lock, &ts);
     pthread_mutex_unlock(&eng->lock);
+    atomic_store(&eng->draining, 0);
     process_done(eng);
   }
 }

@@ -1,0 +1,179 @@
+/*
+ * bench_consume.c - consumer throughput with a no-op handler against a raw
+ * librdkafka high-level consumer (poll, store offset, nothing else) reading
+ * the same pre-produced records from the same embedded mock cluster in the
+ * same run. Throughput is measured from the first to the last record
+ * (group joins excluded); ratio = prosody / raw. Default configuration.
+ *
+ *   bench_consume [messages] [repetitions]
+ *
+ * BENCH_MAX_CONCURRENCY / BENCH_MAX_UNCOMMITTED override those options for
+ * profiling; `make bench` uses the defaults.
+ */
+#include <librdkafka/rdkafka.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "prosody.h"
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static atomic_long produced_ok;
+static void on_sent(prosody_err_t err, const char *errstr,
+                    const prosody_delivery_t *d, void *op) {
+  if (err) {
+    fprintf(stderr, "produce: %s\n", errstr);
+    exit(1);
+  }
+  atomic_fetch_add(&produced_ok, 1);
+}
+
+static void produce(const char *topic, long n) {
+  char err[1024], key[32], buf[200];
+  prosody_config_t *conf = prosody_config_new();
+  prosody_client_t *c;
+  prosody_config_set(conf, "mock", "true", err, sizeof(err));
+  prosody_config_set(conf, "source_system", "bench", err, sizeof(err));
+  prosody_config_set(conf, "send_timeout", "60s", err, sizeof(err));
+  c = prosody_client_new(conf, err, sizeof(err));
+  for (long i = 0; i < n; i++) {
+    snprintf(key, sizeof(key), "key-%04ld", (i * 7919) % 1000);
+    snprintf(buf, sizeof(buf),
+             "{\"id\":\"evt-%010ld\",\"type\":\"order.created\",\"amount\":"
+             "%ld.%02ld,\"customer\":\"%s\"}",
+             i, (i * 31) % 1000, i % 100, key);
+    if (prosody_send_async(c, topic, key, buf, NULL, on_sent, NULL, err,
+                           sizeof(err))) {
+      fprintf(stderr, "send: %s\n", err);
+      exit(1);
+    }
+  }
+  prosody_client_destroy(c);
+}
+
+static double run_raw(const char *bootstrap, const char *topic, long n,
+                      int rep) {
+  char err[512], group[64];
+  rd_kafka_conf_t *kc = rd_kafka_conf_new();
+  rd_kafka_topic_partition_list_t *subs;
+  rd_kafka_t *rk;
+  long got = 0;
+  double first = 0, last = 0;
+  snprintf(group, sizeof(group), "bench-raw-%d", rep);
+  rd_kafka_conf_set(kc, "bootstrap.servers", bootstrap, err, sizeof(err));
+  rd_kafka_conf_set(kc, "group.id", group, err, sizeof(err));
+  rd_kafka_conf_set(kc, "auto.offset.reset", "earliest", err, sizeof(err));
+  rd_kafka_conf_set(kc, "enable.auto.offset.store", "false", err, sizeof(err));
+  rd_kafka_conf_set(kc, "broker.address.family", "v4", err, sizeof(err));
+  rd_kafka_conf_set(kc, "session.timeout.ms", "6000", err, sizeof(err));
+  rd_kafka_conf_set(kc, "heartbeat.interval.ms", "500", err, sizeof(err));
+  rk = rd_kafka_new(RD_KAFKA_CONSUMER, kc, err, sizeof(err));
+  rd_kafka_poll_set_consumer(rk);
+  subs = rd_kafka_topic_partition_list_new(1);
+  rd_kafka_topic_partition_list_add(subs, topic, RD_KAFKA_PARTITION_UA);
+  rd_kafka_subscribe(rk, subs);
+  rd_kafka_topic_partition_list_destroy(subs);
+  while (got < n) {
+    rd_kafka_message_t *m = rd_kafka_consumer_poll(rk, 100);
+    if (!m)
+      continue;
+    if (!m->err) {
+      if (!got)
+        first = now_s();
+      got++;
+      last = now_s();
+      rd_kafka_offset_store(m->rkt, m->partition, m->offset);
+    }
+    rd_kafka_message_destroy(m);
+  }
+  rd_kafka_consumer_close(rk);
+  rd_kafka_destroy(rk);
+  return (double)n / (last - first);
+}
+
+static atomic_long pr_got;
+static _Atomic double pr_first, pr_last;
+static prosody_result_t noop(prosody_context_t *ctx, const prosody_message_t *m,
+                             void *op) {
+  long n = atomic_fetch_add(&pr_got, 1);
+  double t = now_s();
+  if (n == 0)
+    atomic_store(&pr_first, t);
+  atomic_store(&pr_last, t);
+  return PROSODY_SUCCESS;
+}
+
+static double run_prosody(const char *topic, long n, int rep) {
+  char err[1024], group[64];
+  prosody_config_t *conf = prosody_config_new();
+  prosody_client_t *c;
+  prosody_handler_t h = {noop, NULL, NULL, 0};
+  snprintf(group, sizeof(group), "bench-prosody-%d", rep);
+  prosody_config_set(conf, "mock", "true", err, sizeof(err));
+  prosody_config_set(conf, "group_id", group, err, sizeof(err));
+  prosody_config_set(conf, "subscribed_topics", topic, err, sizeof(err));
+  prosody_config_set(conf, "log", "warn", err, sizeof(err));
+  if (getenv("BENCH_MAX_CONCURRENCY"))
+    prosody_config_set(conf, "max_concurrency", getenv("BENCH_MAX_CONCURRENCY"),
+                       err, sizeof(err));
+  if (getenv("BENCH_MAX_UNCOMMITTED"))
+    prosody_config_set(conf, "max_uncommitted", getenv("BENCH_MAX_UNCOMMITTED"),
+                       err, sizeof(err));
+  c = prosody_client_new(conf, err, sizeof(err));
+  atomic_store(&pr_got, 0);
+  if (!c || prosody_subscribe(c, &h, err, sizeof(err))) {
+    fprintf(stderr, "prosody: %s\n", err);
+    exit(1);
+  }
+  while (atomic_load(&pr_got) < n)
+    usleep(1000);
+  prosody_client_destroy(c);
+  return (double)n / (atomic_load(&pr_last) - atomic_load(&pr_first));
+}
+
+static int cmp(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+int main(int argc, char **argv) {
+  long n = argc > 1 ? atol(argv[1]) : 200000;
+  int reps = argc > 2 ? atoi(argv[2]) : 3;
+  char bootstrap[256], err[512], topic[64];
+  double raw[16], pr[16];
+  if (reps < 1 || reps > 16 || n < 1)
+    return 2;
+  prosody_mock_bootstrap_servers(bootstrap, sizeof(bootstrap), err,
+                                 sizeof(err));
+  snprintf(topic, sizeof(topic), "bench-consume");
+  produce(topic, n); /* 4 partitions (mock default), 1000 keys */
+  for (int r = 0; r < reps; r++) {
+    if (r % 2) {
+      pr[r] = run_prosody(topic, n, r);
+      raw[r] = run_raw(bootstrap, topic, n, r);
+    } else {
+      raw[r] = run_raw(bootstrap, topic, n, r);
+      pr[r] = run_prosody(topic, n, r);
+    }
+    fprintf(stderr, "  run %d: raw %.0f msg/s, prosody %.0f msg/s\n", r, raw[r],
+            pr[r]);
+  }
+  qsort(raw, (size_t)reps, sizeof(double), cmp);
+  qsort(pr, (size_t)reps, sizeof(double), cmp);
+  printf("bench consume-raw %.0f msg/s ratio=1.000\n", raw[reps / 2]);
+  printf("bench consume-noop %.0f msg/s ratio=%.3f\n", pr[reps / 2],
+         pr[reps / 2] / raw[reps / 2]);
+  fprintf(stderr,
+          "consume: %ld records x %d runs (median); prosody no-op handler "
+          "%.0f msg/s vs raw librdkafka %.0f msg/s = %.2fx\n",
+          n, reps, pr[reps / 2], raw[reps / 2], pr[reps / 2] / raw[reps / 2]);
+  return 0;
+}
