@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs the test tiers for `make test`: unit and mock-cluster tests, then the
-# real tier against Apache Kafka on localhost:9094 (started here unless it
-# already runs, and stopped again if started here; its logs stay in
-# ${PROSODY_SERVICES_RUN:-/tmp/prosody-services}/kafka/logs for failed runs).
+# real tier against Apache Kafka on localhost:9094 and Apache Cassandra on
+# localhost:9042 (each started here unless it already runs, and stopped
+# again if started here; logs stay in
+# ${PROSODY_SERVICES_RUN:-/tmp/prosody-services}/<service>/logs).
 #   scripts/run-tests.sh BUILD_DIR [all|real]
 set -uo pipefail
 build="${1:-build}"
@@ -24,16 +25,18 @@ if [ "$tier" = all ]; then
   ctest --test-dir "$build" --output-on-failure -j "$jobs" -L 'unit|mock' || rc=1
 fi
 
-if [ -z "${PROSODY_TEST_BOOTSTRAP:-}" ]; then
-  if ! "$root/scripts/services/kafka" status >/dev/null 2>&1; then
-    if "$root/scripts/services/kafka" start; then
-      started+=(kafka)
+ensure() { # ensure SERVICE: start it unless it already answers
+  if ! "$root/scripts/services/$1" status >/dev/null 2>&1; then
+    if "$root/scripts/services/$1" start; then
+      started+=("$1")
     else
-      echo "run-tests: could not start Kafka for the real tier" >&2
+      echo "run-tests: could not start $1 for the real tier" >&2
       exit 1
     fi
   fi
-fi
+}
+[ -n "${PROSODY_TEST_BOOTSTRAP:-}" ] || ensure kafka
+[ -n "${PROSODY_TEST_CASSANDRA:-}" ] || ensure cassandra
 ctest --test-dir "$build" --output-on-failure -j "$jobs" -L real || rc=1
 
 echo "run-tests: finished in $(( $(date +%s) - t0 )) s, $([ $rc = 0 ] && echo PASSED || echo FAILED)"
