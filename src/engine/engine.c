@@ -50,6 +50,7 @@
 #include <fcntl.h>
 #include <jansson.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -175,6 +176,8 @@ struct pr__engine {
   _Atomic(inv_t *) done; /* lock-free stack of completions (LIFO; the
                             engine takes it whole and reverses it) */
   atomic_int draining;   /* the engine waits on `cond` (drain) */
+  atomic_int pushers;    /* threads inside push_done(): the engine is not
+                            freed until none is left */
   pthread_mutex_t lock;  /* with cond: wakes a draining engine */
   pthread_cond_t cond;
   atomic_int stop_requested;
@@ -190,8 +193,9 @@ struct pr__engine {
   tp_t *paused; /* partitions we paused (survives revoke: rule 2) */
   size_t npaused, cap_paused;
   int backpressure;
-  int uncommitted; /* events taken, not finished */
-  int running;     /* handlers started, not completed */
+  int uncommitted;  /* events taken, not finished */
+  int running;      /* handlers started, not completed */
+  int dlq_inflight; /* failure-topic sends awaiting their report */
   inv_t *ready_head, *ready_tail;
   int phase;
   int stopping; /* shutdown has begun */
@@ -413,7 +417,12 @@ static void finish(inv_t *inv, int commit) {
 /* Pushes a completion for the engine (any thread). */
 static void push_done(inv_t *inv) {
   pr__engine_t *eng = inv->eng;
-  inv_t *head = atomic_load(&eng->done);
+  inv_t *head;
+  /* Once the CAS publishes inv the engine may process it at once; the
+   * counter keeps the engine (and its wake handle) alive until this
+   * function has finished touching it. */
+  atomic_fetch_add(&eng->pushers, 1);
+  head = atomic_load(&eng->done);
   do
     inv->dnext = head;
   while (!atomic_compare_exchange_weak(&eng->done, &head, inv));
@@ -423,6 +432,7 @@ static void push_done(inv_t *inv) {
     pthread_mutex_unlock(&eng->lock);
   }
   uv_async_send(&eng->wake); /* coalesced by libuv while pending */
+  atomic_fetch_sub(&eng->pushers, 1);
 }
 
 static void cancel_ctx(prosody_context_t *ctx) {
@@ -625,6 +635,7 @@ static void dlq_send(inv_t *inv) {
 
   inv->state = INV_DLQ;
   inv->part->active++;
+  eng->dlq_inflight++;
   rd_kafka_header_add(h, "source-kind", -1, "message", -1);
   rd_kafka_header_add(h, "source-topic", -1, inv->msg.topic, -1);
   snprintf(num, sizeof(num), "%d", inv->msg.partition);
@@ -734,6 +745,7 @@ static void handler_done(inv_t *inv) {
 static void dlq_done(inv_t *inv) {
   pr__engine_t *eng = inv->eng;
   inv->part->active--;
+  eng->dlq_inflight--;
   if (!inv->dlq_err) {
     finish(inv, 1); /* committed only once the dead letter is written */
     return;
@@ -1479,6 +1491,23 @@ void pr__engine_stop(pr__engine_t *eng) {
              "the consumer did not stop within shutdown_timeout + 60 s; "
              "abandoning it");
     return;
+  }
+  /* The engine thread has exited, so its counters are stable. A handler
+   * (or failure-topic send) that outlived shutdown_timeout still holds
+   * pointers into the engine: leave its memory to it rather than free it
+   * under a running thread. */
+  if (eng->running > 0 || eng->dlq_inflight > 0) {
+    PR_ERROR("engine",
+             "%d handler(s) and %d failure-topic send(s) still running after "
+             "shutdown; leaving the consumer's memory to them",
+             eng->running, eng->dlq_inflight);
+    return;
+  }
+  while (atomic_load(&eng->pushers) > 0)
+    sched_yield();
+  if (eng->pool) {
+    pr__pool_destroy(eng->pool);
+    eng->pool = NULL;
   }
   uv_loop_close(&eng->loop);
   rd_kafka_queue_destroy(eng->cq);
