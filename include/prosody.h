@@ -365,9 +365,13 @@ PROSODY_EXPORT void prosody_context_set_error(prosody_context_t *ctx,
                                               const char *message);
 /*
  * Completes an invocation whose callback returned PROSODY_PENDING, from any
- * thread, exactly once. `result` is SUCCESS, TRANSIENT or PERMANENT;
- * `message` (may be NULL) describes a failure. The context and message must
- * not be used afterwards. Returns PROSODY_ERR_STATE if already completed.
+ * thread. Call it exactly once per PENDING return, and never after the
+ * callback returned a final result: the context (and message) may be freed
+ * as soon as the result is processed, so a second or stray call is
+ * undefined behaviour. `result` is SUCCESS, TRANSIENT or PERMANENT;
+ * `message` (may be NULL) describes a failure. PROSODY_ERR_STATE reports a
+ * second call that arrives before the first was processed;
+ * PROSODY_ERR_INVALID_ARG a NULL context or PROSODY_PENDING.
  */
 PROSODY_EXPORT prosody_err_t prosody_complete(prosody_context_t *ctx,
                                               prosody_result_t result,

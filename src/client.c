@@ -26,6 +26,7 @@ struct prosody_client {
   pthread_mutex_t lock;     /* guards engine (subscribe/unsubscribe) */
   pr__engine_t *engine;     /* the running consumer, or NULL */
   pr__probe_t *probe;       /* probe server while subscribed, or NULL */
+  int stopping;             /* guarded by lock: unsubscribe in progress */
 };
 
 static int probe_assigned(void *opaque) { return pr__engine_assigned(opaque); }
@@ -177,8 +178,9 @@ PROSODY_EXPORT prosody_err_t prosody_subscribe(prosody_client_t *c,
     return PROSODY_ERR_CONFIG;
   }
   pthread_mutex_lock(&c->lock);
-  if (c->engine) {
-    pr__errf(errstr, errstr_size, "already subscribed");
+  if (c->engine || c->stopping) {
+    pr__errf(errstr, errstr_size,
+             c->engine ? "already subscribed" : "still unsubscribing");
     err = PROSODY_ERR_STATE;
   } else {
     c->engine = pr__engine_start(&c->st, c->bootstrap, c->producer, handler,
@@ -205,17 +207,22 @@ PROSODY_EXPORT prosody_err_t prosody_unsubscribe(prosody_client_t *c) {
   if (!c)
     return PROSODY_ERR_INVALID_ARG;
   pr__probe_t *probe;
+  /* Take the engine under the lock: readers see NULL from here on, and a
+   * concurrent unsubscribe gets PROSODY_ERR_STATE. */
   pthread_mutex_lock(&c->lock);
   engine = c->engine;
   probe = c->probe;
+  c->engine = NULL;
   c->probe = NULL;
+  if (engine)
+    c->stopping = 1;
   pthread_mutex_unlock(&c->lock);
   if (!engine)
     return PROSODY_ERR_STATE;
   pr__probe_stop(probe); /* before the engine its callbacks read */
   pr__engine_stop(engine);
   pthread_mutex_lock(&c->lock);
-  c->engine = NULL;
+  c->stopping = 0;
   pthread_mutex_unlock(&c->lock);
   return PROSODY_OK;
 }
@@ -226,7 +233,7 @@ PROSODY_EXPORT const char *prosody_consumer_state(const prosody_client_t *c) {
     return "unconfigured";
   pthread_mutex_lock((pthread_mutex_t *)&c->lock);
   state =
-      c->engine ? "running"
+      c->engine || c->stopping ? "running"
       : PR_CFG_SET(&c->st, GROUP_ID) && PR_CFG_SET(&c->st, SUBSCRIBED_TOPICS)
           ? "configured"
           : "unconfigured";

@@ -143,6 +143,8 @@ struct part {
   int active;            /* of which RUNNING or DLQ */
   int revoking;          /* no new starts; being released */
   int zombie;            /* released while a handler still runs */
+  int held;              /* a zombie of the same partition still runs: queue,
+                            don't start (per-key exclusivity) */
   int dirty;             /* watermark advanced since last store */
   int64_t head_off;      /* oldest pending offset seen by the stall check */
   int64_t head_since_ns; /* since when it has been the oldest */
@@ -190,6 +192,8 @@ struct pr__engine {
   uv_timer_t tick;
   uv_async_t wake;
   part_t *parts;
+  part_t *zombies; /* released partitions with handlers still running */
+
   tp_t *paused; /* partitions we paused (survives revoke: rule 2) */
   size_t npaused, cap_paused;
   int backpressure;
@@ -250,20 +254,26 @@ static int paused_find(pr__engine_t *eng, const char *topic, int32_t p) {
   return -1;
 }
 
-static void paused_add(pr__engine_t *eng, const char *topic, int32_t p) {
+/* Records a partition we pause; 0 on success. A partition is paused only
+ * once recorded, so the set never misses one (rule 2). */
+static int paused_add(pr__engine_t *eng, const char *topic, int32_t p) {
+  char *copy;
   if (paused_find(eng, topic, p) >= 0)
-    return;
+    return 0;
   if (eng->npaused == eng->cap_paused) {
     size_t cap = eng->cap_paused ? eng->cap_paused * 2 : 16;
     tp_t *grown = realloc(eng->paused, cap * sizeof(*grown));
     if (!grown)
-      return;
+      return -1;
     eng->paused = grown;
     eng->cap_paused = cap;
   }
-  eng->paused[eng->npaused].topic = strdup(topic);
+  if (!(copy = strdup(topic)))
+    return -1;
+  eng->paused[eng->npaused].topic = copy;
   eng->paused[eng->npaused].partition = p;
   eng->npaused++;
+  return 0;
 }
 
 static void paused_remove(pr__engine_t *eng, int i) {
@@ -394,6 +404,34 @@ static inv_t *inv_detach(inv_t *inv) {
 
 static void backpressure_check(pr__engine_t *eng);
 
+static part_t *zombie_find(pr__engine_t *eng, const char *topic, int32_t p) {
+  for (part_t *z = eng->zombies; z; z = z->next)
+    if (z->partition == p && !strcmp(z->topic, topic))
+      return z;
+  return NULL;
+}
+
+/* The last handler of a released partition finished: free it, and let a
+ * live assignment of the same partition start its keys. */
+static void zombie_done(pr__engine_t *eng, part_t *zombie) {
+  part_t **pp = &eng->zombies, *live;
+  while (*pp && *pp != zombie)
+    pp = &(*pp)->next;
+  if (*pp)
+    *pp = zombie->next;
+  live = part_find(eng, zombie->topic, zombie->partition);
+  part_free(zombie);
+  if (!live || !live->held || zombie_find(eng, live->topic, live->partition))
+    return;
+  live->held = 0;
+  if (live->revoking || eng->phase != PH_RUNNING)
+    return;
+  for (size_t b = 0; live->buckets && b < live->nbuckets; b++)
+    for (kq_t *kq = live->buckets[b]; kq; kq = kq->next)
+      if (kq->head && kq->head->state == INV_QUEUED)
+        schedule(kq->head);
+}
+
 /* The event is done: commit its offset when `commit`, start the key's next
  * event, free it. */
 static void finish(inv_t *inv, int commit) {
@@ -406,10 +444,10 @@ static void finish(inv_t *inv, int commit) {
   inv_free(inv);
   if (part->zombie) {
     if (part->invs == 0)
-      part_free(part);
+      zombie_done(eng, part);
     return;
   }
-  if (next && !part->revoking && eng->phase == PH_RUNNING)
+  if (next && !part->revoking && !part->held && eng->phase == PH_RUNNING)
     schedule(next);
   backpressure_check(eng);
 }
@@ -492,6 +530,9 @@ static void start(inv_t *inv) {
   pthread_mutex_lock(&inv->ctx.lock);
   free(inv->ctx.error);
   inv->ctx.error = NULL;
+  /* A new attempt starts uncancelled (an earlier attempt may have timed
+   * out); attempts only start while running normally. */
+  atomic_store(&inv->ctx.cancelled, 0);
   pthread_mutex_unlock(&inv->ctx.lock);
   if (eng->timeout_ms > 0) {
     inv->timeout = malloc(sizeof(uv_timer_t));
@@ -813,10 +854,10 @@ static void store_offsets(pr__engine_t *eng, part_t *only) {
 static void pause_all(pr__engine_t *eng) {
   rd_kafka_topic_partition_list_t *list = rd_kafka_topic_partition_list_new(8);
   for (part_t *part = eng->parts; part; part = part->next) {
-    if (paused_find(eng, part->topic, part->partition) >= 0)
+    if (paused_find(eng, part->topic, part->partition) >= 0 ||
+        paused_add(eng, part->topic, part->partition))
       continue;
     rd_kafka_topic_partition_list_add(list, part->topic, part->partition);
-    paused_add(eng, part->topic, part->partition);
   }
   if (list->cnt)
     rd_kafka_pause_partitions(eng->rk, list);
@@ -980,7 +1021,7 @@ static void intake(pr__engine_t *eng, rd_kafka_message_t *rkm) {
     kq->tail = inv;
   } else {
     kq->head = kq->tail = inv;
-    if (eng->phase == PH_RUNNING)
+    if (eng->phase == PH_RUNNING && !part->held)
       schedule(inv);
   }
 }
@@ -1022,7 +1063,8 @@ static void release_idle(pr__engine_t *eng, part_t *only) {
         inv_t *inv = kq->head, *keep = NULL;
         /* The head may be running (or in a DLQ send); everything behind
          * it, and an idle head, is released without commit. */
-        if (inv && (inv->state == INV_RUNNING || inv->state == INV_DLQ)) {
+        if (inv && (inv->state == INV_RUNNING ||
+                    (inv->state == INV_DLQ && !inv->timer))) {
           keep = inv;
           inv = inv->next;
           keep->next = NULL;
@@ -1115,6 +1157,13 @@ static void part_release(pr__engine_t *eng, part_t *part) {
     *pp = part->next;
   if (part->invs > 0) {
     part->zombie = 1;
+    part->next = eng->zombies;
+    eng->zombies = part;
+    /* Already cancelled: their timeouts would only keep the loop alive. */
+    for (size_t b = 0; part->buckets && b < part->nbuckets; b++)
+      for (kq_t *kq = part->buckets[b]; kq; kq = kq->next)
+        if (kq->head)
+          timer_close(&kq->head->timeout);
     PR_WARN("engine", "%s[%d] released with %d handler(s) still running",
             part->topic, part->partition, part->invs);
   } else {
@@ -1154,6 +1203,7 @@ static void on_assign(pr__engine_t *eng, rd_kafka_topic_partition_list_t *list,
     part->partition = tp->partition;
     pr__tracker_init(&part->tracker);
     part->head_off = -1;
+    part->held = zombie_find(eng, tp->topic, tp->partition) != NULL;
     part->next = eng->parts;
     eng->parts = part;
   }
@@ -1172,8 +1222,8 @@ static void on_assign(pr__engine_t *eng, rd_kafka_topic_partition_list_t *list,
     rd_kafka_topic_partition_t *tp = &list->elems[i];
     int idx = paused_find(eng, tp->topic, tp->partition);
     if (eng->backpressure && idx < 0) {
-      rd_kafka_topic_partition_list_add(pause, tp->topic, tp->partition);
-      paused_add(eng, tp->topic, tp->partition);
+      if (!paused_add(eng, tp->topic, tp->partition))
+        rd_kafka_topic_partition_list_add(pause, tp->topic, tp->partition);
     } else if (!eng->backpressure && idx >= 0) {
       rd_kafka_topic_partition_list_add(resume, tp->topic, tp->partition);
       paused_remove(eng, idx);
@@ -1201,7 +1251,8 @@ static void on_revoke(pr__engine_t *eng, rd_kafka_topic_partition_list_t *list,
       release_idle(eng, part);
     }
   }
-  drain(eng, 1);
+  if (!eng->stopping) /* shutdown has drained already */
+    drain(eng, 1);
   /* Store the final watermark before giving the partitions up. */
   store_offsets(eng, NULL);
   for (int i = 0; i < list->cnt; i++) {
@@ -1286,6 +1337,7 @@ static void shutdown_engine(pr__engine_t *eng) {
   rd_kafka_consumer_close(eng->rk);
   while (eng->parts)
     part_release(eng, eng->parts);
+  process_done(eng);
   update_assigned(eng);
   PR_INFO("engine", "consumer stopped in %lld ms",
           (long long)((pr__now_ns() - t0) / 1000000));
@@ -1491,6 +1543,19 @@ void pr__engine_stop(pr__engine_t *eng) {
              "the consumer did not stop within shutdown_timeout + 60 s; "
              "abandoning it");
     return;
+  }
+  /* The engine thread has exited: this thread owns its state now. Collect
+   * completions that arrived after its last look (bounded), and let
+   * libuv finish closing the timers that closes. */
+  {
+    int64_t deadline = pr__now_ns() + INT64_C(100000000);
+    do {
+      process_done(eng);
+      if (eng->running == 0 && eng->dlq_inflight == 0)
+        break;
+      usleep(1000);
+    } while (pr__now_ns() < deadline);
+    uv_run(&eng->loop, UV_RUN_NOWAIT);
   }
   /* The engine thread has exited, so its counters are stable. A handler
    * (or failure-topic send) that outlived shutdown_timeout still holds

@@ -30,6 +30,19 @@ static prosody_result_t slow(prosody_context_t *ctx, const prosody_message_t *m,
   return PROSODY_SUCCESS;
 }
 
+/* Attempt 1 outlives its timeout and fails; attempt 2 must start with a
+ * fresh, uncancelled context. */
+static atomic_int attempts, second_was_cancelled = -1;
+static prosody_result_t times_out_once(prosody_context_t *ctx,
+                                       const prosody_message_t *m, void *op) {
+  if (atomic_fetch_add(&attempts, 1) == 0) {
+    prosody_wait_cancel(ctx, 5000);
+    return PROSODY_TRANSIENT;
+  }
+  atomic_store(&second_was_cancelled, prosody_should_cancel(ctx));
+  return PROSODY_SUCCESS;
+}
+
 static prosody_result_t stuck(prosody_context_t *ctx,
                               const prosody_message_t *m, void *op) {
   if (!strcmp(prosody_message_key(m), "key-0")) {
@@ -88,6 +101,31 @@ int main(void) {
   }
   CHECK_OK(prosody_unsubscribe(c), "unsubscribe");
   prosody_client_destroy(c);
+
+  /* A retry after a timeout starts uncancelled. */
+  {
+    char t3[128], g3[160];
+    prosody_handler_t h = {times_out_once, NULL, NULL, 0};
+    double deadline;
+    snprintf(t3, sizeof(t3), "%s", t_topic("shutdown-retry"));
+    snprintf(g3, sizeof(g3), "%s-g", t3);
+    t_create_topic(t3, 1);
+    t_produce(t3, 0, 1, 1);
+    conf = t_consumer_config(g3, t3);
+    t_set(conf, "timeout", "200ms");
+    t_set(conf, "retry_base", "1ms");
+    c = prosody_client_new(conf, err, sizeof(err));
+    CHECK(c, "%s", err);
+    CHECK_OK(prosody_subscribe(c, &h, err, sizeof(err)), err);
+    deadline = t_now() + 60;
+    while (atomic_load(&second_was_cancelled) < 0 && t_now() < deadline)
+      usleep(10000);
+    CHECK(atomic_load(&second_was_cancelled) == 0,
+          "the retry after a timeout started cancelled (%d)",
+          atomic_load(&second_was_cancelled));
+    CHECK_OK(prosody_unsubscribe(c), "unsubscribe");
+    prosody_client_destroy(c);
+  }
 
   /* Shutdown phases. */
   snprintf(topic, sizeof(topic), "%s", t_topic("shutdown-phases"));
