@@ -225,6 +225,26 @@ static inline void t_produce(const char *topic, int from, int to, int keys) {
   CHECK(t_send_failures == 0, "%d sends failed", t_send_failures);
 }
 
+/* Like t_produce() with an explicit key per record: key-<keys[i]>. */
+static inline void t_produce_keyed(const char *topic, int from, int to,
+                                   const int *keys) {
+  char err[1024], key[32], payload[96];
+  prosody_config_t *conf = t_config();
+  prosody_client_t *client;
+  t_set(conf, "source_system", "test-producer");
+  client = prosody_client_new(conf, err, sizeof(err));
+  CHECK(client, "producer: %s", err);
+  for (int i = from; i < to; i++) {
+    snprintf(key, sizeof(key), "key-%d", keys[i]);
+    snprintf(payload, sizeof(payload), "{\"k\":%d,\"seq\":%d}", keys[i], i);
+    CHECK_OK(prosody_send_async(client, topic, key, payload, NULL, t_ignore_cb,
+                                NULL, err, sizeof(err)),
+             err);
+  }
+  prosody_client_destroy(client);
+  CHECK(t_send_failures == 0, "%d sends failed", t_send_failures);
+}
+
 /* A consumer configuration: the broker under test, a fresh group, topics. */
 static inline prosody_config_t *t_consumer_config(const char *group,
                                                   const char *topics) {

@@ -1,6 +1,8 @@
 /*
  * test_consume_rebalance.c - the ordering property across rebalances and a
- * killed consumer. Records with random keys over 6 partitions; consumer A
+ * killed consumer. Records with random keys over a random number of
+ * partitions (3-12; the seed is printed, PROSODY_TEST_SEED replays it);
+ * consumer A
  * starts, B joins mid-stream, A leaves, then C (a child process) joins and
  * is killed with SIGKILL mid-flight, and B finishes. Every record must be
  * processed at least once, and whenever a record is processed every earlier
@@ -21,10 +23,11 @@
 #define KEYS 50
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static int key_of[N]; /* immutable after produce */
-static int times[N];  /* guarded by lock */
-static int distinct;  /* guarded by lock */
-static int gaps;      /* guarded by lock */
+static int key_of[N];  /* immutable after produce */
+static int prev_of[N]; /* previous seq with the same key, or -1 */
+static int times[N];   /* guarded by lock */
+static int distinct;   /* guarded by lock */
+static int gaps;       /* guarded by lock */
 static char first_gap[256];
 static atomic_int by_a, by_b;
 
@@ -39,7 +42,7 @@ static prosody_result_t handle(prosody_context_t *ctx,
   if (seq % 7 == 0)
     usleep(500);
   pthread_mutex_lock(&lock);
-  for (int s = seq - KEYS; s >= 0; s -= KEYS) /* same key: seq % KEYS */
+  for (int s = prev_of[seq]; s >= 0; s = prev_of[s]) /* same key, earlier */
     if (!times[s]) {
       if (!gaps++)
         snprintf(first_gap, sizeof(first_gap),
@@ -159,24 +162,33 @@ int main(int argc, char **argv) {
   prosody_client_t *a, *b;
   pid_t child;
   int pipefd[2];
-  unsigned seed = 1234;
+  unsigned seed = getenv("PROSODY_TEST_SEED")
+                      ? (unsigned)atoi(getenv("PROSODY_TEST_SEED"))
+                      : (unsigned)time(NULL) ^ (unsigned)getpid();
+  int partitions, last[KEYS];
 
   if (argc == 5 && !strcmp(argv[1], "--child"))
     return child_main(argv[2], argv[3], argv[4]);
 
   snprintf(topic, sizeof(topic), "%s", t_topic("rebalance"));
   snprintf(group, sizeof(group), "%s-g", topic);
-  t_create_topic(topic, 6);
-  /* Random keys: payload {"k":k,"seq":i} with k = i % KEYS keeps the gap
-   * check simple; the key order over the stream is shuffled per block. */
-  for (int i = 0; i < N; i++)
-    key_of[i] = i % KEYS;
-  (void)seed;
-  t_produce(topic, 0, N / 3, KEYS);
+  unsigned seed0 = seed;
+  partitions = 3 + (int)(rand_r(&seed) % 10);
+  printf("seed %u (PROSODY_TEST_SEED): %d partitions\n", seed0, partitions);
+  fflush(stdout);
+  t_create_topic(topic, partitions);
+  for (int k = 0; k < KEYS; k++)
+    last[k] = -1;
+  for (int i = 0; i < N; i++) {
+    key_of[i] = (int)(rand_r(&seed) % KEYS);
+    prev_of[i] = last[key_of[i]];
+    last[key_of[i]] = i;
+  }
+  t_produce_keyed(topic, 0, N / 3, key_of);
 
   a = member(topic, group, &by_a);
   wait_processed(N / 6, 60);
-  t_produce(topic, N / 3, 2 * N / 3, KEYS);
+  t_produce_keyed(topic, N / 3, 2 * N / 3, key_of);
   b = member(topic, group, &by_b); /* rebalance: A and B share */
   wait_processed(N / 2, 90);
   CHECK_OK(prosody_unsubscribe(a), "A leaves"); /* rebalance: B has all */
@@ -203,7 +215,7 @@ int main(int argc, char **argv) {
    * processed some of it, kill it. */
   read_child(pipefd[0], 0, 1, 120);
   CHECK(child_assigned, "the child consumer never got partitions");
-  t_produce(topic, 2 * N / 3, N, KEYS);
+  t_produce_keyed(topic, 2 * N / 3, N, key_of);
   read_child(pipefd[0], 20, 1, 120);
   CHECK(child_lines >= 20, "child processed only %d records", child_lines);
   kill(child, SIGKILL);
@@ -229,8 +241,8 @@ int main(int argc, char **argv) {
   CHECK(atomic_load(&by_a) > 0 && atomic_load(&by_b) > 0,
         "both members should have worked: A %d, B %d", atomic_load(&by_a),
         atomic_load(&by_b));
-  printf("ok: %d records across 3 members (A %d, B %d, killed C %d), no key "
-         "skipped ahead\n",
-         N, atomic_load(&by_a), atomic_load(&by_b), child_lines);
+  printf("ok: %d records over %d partitions across 3 members (A %d, B %d, "
+         "killed C %d), no key skipped ahead\n",
+         N, partitions, atomic_load(&by_a), atomic_load(&by_b), child_lines);
   return 0;
 }
