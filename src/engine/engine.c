@@ -728,57 +728,118 @@ static void log_failure(inv_t *inv, const char *what) {
           inv->result_error ? inv->result_error : "(no message)", what);
 }
 
-/* A handler attempt finished (engine thread). */
+/*
+ * Result layers (DESIGN section 4). A mode is a list of small layers, from
+ * the handler outwards; on the way out each layer sees the attempt's result
+ * and either passes it on (NEXT) or decides. The invocation side (limiter,
+ * timeout, handler) lives in schedule()/start(); dedup, defer,
+ * monopolization and telemetry join these lists as further layers.
+ */
+typedef enum verdict {
+  V_NEXT,   /* no decision: the next layer out decides */
+  V_COMMIT, /* done: complete the offset */
+  V_ABORT,  /* done without commit: redelivered later */
+  V_RETRY,  /* run the handler again after a backoff */
+  V_DEAD    /* send to failure_topic, commit once written */
+} verdict_t;
+
+typedef struct layer {
+  const char *name;
+  verdict_t (*complete)(inv_t *inv);
+} layer_t;
+
+/* Success is final in every mode. */
+static verdict_t l_success(inv_t *inv) {
+  return inv->result == PROSODY_SUCCESS ? V_COMMIT : V_NEXT;
+}
+
+/* Shutdown, revoke or a released partition make any failure terminal. */
+static verdict_t l_terminal(inv_t *inv) {
+  if (inv->eng->phase == PH_RUNNING && !inv->part->revoking &&
+      !inv->part->zombie)
+    return V_NEXT;
+  PR_DEBUG("engine", "%s[%d] offset %lld aborted by shutdown/revoke",
+           inv->msg.topic, inv->msg.partition, (long long)inv->msg.offset);
+  return V_ABORT;
+}
+
+/* low-latency: transient failures retried up to max_retries. */
+static verdict_t l_retry_capped(inv_t *inv) {
+  if (inv->result == PROSODY_TRANSIENT &&
+      inv->attempt <= PR_CFG_INT(inv->eng->st, MAX_RETRIES))
+    return V_RETRY;
+  return V_NEXT;
+}
+
+/* low-latency: what is still failing goes to the failure topic. */
+static verdict_t l_failure_topic(inv_t *inv) {
+  log_failure(inv, "sending it to the failure topic");
+  return V_DEAD;
+}
+
+/* pipeline: transient failures retried without limit; permanent ones are
+ * logged and committed past. */
+static verdict_t l_retry_unbounded(inv_t *inv) {
+  if (inv->result == PROSODY_PERMANENT) {
+    log_failure(inv, "skipping it");
+    return V_COMMIT;
+  }
+  if (inv->attempt == 1 || inv->attempt % 10 == 0)
+    log_failure(inv, "retrying");
+  return V_RETRY;
+}
+
+/* best-effort: any failure is logged and committed past. */
+static verdict_t l_log_skip(inv_t *inv) {
+  log_failure(inv, "skipping it");
+  return V_COMMIT;
+}
+
+#define LAYER(fn)                                                              \
+  { #fn, fn }
+static const layer_t pipeline_layers[] = {
+    LAYER(l_success), LAYER(l_terminal), LAYER(l_retry_unbounded), {0, 0}};
+static const layer_t low_latency_layers[] = {LAYER(l_success),
+                                             LAYER(l_terminal),
+                                             LAYER(l_retry_capped),
+                                             LAYER(l_failure_topic),
+                                             {0, 0}};
+static const layer_t best_effort_layers[] = {
+    LAYER(l_success), LAYER(l_terminal), LAYER(l_log_skip), {0, 0}};
+
+static const layer_t *mode_layers(int mode) {
+  return mode == PR_MODE_LOW_LATENCY   ? low_latency_layers
+         : mode == PR_MODE_BEST_EFFORT ? best_effort_layers
+                                       : pipeline_layers;
+}
+
+/* A handler attempt finished (engine thread): free its slot, then let the
+ * mode's layers decide. */
 static void handler_done(inv_t *inv) {
   pr__engine_t *eng = inv->eng;
-  part_t *part = inv->part;
-  int terminal = eng->phase != PH_RUNNING || part->revoking;
+  verdict_t v = V_COMMIT; /* no layer decided: done */
 
   eng->running--;
-  part->active--;
+  inv->part->active--;
   timer_close(&inv->timeout);
   start_ready(eng);
 
-  if (inv->result == PROSODY_SUCCESS) {
-    finish(inv, 1);
-    return;
-  }
-  if (terminal && !part->zombie) {
-    /* Shutting down or revoked: abort, never commit; it is redelivered. */
-    PR_DEBUG("engine", "%s[%d] offset %lld aborted by shutdown/revoke",
-             inv->msg.topic, inv->msg.partition, (long long)inv->msg.offset);
-    finish(inv, 0);
-    return;
-  }
-  if (part->zombie) {
-    finish(inv, 0);
-    return;
-  }
-  switch (eng->mode) {
-  case PR_MODE_BEST_EFFORT:
-    log_failure(inv, "skipping it");
-    finish(inv, 1);
-    return;
-  case PR_MODE_LOW_LATENCY:
-    if (inv->result == PROSODY_TRANSIENT &&
-        inv->attempt <= PR_CFG_INT(eng->st, MAX_RETRIES)) {
-      inv->state = INV_RETRY_WAIT;
-      arm_timer(inv, backoff_ms(eng, inv->attempt));
-      return;
-    }
-    log_failure(inv, "sending it to the failure topic");
-    dlq_send(inv);
-    return;
-  default: /* pipeline */
-    if (inv->result == PROSODY_PERMANENT) {
-      log_failure(inv, "skipping it");
-      finish(inv, 1);
-      return;
-    }
-    if (inv->attempt == 1 || inv->attempt % 10 == 0)
-      log_failure(inv, "retrying");
+  for (const layer_t *l = mode_layers(eng->mode); l->complete; l++)
+    if ((v = l->complete(inv)) != V_NEXT)
+      break;
+  switch (v) {
+  case V_RETRY:
     inv->state = INV_RETRY_WAIT;
     arm_timer(inv, backoff_ms(eng, inv->attempt));
+    return;
+  case V_DEAD:
+    dlq_send(inv);
+    return;
+  case V_ABORT:
+    finish(inv, 0);
+    return;
+  default:
+    finish(inv, 1);
     return;
   }
 }
