@@ -205,27 +205,8 @@ static inline void t_records_free(t_record_t *r, int n) {
   }
 }
 
-/* Sends records i = from..to-1 as {"k":i%keys,"seq":i} with key "key-<k>"
- * and waits for every acknowledgement. */
-static inline void t_produce(const char *topic, int from, int to, int keys) {
-  char err[1024], key[32], payload[96];
-  prosody_config_t *conf = t_config();
-  prosody_client_t *client;
-  t_set(conf, "source_system", "test-producer");
-  client = prosody_client_new(conf, err, sizeof(err));
-  CHECK(client, "producer: %s", err);
-  for (int i = from; i < to; i++) {
-    snprintf(key, sizeof(key), "key-%d", i % keys);
-    snprintf(payload, sizeof(payload), "{\"k\":%d,\"seq\":%d}", i % keys, i);
-    CHECK_OK(prosody_send_async(client, topic, key, payload, NULL, t_ignore_cb,
-                                NULL, err, sizeof(err)),
-             err);
-  }
-  prosody_client_destroy(client); /* waits for every report */
-  CHECK(t_send_failures == 0, "%d sends failed", t_send_failures);
-}
-
-/* Like t_produce() with an explicit key per record: key-<keys[i]>. */
+/* Sends records i = from..to-1 as {"k":keys[i],"seq":i} with key
+ * "key-<keys[i]>" and waits for every acknowledgement. */
 static inline void t_produce_keyed(const char *topic, int from, int to,
                                    const int *keys) {
   char err[1024], key[32], payload[96];
@@ -243,6 +224,16 @@ static inline void t_produce_keyed(const char *topic, int from, int to,
   }
   prosody_client_destroy(client);
   CHECK(t_send_failures == 0, "%d sends failed", t_send_failures);
+}
+
+/* t_produce_keyed() with key i % keys. */
+static inline void t_produce(const char *topic, int from, int to, int keys) {
+  int *k = malloc((size_t)to * sizeof(int));
+  CHECK(k, "out of memory");
+  for (int i = 0; i < to; i++)
+    k[i] = i % keys;
+  t_produce_keyed(topic, from, to, k);
+  free(k);
 }
 
 /* A consumer configuration: the broker under test, a fresh group, topics. */
