@@ -78,6 +78,19 @@ static int set_default(prosody_config_t *conf, const char *name,
   return prosody_config_set(conf, name, value, err, sizeof(err)) ? -1 : 0;
 }
 
+/* A client from `conf` (which it takes); on failure reports the error,
+ * frees `conf` and sets `*rc` to the exit status. */
+static prosody_client_t *open_client(prosody_config_t *conf, const char *what,
+                                     int *rc) {
+  char err[ERRLEN];
+  prosody_client_t *client = prosody_client_new(conf, err, sizeof(err));
+  if (!client) {
+    prosody_config_destroy(conf);
+    *rc = fail(what, PROSODY_ERR_CONFIG, err);
+  }
+  return client;
+}
+
 /* A producer-only CLI command needs some source-system value. */
 static void default_source_system(prosody_config_t *conf) {
   char buf[256], err[ERRLEN];
@@ -179,6 +192,7 @@ static int cmd_config(prosody_config_t *conf, int argc, char **argv) {
 /* ------------------------------------------------------------------------ */
 
 static int cmd_send(prosody_config_t *conf, int argc, char **argv) {
+  int rc;
   prosody_client_t *client;
   prosody_err_t e;
   char err[ERRLEN];
@@ -188,11 +202,8 @@ static int cmd_send(prosody_config_t *conf, int argc, char **argv) {
     return 2;
   }
   default_source_system(conf);
-  client = prosody_client_new(conf, err, sizeof(err));
-  if (!client) {
-    prosody_config_destroy(conf);
-    return fail("send", PROSODY_ERR_CONFIG, err);
-  }
+  if (!(client = open_client(conf, "send", &rc)))
+    return rc;
   e = prosody_send(client, argv[0], argv[1], argv[2], NULL, err, sizeof(err));
   prosody_client_destroy(client);
   if (e)
@@ -269,7 +280,7 @@ static int cmd_tail(prosody_config_t *conf, int argc, char **argv) {
   prosody_client_t *client;
   prosody_handler_t h = {tail_handler, NULL, NULL, 0};
   sigset_t set;
-  int sig;
+  int sig, rc;
 
   if (argc < 1) {
     fprintf(stderr, "usage: prosody tail TOPIC...\n");
@@ -291,11 +302,8 @@ static int cmd_tail(prosody_config_t *conf, int argc, char **argv) {
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &set, NULL);
-  client = prosody_client_new(conf, err, sizeof(err));
-  if (!client) {
-    prosody_config_destroy(conf);
-    return fail("tail", PROSODY_ERR_CONFIG, err);
-  }
+  if (!(client = open_client(conf, "tail", &rc)))
+    return rc;
   if (prosody_subscribe(client, &h, err, sizeof(err))) {
     prosody_client_destroy(client);
     return fail("tail", PROSODY_ERR_CONFIG, err);
@@ -463,11 +471,8 @@ static int demo_consume(const char *topic, long messages, long keys, int tty) {
     prosody_config_destroy(conf);
     return fail("demo", PROSODY_ERR_CONFIG, err);
   }
-  client = prosody_client_new(conf, err, sizeof(err));
-  if (!client) {
-    prosody_config_destroy(conf);
-    return fail("demo", PROSODY_ERR_CONFIG, err);
-  }
+  if (!(client = open_client(conf, "demo", &rc)))
+    return rc;
   if (prosody_subscribe(client, &h, err, sizeof(err)))
     return fail("demo subscribe", PROSODY_ERR_STATE, err);
   printf("prosody demo: consuming with per-key ordering (group "
@@ -569,11 +574,8 @@ static int cmd_demo(prosody_config_t *conf, int argc, char **argv) {
     prosody_config_destroy(conf);
     return fail("demo", PROSODY_ERR_CONFIG, err);
   }
-  client = prosody_client_new(conf, err, sizeof(err));
-  if (!client) {
-    prosody_config_destroy(conf);
-    return fail("demo", PROSODY_ERR_CONFIG, err);
-  }
+  if (!(client = open_client(conf, "demo", &rc)))
+    return rc;
   prosody_mock_bootstrap_servers(bootstrap, sizeof(bootstrap), err,
                                  sizeof(err));
 

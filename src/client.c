@@ -241,26 +241,25 @@ PROSODY_EXPORT const char *prosody_consumer_state(const prosody_client_t *c) {
   return state;
 }
 
-PROSODY_EXPORT int prosody_assigned_partition_count(const prosody_client_t *c) {
+/* A reading of the running engine, 0 when not subscribed. */
+static int engine_reading(const prosody_client_t *c,
+                          int (*read)(const pr__engine_t *)) {
   int n = 0;
   if (!c)
     return 0;
   pthread_mutex_lock((pthread_mutex_t *)&c->lock);
   if (c->engine)
-    n = pr__engine_assigned(c->engine);
+    n = read(c->engine);
   pthread_mutex_unlock((pthread_mutex_t *)&c->lock);
   return n;
 }
 
+PROSODY_EXPORT int prosody_assigned_partition_count(const prosody_client_t *c) {
+  return engine_reading(c, pr__engine_assigned);
+}
+
 PROSODY_EXPORT int prosody_is_stalled(const prosody_client_t *c) {
-  int n = 0;
-  if (!c)
-    return 0;
-  pthread_mutex_lock((pthread_mutex_t *)&c->lock);
-  if (c->engine)
-    n = pr__engine_stalled(c->engine);
-  pthread_mutex_unlock((pthread_mutex_t *)&c->lock);
-  return n;
+  return engine_reading(c, pr__engine_stalled);
 }
 
 PROSODY_EXPORT int prosody_probe_port(const prosody_client_t *c) {

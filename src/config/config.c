@@ -809,32 +809,33 @@ prosody_err_t pr__settings_check_kafka(const pr__settings_t *st, char *errstr,
   return PROSODY_OK;
 }
 
+/* A duration option that must not be below another one. */
+static prosody_err_t check_not_below(const pr__settings_t *st, pr__opt_id_t hi,
+                                     pr__opt_id_t lo, char *errstr,
+                                     size_t errstr_size) {
+  char a[64], b[64];
+  if (st->v[hi].u.ns >= st->v[lo].u.ns)
+    return PROSODY_OK;
+  describe(st, hi, a, sizeof(a));
+  describe(st, lo, b, sizeof(b));
+  pr__errf(errstr, errstr_size,
+           "option %s (%s) is %s, less than %s (%s) %s; expected %s >= %s",
+           pr__opt_defs[hi].name, pr__opt_defs[hi].env, a,
+           pr__opt_defs[lo].name, pr__opt_defs[lo].env, b,
+           pr__opt_defs[hi].name, pr__opt_defs[lo].name);
+  return PROSODY_ERR_CONFIG;
+}
+
 prosody_err_t pr__settings_check_client(const pr__settings_t *st, char *errstr,
                                         size_t errstr_size) {
   prosody_err_t err = pr__settings_check_kafka(st, errstr, errstr_size);
   if (err)
     return err;
-  char a[64], b[64];
-  if (PR_CFG_NS(st, MAX_RETRY_DELAY) < PR_CFG_NS(st, RETRY_BASE)) {
-    describe(st, PR_OPT_MAX_RETRY_DELAY, a, sizeof(a));
-    describe(st, PR_OPT_RETRY_BASE, b, sizeof(b));
-    pr__errf(errstr, errstr_size,
-             "option max_retry_delay (PROSODY_RETRY_MAX_DELAY) is %s, less "
-             "than retry_base (PROSODY_RETRY_BASE) %s; expected "
-             "max_retry_delay >= retry_base",
-             a, b);
-    return PROSODY_ERR_CONFIG;
-  }
-  if (PR_CFG_NS(st, DEFER_MAX_DELAY) < PR_CFG_NS(st, DEFER_BASE)) {
-    describe(st, PR_OPT_DEFER_MAX_DELAY, a, sizeof(a));
-    describe(st, PR_OPT_DEFER_BASE, b, sizeof(b));
-    pr__errf(errstr, errstr_size,
-             "option defer_max_delay (PROSODY_DEFER_MAX_DELAY) is %s, less "
-             "than defer_base (PROSODY_DEFER_BASE) %s; expected "
-             "defer_max_delay >= defer_base",
-             a, b);
-    return PROSODY_ERR_CONFIG;
-  }
+  if ((err = check_not_below(st, PR_OPT_MAX_RETRY_DELAY, PR_OPT_RETRY_BASE,
+                             errstr, errstr_size)) ||
+      (err = check_not_below(st, PR_OPT_DEFER_MAX_DELAY, PR_OPT_DEFER_BASE,
+                             errstr, errstr_size)))
+    return err;
   if (PR_CFG_ENUM(st, MODE) == PR_MODE_LOW_LATENCY &&
       !PR_CFG_SET(st, FAILURE_TOPIC)) {
     pr__errf(errstr, errstr_size,

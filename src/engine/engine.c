@@ -960,11 +960,10 @@ static void backpressure_check(pr__engine_t *eng) {
 /* ------------------------------------------------------------------------ */
 
 /* Takes the offset and finishes it at once (filtered or undecodable). */
-static void skip_record(pr__engine_t *eng, part_t *part, int64_t offset) {
+static void skip_record(part_t *part, int64_t offset) {
   if (pr__tracker_take(&part->tracker, offset) == 0 &&
       pr__tracker_complete(&part->tracker, offset) > 0)
     part->dirty = 1;
-  (void)eng;
 }
 
 static int allowed(pr__engine_t *eng, json_t *json) {
@@ -1015,7 +1014,7 @@ static void intake(pr__engine_t *eng, rd_kafka_message_t *rkm) {
             "skipping undecodable record %s[%d] offset %lld: %s; committing "
             "past it",
             topic, rkm->partition, (long long)rkm->offset, why);
-    skip_record(eng, part, rkm->offset);
+    skip_record(part, rkm->offset);
     rd_kafka_message_destroy(rkm);
     return;
   }
@@ -1030,7 +1029,7 @@ static void intake(pr__engine_t *eng, rd_kafka_message_t *rkm) {
     why = "type";
   }
   if (why) {
-    skip_record(eng, part, rkm->offset);
+    skip_record(part, rkm->offset);
     json_decref(json);
     if (hdrs)
       rd_kafka_headers_destroy(hdrs);
@@ -1192,12 +1191,7 @@ static void drain(pr__engine_t *eng, int revoking_only) {
     wake_at = cancelled ? end : cancel_at;
     if (wake_at - now > 50000000)
       wake_at = now + 50000000;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    {
-      int64_t ns = ts.tv_nsec + (wake_at - now);
-      ts.tv_sec += ns / 1000000000;
-      ts.tv_nsec = ns % 1000000000;
-    }
+    pr__deadline_after(CLOCK_REALTIME, wake_at - now, &ts);
     atomic_store(&eng->draining, 1);
     pthread_mutex_lock(&eng->lock);
     if (!atomic_load(&eng->done))
@@ -1596,8 +1590,7 @@ void pr__engine_stop(pr__engine_t *eng) {
   uv_async_send(&eng->wake);
   /* The engine drains within shutdown_timeout; leaving the group is
    * librdkafka's part. Wait generously, but not for ever (rule 9). */
-  clock_gettime(CLOCK_REALTIME, &ts);
-  ts.tv_sec += eng->shutdown_ms / 1000 + 60;
+  pr__deadline_after(CLOCK_REALTIME, (eng->shutdown_ms + 60000) * 1000000, &ts);
   rc = pthread_timedjoin_np(eng->thread, NULL, &ts);
   if (rc) {
     PR_ERROR("engine",
@@ -1722,12 +1715,13 @@ PROSODY_EXPORT int prosody_wait_cancel(prosody_context_t *ctx,
   int cancelled;
   if (!ctx)
     return 1;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  if (timeout_ms >= 0) {
-    int64_t ns = ts.tv_nsec + (timeout_ms % 1000) * 1000000;
-    ts.tv_sec += timeout_ms / 1000 + ns / 1000000000;
-    ts.tv_nsec = ns % 1000000000;
-  }
+  if (timeout_ms >= 0) /* capped at ~31 years so the ns cannot overflow */
+    pr__deadline_after(CLOCK_REALTIME,
+                       (timeout_ms < INT64_C(1000000000000)
+                            ? timeout_ms
+                            : INT64_C(1000000000000)) *
+                           1000000,
+                       &ts);
   pthread_mutex_lock(&ctx->lock);
   while (!atomic_load(&ctx->cancelled)) {
     if (timeout_ms < 0)

@@ -150,13 +150,7 @@ int pr__kafka_destroy_bounded(rd_kafka_t *rk, int timeout_ms,
     free(job);
     return 0;
   }
-  clock_gettime(CLOCK_MONOTONIC, &deadline);
-  deadline.tv_sec += timeout_ms / 1000;
-  deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-  if (deadline.tv_nsec >= 1000000000L) {
-    deadline.tv_sec++;
-    deadline.tv_nsec -= 1000000000L;
-  }
+  pr__deadline_after(CLOCK_MONOTONIC, (int64_t)timeout_ms * 1000000, &deadline);
   pthread_mutex_lock(&job->lock);
   while (!job->done &&
          pthread_cond_timedwait(&job->cond, &job->lock, &deadline) == 0)

@@ -679,13 +679,7 @@ prosody_err_t pr__producer_send(pr__producer_t *prod, const char *topic,
     free(w);
     return err;
   }
-  clock_gettime(CLOCK_MONOTONIC, &deadline);
-  deadline.tv_sec += wait_ms / 1000;
-  deadline.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
-  if (deadline.tv_nsec >= 1000000000L) {
-    deadline.tv_sec++;
-    deadline.tv_nsec -= 1000000000L;
-  }
+  pr__deadline_after(CLOCK_MONOTONIC, (int64_t)wait_ms * 1000000, &deadline);
   pthread_mutex_lock(&w->lock);
   while (!w->done && pthread_cond_timedwait(&w->cond, &w->lock, &deadline) == 0)
     ;

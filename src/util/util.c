@@ -63,6 +63,14 @@ int pr__utf8_valid(const char *str, size_t len) {
   return 1;
 }
 
+void pr__deadline_after(clockid_t clk, int64_t delay_ns, struct timespec *ts) {
+  int64_t ns;
+  clock_gettime(clk, ts);
+  ns = ts->tv_nsec + delay_ns % 1000000000;
+  ts->tv_sec += (time_t)(delay_ns / 1000000000 + ns / 1000000000);
+  ts->tv_nsec = (long)(ns % 1000000000);
+}
+
 int64_t pr__now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);

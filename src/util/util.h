@@ -8,6 +8,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #if defined(__GNUC__)
 #define PR_PRINTF(f, a) __attribute__((format(printf, f, a)))
@@ -25,6 +26,10 @@ char *pr__strdup(const char *s);
 /* 1 if the `len` bytes at `s` are valid UTF-8 (no overlongs, no surrogates,
  * nothing above U+10FFFF), 0 otherwise. */
 int pr__utf8_valid(const char *s, size_t len);
+
+/* `*ts` = clock `clk` now + `delay_ns` (normalised): an absolute deadline
+ * for pthread_cond_timedwait and friends. */
+void pr__deadline_after(clockid_t clk, int64_t delay_ns, struct timespec *ts);
 
 /* Monotonic clock in nanoseconds. */
 int64_t pr__now_ns(void);

@@ -13,6 +13,7 @@
 
 #include <librdkafka/rdkafka.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,6 +43,14 @@ static inline double t_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Waits until *v >= want or `seconds` pass; 1 if reached. */
+static inline int t_wait_at_least(atomic_int *v, int want, double seconds) {
+  double deadline = t_now() + seconds;
+  while (atomic_load(v) < want && t_now() < deadline)
+    usleep(5000);
+  return atomic_load(v) >= want;
 }
 
 /* The real broker's address, or NULL for the mock cluster. The `real`

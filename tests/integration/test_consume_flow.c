@@ -14,13 +14,6 @@
 
 #include "harness.h"
 
-static int wait_for(atomic_int *v, int want, double seconds) {
-  double deadline = t_now() + seconds;
-  while (atomic_load(v) < want && t_now() < deadline)
-    usleep(5000);
-  return atomic_load(v) >= want;
-}
-
 static prosody_client_t *consume(const char *topic, const char *group,
                                  const char *const *opts,
                                  prosody_handler_t *h) {
@@ -166,7 +159,7 @@ int main(void) {
     prosody_handler_t h = {limited, NULL, NULL, 0};
     snprintf(g, sizeof(g), "%s-g", t1);
     c = consume(t1, g, o, &h);
-    CHECK(wait_for(&done_limit, 300, 60), "limit: %d of 300 done",
+    CHECK(t_wait_at_least(&done_limit, 300, 60), "limit: %d of 300 done",
           atomic_load(&done_limit));
     stop(c);
     CHECK(atomic_load(&max_running) == 3,
@@ -184,7 +177,7 @@ int main(void) {
     atomic_store(&done_limit, 0);
     snprintf(g, sizeof(g), "%s-g", t2);
     c = consume(t2, g, o, &h);
-    CHECK(wait_for(&done_limit, 400, 60), "backpressure: %d of 400 done",
+    CHECK(t_wait_at_least(&done_limit, 400, 60), "backpressure: %d of 400 done",
           atomic_load(&done_limit));
     stop(c);
   }
@@ -198,7 +191,7 @@ int main(void) {
     pthread_create(&host, NULL, host_loop, NULL);
     snprintf(g, sizeof(g), "%s-g", t3);
     c = consume(t3, g, NULL, &h);
-    CHECK(wait_for(&done_async, 500, 60), "async: %d of 500 completed",
+    CHECK(t_wait_at_least(&done_async, 500, 60), "async: %d of 500 completed",
           atomic_load(&done_async));
     stop(c);
     pthread_mutex_lock(&alock);
@@ -220,9 +213,10 @@ int main(void) {
     double deadline;
     snprintf(g, sizeof(g), "%s-g", t4);
     c = consume(t4, g, NULL, &h);
-    CHECK(wait_for(&blocked_started, 1, 60), "the blocked key never ran");
+    CHECK(t_wait_at_least(&blocked_started, 1, 60),
+          "the blocked key never ran");
     /* 180 records of the 9 other keys finish while key-0 is blocked. */
-    CHECK(wait_for(&others_done, 180, 60),
+    CHECK(t_wait_at_least(&others_done, 180, 60),
           "other keys were held back: %d of 180 done",
           atomic_load(&others_done));
     usleep(400000); /* several commit intervals pass */
@@ -262,7 +256,7 @@ int main(void) {
     raw_produce(t5, "account", 7, "{\"type\":\"account.deleted\"}", NULL);
     raw_produce(t5, "other-src", 9, "{\"type\":\"user.d\"}", "someone-else");
     c = consume(t5, g5, o, &h);
-    CHECK(wait_for(&nseen, 4, 60), "filters: %d of 4 processed",
+    CHECK(t_wait_at_least(&nseen, 4, 60), "filters: %d of 4 processed",
           atomic_load(&nseen));
     deadline = t_now() + 30;
     do {

@@ -62,13 +62,6 @@ static prosody_result_t second(prosody_context_t *ctx,
   return PROSODY_SUCCESS;
 }
 
-static int wait_for(atomic_int *v, int want, double seconds) {
-  double deadline = t_now() + seconds;
-  while (atomic_load(v) < want && t_now() < deadline)
-    usleep(5000);
-  return atomic_load(v) >= want;
-}
-
 int main(void) {
   char err[1024], topic[128], group[160], t2[128], g2[160];
   prosody_config_t *conf;
@@ -140,8 +133,8 @@ int main(void) {
     prosody_handler_t h = {stuck, NULL, NULL, 0};
     CHECK_OK(prosody_subscribe(c, &h, err, sizeof(err)), err);
   }
-  CHECK(wait_for(&stuck_started, 1, 60), "the stuck handler never ran");
-  CHECK(wait_for(&others, 16, 60), "other keys: %d of 16 done",
+  CHECK(t_wait_at_least(&stuck_started, 1, 60), "the stuck handler never ran");
+  CHECK(t_wait_at_least(&others, 16, 60), "other keys: %d of 16 done",
         atomic_load(&others));
   usleep(300000); /* their offsets are stored and committed */
   start_ns = mono_ns();
@@ -170,8 +163,8 @@ int main(void) {
     prosody_handler_t h = {second, NULL, NULL, 0};
     CHECK_OK(prosody_subscribe(c, &h, err, sizeof(err)), err);
   }
-  CHECK(wait_for(&redelivered, 4, 60), "key-0 redelivered %d of 4 records",
-        atomic_load(&redelivered));
+  CHECK(t_wait_at_least(&redelivered, 4, 60),
+        "key-0 redelivered %d of 4 records", atomic_load(&redelivered));
   CHECK_OK(prosody_unsubscribe(c), "unsubscribe");
   prosody_client_destroy(c);
   printf("ok: timeout cancels at 300ms, shutdown cancels at 80%%, aborted "
