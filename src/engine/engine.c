@@ -1522,6 +1522,18 @@ pr__engine_t *pr__engine_start(const pr__settings_t *st, const char *bootstrap,
     rd_kafka_conf_destroy(kconf);
     goto fail;
   }
+  /* Test hook: a consumer in another process that joins the embedded mock
+   * cluster by address (so `mock` is false) gets the mock's short session
+   * too; see docs/DEVELOPMENT.md. */
+  if (getenv("PROSODY_TEST_SESSION_TIMEOUT_MS") &&
+      (pr__kafka_conf_set(kconf, "session.timeout.ms",
+                          getenv("PROSODY_TEST_SESSION_TIMEOUT_MS"), errstr,
+                          errstr_size) ||
+       pr__kafka_conf_set(kconf, "heartbeat.interval.ms", "500", errstr,
+                          errstr_size))) {
+    rd_kafka_conf_destroy(kconf);
+    goto fail;
+  }
   rd_kafka_conf_set_rebalance_cb(kconf, rebalance_cb);
   rd_kafka_conf_set_error_cb(kconf, error_cb);
   rd_kafka_conf_set_opaque(kconf, eng);
