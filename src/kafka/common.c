@@ -55,6 +55,14 @@ rd_kafka_conf_t *pr__kafka_conf_new(const char *bootstrap, int mock,
     rd_kafka_conf_destroy(kconf);
     return NULL;
   }
+  /* Developer aid (docs/DEVELOPMENT.md): librdkafka's own debug contexts,
+   * shown with PROSODY_LOG=debug. */
+  const char *debug = getenv("PROSODY_KAFKA_DEBUG");
+  if (debug && *debug &&
+      pr__kafka_conf_set(kconf, "debug", debug, errstr, errstr_size)) {
+    rd_kafka_conf_destroy(kconf);
+    return NULL;
+  }
   rd_kafka_conf_set_log_cb(kconf, log_cb);
   return kconf;
 }

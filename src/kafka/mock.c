@@ -28,44 +28,8 @@ static rd_kafka_mock_cluster_t *mc; /* guarded by lock */
 static char *bootstraps;            /* guarded by lock */
 static int refs;                    /* guarded by lock */
 static int atexit_registered;       /* guarded by lock */
-static char **known;                /* topics created here; guarded by lock */
-static size_t known_n;              /* guarded by lock */
-static char **deleted;              /* topics "deleted"; guarded by lock */
-static size_t deleted_n;            /* guarded by lock */
-
-static int set_find(char **set, size_t n, const char *topic) {
-  for (size_t i = 0; i < n; i++)
-    if (!strcmp(set[i], topic))
-      return (int)i;
-  return -1;
-}
-
-static int set_add(char ***set, size_t *n, const char *topic) {
-  char **grown = realloc(*set, (*n + 1) * sizeof(char *));
-  char *copy = strdup(topic);
-  if (!grown || !copy) {
-    free(copy);
-    if (grown)
-      *set = grown;
-    return -1;
-  }
-  *set = grown;
-  (*set)[(*n)++] = copy;
-  return 0;
-}
-
-static void set_remove(char **set, size_t *n, int i) {
-  free(set[i]);
-  set[i] = set[--*n];
-}
-
-static void set_free(char ***set, size_t *n) {
-  for (size_t i = 0; i < *n; i++)
-    free((*set)[i]);
-  free(*set);
-  *set = NULL;
-  *n = 0;
-}
+static pr__strset_t known;          /* topics created; guarded by lock */
+static pr__strset_t deleted;        /* topics "deleted"; guarded by lock */
 
 static void mock_shutdown(void) {
   pthread_mutex_lock(&lock);
@@ -76,8 +40,8 @@ static void mock_shutdown(void) {
     owner = NULL;
     free(bootstraps);
     bootstraps = NULL;
-    set_free(&known, &known_n);
-    set_free(&deleted, &deleted_n);
+    pr__strset_clear(&known);
+    pr__strset_clear(&deleted);
   }
   pthread_mutex_unlock(&lock);
 }
@@ -166,14 +130,14 @@ prosody_err_t pr__mock_ensure_topic(const char *topic, char *errstr,
   if (!mc) {
     err = PROSODY_ERR_STATE;
     pr__errf(errstr, errstr_size, "the mock cluster is not running");
-  } else if (set_find(known, known_n, topic) < 0) {
+  } else if (pr__strset_find(&known, topic) < 0) {
     kerr = rd_kafka_mock_topic_create(mc, topic, MOCK_DEFAULT_PARTITIONS, 1);
     if (kerr && kerr != RD_KAFKA_RESP_ERR_TOPIC_ALREADY_EXISTS) {
       err = pr__kafka_classify(kerr);
       pr__errf(errstr, errstr_size,
                "could not create topic \"%s\" on the mock cluster: %s", topic,
                rd_kafka_err2str(kerr));
-    } else if (set_add(&known, &known_n, topic)) {
+    } else if (pr__strset_add(&known, topic)) {
       err = PROSODY_ERR_NOMEM;
       pr__errf(errstr, errstr_size, "out of memory");
     }
@@ -194,12 +158,12 @@ prosody_err_t pr__mock_create_topic(const char *topic, int partitions,
     pr__errf(errstr, errstr_size, "the mock cluster is not running");
     return PROSODY_ERR_STATE;
   }
-  i = set_find(deleted, deleted_n, topic);
+  i = pr__strset_find(&deleted, topic);
   if (i >= 0) {
     /* The mock cannot drop a topic's data: "re-creating" a deleted topic
      * makes it visible again with its previous partitions. */
     rd_kafka_mock_topic_set_error(mc, topic, RD_KAFKA_RESP_ERR_NO_ERROR);
-    set_remove(deleted, &deleted_n, i);
+    pr__strset_remove(&deleted, (size_t)i);
   } else {
     kerr = rd_kafka_mock_topic_create(
         mc, topic, partitions > 0 ? partitions : MOCK_DEFAULT_PARTITIONS, 1);
@@ -211,8 +175,8 @@ prosody_err_t pr__mock_create_topic(const char *topic, int partitions,
         pr__errf(errstr, errstr_size,
                  "could not create topic \"%s\" on the mock cluster: %s", topic,
                  rd_kafka_err2str(kerr));
-    } else if (set_find(known, known_n, topic) < 0 &&
-               set_add(&known, &known_n, topic)) {
+    } else if (pr__strset_find(&known, topic) < 0 &&
+               pr__strset_add(&known, topic)) {
       err = PROSODY_ERR_NOMEM;
       pr__errf(errstr, errstr_size, "out of memory");
     }
@@ -228,8 +192,8 @@ prosody_err_t pr__mock_delete_topic(const char *topic, char *errstr,
   if (!mc) {
     err = PROSODY_ERR_STATE;
     pr__errf(errstr, errstr_size, "the mock cluster is not running");
-  } else if (set_find(deleted, deleted_n, topic) < 0) {
-    if (set_add(&deleted, &deleted_n, topic)) {
+  } else if (pr__strset_find(&deleted, topic) < 0) {
+    if (pr__strset_add(&deleted, topic)) {
       err = PROSODY_ERR_NOMEM;
       pr__errf(errstr, errstr_size, "out of memory");
     } else {
@@ -244,7 +208,7 @@ prosody_err_t pr__mock_delete_topic(const char *topic, char *errstr,
 int pr__mock_topic_deleted(const char *topic) {
   int found;
   pthread_mutex_lock(&lock);
-  found = set_find(deleted, deleted_n, topic) >= 0;
+  found = pr__strset_find(&deleted, topic) >= 0;
   pthread_mutex_unlock(&lock);
   return found;
 }

@@ -23,6 +23,13 @@
  * dead handle wait for the swap within their send budget. A re-sent record
  * gets a fresh delivery budget; one that was in flight may be written twice
  * (at-least-once, as any producer retry).
+ *
+ * Topic warm-up: librdkafka 2.0.2 does not always ask for a new topic's
+ * metadata when the first record for it is queued (when the bootstrap
+ * connection came up just before, its next look is the 1 s topic scan), so
+ * a first send could wait a second, beyond a 1 s send_timeout. The first
+ * send to each topic therefore queues the topic for the poller, which asks
+ * for its metadata at once.
  */
 #include <jansson.h>
 #include <pthread.h>
@@ -64,8 +71,11 @@ struct pr__producer {
   atomic_uint_fast64_t seq; /* next send_req.seq */
   resend_t *resend;         /* kept records; poller (then destroyer) only */
   size_t resend_n, resend_cap;
-  pthread_mutex_t err_lock; /* guards last_error */
-  char last_error[256];     /* last error-callback text, "" if none */
+  pthread_mutex_t topics_lock; /* guards topics and warm */
+  pr__strset_t topics;         /* topics sent to (mock: created) */
+  pr__strset_t warm;           /* topics awaiting a metadata request */
+  pthread_mutex_t err_lock;    /* guards last_error */
+  char last_error[256];        /* last error-callback text, "" if none */
 };
 
 /* One queued record; freed by the delivery report. */
@@ -262,8 +272,39 @@ static void recover(pr__producer_t *prod) {
   pthread_rwlock_wrlock(&prod->rk_lock);
   prod->rk = fresh;
   pthread_rwlock_unlock(&prod->rk_lock);
+  /* The fresh handle knows no topic yet: warm them all. */
+  pthread_mutex_lock(&prod->topics_lock);
+  for (size_t i = 0; i < prod->topics.n; i++)
+    if (pr__strset_find(&prod->warm, prod->topics.v[i]) < 0)
+      (void)pr__strset_add(&prod->warm, prod->topics.v[i]);
+  pthread_mutex_unlock(&prod->topics_lock);
   atomic_fetch_add(&prod->recoveries, 1);
   pr__kafka_destroy_bounded(old, 30000, "failed producer");
+}
+
+/* Asks for the metadata of one topic queued by a first send (poller
+ * thread). A short wait: if the broker does not answer at once, librdkafka's
+ * own topic scan takes over. */
+static void warm_one(pr__producer_t *prod) {
+  const struct rd_kafka_metadata *md = NULL;
+  rd_kafka_topic_t *rkt = NULL;
+  char *topic = NULL;
+
+  pthread_mutex_lock(&prod->topics_lock);
+  if (prod->warm.n > 0) {
+    topic = prod->warm.v[prod->warm.n - 1];
+    prod->warm.n--; /* the string is ours now */
+  }
+  pthread_mutex_unlock(&prod->topics_lock);
+  if (!topic)
+    return;
+  rkt = rd_kafka_topic_new(prod->rk, topic, NULL);
+  if (rkt && rd_kafka_metadata(prod->rk, 0, rkt, &md, 250) ==
+                 RD_KAFKA_RESP_ERR_NO_ERROR)
+    rd_kafka_metadata_destroy(md);
+  if (rkt)
+    rd_kafka_topic_destroy(rkt);
+  free(topic);
 }
 
 static void *poller_main(void *arg) {
@@ -273,6 +314,7 @@ static void *poller_main(void *arg) {
     rd_kafka_poll(prod->rk, 50); /* only this thread replaces prod->rk */
     if (atomic_load(&prod->fatal) && !atomic_load(&prod->destroying))
       recover(prod);
+    warm_one(prod);
   }
   return NULL;
 }
@@ -296,6 +338,7 @@ pr__producer_t *pr__producer_new(const pr__settings_t *st,
     return NULL;
   }
   pthread_mutex_init(&prod->err_lock, NULL);
+  pthread_mutex_init(&prod->topics_lock, NULL);
   pthread_rwlock_init(&prod->rk_lock, NULL);
   prod->send_timeout_ms = (int)PR_CFG_MS(st, SEND_TIMEOUT);
   if (prod->send_timeout_ms < 1)
@@ -348,6 +391,9 @@ fail:
     rd_kafka_conf_destroy(prod->conf);
   pthread_rwlock_destroy(&prod->rk_lock);
   pthread_mutex_destroy(&prod->err_lock);
+  pthread_mutex_destroy(&prod->topics_lock);
+  pr__strset_clear(&prod->topics);
+  pr__strset_clear(&prod->warm);
   free(prod->source_system);
   free(prod);
   return NULL;
@@ -398,6 +444,9 @@ void pr__producer_destroy(pr__producer_t *prod) {
   rd_kafka_conf_destroy(prod->conf);
   pthread_rwlock_destroy(&prod->rk_lock);
   pthread_mutex_destroy(&prod->err_lock);
+  pthread_mutex_destroy(&prod->topics_lock);
+  pr__strset_clear(&prod->topics);
+  pr__strset_clear(&prod->warm);
   free(prod->source_system);
   free(prod);
 }
@@ -537,6 +586,31 @@ prosody_err_t pr__producer_send_async(pr__producer_t *prod, const char *topic,
                                     opaque, errstr, errstr_size);
 }
 
+/* On the first send to `topic`: create it on the mock cluster (mock mode)
+ * and queue it for the poller's metadata warm-up. */
+static prosody_err_t first_use(pr__producer_t *prod, const char *topic,
+                               char *errstr, size_t errstr_size) {
+  prosody_err_t err = PROSODY_OK;
+  int known;
+
+  pthread_mutex_lock(&prod->topics_lock);
+  known = pr__strset_find(&prod->topics, topic) >= 0;
+  pthread_mutex_unlock(&prod->topics_lock);
+  if (known)
+    return PROSODY_OK;
+  if (prod->mock) {
+    err = pr__mock_ensure_topic(topic, errstr, errstr_size);
+    if (err)
+      return err;
+  }
+  pthread_mutex_lock(&prod->topics_lock);
+  if (pr__strset_find(&prod->topics, topic) < 0 &&
+      pr__strset_add(&prod->topics, topic) == 0)
+    (void)pr__strset_add(&prod->warm, topic); /* best effort */
+  pthread_mutex_unlock(&prod->topics_lock);
+  return err;
+}
+
 prosody_err_t pr__producer_send_async_ex(
     pr__producer_t *prod, const char *topic, const char *key, const char *json,
     const prosody_trace_t *trace, const rd_kafka_headers_t *extra,
@@ -555,11 +629,9 @@ prosody_err_t pr__producer_send_async_ex(
   err = check_record(topic, key, json, trace, errstr, errstr_size);
   if (err)
     return err;
-  if (prod->mock) {
-    err = pr__mock_ensure_topic(topic, errstr, errstr_size);
-    if (err)
-      return err;
-  }
+  err = first_use(prod, topic, errstr, errstr_size);
+  if (err)
+    return err;
   tlen = strlen(topic);
   req = malloc(sizeof(*req) + tlen + 1);
   if (!req) {

@@ -129,3 +129,36 @@ void pr__log(pr__log_level_t level, const char *subsystem, const char *fmt,
   fprintf(stderr, "%s.%03ldZ %-5s prosody::%s: %s\n", stamp,
           ts.tv_nsec / 1000000, level_names[level], subsystem, msg);
 }
+
+int pr__strset_find(const pr__strset_t *set, const char *s) {
+  for (size_t i = 0; i < set->n; i++)
+    if (!strcmp(set->v[i], s))
+      return (int)i;
+  return -1;
+}
+
+int pr__strset_add(pr__strset_t *set, const char *s) {
+  char **grown = realloc(set->v, (set->n + 1) * sizeof(char *));
+  char *copy = strdup(s);
+  if (grown)
+    set->v = grown;
+  if (!grown || !copy) {
+    free(copy);
+    return -1;
+  }
+  set->v[set->n++] = copy;
+  return 0;
+}
+
+void pr__strset_remove(pr__strset_t *set, size_t i) {
+  free(set->v[i]);
+  set->v[i] = set->v[--set->n];
+}
+
+void pr__strset_clear(pr__strset_t *set) {
+  for (size_t i = 0; i < set->n; i++)
+    free(set->v[i]);
+  free(set->v);
+  set->v = NULL;
+  set->n = 0;
+}

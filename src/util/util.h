@@ -31,6 +31,21 @@ int pr__utf8_valid(const char *s, size_t len);
  * for pthread_cond_timedwait and friends. */
 void pr__deadline_after(clockid_t clk, int64_t delay_ns, struct timespec *ts);
 
+/* A small set of strings (linear; for the handful of topics a client uses).
+ * Not thread-safe: its owner's lock guards it. */
+typedef struct pr__strset {
+  char **v;
+  size_t n;
+} pr__strset_t;
+/* Index of `s`, or -1. */
+int pr__strset_find(const pr__strset_t *set, const char *s);
+/* Adds a copy of `s` (no duplicate check); 0, or -1 when out of memory. */
+int pr__strset_add(pr__strset_t *set, const char *s);
+/* Removes (and frees) the element at index `i`; order is not kept. */
+void pr__strset_remove(pr__strset_t *set, size_t i);
+/* Frees every element and the array. */
+void pr__strset_clear(pr__strset_t *set);
+
 /* Monotonic clock in nanoseconds. */
 int64_t pr__now_ns(void);
 /* Wall clock in milliseconds since the epoch. */
