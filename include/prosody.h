@@ -303,11 +303,14 @@ typedef enum prosody_result {
  * prosody_complete() call). Read-only; any thread may read it. */
 typedef struct prosody_message prosody_message_t;
 
-/* The context of one handler invocation: cancellation and (later) timers.
- * Valid until the handler finishes; any thread may use it until then. */
+/* The context of one handler invocation: cancellation and timers for the
+ * event's key. Any thread may use it until the handler finishes; after
+ * that it is stale, and every function refuses it safely (timer calls and
+ * prosody_complete return PROSODY_ERR_STATE, prosody_should_cancel
+ * returns 1). It is a handle, not an address: never dereference it. */
 typedef struct prosody_context prosody_context_t;
 
-/* A fired timer (delivered to on_timer; timers arrive in a later release). */
+/* A fired timer, delivered to on_timer; valid until its handler finishes. */
 typedef struct prosody_timer prosody_timer_t;
 
 /* Handler flags. */
@@ -322,7 +325,10 @@ typedef struct prosody_timer prosody_timer_t;
  * (PROSODY_HANDLER_ASYNC): callbacks run on the engine thread and must only
  * hand the event over (to the host's own loop) and return PROSODY_PENDING,
  * or return a final result at once; they never occupy a worker.
- * `on_timer` may be NULL until timers are used.
+ * `on_timer` runs when a timer of the key fires, in order with the key's
+ * messages, with the same results and retries as on_message (a timer is
+ * never sent to failure_topic); it may be NULL if no handler schedules
+ * timers (a timer that fires without it is logged and dropped).
  */
 typedef struct prosody_handler {
   prosody_result_t (*on_message)(prosody_context_t *ctx,
@@ -366,16 +372,63 @@ PROSODY_EXPORT void prosody_context_set_error(prosody_context_t *ctx,
 /*
  * Completes an invocation whose callback returned PROSODY_PENDING, from any
  * thread. Call it exactly once per PENDING return, and never after the
- * callback returned a final result: the context (and message) may be freed
- * as soon as the result is processed, so a second or stray call is
- * undefined behaviour. `result` is SUCCESS, TRANSIENT or PERMANENT;
- * `message` (may be NULL) describes a failure. PROSODY_ERR_STATE reports a
- * second call that arrives before the first was processed;
+ * callback returned a final result. `result` is SUCCESS, TRANSIENT or
+ * PERMANENT; `message` (may be NULL) describes a failure.
+ * PROSODY_ERR_STATE reports a second call, or a stale context;
  * PROSODY_ERR_INVALID_ARG a NULL context or PROSODY_PENDING.
  */
 PROSODY_EXPORT prosody_err_t prosody_complete(prosody_context_t *ctx,
                                               prosody_result_t result,
                                               const char *message);
+
+/*
+ * Timers, for the key of the context's event (message or timer). Times are
+ * milliseconds since the epoch, rounded to the nearest whole second; a time
+ * already past fires at once. A key holds at most one timer per second:
+ * scheduling a second that is already scheduled keeps one timer. A timer
+ * belongs to the partition of the event that scheduled it and fires
+ * through that key's queue, so it never runs concurrently with the key's
+ * messages. Each call blocks until the timer store has applied it; call
+ * from the handler (or a thread it waits for) before it finishes.
+ *
+ * Errors (errstr says which): PROSODY_ERR_INVALID_ARG (NULL context, a time
+ * before the epoch or after 2106-02-07T06:28:15Z), PROSODY_ERR_STATE (stale
+ * context: its handler finished; the consumer is shutting down or the
+ * partition is being revoked; or an asynchronous handler called from the
+ * engine thread while the store would have to wait), PROSODY_ERR_NOMEM,
+ * PROSODY_ERR_TRANSIENT / PROSODY_ERR_PERMANENT (the store failed).
+ */
+/* Schedules a timer at `time_ms`. */
+PROSODY_EXPORT prosody_err_t prosody_schedule(prosody_context_t *ctx,
+                                              int64_t time_ms, char *errstr,
+                                              size_t errstr_size);
+/* Removes the timer at `time_ms`, if any. */
+PROSODY_EXPORT prosody_err_t prosody_unschedule(prosody_context_t *ctx,
+                                                int64_t time_ms, char *errstr,
+                                                size_t errstr_size);
+/* Removes every timer of the key. */
+PROSODY_EXPORT prosody_err_t prosody_clear_scheduled(prosody_context_t *ctx,
+                                                     char *errstr,
+                                                     size_t errstr_size);
+/* Schedules `time_ms` and removes every other timer of the key: the new
+ * timer is written first, and is never removed. */
+PROSODY_EXPORT prosody_err_t prosody_clear_and_schedule(prosody_context_t *ctx,
+                                                        int64_t time_ms,
+                                                        char *errstr,
+                                                        size_t errstr_size);
+/* The key's scheduled times (ms since the epoch), ascending, excluding a
+ * timer that is firing now. `*times` is NULL when `*n` is 0; free it with
+ * prosody_times_free(). */
+PROSODY_EXPORT prosody_err_t prosody_scheduled(prosody_context_t *ctx,
+                                               int64_t **times, size_t *n,
+                                               char *errstr,
+                                               size_t errstr_size);
+PROSODY_EXPORT void prosody_times_free(int64_t *times);
+
+/* The fired timer's key (NUL-terminated, owned by the timer) and time (ms
+ * since the epoch, a whole second). */
+PROSODY_EXPORT const char *prosody_timer_key(const prosody_timer_t *timer);
+PROSODY_EXPORT int64_t prosody_timer_time(const prosody_timer_t *timer);
 
 /*
  * Starts consuming `subscribed_topics` as member of `group_id` with

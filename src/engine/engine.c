@@ -58,7 +58,9 @@
 #include <unistd.h>
 #include <uv.h>
 
+#include "../timers/timers.h"
 #include "../util/util.h"
+#include "context.h"
 #include "engine.h"
 #include "pool.h"
 #include "tracker.h"
@@ -87,13 +89,9 @@ struct prosody_message {
   hdr_copy_t *hdr_copies;      /* values handed out by _header() */
 };
 
-struct prosody_context {
-  inv_t *inv;
-  atomic_int cancelled; /* timeout, shutdown or revoke */
-  atomic_int finished;  /* this attempt's result has been given */
-  pthread_mutex_t lock; /* guards error; with cond, for wait_cancel */
-  pthread_cond_t cond;
-  char *error; /* set_error's message */
+struct prosody_timer {
+  const char *key; /* the inv's msg.key */
+  int64_t time_ms;
 };
 
 enum inv_state {
@@ -113,17 +111,23 @@ struct inv {
   pr__engine_t *eng;
   part_t *part;
   kq_t *kq;
-  prosody_message_t msg;
-  prosody_context_t ctx;
-  int state;               /* enum inv_state; engine thread */
-  int attempt;             /* attempts started so far */
-  int kind;                /* what the pending completion is */
-  prosody_result_t result; /* set by the completer before queueing */
-  char *result_error;      /* owned; set by the completer */
-  prosody_err_t dlq_err;   /* failure-topic send result */
-  char *dlq_errstr;        /* owned */
-  uv_timer_t *timer;       /* retry / failure-topic retry timer, or NULL */
-  uv_timer_t *timeout;     /* handler timeout timer, or NULL */
+  prosody_message_t msg;    /* a timer: key, topic, partition; offset -1 */
+  struct prosody_timer tmr; /* is_timer: the fired timer */
+  pr__ctx_t *cslot;         /* the running attempt's context slot, or NULL */
+  prosody_context_t *ctx;   /* its handle */
+  int is_timer;             /* a timer firing, not a message */
+  int64_t time_s;           /* is_timer: the timer's time */
+  int rearmed;              /* is_timer: scheduled again while firing */
+  int dropped;              /* is_timer: unscheduled before it started */
+  int state;                /* enum inv_state; engine thread */
+  int attempt;              /* attempts started so far */
+  int kind;                 /* what the pending completion is */
+  prosody_result_t result;  /* set by the completer before queueing */
+  char *result_error;       /* owned; set by the completer */
+  prosody_err_t dlq_err;    /* failure-topic send result */
+  char *dlq_errstr;         /* owned */
+  uv_timer_t *timer;        /* retry / failure-topic retry timer, or NULL */
+  uv_timer_t *timeout;      /* handler timeout timer, or NULL */
 };
 
 struct kq {
@@ -148,6 +152,9 @@ struct part {
   int dirty;             /* watermark advanced since last store */
   int64_t head_off;      /* oldest pending offset seen by the stall check */
   int64_t head_since_ns; /* since when it has been the oldest */
+  pr__tq_t *tq;          /* loaded pending timers (not yet firing) */
+  int64_t horizon;       /* last slab loaded or being loaded; -1: none */
+  int64_t preload_s;     /* how far ahead of now slabs are loaded */
 };
 
 typedef struct tp {
@@ -204,10 +211,24 @@ struct pr__engine {
   int phase;
   int stopping; /* shutdown has begun */
   unsigned seed;
+  pr__tstore_t *store; /* the timer store */
+  int64_t slab_s;      /* slab_size in seconds */
+  uv_timer_t tfire;    /* wakes the loop when the next timer is due */
+
+  /* Timer operations from handler threads (see prosody_schedule). */
+  pthread_mutex_t ops_lock; /* guards ops_head/tail, ops_closed */
+  struct top *ops_head, *ops_tail;
+  int ops_closed;         /* the engine takes no more operations */
+  atomic_int ops_pending; /* ops_head != NULL, for the drain wait */
 };
+
+/* The engine whose loop runs on this thread, if any. */
+static __thread pr__engine_t *tls_engine;
 
 static void schedule(inv_t *inv);
 static void process_done(pr__engine_t *eng);
+static void timer_finished(inv_t *inv, int commit);
+static void fire_due(pr__engine_t *eng);
 
 /* ------------------------------------------------------------------------ */
 /* Small helpers                                                             */
@@ -361,9 +382,8 @@ static void inv_free(inv_t *inv) {
     free(h);
   }
   pthread_mutex_destroy(&inv->msg.hdr_lock);
-  pthread_mutex_destroy(&inv->ctx.lock);
-  pthread_cond_destroy(&inv->ctx.cond);
-  free(inv->ctx.error);
+  if (inv->cslot)
+    pr__ctx_release(inv->cslot);
   free(inv->result_error);
   free(inv->dlq_errstr);
   free(inv);
@@ -379,6 +399,7 @@ static void part_free(part_t *part) {
     }
   }
   free(part->buckets);
+  pr__tq_free(part->tq);
   pr__tracker_fini(&part->tracker);
   free(part->topic);
   free(part);
@@ -438,7 +459,9 @@ static void finish(inv_t *inv, int commit) {
   pr__engine_t *eng = inv->eng;
   part_t *part = inv->part;
   inv_t *next;
-  if (commit && pr__tracker_complete(&part->tracker, inv->msg.offset) > 0)
+  if (inv->is_timer)
+    timer_finished(inv, commit);
+  else if (commit && pr__tracker_complete(&part->tracker, inv->msg.offset) > 0)
     part->dirty = 1;
   next = inv_detach(inv);
   inv_free(inv);
@@ -473,30 +496,39 @@ static void push_done(inv_t *inv) {
   atomic_fetch_sub(&eng->pushers, 1);
 }
 
-static void cancel_ctx(prosody_context_t *ctx) {
-  pthread_mutex_lock(&ctx->lock);
-  atomic_store(&ctx->cancelled, 1);
-  pthread_cond_broadcast(&ctx->cond);
-  pthread_mutex_unlock(&ctx->lock);
+/* Cancels the running attempt's context (engine thread). */
+static void cancel_ctx(inv_t *inv) {
+  pr__ctx_t *slot = inv->cslot;
+  if (!slot)
+    return;
+  pthread_mutex_lock(&slot->lock);
+  slot->cancelled = 1;
+  pthread_cond_broadcast(&slot->cond);
+  pthread_mutex_unlock(&slot->lock);
 }
 
-/* Records the attempt's result exactly once (any thread). */
+/* Records the attempt's result exactly once (any thread); -1 for a stale
+ * context or a second result. */
 static int complete_attempt(prosody_context_t *ctx, prosody_result_t result,
                             const char *message) {
-  inv_t *inv = ctx->inv;
-  if (atomic_exchange(&ctx->finished, 1))
+  pr__ctx_t *slot = pr__ctx_lock(ctx);
+  inv_t *inv;
+  if (!slot)
     return -1;
+  if (slot->finished) {
+    pthread_mutex_unlock(&slot->lock);
+    return -1;
+  }
+  slot->finished = 1;
+  inv = slot->owner;
   if (result != PROSODY_SUCCESS && result != PROSODY_PERMANENT)
     result = PROSODY_TRANSIENT; /* a failure without a class */
   inv->result = result;
   free(inv->result_error);
-  if (message) {
-    inv->result_error = strdup(message);
-  } else {
-    pthread_mutex_lock(&ctx->lock);
-    inv->result_error = ctx->error ? strdup(ctx->error) : NULL;
-    pthread_mutex_unlock(&ctx->lock);
-  }
+  inv->result_error = message       ? strdup(message)
+                      : slot->error ? strdup(slot->error)
+                                    : NULL;
+  pthread_mutex_unlock(&slot->lock);
   inv->kind = KIND_HANDLER;
   push_done(inv);
   return 0;
@@ -505,19 +537,38 @@ static int complete_attempt(prosody_context_t *ctx, prosody_result_t result,
 static void run_handler(void *arg) {
   inv_t *inv = arg;
   prosody_handler_t *h = &inv->eng->handler;
-  prosody_result_t r = h->on_message(&inv->ctx, &inv->msg, h->opaque);
+  prosody_context_t *ctx = inv->ctx; /* inv may be gone once completed */
+  prosody_result_t r;
+  if (!inv->is_timer) {
+    r = h->on_message(ctx, &inv->msg, h->opaque);
+  } else if (h->on_timer) {
+    r = h->on_timer(ctx, &inv->tmr, h->opaque);
+  } else {
+    PR_WARN("engine",
+            "timer of key \"%.64s\" at %lld fired but the handler has no "
+            "on_timer; dropping it",
+            inv->msg.key, (long long)inv->time_s);
+    r = PROSODY_SUCCESS;
+  }
   if (r != PROSODY_PENDING)
-    complete_attempt(&inv->ctx, r, NULL);
+    complete_attempt(ctx, r, NULL);
+}
+
+/* "topic[p] offset N key "k"" or "topic[p] timer T key "k"", for logs. */
+static const char *describe(const inv_t *inv, char *buf, size_t n) {
+  snprintf(buf, n, "%s[%d] %s %lld key \"%.64s\"", inv->msg.topic,
+           inv->msg.partition, inv->is_timer ? "timer" : "offset",
+           (long long)(inv->is_timer ? inv->time_s : inv->msg.offset),
+           inv->msg.key ? inv->msg.key : "");
+  return buf;
 }
 
 static void on_timeout(uv_timer_t *t) {
   inv_t *inv = t->data;
-  PR_WARN("engine",
-          "handler for %s[%d] offset %lld key \"%.64s\" exceeded its timeout; "
-          "cancelling it",
-          inv->msg.topic, inv->msg.partition, (long long)inv->msg.offset,
-          inv->msg.key);
-  cancel_ctx(&inv->ctx);
+  char what[160];
+  PR_WARN("engine", "handler for %s exceeded its timeout; cancelling it",
+          describe(inv, what, sizeof(what)));
+  cancel_ctx(inv);
 }
 
 static void start(inv_t *inv) {
@@ -526,14 +577,20 @@ static void start(inv_t *inv) {
   inv->attempt++;
   inv->part->active++;
   eng->running++;
-  atomic_store(&inv->ctx.finished, 0);
-  pthread_mutex_lock(&inv->ctx.lock);
-  free(inv->ctx.error);
-  inv->ctx.error = NULL;
-  /* A new attempt starts uncancelled (an earlier attempt may have timed
-   * out); attempts only start while running normally. */
-  atomic_store(&inv->ctx.cancelled, 0);
-  pthread_mutex_unlock(&inv->ctx.lock);
+  /* Each attempt gets a fresh context: one kept from an earlier attempt
+   * is stale. */
+  if (inv->cslot)
+    pr__ctx_release(inv->cslot);
+  inv->ctx = pr__ctx_acquire(inv, &inv->cslot);
+  if (!inv->ctx) {
+    inv->cslot = NULL;
+    inv->result = PROSODY_TRANSIENT;
+    free(inv->result_error);
+    inv->result_error = strdup("out of memory (no handler context)");
+    inv->kind = KIND_HANDLER;
+    push_done(inv);
+    return;
+  }
   if (eng->timeout_ms > 0) {
     inv->timeout = malloc(sizeof(uv_timer_t));
     if (inv->timeout) {
@@ -544,15 +601,20 @@ static void start(inv_t *inv) {
   }
   if (eng->pool) {
     if (pr__pool_submit(eng->pool, run_handler, inv))
-      complete_attempt(&inv->ctx, PROSODY_TRANSIENT, "out of memory");
+      complete_attempt(inv->ctx, PROSODY_TRANSIENT, "out of memory");
   } else {
     run_handler(inv); /* async: must hand over and return quickly */
   }
 }
 
-/* Starts the event when the limiter allows, else queues it as ready. */
+/* Starts the event when the limiter allows, else queues it as ready. A
+ * timer unscheduled while it waited is skipped. */
 static void schedule(inv_t *inv) {
   pr__engine_t *eng = inv->eng;
+  if (inv->is_timer && inv->dropped) {
+    finish(inv, 0);
+    return;
+  }
   if (eng->running < eng->max_concurrency) {
     start(inv);
     return;
@@ -572,7 +634,10 @@ static void start_ready(pr__engine_t *eng) {
     eng->ready_head = inv->rnext;
     if (!eng->ready_head)
       eng->ready_tail = NULL;
-    start(inv);
+    if (inv->is_timer && inv->dropped)
+      finish(inv, 0);
+    else
+      start(inv);
   }
 }
 
@@ -718,11 +783,9 @@ static const char *mode_name(int mode) {
 }
 
 static void log_failure(inv_t *inv, const char *what) {
-  PR_WARN("engine",
-          "%s[%d] offset %lld key \"%.64s\": %s handler failure (attempt %d, "
-          "%s mode): %s; %s",
-          inv->msg.topic, inv->msg.partition, (long long)inv->msg.offset,
-          inv->msg.key,
+  char ev[160];
+  PR_WARN("engine", "%s: %s handler failure (attempt %d, %s mode): %s; %s",
+          describe(inv, ev, sizeof(ev)),
           inv->result == PROSODY_PERMANENT ? "permanent" : "transient",
           inv->attempt, mode_name(inv->eng->mode),
           inv->result_error ? inv->result_error : "(no message)", what);
@@ -755,11 +818,12 @@ static verdict_t l_success(inv_t *inv) {
 
 /* Shutdown, revoke or a released partition make any failure terminal. */
 static verdict_t l_terminal(inv_t *inv) {
+  char ev[160];
   if (inv->eng->phase == PH_RUNNING && !inv->part->revoking &&
       !inv->part->zombie)
     return V_NEXT;
-  PR_DEBUG("engine", "%s[%d] offset %lld aborted by shutdown/revoke",
-           inv->msg.topic, inv->msg.partition, (long long)inv->msg.offset);
+  PR_DEBUG("engine", "%s aborted by shutdown/revoke",
+           describe(inv, ev, sizeof(ev)));
   return V_ABORT;
 }
 
@@ -771,8 +835,13 @@ static verdict_t l_retry_capped(inv_t *inv) {
   return V_NEXT;
 }
 
-/* low-latency: what is still failing goes to the failure topic. */
+/* low-latency: what is still failing goes to the failure topic; a timer
+ * never does: it is dropped. */
 static verdict_t l_failure_topic(inv_t *inv) {
+  if (inv->is_timer) {
+    log_failure(inv, "dropping the timer");
+    return V_COMMIT;
+  }
   log_failure(inv, "sending it to the failure topic");
   return V_DEAD;
 }
@@ -822,6 +891,10 @@ static void handler_done(inv_t *inv) {
   eng->running--;
   inv->part->active--;
   timer_close(&inv->timeout);
+  if (inv->cslot) { /* the attempt is over: its context goes stale */
+    pr__ctx_release(inv->cslot);
+    inv->cslot = NULL;
+  }
   start_ready(eng);
 
   for (const layer_t *l = mode_layers(eng->mode); l->complete; l++)
@@ -966,6 +1039,36 @@ static void skip_record(part_t *part, int64_t offset) {
     part->dirty = 1;
 }
 
+/* Appends a new event (message or timer) to its key's FIFO, counting it
+ * against max_uncommitted, and starts it if it is the key's head. */
+static void enqueue(inv_t *inv) {
+  pr__engine_t *eng = inv->eng;
+  part_t *part = inv->part;
+  kq_t *kq;
+  char ev[160];
+  part->invs++;
+  eng->uncommitted++;
+  kq = inv->msg.key && (inv->is_timer || inv->msg.payload)
+           ? kq_get(part, inv->msg.key, 1)
+           : NULL;
+  if (!kq) {
+    PR_ERROR("engine", "out of memory queueing %s",
+             describe(inv, ev, sizeof(ev)));
+    finish(inv, 0);
+    return;
+  }
+  inv->kq = kq;
+  inv->state = INV_QUEUED;
+  if (kq->tail) {
+    kq->tail->next = inv;
+    kq->tail = inv;
+  } else {
+    kq->head = kq->tail = inv;
+    if (eng->phase == PH_RUNNING && !part->held)
+      schedule(inv);
+  }
+}
+
 static int allowed(pr__engine_t *eng, json_t *json) {
   const pr__value_t *list = &PR_CFG(eng->st, ALLOWED_EVENTS);
   json_t *type;
@@ -992,7 +1095,6 @@ static void intake(pr__engine_t *eng, rd_kafka_message_t *rkm) {
   size_t len;
   const char *why = NULL;
   inv_t *inv;
-  kq_t *kq;
   int rc;
 
   if (!part || part->revoking) {
@@ -1061,29 +1163,8 @@ static void intake(pr__engine_t *eng, rd_kafka_message_t *rkm) {
   inv->msg.json = json;
   inv->msg.headers = hdrs;
   pthread_mutex_init(&inv->msg.hdr_lock, NULL);
-  inv->ctx.inv = inv;
-  pthread_mutex_init(&inv->ctx.lock, NULL);
-  pthread_cond_init(&inv->ctx.cond, NULL);
   rd_kafka_message_destroy(rkm);
-  part->invs++;
-  eng->uncommitted++;
-  kq = inv->msg.key && inv->msg.payload ? kq_get(part, inv->msg.key, 1) : NULL;
-  if (!kq) {
-    PR_ERROR("engine", "out of memory queueing %s[%d] offset %lld", topic,
-             inv->msg.partition, (long long)inv->msg.offset);
-    finish(inv, 0);
-    return;
-  }
-  inv->kq = kq;
-  inv->state = INV_QUEUED;
-  if (kq->tail) {
-    kq->tail->next = inv;
-    kq->tail = inv;
-  } else {
-    kq->head = kq->tail = inv;
-    if (eng->phase == PH_RUNNING && !part->held)
-      schedule(inv);
-  }
+  enqueue(inv);
 }
 
 static void drain_kafka(pr__engine_t *eng) {
@@ -1103,6 +1184,548 @@ static void drain_kafka(pr__engine_t *eng) {
   process_done(eng);
   store_offsets(eng, NULL);
   backpressure_check(eng);
+  fire_due(eng);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Timers                                                                    */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Each partition keeps the timers of its loaded slabs (every slab up to
+ * slab_of(now + preload)) in a time queue. A due timer leaves the queue and
+ * becomes an event in its key's FIFO, ordered with the key's messages and
+ * counted against max_uncommitted; from then on it is "firing" (excluded
+ * from scheduled()) until its event finishes. Success or a final failure
+ * deletes it from the store; an abort leaves it stored, to fire again on
+ * the next load. A firing timer scheduled again (its own second) is
+ * "rearmed": it stays stored and fires again; unscheduled before it
+ * started, it is "dropped" and skipped.
+ */
+
+static pr__tseg_t seg_of(const char *topic, int32_t partition) {
+  pr__tseg_t g = {topic, partition};
+  return g;
+}
+
+static void store_log_cb(void *arg, prosody_err_t err, const char *errstr) {
+  if (err)
+    PR_ERROR("timers", "%s: %s", (const char *)arg,
+             errstr ? errstr : prosody_err_name(err));
+}
+
+/* The firing event of (key, time) in `part`, or NULL. */
+static inv_t *firing_find(part_t *part, const char *key, int64_t time_s) {
+  kq_t *kq = kq_get(part, key, 0);
+  for (inv_t *i = kq ? kq->head : NULL; i; i = i->next)
+    if (i->is_timer && i->time_s == time_s)
+      return i;
+  return NULL;
+}
+
+/* A stored timer was found by a load: queue it unless it is firing. */
+static void timer_loaded(part_t *part, const char *key, int64_t time_s) {
+  if (firing_find(part, key, time_s))
+    return;
+  if (pr__tq_add(part->tq, key, time_s) < 0)
+    PR_ERROR("timers", "out of memory loading a timer of %s[%d]", part->topic,
+             part->partition);
+}
+
+/* A timer was written by a handler: queue it if its slab is loaded (or
+ * loading); a firing one of the same second is rearmed (or undropped). */
+static void timer_written(pr__engine_t *eng, part_t *part, const char *key,
+                          int64_t time_s) {
+  inv_t *f = firing_find(part, key, time_s);
+  if (f) {
+    if (f->state == INV_QUEUED || f->state == INV_READY)
+      f->dropped = 0;
+    else
+      f->rearmed = 1;
+    return;
+  }
+  if (pr__slab_of(time_s, eng->slab_s) <= part->horizon)
+    timer_loaded(part, key, time_s);
+}
+
+/* Timers of `key` were deleted: (key, time_s), or all but `keep_s` when
+ * `time_s` is -1. */
+static void timer_deleted(part_t *part, const char *key, int64_t time_s,
+                          int64_t keep_s) {
+  kq_t *kq;
+  if (time_s >= 0)
+    pr__tq_remove(part->tq, key, time_s);
+  else
+    pr__tq_remove_key(part->tq, key, keep_s);
+  kq = kq_get(part, key, 0);
+  for (inv_t *i = kq ? kq->head : NULL; i; i = i->next) {
+    if (!i->is_timer ||
+        (time_s >= 0 ? i->time_s != time_s : i->time_s == keep_s))
+      continue;
+    if (i->state == INV_QUEUED || i->state == INV_READY)
+      i->dropped = 1;
+    else
+      i->rearmed = 0;
+  }
+}
+
+/* A timer event ends (from finish()). */
+static void timer_finished(inv_t *inv, int commit) {
+  pr__engine_t *eng = inv->eng;
+  part_t *part = inv->part;
+  pr__tseg_t seg = seg_of(part->topic, part->partition);
+  if (!commit)
+    return; /* aborted, or dropped (already deleted): nothing to do */
+  if (inv->rearmed) {
+    if (!part->revoking && !part->zombie &&
+        pr__tq_add(part->tq, inv->msg.key, inv->time_s) < 0)
+      PR_ERROR("timers", "out of memory re-queueing a timer of %s[%d]",
+               part->topic, part->partition);
+    return;
+  }
+  eng->store->ops->del(eng->store, &seg, inv->msg.key, inv->time_s,
+                       PR_TIMER_APPLICATION, store_log_cb,
+                       "could not delete a fired timer (it may fire again)");
+}
+
+static void on_fire(uv_timer_t *t);
+
+/* Arms the loop's timer for the earliest loaded timer. While the engine is
+ * at max_uncommitted, finishing events call fire_due() instead. */
+static void arm_fire(pr__engine_t *eng) {
+  int64_t next = -1, delay;
+  if (eng->phase == PH_RUNNING && eng->uncommitted < eng->max_uncommitted)
+    for (part_t *part = eng->parts; part; part = part->next) {
+      int64_t t = part->tq && !part->revoking ? pr__tq_next_time(part->tq) : -1;
+      if (t >= 0 && (next < 0 || t < next))
+        next = t;
+    }
+  if (next < 0) {
+    uv_timer_stop(&eng->tfire);
+    return;
+  }
+  delay = next * 1000 - pr__wall_ms();
+  uv_timer_start(&eng->tfire, on_fire, delay > 0 ? (uint64_t)delay : 0, 0);
+}
+
+/* Turns due timers into events, within max_uncommitted. */
+static void fire_due(pr__engine_t *eng) {
+  int64_t now_s = pr__wall_ms() / 1000;
+  if (eng->phase != PH_RUNNING)
+    return;
+  for (part_t *part = eng->parts; part; part = part->next) {
+    char *key;
+    int64_t t;
+    if (part->revoking || !part->tq)
+      continue;
+    while (eng->uncommitted < eng->max_uncommitted &&
+           pr__tq_pop_due(part->tq, now_s, &key, &t) > 0) {
+      inv_t *inv = calloc(1, sizeof(*inv));
+      if (!inv) {
+        (void)pr__tq_add(part->tq, key, t); /* try again later */
+        free(key);
+        break;
+      }
+      inv->eng = eng;
+      inv->part = part;
+      inv->is_timer = 1;
+      inv->time_s = t;
+      inv->msg.topic = part->topic;
+      inv->msg.partition = part->partition;
+      inv->msg.offset = -1;
+      inv->msg.timestamp = t * 1000;
+      inv->msg.key = key;
+      inv->tmr.key = key;
+      inv->tmr.time_ms = t * 1000;
+      pthread_mutex_init(&inv->msg.hdr_lock, NULL);
+      enqueue(inv);
+    }
+  }
+  arm_fire(eng);
+}
+
+static void on_fire(uv_timer_t *t) { fire_due(t->data); }
+
+typedef struct load_req {
+  pr__engine_t *eng;
+  int32_t partition;
+  char topic[];
+} load_req_t;
+
+static load_req_t *load_req(pr__engine_t *eng, const part_t *part) {
+  size_t n = strlen(part->topic) + 1;
+  load_req_t *r = malloc(sizeof(*r) + n);
+  if (r) {
+    r->eng = eng;
+    r->partition = part->partition;
+    memcpy(r->topic, part->topic, n);
+  }
+  return r;
+}
+
+static void slab_loaded(void *arg, prosody_err_t err, const char *errstr,
+                        const pr__trec_t *recs, size_t n) {
+  load_req_t *r = arg;
+  pr__engine_t *eng = r->eng;
+  part_t *part = part_find(eng, r->topic, r->partition);
+  if (err)
+    PR_ERROR("timers",
+             "could not load timers of %s[%d]: %s; they fire after the "
+             "partition is next assigned",
+             r->topic, r->partition, errstr ? errstr : prosody_err_name(err));
+  else if (part && !part->revoking)
+    for (size_t i = 0; i < n; i++)
+      if (recs[i].type == PR_TIMER_APPLICATION)
+        timer_loaded(part, recs[i].key, recs[i].time_s);
+  free(r);
+  arm_fire(eng);
+}
+
+/* Loads slab `slab` of `part` into its time queue. */
+static void load_slab(pr__engine_t *eng, part_t *part, int64_t slab) {
+  load_req_t *r = load_req(eng, part);
+  pr__tseg_t seg = seg_of(part->topic, part->partition);
+  if (!r) {
+    PR_ERROR("timers", "out of memory loading timers of %s[%d]", part->topic,
+             part->partition);
+    return;
+  }
+  eng->store->ops->load_slab(eng->store, &seg, eng->slab_s, slab, slab_loaded,
+                             r);
+}
+
+static void slabs_listed(void *arg, prosody_err_t err, const char *errstr,
+                         const int64_t *slabs, size_t n) {
+  load_req_t *r = arg;
+  pr__engine_t *eng = r->eng;
+  part_t *part = part_find(eng, r->topic, r->partition);
+  if (err)
+    PR_ERROR("timers",
+             "could not list the timers of %s[%d]: %s; they fire after the "
+             "partition is next assigned",
+             r->topic, r->partition, errstr ? errstr : prosody_err_name(err));
+  else if (part && !part->revoking)
+    for (size_t i = 0; i < n; i++) /* oldest first: overdue ones fire now */
+      if (slabs[i] <= part->horizon)
+        load_slab(eng, part, slabs[i]);
+  free(r);
+}
+
+/* A partition was assigned: load every stored slab up to the horizon. */
+static void timers_assigned(pr__engine_t *eng, part_t *part) {
+  int64_t jitter = eng->slab_s / 10 + 1;
+  pr__tseg_t seg = seg_of(part->topic, part->partition);
+  load_req_t *r;
+  part->tq = pr__tq_new();
+  part->preload_s = eng->slab_s / 2 + (int64_t)(rand_r(&eng->seed) % jitter);
+  part->horizon =
+      pr__slab_of(pr__wall_ms() / 1000 + part->preload_s, eng->slab_s);
+  if (!part->tq || !(r = load_req(eng, part))) {
+    PR_ERROR("timers", "out of memory: timers of %s[%d] will not fire",
+             part->topic, part->partition);
+    part->horizon = -1;
+    return;
+  }
+  eng->store->ops->slabs(eng->store, &seg, eng->slab_s, slabs_listed, r);
+}
+
+/* Loads the slabs that came within the preload window (loop tick). */
+static void timers_advance(pr__engine_t *eng) {
+  int64_t now_s = pr__wall_ms() / 1000;
+  for (part_t *part = eng->parts; part; part = part->next) {
+    int64_t target;
+    if (!part->tq || part->revoking || part->horizon < 0)
+      continue;
+    target = pr__slab_of(now_s + part->preload_s, eng->slab_s);
+    while (part->horizon < target)
+      load_slab(eng, part, ++part->horizon);
+  }
+}
+
+/* A partition leaves: drop its loaded timers; the store decides what it
+ * keeps (the memory store forgets them). */
+static void timers_released(pr__engine_t *eng, part_t *part) {
+  pr__tseg_t seg = seg_of(part->topic, part->partition);
+  pr__tq_free(part->tq);
+  part->tq = NULL;
+  eng->store->ops->release(eng->store, &seg);
+}
+
+/* --- Timer operations from handlers ------------------------------------- */
+
+enum top_kind {
+  TOP_SCHEDULE,
+  TOP_UNSCHEDULE,
+  TOP_CLEAR,
+  TOP_CLEAR_AND_SCHEDULE,
+  TOP_SCHEDULED
+};
+
+/* One timer operation, owned by the calling thread (on its stack); the
+ * engine fills the result and signals `cond`, then never touches it. */
+typedef struct top {
+  struct top *next; /* engine queue link (ops_lock) */
+  int kind;
+  prosody_context_t *ctx;
+  int64_t time_s;
+  /* Engine thread, while it runs the operation. */
+  pr__engine_t *eng;
+  char *key, *topic;
+  int32_t partition;
+  /* The result, published under `lock`. */
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  int done;
+  prosody_err_t err;
+  char errstr[512];
+  int64_t *times; /* TOP_SCHEDULED: ms, malloc'd */
+  size_t n;
+} top_t;
+
+static void top_done(top_t *op, prosody_err_t err, const char *errstr) {
+  free(op->key);
+  free(op->topic);
+  op->key = op->topic = NULL;
+  pthread_mutex_lock(&op->lock);
+  op->err = err;
+  snprintf(op->errstr, sizeof(op->errstr), "%s", err && errstr ? errstr : "");
+  op->done = 1;
+  pthread_cond_signal(&op->cond);
+  pthread_mutex_unlock(&op->lock);
+}
+
+/* The operation's partition, if it is still assigned with its timers. */
+static part_t *top_part(top_t *op) {
+  part_t *part = part_find(op->eng, op->topic, op->partition);
+  return part && part->tq && !part->revoking ? part : NULL;
+}
+
+static void top_cleared(void *arg, prosody_err_t err, const char *errstr) {
+  top_t *op = arg;
+  part_t *part = top_part(op);
+  if (!err && part)
+    timer_deleted(part, op->key, -1,
+                  op->kind == TOP_CLEAR_AND_SCHEDULE ? op->time_s : -1);
+  top_done(op, err, errstr);
+}
+
+static void top_written(void *arg, prosody_err_t err, const char *errstr) {
+  top_t *op = arg;
+  part_t *part = top_part(op);
+  pr__tseg_t seg = seg_of(op->topic, op->partition);
+  if (err) {
+    top_done(op, err, errstr);
+    return;
+  }
+  if (part) {
+    timer_written(op->eng, part, op->key, op->time_s);
+    arm_fire(op->eng);
+  }
+  if (op->kind == TOP_CLEAR_AND_SCHEDULE) /* the new timer is written */
+    op->eng->store->ops->del_key(op->eng->store, &seg, op->key,
+                                 PR_TIMER_APPLICATION, op->time_s, top_cleared,
+                                 op);
+  else
+    top_done(op, PROSODY_OK, NULL);
+}
+
+static void top_deleted(void *arg, prosody_err_t err, const char *errstr) {
+  top_t *op = arg;
+  part_t *part = top_part(op);
+  if (!err && part)
+    timer_deleted(part, op->key, op->time_s, -1);
+  top_done(op, err, errstr);
+}
+
+static void top_listed(void *arg, prosody_err_t err, const char *errstr,
+                       const int64_t *times, size_t n) {
+  top_t *op = arg;
+  part_t *part = top_part(op);
+  if (!err && n > 0) {
+    if (!(op->times = malloc(n * sizeof(int64_t)))) {
+      top_done(op, PROSODY_ERR_NOMEM, "out of memory listing timers");
+      return;
+    }
+    for (size_t i = 0; i < n; i++) {
+      inv_t *f = part ? firing_find(part, op->key, times[i]) : NULL;
+      if (!f || f->rearmed) /* a firing timer is not "scheduled" */
+        op->times[op->n++] = times[i] * 1000;
+    }
+  }
+  top_done(op, err, errstr);
+}
+
+/* Runs a handler's timer operation (engine thread). */
+static void run_op(pr__engine_t *eng, top_t *op) {
+  pr__ctx_t *slot = pr__ctx_lock(op->ctx);
+  char why[256];
+  inv_t *inv;
+  part_t *part;
+  pr__tseg_t seg;
+  pr__tstore_t *st = eng->store;
+
+  if (slot && slot->finished) {
+    pthread_mutex_unlock(&slot->lock);
+    slot = NULL;
+  }
+  if (!slot) {
+    top_done(op, PROSODY_ERR_STATE,
+             "the context is stale: its handler has already finished");
+    return;
+  }
+  inv = slot->owner;
+  pthread_mutex_unlock(&slot->lock);
+  part = inv->part;
+  if (eng->stopping || eng->phase != PH_RUNNING) {
+    top_done(op, PROSODY_ERR_STATE, "the consumer is shutting down");
+    return;
+  }
+  if (part->revoking || part->zombie || !part->tq) {
+    snprintf(why, sizeof(why), "partition %s[%d] is being revoked", part->topic,
+             part->partition);
+    top_done(op, PROSODY_ERR_STATE, why);
+    return;
+  }
+  op->eng = eng;
+  op->key = strdup(inv->msg.key);
+  op->topic = strdup(part->topic);
+  op->partition = part->partition;
+  if (!op->key || !op->topic) {
+    top_done(op, PROSODY_ERR_NOMEM, "out of memory");
+    return;
+  }
+  seg = seg_of(op->topic, op->partition);
+  switch (op->kind) {
+  case TOP_SCHEDULE:
+  case TOP_CLEAR_AND_SCHEDULE:
+    st->ops->put(st, &seg, op->key, op->time_s, PR_TIMER_APPLICATION,
+                 top_written, op);
+    break;
+  case TOP_UNSCHEDULE:
+    st->ops->del(st, &seg, op->key, op->time_s, PR_TIMER_APPLICATION,
+                 top_deleted, op);
+    break;
+  case TOP_CLEAR:
+    st->ops->del_key(st, &seg, op->key, PR_TIMER_APPLICATION, -1, top_cleared,
+                     op);
+    break;
+  default:
+    st->ops->key_times(st, &seg, op->key, PR_TIMER_APPLICATION, top_listed, op);
+    break;
+  }
+}
+
+static void process_ops(pr__engine_t *eng) {
+  top_t *op;
+  pthread_mutex_lock(&eng->ops_lock);
+  op = eng->ops_head;
+  eng->ops_head = eng->ops_tail = NULL;
+  atomic_store(&eng->ops_pending, 0);
+  pthread_mutex_unlock(&eng->ops_lock);
+  while (op) {
+    top_t *next = op->next; /* op belongs to its caller once done */
+    run_op(eng, op);
+    op = next;
+  }
+}
+
+/* The engine stops: refuse queued and future operations. */
+static void close_ops(pr__engine_t *eng) {
+  top_t *op;
+  pthread_mutex_lock(&eng->ops_lock);
+  eng->ops_closed = 1;
+  op = eng->ops_head;
+  eng->ops_head = eng->ops_tail = NULL;
+  atomic_store(&eng->ops_pending, 0);
+  pthread_mutex_unlock(&eng->ops_lock);
+  while (op) {
+    top_t *next = op->next;
+    top_done(op, PROSODY_ERR_STATE, "the consumer has stopped");
+    op = next;
+  }
+}
+
+/* Submits an operation and waits for its result (any thread). */
+static prosody_err_t timer_call(prosody_context_t *ctx, int kind,
+                                int64_t time_s, int64_t **times, size_t *n,
+                                char *errstr, size_t errstr_size) {
+  top_t op;
+  pr__ctx_t *slot = pr__ctx_lock(ctx);
+  pr__engine_t *eng;
+  pthread_condattr_t attr;
+
+  if (slot && slot->finished) {
+    pthread_mutex_unlock(&slot->lock);
+    slot = NULL;
+  }
+  if (!slot) {
+    pr__errf(errstr, errstr_size,
+             "the context is stale: its handler has already finished");
+    return PROSODY_ERR_STATE;
+  }
+  eng = ((inv_t *)slot->owner)->eng;
+  memset(&op, 0, sizeof(op));
+  op.kind = kind;
+  op.ctx = ctx;
+  op.time_s = time_s;
+  pthread_mutex_init(&op.lock, NULL);
+  pthread_condattr_init(&attr);
+  pthread_cond_init(&op.cond, &attr);
+  pthread_condattr_destroy(&attr);
+  if (tls_engine == eng) {
+    /* An asynchronous handler on the engine thread: run it here, if the
+     * store can answer without waiting for this very thread. */
+    pthread_mutex_unlock(&slot->lock);
+    if (!eng->store->sync)
+      top_done(&op, PROSODY_ERR_STATE,
+               "timer calls from the engine thread need a store that answers "
+               "at once; call from another thread");
+    else
+      run_op(eng, &op);
+  } else {
+    /* The live attempt keeps the engine alive; `pushers` keeps it alive
+     * until this thread has finished touching it. */
+    atomic_fetch_add(&eng->pushers, 1);
+    pthread_mutex_unlock(&slot->lock);
+    pthread_mutex_lock(&eng->ops_lock);
+    if (eng->ops_closed) {
+      pthread_mutex_unlock(&eng->ops_lock);
+      top_done(&op, PROSODY_ERR_STATE, "the consumer has stopped");
+    } else {
+      if (eng->ops_tail)
+        eng->ops_tail->next = &op;
+      else
+        eng->ops_head = &op;
+      eng->ops_tail = &op;
+      atomic_store(&eng->ops_pending, 1);
+      pthread_mutex_unlock(&eng->ops_lock);
+      if (atomic_load(&eng->draining)) {
+        pthread_mutex_lock(&eng->lock);
+        pthread_cond_broadcast(&eng->cond);
+        pthread_mutex_unlock(&eng->lock);
+      }
+      uv_async_send(&eng->wake);
+    }
+    atomic_fetch_sub(&eng->pushers, 1);
+  }
+  pthread_mutex_lock(&op.lock);
+  while (!op.done)
+    pthread_cond_wait(&op.cond, &op.lock);
+  pthread_mutex_unlock(&op.lock);
+  pthread_mutex_destroy(&op.lock);
+  pthread_cond_destroy(&op.cond);
+  if (op.err) {
+    pr__errf(errstr, errstr_size, "%s", op.errstr);
+    free(op.times);
+    return op.err;
+  }
+  if (times) {
+    *times = op.times;
+    *n = op.n;
+  } else {
+    free(op.times);
+  }
+  return PROSODY_OK;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1154,7 +1777,7 @@ static void cancel_running(pr__engine_t *eng, int revoking_only) {
     for (size_t b = 0; part->buckets && b < part->nbuckets; b++)
       for (kq_t *kq = part->buckets[b]; kq; kq = kq->next)
         if (kq->head && kq->head->state == INV_RUNNING)
-          cancel_ctx(&kq->head->ctx);
+          cancel_ctx(kq->head);
   }
 }
 
@@ -1194,10 +1817,11 @@ static void drain(pr__engine_t *eng, int revoking_only) {
     pr__deadline_after(CLOCK_REALTIME, wake_at - now, &ts);
     atomic_store(&eng->draining, 1);
     pthread_mutex_lock(&eng->lock);
-    if (!atomic_load(&eng->done))
+    if (!atomic_load(&eng->done) && !atomic_load(&eng->ops_pending))
       pthread_cond_timedwait(&eng->cond, &eng->lock, &ts);
     pthread_mutex_unlock(&eng->lock);
     atomic_store(&eng->draining, 0);
+    process_ops(eng); /* refused for what drains, served for the rest */
     process_done(eng);
   }
 }
@@ -1210,6 +1834,7 @@ static void part_release(pr__engine_t *eng, part_t *part) {
     pp = &(*pp)->next;
   if (*pp)
     *pp = part->next;
+  timers_released(eng, part);
   if (part->invs > 0) {
     part->zombie = 1;
     part->next = eng->zombies;
@@ -1261,6 +1886,7 @@ static void on_assign(pr__engine_t *eng, rd_kafka_topic_partition_list_t *list,
     part->held = zombie_find(eng, tp->topic, tp->partition) != NULL;
     part->next = eng->parts;
     eng->parts = part;
+    timers_assigned(eng, part);
   }
   if (coop)
     error = rd_kafka_incremental_assign(eng->rk, list);
@@ -1291,6 +1917,7 @@ static void on_assign(pr__engine_t *eng, rd_kafka_topic_partition_list_t *list,
   rd_kafka_topic_partition_list_destroy(pause);
   rd_kafka_topic_partition_list_destroy(resume);
   update_assigned(eng);
+  arm_fire(eng);
   PR_INFO("engine", "assigned %d partition(s); %d in total", list->cnt,
           atomic_load(&eng->assigned));
 }
@@ -1384,6 +2011,7 @@ static void shutdown_engine(pr__engine_t *eng) {
     return;
   eng->stopping = 1;
   eng->phase = PH_DRAINING;
+  uv_timer_stop(&eng->tfire);
   release_idle(eng, NULL);
   drain(eng, 0);
   store_offsets(eng, NULL);
@@ -1393,6 +2021,7 @@ static void shutdown_engine(pr__engine_t *eng) {
   while (eng->parts)
     part_release(eng, eng->parts);
   process_done(eng);
+  close_ops(eng);
   update_assigned(eng);
   PR_INFO("engine", "consumer stopped in %lld ms",
           (long long)((pr__now_ns() - t0) / 1000000));
@@ -1400,6 +2029,7 @@ static void shutdown_engine(pr__engine_t *eng) {
   uv_close((uv_handle_t *)&eng->kpoll, NULL);
   uv_timer_stop(&eng->tick);
   uv_close((uv_handle_t *)&eng->tick, NULL);
+  uv_close((uv_handle_t *)&eng->tfire, NULL);
   uv_close((uv_handle_t *)&eng->wake, NULL);
 }
 
@@ -1411,21 +2041,27 @@ static void on_kafka(uv_poll_t *h, int status, int events) {
 
 static void on_tick(uv_timer_t *t) {
   pr__engine_t *eng = t->data;
+  timers_advance(eng);
   drain_kafka(eng);
   check_stalls(eng);
 }
 
 static void on_wake(uv_async_t *a) {
   pr__engine_t *eng = a->data;
+  process_ops(eng);
   process_done(eng);
   store_offsets(eng, NULL);
   if (atomic_load(&eng->stop_requested))
     shutdown_engine(eng);
+  else
+    fire_due(eng);
 }
 
 static void *engine_main(void *arg) {
   pr__engine_t *eng = arg;
+  tls_engine = eng;
   uv_run(&eng->loop, UV_RUN_DEFAULT);
+  tls_engine = NULL;
   return NULL;
 }
 
@@ -1443,6 +2079,9 @@ static void engine_free(pr__engine_t *eng) {
     close(eng->pipefd[0]);
   if (eng->pipefd[1] >= 0)
     close(eng->pipefd[1]);
+  if (eng->store)
+    eng->store->ops->destroy(eng->store);
+  pthread_mutex_destroy(&eng->ops_lock);
   pthread_mutex_destroy(&eng->lock);
   pthread_cond_destroy(&eng->cond);
   free(eng);
@@ -1464,6 +2103,7 @@ pr__engine_t *pr__engine_start(const pr__settings_t *st, const char *bootstrap,
     return NULL;
   }
   eng->pipefd[0] = eng->pipefd[1] = -1;
+  pthread_mutex_init(&eng->ops_lock, NULL);
   pthread_mutex_init(&eng->lock, NULL);
   pthread_cond_init(&eng->cond, NULL);
   eng->st = st;
@@ -1478,6 +2118,19 @@ pr__engine_t *pr__engine_start(const pr__settings_t *st, const char *bootstrap,
                                             : eng->stall_ns / 1000000 * 8 / 10;
   eng->shutdown_ms = PR_CFG_MS(st, SHUTDOWN_TIMEOUT);
   eng->seed = (unsigned)pr__now_ns();
+  eng->slab_s = PR_CFG_NS(st, SLAB_SIZE) / 1000000000;
+  if (eng->slab_s < 1)
+    eng->slab_s = 1;
+  /* The Cassandra store replaces this one outside mock mode once it lands
+   * (docs/ARCHITECTURE.md); until then timers live in memory everywhere. */
+  eng->store = pr__memstore_new();
+  if (!eng->store) {
+    pr__errf(errstr, errstr_size, "out of memory");
+    goto fail;
+  }
+  if (!PR_CFG_BOOL(st, MOCK))
+    PR_INFO("engine", "timers are kept in memory: they do not survive a "
+                      "restart or rebalance yet");
 
   if (!(handler->flags & PROSODY_HANDLER_ASYNC)) {
     eng->pool = pr__pool_new(eng->max_concurrency);
@@ -1558,6 +2211,8 @@ pr__engine_t *pr__engine_start(const pr__settings_t *st, const char *bootstrap,
                  (uint64_t)PR_CFG_MS(st, POLL_INTERVAL));
   uv_async_init(&eng->loop, &eng->wake, on_wake);
   eng->wake.data = eng;
+  uv_timer_init(&eng->loop, &eng->tfire);
+  eng->tfire.data = eng;
 
   if (PR_CFG_BOOL(st, MOCK))
     for (size_t i = 0; i < subs->list_n; i++)
@@ -1582,6 +2237,7 @@ pr__engine_t *pr__engine_start(const pr__settings_t *st, const char *bootstrap,
 fail_loop:
   uv_close((uv_handle_t *)&eng->kpoll, NULL);
   uv_close((uv_handle_t *)&eng->tick, NULL);
+  uv_close((uv_handle_t *)&eng->tfire, NULL);
   uv_close((uv_handle_t *)&eng->wake, NULL);
   uv_run(&eng->loop, UV_RUN_DEFAULT);
   uv_loop_close(&eng->loop);
@@ -1718,15 +2374,21 @@ PROSODY_EXPORT const char *prosody_message_header(const prosody_message_t *m,
 }
 
 PROSODY_EXPORT int prosody_should_cancel(const prosody_context_t *ctx) {
-  return ctx ? atomic_load(&((prosody_context_t *)ctx)->cancelled) : 1;
+  pr__ctx_t *slot = pr__ctx_lock(ctx);
+  int cancelled;
+  if (!slot)
+    return 1; /* stale: its invocation is over */
+  cancelled = slot->cancelled;
+  pthread_mutex_unlock(&slot->lock);
+  return cancelled;
 }
 
 PROSODY_EXPORT int prosody_wait_cancel(prosody_context_t *ctx,
                                        int64_t timeout_ms) {
   struct timespec ts;
+  pr__ctx_t *slot;
+  uint64_t gen;
   int cancelled;
-  if (!ctx)
-    return 1;
   if (timeout_ms >= 0) /* capped at ~31 years so the ns cannot overflow */
     pr__deadline_after(CLOCK_REALTIME,
                        (timeout_ms < INT64_C(1000000000000)
@@ -1734,28 +2396,29 @@ PROSODY_EXPORT int prosody_wait_cancel(prosody_context_t *ctx,
                             : INT64_C(1000000000000)) *
                            1000000,
                        &ts);
-  pthread_mutex_lock(&ctx->lock);
-  while (!atomic_load(&ctx->cancelled)) {
+  if (!(slot = pr__ctx_lock(ctx)))
+    return 1;
+  gen = slot->gen;
+  /* A release (new generation) ends the wait too: the invocation is over. */
+  while (!slot->cancelled && slot->gen == gen) {
     if (timeout_ms < 0)
-      pthread_cond_wait(&ctx->cond, &ctx->lock);
-    else if (pthread_cond_timedwait(&ctx->cond, &ctx->lock, &ts) == ETIMEDOUT)
+      pthread_cond_wait(&slot->cond, &slot->lock);
+    else if (pthread_cond_timedwait(&slot->cond, &slot->lock, &ts) == ETIMEDOUT)
       break;
   }
-  cancelled = atomic_load(&ctx->cancelled);
-  pthread_mutex_unlock(&ctx->lock);
+  cancelled = slot->cancelled || slot->gen != gen;
+  pthread_mutex_unlock(&slot->lock);
   return cancelled;
 }
 
 PROSODY_EXPORT void prosody_context_set_error(prosody_context_t *ctx,
                                               const char *message) {
-  char *copy;
-  if (!ctx)
+  pr__ctx_t *slot = pr__ctx_lock(ctx);
+  if (!slot)
     return;
-  copy = message ? strdup(message) : NULL;
-  pthread_mutex_lock(&ctx->lock);
-  free(ctx->error);
-  ctx->error = copy;
-  pthread_mutex_unlock(&ctx->lock);
+  free(slot->error);
+  slot->error = message ? strdup(message) : NULL;
+  pthread_mutex_unlock(&slot->lock);
 }
 
 PROSODY_EXPORT prosody_err_t prosody_complete(prosody_context_t *ctx,
@@ -1765,4 +2428,76 @@ PROSODY_EXPORT prosody_err_t prosody_complete(prosody_context_t *ctx,
     return PROSODY_ERR_INVALID_ARG;
   return complete_attempt(ctx, result, message) ? PROSODY_ERR_STATE
                                                 : PROSODY_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Public timer functions                                                    */
+/* ------------------------------------------------------------------------ */
+
+static prosody_err_t timer_call_at(prosody_context_t *ctx, int kind,
+                                   int64_t time_ms, char *errstr,
+                                   size_t errstr_size) {
+  int64_t time_s;
+  prosody_err_t err;
+  if (!ctx) {
+    pr__errf(errstr, errstr_size, "context is NULL");
+    return PROSODY_ERR_INVALID_ARG;
+  }
+  err = pr__timer_round(time_ms, &time_s, errstr, errstr_size);
+  if (err)
+    return err;
+  return timer_call(ctx, kind, time_s, NULL, NULL, errstr, errstr_size);
+}
+
+PROSODY_EXPORT prosody_err_t prosody_schedule(prosody_context_t *ctx,
+                                              int64_t time_ms, char *errstr,
+                                              size_t errstr_size) {
+  return timer_call_at(ctx, TOP_SCHEDULE, time_ms, errstr, errstr_size);
+}
+
+PROSODY_EXPORT prosody_err_t prosody_unschedule(prosody_context_t *ctx,
+                                                int64_t time_ms, char *errstr,
+                                                size_t errstr_size) {
+  return timer_call_at(ctx, TOP_UNSCHEDULE, time_ms, errstr, errstr_size);
+}
+
+PROSODY_EXPORT prosody_err_t prosody_clear_and_schedule(prosody_context_t *ctx,
+                                                        int64_t time_ms,
+                                                        char *errstr,
+                                                        size_t errstr_size) {
+  return timer_call_at(ctx, TOP_CLEAR_AND_SCHEDULE, time_ms, errstr,
+                       errstr_size);
+}
+
+PROSODY_EXPORT prosody_err_t prosody_clear_scheduled(prosody_context_t *ctx,
+                                                     char *errstr,
+                                                     size_t errstr_size) {
+  if (!ctx) {
+    pr__errf(errstr, errstr_size, "context is NULL");
+    return PROSODY_ERR_INVALID_ARG;
+  }
+  return timer_call(ctx, TOP_CLEAR, -1, NULL, NULL, errstr, errstr_size);
+}
+
+PROSODY_EXPORT prosody_err_t prosody_scheduled(prosody_context_t *ctx,
+                                               int64_t **times, size_t *n,
+                                               char *errstr,
+                                               size_t errstr_size) {
+  if (!ctx || !times || !n) {
+    pr__errf(errstr, errstr_size, "context, times and n must not be NULL");
+    return PROSODY_ERR_INVALID_ARG;
+  }
+  *times = NULL;
+  *n = 0;
+  return timer_call(ctx, TOP_SCHEDULED, -1, times, n, errstr, errstr_size);
+}
+
+PROSODY_EXPORT void prosody_times_free(int64_t *times) { free(times); }
+
+PROSODY_EXPORT const char *prosody_timer_key(const prosody_timer_t *timer) {
+  return timer ? timer->key : NULL;
+}
+
+PROSODY_EXPORT int64_t prosody_timer_time(const prosody_timer_t *timer) {
+  return timer ? timer->time_ms : -1;
 }

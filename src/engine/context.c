@@ -1,0 +1,111 @@
+/*
+ * context.c - the process-wide table of handler contexts (see context.h).
+ *
+ * Ownership: `table_lock` guards the free list and table growth; each
+ * slot's own lock guards its fields. Chunks are published once (atomic
+ * pointers) and never freed, so a stale handle can always be checked.
+ */
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#include "../util/util.h"
+#include "context.h"
+
+#define CHUNK_BITS 10
+#define CHUNK_SLOTS (1u << CHUNK_BITS)
+#define INDEX_BITS 24
+#define MAX_CHUNKS (1u << (INDEX_BITS - CHUNK_BITS))
+#define GEN_MASK ((UINT64_C(1) << (64 - INDEX_BITS)) - 1)
+#define NO_SLOT UINT32_MAX
+
+_Static_assert(sizeof(uintptr_t) >= 8, "context handles need 64-bit pointers");
+
+static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic(pr__ctx_t *) chunks[MAX_CHUNKS]; /* published once */
+static uint32_t nchunks;                        /* guarded by table_lock */
+static uint32_t free_head = NO_SLOT;            /* guarded by table_lock */
+
+static pr__ctx_t *slot_at(uint32_t index) {
+  pr__ctx_t *chunk = atomic_load(&chunks[index >> CHUNK_BITS]);
+  return chunk ? &chunk[index & (CHUNK_SLOTS - 1)] : NULL;
+}
+
+/* Adds a chunk to the free list; table_lock held. */
+static int grow_locked(void) {
+  pr__ctx_t *chunk;
+  uint32_t base;
+  if (nchunks == MAX_CHUNKS || !(chunk = calloc(CHUNK_SLOTS, sizeof(*chunk))))
+    return -1;
+  base = nchunks << CHUNK_BITS;
+  for (uint32_t i = 0; i < CHUNK_SLOTS; i++) {
+    pthread_mutex_init(&chunk[i].lock, NULL);
+    pthread_cond_init(&chunk[i].cond, NULL);
+    chunk[i].gen = 1;
+    chunk[i].index = base + i;
+    chunk[i].next_free = i + 1 < CHUNK_SLOTS ? base + i + 1 : free_head;
+  }
+  atomic_store(&chunks[nchunks], chunk);
+  nchunks++;
+  free_head = base;
+  return 0;
+}
+
+static prosody_context_t *handle_of(const pr__ctx_t *slot) {
+  uint64_t h = ((slot->gen & GEN_MASK) << INDEX_BITS) | slot->index;
+  return (prosody_context_t *)(uintptr_t)h;
+}
+
+prosody_context_t *pr__ctx_acquire(void *owner, pr__ctx_t **out) {
+  pr__ctx_t *slot;
+  prosody_context_t *h;
+  pthread_mutex_lock(&table_lock);
+  if (free_head == NO_SLOT && grow_locked()) {
+    pthread_mutex_unlock(&table_lock);
+    return NULL;
+  }
+  slot = slot_at(free_head);
+  free_head = slot->next_free;
+  pthread_mutex_unlock(&table_lock);
+
+  pthread_mutex_lock(&slot->lock);
+  slot->owner = owner;
+  slot->cancelled = 0;
+  slot->finished = 0;
+  h = handle_of(slot);
+  pthread_mutex_unlock(&slot->lock);
+  *out = slot;
+  return h;
+}
+
+void pr__ctx_release(pr__ctx_t *slot) {
+  pthread_mutex_lock(&slot->lock);
+  slot->gen = (slot->gen + 1) & GEN_MASK;
+  if (slot->gen == 0)
+    slot->gen = 1;
+  slot->owner = NULL;
+  free(slot->error);
+  slot->error = NULL;
+  pthread_cond_broadcast(&slot->cond);
+  pthread_mutex_unlock(&slot->lock);
+
+  pthread_mutex_lock(&table_lock);
+  slot->next_free = free_head;
+  free_head = slot->index;
+  pthread_mutex_unlock(&table_lock);
+}
+
+pr__ctx_t *pr__ctx_lock(const prosody_context_t *handle) {
+  uint64_t h = (uint64_t)(uintptr_t)handle;
+  uint32_t index = (uint32_t)(h & ((UINT64_C(1) << INDEX_BITS) - 1));
+  uint64_t gen = h >> INDEX_BITS;
+  pr__ctx_t *slot;
+  if (!handle || index >= (MAX_CHUNKS << CHUNK_BITS) ||
+      !(slot = slot_at(index)))
+    return NULL;
+  pthread_mutex_lock(&slot->lock);
+  if (slot->gen != gen || !slot->owner) {
+    pthread_mutex_unlock(&slot->lock);
+    return NULL;
+  }
+  return slot;
+}

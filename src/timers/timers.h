@@ -1,0 +1,150 @@
+/*
+ * timers.h - timer building blocks (private): time rounding and range
+ * checks, slab arithmetic, the in-memory time queue, and the timer store
+ * interface with its memory implementation.
+ *
+ * A timer is (key, time in whole seconds since the epoch, type). Times are
+ * kept as seconds in [0, PR_TIMER_MAX_S]: the range a 32-bit unsigned
+ * second count holds, which is what the stores persist.
+ */
+#ifndef PR_TIMERS_H
+#define PR_TIMERS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "prosody.h"
+
+#define PR_TIMER_MAX_S INT64_C(4294967295) /* 2106-02-07T06:28:15Z */
+
+/* Timer types (stored with each timer; deferred retries use the others). */
+typedef enum pr__timer_type {
+  PR_TIMER_APPLICATION = 0,
+  PR_TIMER_DEFER_MESSAGE = 1,
+  PR_TIMER_DEFER_TIMER = 2
+} pr__timer_type_t;
+
+/* Milliseconds since the epoch -> whole seconds, rounded to the nearest
+ * (half up). PROSODY_ERR_INVALID_ARG, with a message naming the time, for a
+ * time before the epoch or past PR_TIMER_MAX_S. */
+prosody_err_t pr__timer_round(int64_t time_ms, int64_t *out_s, char *errstr,
+                              size_t errstr_size);
+
+/* Slab arithmetic: slab `id` holds the seconds [id * slab_s, (id + 1) *
+ * slab_s). `slab_s` >= 1. */
+static inline int64_t pr__slab_of(int64_t time_s, int64_t slab_s) {
+  return time_s / slab_s; /* times are never negative */
+}
+static inline int64_t pr__slab_start(int64_t slab, int64_t slab_s) {
+  return slab * slab_s;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Time queue: pending timers ordered by time, indexed by key.              */
+/* One owner (the engine thread, or the memory store's owner); no locks.   */
+/* ------------------------------------------------------------------------ */
+
+typedef struct pr__tq pr__tq_t;
+
+pr__tq_t *pr__tq_new(void);
+void pr__tq_free(pr__tq_t *tq);
+/* Number of timers. */
+size_t pr__tq_size(const pr__tq_t *tq);
+/* Adds (key, time); 1 if added, 0 if it was there, -1 out of memory. */
+int pr__tq_add(pr__tq_t *tq, const char *key, int64_t time_s);
+/* Removes (key, time); 1 if removed, 0 if absent. */
+int pr__tq_remove(pr__tq_t *tq, const char *key, int64_t time_s);
+/* Removes every timer of `key` except the one at `keep_s` (-1: none);
+ * returns how many were removed. */
+size_t pr__tq_remove_key(pr__tq_t *tq, const char *key, int64_t keep_s);
+/* 1 if (key, time) is queued. */
+int pr__tq_contains(const pr__tq_t *tq, const char *key, int64_t time_s);
+/* The earliest time, or -1 when empty. */
+int64_t pr__tq_next_time(const pr__tq_t *tq);
+/* Removes the earliest timer if its time is <= `now_s`: copies its key into
+ * `*key` (malloc'd; the caller frees) and its time into `*time_s`. 1 if one
+ * was taken, 0 if none is due, -1 out of memory (nothing removed). */
+int pr__tq_pop_due(pr__tq_t *tq, int64_t now_s, char **key, int64_t *time_s);
+/* The times of `key`, ascending, into a malloc'd array (NULL when none);
+ * -1 out of memory. */
+int pr__tq_key_times(const pr__tq_t *tq, const char *key, int64_t **times,
+                     size_t *n);
+/* Calls `fn` for every timer whose time is in [from_s, to_s). */
+void pr__tq_each_in(const pr__tq_t *tq, int64_t from_s, int64_t to_s,
+                    void (*fn)(void *arg, const char *key, int64_t time_s),
+                    void *arg);
+
+/* ------------------------------------------------------------------------ */
+/* Timer store interface                                                    */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * A store persists timers per segment (one consumer group's topic
+ * partition). Every operation is asynchronous: it is started on the engine
+ * thread and its callback runs on the engine thread, possibly before the
+ * call returns (the memory store always completes at once). A failed
+ * operation reports PROSODY_ERR_TRANSIENT or PROSODY_ERR_PERMANENT with a
+ * message.
+ */
+typedef struct pr__tstore pr__tstore_t;
+
+typedef struct pr__tseg {
+  const char *topic;
+  int32_t partition;
+} pr__tseg_t;
+
+/* One stored timer, as a load returns it. */
+typedef struct pr__trec {
+  const char *key;
+  int64_t time_s;
+  pr__timer_type_t type;
+} pr__trec_t;
+
+typedef void (*pr__tstore_done_cb)(void *arg, prosody_err_t err,
+                                   const char *errstr);
+/* `recs` / `times` are valid during the callback only. */
+typedef void (*pr__tstore_recs_cb)(void *arg, prosody_err_t err,
+                                   const char *errstr, const pr__trec_t *recs,
+                                   size_t n);
+typedef void (*pr__tstore_times_cb)(void *arg, prosody_err_t err,
+                                    const char *errstr, const int64_t *times,
+                                    size_t n);
+
+typedef struct pr__tstore_ops {
+  /* Writes (key, time, type); writing one that exists keeps one. */
+  void (*put)(pr__tstore_t *s, const pr__tseg_t *seg, const char *key,
+              int64_t time_s, pr__timer_type_t type, pr__tstore_done_cb cb,
+              void *arg);
+  /* Deletes (key, time, type); absent is not an error. */
+  void (*del)(pr__tstore_t *s, const pr__tseg_t *seg, const char *key,
+              int64_t time_s, pr__timer_type_t type, pr__tstore_done_cb cb,
+              void *arg);
+  /* Deletes every timer of `key` and `type` except the one at `keep_s`
+   * (-1: none). */
+  void (*del_key)(pr__tstore_t *s, const pr__tseg_t *seg, const char *key,
+                  pr__timer_type_t type, int64_t keep_s, pr__tstore_done_cb cb,
+                  void *arg);
+  /* The times of `key` and `type`, ascending. */
+  void (*key_times)(pr__tstore_t *s, const pr__tseg_t *seg, const char *key,
+                    pr__timer_type_t type, pr__tstore_times_cb cb, void *arg);
+  /* The ids of the slabs that hold timers, ascending. */
+  void (*slabs)(pr__tstore_t *s, const pr__tseg_t *seg, int64_t slab_s,
+                pr__tstore_times_cb cb, void *arg);
+  /* Every timer in slab `slab`. */
+  void (*load_slab)(pr__tstore_t *s, const pr__tseg_t *seg, int64_t slab_s,
+                    int64_t slab, pr__tstore_recs_cb cb, void *arg);
+  /* The segment's partition left this instance (the memory store forgets
+   * its timers, as mock mode promises; a durable store keeps them). */
+  void (*release)(pr__tstore_t *s, const pr__tseg_t *seg);
+  void (*destroy)(pr__tstore_t *s);
+} pr__tstore_ops_t;
+
+struct pr__tstore {
+  const pr__tstore_ops_t *ops;
+  int sync; /* every operation completes before it returns */
+};
+
+/* The in-memory store (engine thread only). NULL when out of memory. */
+pr__tstore_t *pr__memstore_new(void);
+
+#endif /* PR_TIMERS_H */
