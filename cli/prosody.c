@@ -405,16 +405,66 @@ typedef struct demo_consume {
   pthread_mutex_t lock;
   long processed, violations, running, max_running;
   long *last_seq; /* per key */
+  char *busy;     /* per key: a handler of it runs (overlap check) */
+  long *seen;     /* per key: events processed */
   double *handler_ms, *e2e_ms;
   double first_at, last_at;
+  long scheduled, fired, timer_errors;
+  double *late_ms; /* per fired timer */
 } demo_consume_t;
+
+/* Follow-up timers: a key's first event schedules one 1-3 s out; the
+ * third event of every fourth key another, 4.5 s out (so a later second:
+ * each scheduled timer is distinct). */
+static double demo_follow_up_ms(long k, long nth) {
+  if (nth == 0)
+    return 1000 + (double)(k % 3) * 1000;
+  return nth == 2 && k % 4 == 0 ? 4500 : -1;
+}
+
+static double wall_ms_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* Marks key k busy (or idle); an event of a busy key is a violation.
+ * Called with dc->lock held. */
+static void demo_key_busy(demo_consume_t *dc, long k, int enter) {
+  if (k < 0)
+    return;
+  if (enter && dc->busy[k]++)
+    dc->violations++;
+  else if (!enter)
+    dc->busy[k]--;
+}
+
+static prosody_result_t demo_timer(prosody_context_t *ctx,
+                                   const prosody_timer_t *t, void *op) {
+  demo_consume_t *dc = op;
+  double late = wall_ms_now() - (double)prosody_timer_time(t);
+  long k = -1;
+  (void)ctx;
+  sscanf(prosody_timer_key(t), "customer-%ld", &k);
+  pthread_mutex_lock(&dc->lock);
+  demo_key_busy(dc, k, 1);
+  pthread_mutex_unlock(&dc->lock);
+  usleep(200); /* a follow-up: a little work */
+  pthread_mutex_lock(&dc->lock);
+  demo_key_busy(dc, k, 0);
+  if (dc->fired < dc->scheduled)
+    dc->late_ms[dc->fired] = late;
+  dc->fired++;
+  pthread_mutex_unlock(&dc->lock);
+  return PROSODY_SUCCESS;
+}
 
 static prosody_result_t demo_handler(prosody_context_t *ctx,
                                      const prosody_message_t *m, void *op) {
   demo_consume_t *dc = op;
   const char *p = strstr(prosody_message_payload(m), "\"seq\":");
   long seq = p ? atol(p + 6) : -1, k = -1, i;
-  double t0 = now_s(), e2e;
+  double t0 = now_s(), e2e, follow;
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   e2e = (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6 -
@@ -425,10 +475,28 @@ static prosody_result_t demo_handler(prosody_context_t *ctx,
     dc->max_running = dc->running;
   if (dc->first_at == 0)
     dc->first_at = t0;
+  demo_key_busy(dc, k, 1);
   pthread_mutex_unlock(&dc->lock);
   /* Simulated work: most events are quick, a few take a millisecond. */
   usleep(seq % 10 == 0 ? 1000 : 100 + (unsigned)(seq % 7) * 50);
   pthread_mutex_lock(&dc->lock);
+  follow = k >= 0 ? demo_follow_up_ms(k, dc->seen[k]++) : -1;
+  pthread_mutex_unlock(&dc->lock);
+  if (follow > 0) { /* follow up on this key later */
+    char err[ERRLEN];
+    double at = wall_ms_now() + follow;
+    prosody_err_t e = prosody_schedule(ctx, (int64_t)at, err, sizeof(err));
+    pthread_mutex_lock(&dc->lock);
+    if (e) {
+      if (!dc->timer_errors++)
+        fprintf(stderr, "prosody demo: schedule: %s\n", err);
+    } else {
+      dc->scheduled++;
+    }
+    pthread_mutex_unlock(&dc->lock);
+  }
+  pthread_mutex_lock(&dc->lock);
+  demo_key_busy(dc, k, 0);
   dc->running--;
   if (k >= 0 && seq >= 0) {
     if (seq <= dc->last_seq[k])
@@ -449,7 +517,7 @@ static int demo_consume(const char *topic, long messages, long keys, int tty) {
   demo_consume_t dc;
   prosody_config_t *conf = prosody_config_new();
   prosody_client_t *client;
-  prosody_handler_t h = {demo_handler, NULL, &dc, 0};
+  prosody_handler_t h = {demo_handler, demo_timer, &dc, 0};
   double deadline, last_print = 0, start = now_s();
   long done = 0, prev = 0;
   int rc = 0;
@@ -457,9 +525,13 @@ static int demo_consume(const char *topic, long messages, long keys, int tty) {
   memset(&dc, 0, sizeof(dc));
   pthread_mutex_init(&dc.lock, NULL);
   dc.last_seq = malloc((size_t)keys * sizeof(long));
+  dc.busy = calloc((size_t)keys, 1);
+  dc.seen = calloc((size_t)keys, sizeof(long));
   dc.handler_ms = calloc((size_t)messages, sizeof(double));
   dc.e2e_ms = calloc((size_t)messages, sizeof(double));
-  if (!dc.last_seq || !dc.handler_ms || !dc.e2e_ms)
+  dc.late_ms = calloc((size_t)keys * 2, sizeof(double));
+  if (!dc.last_seq || !dc.busy || !dc.seen || !dc.handler_ms || !dc.e2e_ms ||
+      !dc.late_ms)
     return fail("demo", PROSODY_ERR_NOMEM, "out of memory");
   for (long k = 0; k < keys; k++)
     dc.last_seq[k] = -1;
@@ -479,14 +551,19 @@ static int demo_consume(const char *topic, long messages, long keys, int tty) {
          "\"prosody-demo-consumer\")\n");
   fflush(stdout);
   deadline = now_s() + 120;
-  while (done < messages && now_s() < deadline) {
+  for (;;) {
     double t = now_s();
-    long running;
+    long running, fired, scheduled;
     usleep(50000);
     pthread_mutex_lock(&dc.lock);
     done = dc.processed;
     running = dc.running;
+    fired = dc.fired;
+    scheduled = dc.scheduled;
     pthread_mutex_unlock(&dc.lock);
+    /* Done once every event ran and every follow-up timer fired. */
+    if ((done >= messages && fired >= scheduled) || t >= deadline)
+      break;
     if (t - last_print >= (tty ? 0.25 : 1.0)) {
       double rate = (double)(done - prev) / (t - last_print);
       if (last_print == 0)
@@ -511,6 +588,7 @@ static int demo_consume(const char *topic, long messages, long keys, int tty) {
 
   qsort(dc.handler_ms, (size_t)dc.processed, sizeof(double), cmp_double);
   qsort(dc.e2e_ms, (size_t)dc.processed, sizeof(double), cmp_double);
+  qsort(dc.late_ms, (size_t)dc.fired, sizeof(double), cmp_double);
   {
     double span = dc.last_at - dc.first_at;
     printf("  consumed      %ld of %ld in %.2f s after the group join "
@@ -518,8 +596,9 @@ static int demo_consume(const char *topic, long messages, long keys, int tty) {
            dc.processed, messages, span, now_s() - start,
            span > 0 ? (double)dc.processed / span : 0.0, dc.max_running);
   }
-  printf("  key order     %ld violations across %ld keys\n", dc.violations,
-         keys);
+  printf("  key order     %ld violations across %ld keys (order, or two "
+         "handlers of a key at once)\n",
+         dc.violations, keys);
   printf("  handler time  p50 %.2f ms, p99 %.2f ms\n",
          percentile(dc.handler_ms, dc.processed, 0.50),
          percentile(dc.handler_ms, dc.processed, 0.99));
@@ -527,9 +606,17 @@ static int demo_consume(const char *topic, long messages, long keys, int tty) {
          "handler start, including the group join)\n",
          percentile(dc.e2e_ms, dc.processed, 0.50),
          percentile(dc.e2e_ms, dc.processed, 0.99));
-  if (dc.processed != messages || dc.violations)
+  printf("  timers        scheduled %ld, fired %ld, lateness p50 %.0f ms, p99 "
+         "%.0f ms (past their second)\n",
+         dc.scheduled, dc.fired, percentile(dc.late_ms, dc.fired, 0.50),
+         percentile(dc.late_ms, dc.fired, 0.99));
+  if (dc.processed != messages || dc.violations || dc.timer_errors ||
+      dc.fired != dc.scheduled)
     rc = 1;
   free(dc.last_seq);
+  free(dc.busy);
+  free(dc.seen);
+  free(dc.late_ms);
   free(dc.handler_ms);
   free(dc.e2e_ms);
   pthread_mutex_destroy(&dc.lock);

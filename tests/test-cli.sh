@@ -62,6 +62,12 @@ also "50 of 50 keys stored in send order" "demo key order (stored)"
 also "0 violations across 50 keys" "demo key order (consumed)"
 also "consumed      1000 of 1000" "demo consumes everything"
 also "prosody demo: ok" "demo verdict"
+# Every follow-up timer the demo scheduled fired (and it scheduled some).
+if grep -qE "timers +scheduled ([1-9][0-9]*), fired \1," "$out"; then
+  echo "ok: demo timers fire"
+else
+  echo "FAIL: demo timers fire:"; sed 's/^/  | /' "$out"; fails=$((fails + 1))
+fi
 
 # broker: prints its address and serves clients until SIGTERM.
 log=$(mktemp)
