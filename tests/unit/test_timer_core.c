@@ -200,7 +200,8 @@ static void times_cb(void *arg, prosody_err_t err, const char *errstr,
   r->calls++;
   r->err = err;
   r->n = n;
-  memcpy(r->v, v, n * sizeof(int64_t));
+  if (n)
+    memcpy(r->v, v, n * sizeof(int64_t));
 }
 
 static void recs_cb(void *arg, prosody_err_t err, const char *errstr,
