@@ -6,6 +6,8 @@
  * sub-second rounding, a timer replaced while it fires); a key's timer and
  * messages never overlap, and a message waits for the key's running timer;
  * a transiently failing timer is retried and deleted once it succeeds;
+ * in low-latency mode a timer failing past max_retries is dropped, never
+ * sent to the failure topic;
  * 500 timers behind a slow handler all fire under max_uncommitted; a
  * context kept past its handler is refused; bad times are refused with the
  * time named.
@@ -52,6 +54,8 @@ static char h_after[128];
 static int replace_fires, replace2_fires, replace_before_n = -1;
 static char replace_log[512];
 static int burst_running, burst_peak;
+static int ll_attempts, ll_after_done;
+static char ll_after[128];
 
 static int64_t wall_ms(void) {
   struct timespec ts;
@@ -197,6 +201,19 @@ static prosody_result_t on_message(prosody_context_t *ctx,
     h_after_done = 1;
     pthread_cond_broadcast(&cond);
     pthread_mutex_unlock(&lock);
+  } else if (!strcmp(verb, "ll")) {
+    SCHED(ctx, now + 1000);
+  } else if (!strcmp(verb, "ll-after")) { /* queued behind the ll timer */
+    char buf[128];
+    scheduled_str(ctx, 0, buf, sizeof(buf));
+    pthread_mutex_lock(&lock);
+    snprintf(ll_after, sizeof(ll_after), "%s", buf);
+    ll_after_done = 1;
+    pthread_cond_broadcast(&cond);
+    pthread_mutex_unlock(&lock);
+    leave(key);
+    prosody_context_set_error(ctx, "dead-lettered on purpose");
+    return PROSODY_PERMANENT; /* the failure topic's only record */
   } else if (!strcmp(verb, "burst")) {
     SCHED(ctx, now + 1000);
   }
@@ -267,6 +284,12 @@ static prosody_result_t on_timer(prosody_context_t *ctx,
       h_success = 1;
     pthread_cond_broadcast(&cond);
     pthread_mutex_unlock(&lock);
+  } else if (!strcmp(key, "ll")) {
+    pthread_mutex_lock(&lock);
+    ll_attempts++;
+    pthread_cond_broadcast(&cond);
+    pthread_mutex_unlock(&lock);
+    r = PROSODY_TRANSIENT; /* always */
   } else if (!strncmp(key, "burst-", 6)) {
     pthread_mutex_lock(&lock);
     if (++burst_running > burst_peak)
@@ -345,7 +368,7 @@ static void produce(const char *topic, const char *key, const char *verb,
 }
 
 int main(void) {
-  char err[1024], group[128], key[32], payload[64];
+  char err[1024], group[160], key[32], payload[64];
   const char *topic = t_topic("timers");
   prosody_config_t *conf;
   prosody_client_t *client, *prod;
@@ -497,6 +520,49 @@ int main(void) {
   CHECK(fired_of("h", f, 8) == 3, "h fired %d times", fired_of("h", f, 8));
   CHECK(fired_of("replace", f, 8) == 2, "replace fired again");
   pthread_mutex_unlock(&lock);
+
+  /* Low-latency: a timer failing past max_retries (2) is dropped; the
+   * failure topic gets only the key's next record, which fails on purpose
+   * and runs only after the timer's event ended. */
+  {
+    char ll_topic[128], dlq[128];
+    t_record_t recs[4];
+    snprintf(ll_topic, sizeof(ll_topic), "%s", t_topic("timers-ll"));
+    snprintf(dlq, sizeof(dlq), "%s", t_topic("timers-ll-dlq"));
+    snprintf(group, sizeof(group), "%s-group", ll_topic);
+    t_create_topic(ll_topic, 2);
+    t_create_topic(dlq, 1);
+    conf = t_consumer_config(group, ll_topic);
+    t_set(conf, "mode", "low-latency");
+    t_set(conf, "failure_topic", dlq);
+    t_set(conf, "max_retries", "2");
+    t_set(conf, "retry_base", "20ms");
+    t_set(conf, "max_retry_delay", "100ms");
+    client = prosody_client_new(conf, err, sizeof(err));
+    CHECK(client, "client: %s", err);
+    CHECK_OK(prosody_subscribe(client, &handler, err, sizeof(err)), err);
+    produce(ll_topic, "ll", "ll", 0);
+    pthread_mutex_lock(&lock);
+    WAIT_UNTIL(ll_attempts >= 1, 60);
+    CHECK(ll_attempts >= 1, "the low-latency timer did not fire");
+    pthread_mutex_unlock(&lock);
+    produce(ll_topic, "ll", "ll-after", 0);
+    pthread_mutex_lock(&lock);
+    WAIT_UNTIL(ll_after_done, 30);
+    CHECK(ll_after_done, "the record after the failing timer did not run");
+    CHECK(ll_attempts == 3, "the timer ran %d times (max_retries 2)",
+          ll_attempts);
+    CHECK(!strcmp(ll_after, "[] "), "dropped timer still scheduled: %s",
+          ll_after);
+    pthread_mutex_unlock(&lock);
+    n = t_read_back(dlq, 1, 30, recs);
+    CHECK(n == 1 && !strcmp(recs[0].key, "ll") &&
+              strstr(recs[0].value, "ll-after"),
+          "failure topic: %d record(s), first %s", n, n ? recs[0].value : "-");
+    t_records_free(recs, n);
+    CHECK_OK(prosody_unsubscribe(client), "unsubscribe");
+    prosody_client_destroy(client);
+  }
   printf("ok: timers\n");
   return 0;
 }
