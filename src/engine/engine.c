@@ -1652,7 +1652,6 @@ static prosody_err_t timer_call(prosody_context_t *ctx, int kind,
   top_t op;
   pr__ctx_t *slot = pr__ctx_lock(ctx);
   pr__engine_t *eng;
-  pthread_condattr_t attr;
 
   if (slot && slot->finished) {
     pthread_mutex_unlock(&slot->lock);
@@ -1669,9 +1668,7 @@ static prosody_err_t timer_call(prosody_context_t *ctx, int kind,
   op.ctx = ctx;
   op.time_s = time_s;
   pthread_mutex_init(&op.lock, NULL);
-  pthread_condattr_init(&attr);
-  pthread_cond_init(&op.cond, &attr);
-  pthread_condattr_destroy(&attr);
+  pthread_cond_init(&op.cond, NULL);
   if (tls_engine == eng) {
     /* An asynchronous handler on the engine thread: run it here, if the
      * store can answer without waiting for this very thread. */
