@@ -8,7 +8,7 @@ PACKAGES=(
   build-essential cmake pkg-config
   librdkafka-dev libuv1-dev libjansson-dev libmicrohttpd-dev
   libcurl4-openssl-dev libxxhash-dev libcmocka-dev
-  valgrind clang clang-format
+  valgrind clang clang-format libclang-rt-dev
   python3 maven openjdk-17-jre-headless
 )
 

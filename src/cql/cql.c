@@ -1,0 +1,999 @@
+/*
+ * cql.c - the Cassandra session (see cql.h).
+ *
+ * Ownership: everything here belongs to the thread running the session's
+ * loop; no locks. A request lives from submission until its callback ran
+ * and its timer handle closed; while on the wire it sits in its
+ * connection's stream table. A request that timed out leaves an ORPHAN
+ * marker in its stream slot so the id is not reused before the late
+ * response arrives (or the connection drops).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../util/util.h"
+#include "cql.h"
+
+#define MAX_STREAMS 1024
+#define READ_CHUNK 65536
+#define BACKOFF_MIN_MS 100
+#define BACKOFF_MAX_MS 5000
+
+enum { K_QUERY, K_EXEC, K_BATCH, K_PREPARE };
+enum { Q_NONE, Q_PENDING, Q_WAITING, Q_WIRE };
+enum { C_DOWN, C_CONNECTING, C_STARTING, C_UP };
+
+typedef struct conn conn_t;
+typedef struct req req_t;
+
+struct pr__cql_stmt {
+  pr__cql_stmt_t *next;
+  char *query;
+  uint8_t id[64];
+  uint16_t id_len;  /* 0: not prepared (yet, or any more) */
+  req_t *preparing; /* the PREPARE in flight, or NULL */
+  req_t *wait_head; /* executions waiting for it */
+  req_t *wait_tail;
+};
+
+struct req {
+  req_t *next;
+  pr__cql_t *s;
+  int kind, where, reprepared, finished;
+  char *query;        /* K_QUERY (owned) */
+  pr__cql_stmt_t *st; /* K_EXEC, K_PREPARE */
+  pr__cql_val_t *vals;
+  uint16_t nvals;
+  uint8_t *blob; /* value bytes (owned) */
+  pr__cql_bstmt_t *bstmts;
+  uint16_t nb;
+  uint8_t btype;
+  pr__cql_opts_t opts;
+  uint8_t *paging; /* copy of opts.paging_state */
+  pr__cql_cb cb;
+  void *arg;
+  conn_t *conn;
+  int16_t stream;
+  uv_timer_t *timer;
+};
+
+static req_t orphan; /* marks a stream whose request timed out */
+
+struct conn {
+  pr__cql_t *s;
+  char *host;
+  int port;
+  int state;
+  uv_tcp_t *tcp;
+  uv_timer_t *retry;
+  int backoff_ms;
+  uint8_t *rbuf;
+  size_t rlen, rcap;
+  req_t *streams[MAX_STREAMS];
+  int inflight, next_stream;
+};
+
+struct pr__cql {
+  uv_loop_t *loop;
+  pr__cql_conf_t conf; /* nodes, user and password copied */
+  conn_t *conns;
+  size_t nconns, rr;
+  req_t *pend_head, *pend_tail;
+  pr__cql_stmt_t *stmts;
+  int64_t last_ts;
+  int closing;
+  int handles; /* open libuv handles: freed at 0 once closing */
+  char auth_error[1024];
+};
+
+static void pump(pr__cql_t *s);
+static void conn_connect(conn_t *c);
+
+/* ---- small helpers ------------------------------------------------------ */
+
+static void session_destroy(pr__cql_t *s) {
+  {
+    for (size_t i = 0; i < s->nconns; i++) {
+      free(s->conns[i].host);
+      free(s->conns[i].rbuf);
+    }
+    free(s->conns);
+    for (size_t i = 0; i < s->conf.nnodes; i++)
+      free(s->conf.nodes[i]);
+    free(s->conf.nodes);
+    free((char *)s->conf.user);
+    free((char *)s->conf.password);
+    while (s->stmts) {
+      pr__cql_stmt_t *n = s->stmts->next;
+      free(s->stmts->query);
+      free(s->stmts);
+      s->stmts = n;
+    }
+    free(s);
+  }
+}
+
+/* A libuv handle of the session finished closing. */
+static void session_release(pr__cql_t *s) {
+  if (--s->handles == 0 && s->closing)
+    session_destroy(s);
+}
+
+static void handle_closed(uv_handle_t *h) {
+  pr__cql_t *s = h->data;
+  free(h);
+  session_release(s);
+}
+
+static void close_handle(pr__cql_t *s, uv_handle_t *h) {
+  h->data = s;
+  uv_close(h, handle_closed);
+}
+
+/* Client-side timestamps: microseconds, strictly increasing. */
+static int64_t next_ts(pr__cql_t *s) {
+  struct timespec ts;
+  int64_t us;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  us = (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+  if (us <= s->last_ts)
+    us = s->last_ts + 1;
+  return s->last_ts = us;
+}
+
+static void req_free(req_t *r) {
+  free(r->paging);
+  free(r->query);
+  free(r->vals);
+  free(r->blob);
+  free(r->bstmts);
+  free(r);
+}
+
+static void timer_closed(uv_handle_t *h) {
+  req_t *r = h->data;
+  pr__cql_t *s = r->s;
+  free(h);
+  req_free(r);
+  session_release(s);
+}
+
+/* Unlinks r from the queue it waits in (not the wire). */
+static void unqueue(req_t *r) {
+  req_t **pp = NULL, **tail = NULL;
+  if (r->where == Q_PENDING) {
+    pp = &r->s->pend_head;
+    tail = &r->s->pend_tail;
+  } else if (r->where == Q_WAITING) {
+    pp = &r->st->wait_head;
+    tail = &r->st->wait_tail;
+  }
+  if (pp) {
+    req_t *prev = NULL;
+    while (*pp && *pp != r) {
+      prev = *pp;
+      pp = &(*pp)->next;
+    }
+    if (*pp) {
+      *pp = r->next;
+      if (*tail == r)
+        *tail = prev;
+    }
+  }
+  r->where = Q_NONE;
+  r->next = NULL;
+}
+
+/* Completes a request once: callback, then the timer closes and frees. */
+static void finish(req_t *r, prosody_err_t err, const char *errstr,
+                   const pr__cql_result_t *res) {
+  if (r->finished)
+    return;
+  r->finished = 1;
+  unqueue(r);
+  if (r->where == Q_WIRE && r->conn) {
+    r->conn->streams[r->stream] = NULL;
+    r->conn->inflight--;
+  }
+  r->where = Q_NONE;
+  if (r->cb)
+    r->cb(r->arg, err, errstr, err ? NULL : res);
+  uv_timer_stop(r->timer);
+  uv_close((uv_handle_t *)r->timer, timer_closed);
+}
+
+static void on_req_timeout(uv_timer_t *t) {
+  req_t *r = t->data;
+  char why[160];
+  if (r->where == Q_WIRE && r->conn) {
+    r->conn->streams[r->stream] = &orphan; /* until the late answer */
+    r->conn->inflight--;
+    r->where = Q_NONE;
+  }
+  snprintf(why, sizeof(why), "Cassandra did not answer within %lld ms",
+           (long long)r->s->conf.request_timeout_ms);
+  finish(r, PROSODY_ERR_TIMEOUT, why, NULL);
+}
+
+static req_t *req_new(pr__cql_t *s, int kind, pr__cql_cb cb, void *arg) {
+  req_t *r = calloc(1, sizeof(*r));
+  if (!r)
+    return NULL;
+  r->timer = malloc(sizeof(*r->timer));
+  if (!r->timer) {
+    free(r);
+    return NULL;
+  }
+  r->s = s;
+  r->kind = kind;
+  r->cb = cb;
+  r->arg = arg;
+  uv_timer_init(s->loop, r->timer);
+  r->timer->data = r;
+  s->handles++;
+  uv_timer_start(r->timer, on_req_timeout, (uint64_t)s->conf.request_timeout_ms,
+                 0);
+  return r;
+}
+
+/* Copies values into one owned block. */
+static int copy_values(req_t *r, const pr__cql_val_t *v, uint16_t n) {
+  size_t total = 0, off = 0;
+  if (!n)
+    return 0;
+  for (uint16_t i = 0; i < n; i++)
+    total += v[i].len > 0 ? (size_t)v[i].len : 0;
+  r->vals = malloc(n * sizeof(*v));
+  r->blob = malloc(total ? total : 1);
+  if (!r->vals || !r->blob)
+    return -1;
+  for (uint16_t i = 0; i < n; i++) {
+    r->vals[i] = v[i];
+    if (v[i].len > 0) {
+      memcpy(r->blob + off, v[i].p ? v[i].p : v[i].inl, (size_t)v[i].len);
+      r->vals[i].p = r->blob + off;
+      off += (size_t)v[i].len;
+    } else {
+      r->vals[i].p = NULL;
+    }
+  }
+  r->nvals = n;
+  return 0;
+}
+
+static void enqueue(pr__cql_t *s, req_t *r, int front) {
+  r->where = Q_PENDING;
+  if (front) {
+    r->next = s->pend_head;
+    s->pend_head = r;
+    if (!s->pend_tail)
+      s->pend_tail = r;
+  } else {
+    r->next = NULL;
+    if (s->pend_tail)
+      s->pend_tail->next = r;
+    else
+      s->pend_head = r;
+    s->pend_tail = r;
+  }
+}
+
+/* ---- the wire ----------------------------------------------------------- */
+
+typedef struct wreq {
+  uv_write_t w;
+  uint8_t *data;
+} wreq_t;
+
+static void on_written(uv_write_t *w, int status) {
+  wreq_t *wr = (wreq_t *)w;
+  (void)status; /* a failed write shows up as a read error */
+  free(wr->data);
+  free(wr);
+}
+
+static int conn_write(conn_t *c, pr__cbuf_t *b) {
+  wreq_t *wr;
+  uv_buf_t ub;
+  if (b->oom || !(wr = malloc(sizeof(*wr)))) {
+    pr__cbuf_free(b);
+    return -1;
+  }
+  wr->data = b->p;
+  ub = uv_buf_init((char *)b->p, (unsigned)b->len);
+  if (uv_write(&wr->w, (uv_stream_t *)c->tcp, &ub, 1, on_written)) {
+    free(wr->data);
+    free(wr);
+    return -1;
+  }
+  return 0;
+}
+
+static int free_stream(conn_t *c) {
+  for (int i = 0; i < MAX_STREAMS; i++) {
+    int id = (c->next_stream + i) % MAX_STREAMS;
+    if (id != 0 && !c->streams[id]) { /* 0 is the handshake's */
+      c->next_stream = id + 1;
+      return id;
+    }
+  }
+  return -1;
+}
+
+/* Encodes and sends r on c (a free stream exists). */
+static int send_req(conn_t *c, req_t *r) {
+  pr__cbuf_t b = {0};
+  pr__cql_params_t q;
+  int id = free_stream(c);
+  if (id < 0)
+    return -1;
+  memset(&q, 0, sizeof(q));
+  q.consistency =
+      r->opts.consistency ? r->opts.consistency : r->s->conf.consistency;
+  q.values = r->vals;
+  q.nvalues = r->nvals;
+  q.page_size = r->opts.page_size;
+  q.paging_state = r->opts.paging_state;
+  q.paging_len = r->opts.paging_len;
+  q.serial_consistency = r->opts.serial_consistency;
+  q.timestamp = r->kind == K_PREPARE ? INT64_MIN : next_ts(r->s);
+  switch (r->kind) {
+  case K_QUERY:
+    pr__cql_query(&b, (int16_t)id, r->query, &q);
+    break;
+  case K_PREPARE:
+    pr__cql_prepare(&b, (int16_t)id, r->st->query);
+    break;
+  case K_EXEC:
+    pr__cql_execute(&b, (int16_t)id, r->st->id, r->st->id_len, &q);
+    break;
+  default: {
+    pr__cql_batch_stmt_t bs[r->nb ? r->nb : 1];
+    for (uint16_t i = 0; i < r->nb; i++) {
+      bs[i].id = r->bstmts[i].st->id;
+      bs[i].id_len = r->bstmts[i].st->id_len;
+      bs[i].query = NULL;
+      bs[i].values = r->bstmts[i].values;
+      bs[i].nvalues = r->bstmts[i].n;
+    }
+    pr__cql_batch(&b, (int16_t)id, r->btype, bs, r->nb, q.consistency,
+                  q.timestamp);
+    break;
+  }
+  }
+  if (conn_write(c, &b))
+    return -2;
+  c->streams[id] = r;
+  c->inflight++;
+  r->conn = c;
+  r->stream = (int16_t)id;
+  r->where = Q_WIRE;
+  return 0;
+}
+
+static conn_t *pick_conn(pr__cql_t *s) {
+  for (size_t i = 0; i < s->nconns; i++) {
+    conn_t *c = &s->conns[(s->rr + i) % s->nconns];
+    if (c->state == C_UP && c->inflight < MAX_STREAMS - 1) {
+      s->rr = (s->rr + i + 1) % s->nconns;
+      return c;
+    }
+  }
+  return NULL;
+}
+
+/* A statement this request needs is not prepared: wait for it. */
+static int needs_prepare(req_t *r) {
+  pr__cql_stmt_t *st = NULL;
+  if (r->kind == K_EXEC && !r->st->id_len)
+    st = r->st;
+  for (uint16_t i = 0; !st && r->kind == K_BATCH && i < r->nb; i++)
+    if (!r->bstmts[i].st->id_len)
+      st = r->bstmts[i].st;
+  if (!st)
+    return 0;
+  r->where = Q_WAITING;
+  r->next = NULL;
+  r->st = r->kind == K_EXEC ? r->st : st; /* the one it waits for */
+  if (st->wait_tail)
+    st->wait_tail->next = r;
+  else
+    st->wait_head = r;
+  st->wait_tail = r;
+  if (!st->preparing) {
+    req_t *p = req_new(r->s, K_PREPARE, NULL, NULL);
+    if (!p)
+      return 1; /* the waiter times out */
+    p->st = st;
+    st->preparing = p;
+    enqueue(r->s, p, 1);
+  }
+  return 1;
+}
+
+static void pump(pr__cql_t *s) {
+  while (s->pend_head && !s->closing) {
+    req_t *r = s->pend_head;
+    conn_t *c;
+    if (s->auth_error[0]) {
+      finish(r, PROSODY_ERR_PERMANENT, s->auth_error, NULL);
+      continue;
+    }
+    if (r->kind != K_PREPARE) {
+      s->pend_head = r->next;
+      if (!s->pend_head)
+        s->pend_tail = NULL;
+      r->where = Q_NONE;
+      if (needs_prepare(r))
+        continue;
+      enqueue(s, r, 1);
+    }
+    if (!(c = pick_conn(s)))
+      return; /* waits for a connection (or its timeout) */
+    s->pend_head = r->next;
+    if (!s->pend_head)
+      s->pend_tail = NULL;
+    r->where = Q_NONE;
+    if (send_req(c, r)) {
+      enqueue(s, r, 1);
+      return;
+    }
+  }
+}
+
+/* ---- connections -------------------------------------------------------- */
+
+static void conn_fail(conn_t *c, const char *why) {
+  pr__cql_t *s = c->s;
+  char msg[384];
+  if (c->state == C_DOWN)
+    return;
+  if (!s->closing)
+    PR_WARN("cql", "connection to %s:%d lost: %s", c->host, c->port, why);
+  snprintf(msg, sizeof(msg), "connection to Cassandra at %s:%d lost: %s",
+           c->host, c->port, why);
+  c->state = C_DOWN;
+  for (int i = 0; i < MAX_STREAMS; i++) {
+    req_t *r = c->streams[i];
+    c->streams[i] = NULL;
+    if (r && r != &orphan) {
+      r->where = Q_NONE;
+      if (r->kind == K_PREPARE)
+        r->st->preparing = NULL;
+      finish(r, PROSODY_ERR_TRANSIENT, msg, NULL);
+    }
+  }
+  c->inflight = 0;
+  c->rlen = 0;
+  if (c->tcp) {
+    uv_read_stop((uv_stream_t *)c->tcp);
+    close_handle(s, (uv_handle_t *)c->tcp);
+    c->tcp = NULL;
+  }
+  if (!s->closing && c->retry) {
+    int jitter = c->backoff_ms / 4 + 1;
+    uv_timer_start(c->retry, (uv_timer_cb)conn_connect,
+                   (uint64_t)(c->backoff_ms + rand() % jitter), 0);
+    c->backoff_ms =
+        c->backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : c->backoff_ms * 2;
+  }
+}
+
+static void prepared(req_t *p, const pr__cql_result_t *res) {
+  pr__cql_stmt_t *st = p->st;
+  req_t *w = st->wait_head;
+  st->preparing = NULL;
+  if (res->prepared_len > sizeof(st->id)) {
+    finish(p, PROSODY_ERR_PERMANENT, "prepared id too long", NULL);
+    return;
+  }
+  memcpy(st->id, res->prepared_id, res->prepared_len);
+  st->id_len = res->prepared_len;
+  st->wait_head = st->wait_tail = NULL;
+  finish(p, PROSODY_OK, NULL, res);
+  while (w) { /* back to the queue, in order, ahead of newer requests */
+    req_t *n = w->next;
+    w->where = Q_NONE;
+    enqueue(p->s, w, 0);
+    w = n;
+  }
+}
+
+static void handle_response(conn_t *c, const pr__cql_header_t *h,
+                            const uint8_t *body) {
+  pr__cql_t *s = c->s;
+  req_t *r;
+  char err[512];
+  if (c->state == C_STARTING && h->stream == 0) {
+    pr__cql_error_t e;
+    if (h->opcode == PR_CQL_READY || h->opcode == PR_CQL_AUTH_SUCCESS) {
+      c->state = C_UP;
+      c->backoff_ms = BACKOFF_MIN_MS;
+      PR_DEBUG("cql", "connected to %s:%d", c->host, c->port);
+      pump(s);
+    } else if (h->opcode == PR_CQL_AUTHENTICATE) {
+      pr__cbuf_t b = {0};
+      if (!s->conf.user) {
+        snprintf(s->auth_error, sizeof(s->auth_error),
+                 "Cassandra at %s:%d requires authentication: set "
+                 "cassandra_user and cassandra_password",
+                 c->host, c->port);
+        conn_fail(c, s->auth_error);
+        pump(s);
+        return;
+      }
+      pr__cql_auth_response(&b, 0, s->conf.user,
+                            s->conf.password ? s->conf.password : "");
+      if (conn_write(c, &b))
+        conn_fail(c, "could not send credentials");
+    } else if (h->opcode == PR_CQL_ERROR &&
+               !pr__cql_parse_error(body, h->length, &e, err, sizeof(err))) {
+      if (e.code == PR_CQL_E_BAD_CREDENTIALS)
+        snprintf(s->auth_error, sizeof(s->auth_error),
+                 "Cassandra at %s:%d rejected the credentials of "
+                 "cassandra_user \"%s\": %s",
+                 c->host, c->port, s->conf.user ? s->conf.user : "", e.message);
+      conn_fail(c, e.message);
+      pump(s);
+    } else {
+      conn_fail(c, "unexpected answer to STARTUP");
+    }
+    return;
+  }
+  if (h->stream < 0 || h->stream >= MAX_STREAMS)
+    return; /* events (stream -1) are not subscribed to */
+  r = c->streams[h->stream];
+  if (r == &orphan) {
+    c->streams[h->stream] = NULL;
+    return;
+  }
+  if (!r)
+    return;
+  c->streams[h->stream] = NULL;
+  c->inflight--;
+  r->where = Q_NONE;
+  if (h->opcode == PR_CQL_ERROR) {
+    pr__cql_error_t e;
+    char msg[700];
+    if (pr__cql_parse_error(body, h->length, &e, err, sizeof(err))) {
+      finish(r, PROSODY_ERR_TRANSIENT, err, NULL);
+      return;
+    }
+    if (e.code == PR_CQL_E_UNPREPARED && !r->reprepared &&
+        (r->kind == K_EXEC || r->kind == K_BATCH)) {
+      /* The node forgot it (restart): prepare again, run again, once. */
+      if (r->kind == K_EXEC)
+        r->st->id_len = 0;
+      else
+        for (uint16_t i = 0; i < r->nb; i++)
+          r->bstmts[i].st->id_len = 0;
+      r->reprepared = 1;
+      enqueue(s, r, 1);
+      pump(s);
+      return;
+    }
+    if (r->kind == K_PREPARE)
+      r->st->preparing = NULL;
+    snprintf(msg, sizeof(msg), "Cassandra %s (0x%04x): %s",
+             pr__cql_error_name(e.code), (unsigned)e.code, e.message);
+    finish(r, pr__cql_error_class(e.code), msg, NULL);
+    return;
+  }
+  if (h->opcode == PR_CQL_RESULT) {
+    pr__cql_result_t res;
+    if (pr__cql_parse_result(body, h->length, &res, err, sizeof(err))) {
+      if (r->kind == K_PREPARE)
+        r->st->preparing = NULL;
+      finish(r, PROSODY_ERR_PERMANENT, err, NULL);
+      return;
+    }
+    res.body = body;
+    res.body_len = h->length;
+    if (r->kind == K_PREPARE)
+      prepared(r, &res);
+    else
+      finish(r, PROSODY_OK, NULL, &res);
+    pr__cql_result_free(&res);
+    pump(s);
+    return;
+  }
+  snprintf(err, sizeof(err), "unexpected CQL opcode 0x%02x", h->opcode);
+  finish(r, PROSODY_ERR_PERMANENT, err, NULL);
+}
+
+static void on_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
+  conn_t *c = h->data;
+  (void)hint;
+  if (c->rcap - c->rlen < READ_CHUNK) {
+    uint8_t *p = realloc(c->rbuf, c->rlen + READ_CHUNK);
+    if (!p) {
+      *buf = uv_buf_init(NULL, 0);
+      return;
+    }
+    c->rbuf = p;
+    c->rcap = c->rlen + READ_CHUNK;
+  }
+  *buf = uv_buf_init((char *)c->rbuf + c->rlen, (unsigned)(c->rcap - c->rlen));
+}
+
+static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf) {
+  conn_t *c = st->data;
+  size_t off = 0;
+  char err[256];
+  (void)buf;
+  if (n < 0) {
+    conn_fail(c, n == UV_EOF ? "closed by the server" : uv_strerror((int)n));
+    return;
+  }
+  c->rlen += (size_t)n;
+  for (;;) {
+    pr__cql_header_t h;
+    int rc = pr__cql_header_parse(c->rbuf + off, c->rlen - off, &h, err,
+                                  sizeof(err));
+    if (rc < 0) {
+      conn_fail(c, err);
+      return;
+    }
+    if (rc == 0 || c->rlen - off - PR_CQL_HEADER < h.length)
+      break;
+    handle_response(c, &h, c->rbuf + off + PR_CQL_HEADER);
+    if (c->state == C_DOWN)
+      return; /* the handler failed the connection */
+    off += PR_CQL_HEADER + h.length;
+  }
+  if (off) {
+    memmove(c->rbuf, c->rbuf + off, c->rlen - off);
+    c->rlen -= off;
+  }
+}
+
+static void on_connected(uv_connect_t *creq, int status) {
+  conn_t *c = creq->data;
+  pr__cbuf_t b = {0};
+  free(creq);
+  if (c->state != C_CONNECTING)
+    return;
+  if (status) {
+    conn_fail(c, uv_strerror(status));
+    return;
+  }
+  uv_tcp_nodelay(c->tcp, 1);
+  c->state = C_STARTING;
+  c->tcp->data = c;
+  pr__cql_startup(&b, 0);
+  if (conn_write(c, &b) ||
+      uv_read_start((uv_stream_t *)c->tcp, on_alloc, on_read))
+    conn_fail(c, "could not start the session");
+}
+
+static void conn_connect(conn_t *c) {
+  pr__cql_t *s = c->s;
+  struct sockaddr_storage addr;
+  uv_connect_t *creq;
+  if (s->closing || c->state != C_DOWN)
+    return;
+  /* Literal addresses and "localhost"; other names through getaddrinfo. */
+  if (uv_ip4_addr(!strcmp(c->host, "localhost") ? "127.0.0.1" : c->host,
+                  c->port, (struct sockaddr_in *)&addr) &&
+      uv_ip6_addr(c->host, c->port, (struct sockaddr_in6 *)&addr)) {
+    struct addrinfo *ai = NULL, hints;
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_socktype = SOCK_STREAM;
+    if (getaddrinfo(c->host, NULL, &hints, &ai) || !ai) {
+      c->state = C_CONNECTING; /* so conn_fail reschedules */
+      conn_fail(c, "cannot resolve the host name");
+      return;
+    }
+    memcpy(&addr, ai->ai_addr, ai->ai_addrlen);
+    ((struct sockaddr_in *)&addr)->sin_port = htons((uint16_t)c->port);
+    freeaddrinfo(ai);
+  }
+  c->tcp = malloc(sizeof(*c->tcp));
+  creq = malloc(sizeof(*creq));
+  if (!c->tcp || !creq) {
+    free(c->tcp);
+    free(creq);
+    c->tcp = NULL;
+    return;
+  }
+  uv_tcp_init(s->loop, c->tcp);
+  s->handles++;
+  c->tcp->data = c;
+  creq->data = c;
+  c->state = C_CONNECTING;
+  if (uv_tcp_connect(creq, c->tcp, (struct sockaddr *)&addr, on_connected)) {
+    free(creq);
+    conn_fail(c, "could not start connecting");
+  }
+}
+
+/* ---- public ------------------------------------------------------------- */
+
+pr__cql_t *pr__cql_new(uv_loop_t *loop, const pr__cql_conf_t *conf,
+                       char *errstr, size_t errstr_size) {
+  pr__cql_t *s;
+  if (!conf->nnodes) {
+    pr__errf(errstr, errstr_size, "no Cassandra nodes given");
+    return NULL;
+  }
+  if (!(s = calloc(1, sizeof(*s))))
+    goto oom;
+  s->loop = loop;
+  s->conf = *conf;
+  if (!s->conf.connect_timeout_ms)
+    s->conf.connect_timeout_ms = 5000;
+  if (!s->conf.request_timeout_ms)
+    s->conf.request_timeout_ms = 12000;
+  if (!s->conf.consistency)
+    s->conf.consistency = PR_CQL_LOCAL_QUORUM;
+  s->conf.user = pr__strdup(conf->user);
+  s->conf.password = pr__strdup(conf->password);
+  s->conf.nodes = calloc(conf->nnodes, sizeof(char *));
+  s->conns = calloc(conf->nnodes, sizeof(conn_t));
+  if (!s->conf.nodes || !s->conns)
+    goto oom_free;
+  s->nconns = conf->nnodes;
+  for (size_t i = 0; i < conf->nnodes; i++) {
+    conn_t *c = &s->conns[i];
+    const char *colon = strrchr(conf->nodes[i], ':');
+    if (!(s->conf.nodes[i] = strdup(conf->nodes[i])))
+      goto oom_free;
+    c->s = s;
+    c->port = colon ? atoi(colon + 1) : 9042;
+    c->host = colon ? strndup(conf->nodes[i], (size_t)(colon - conf->nodes[i]))
+                    : strdup(conf->nodes[i]);
+    if (!c->host)
+      goto oom_free;
+    c->backoff_ms = BACKOFF_MIN_MS;
+    c->retry = malloc(sizeof(*c->retry));
+    if (!c->retry)
+      goto oom_free;
+    uv_timer_init(loop, c->retry);
+    c->retry->data = c;
+    s->handles++;
+  }
+  for (size_t i = 0; i < s->nconns; i++)
+    conn_connect(&s->conns[i]);
+  return s;
+oom_free:
+  s->closing = 1;
+  pr__cql_free(s);
+oom:
+  pr__errf(errstr, errstr_size, "out of memory");
+  return NULL;
+}
+
+void pr__cql_free(pr__cql_t *s) {
+  if (!s)
+    return;
+  s->closing = 1;
+  while (s->pend_head)
+    finish(s->pend_head, PROSODY_ERR_STATE, "the Cassandra session closed",
+           NULL);
+  for (pr__cql_stmt_t *st = s->stmts; st; st = st->next)
+    while (st->wait_head)
+      finish(st->wait_head, PROSODY_ERR_STATE, "the Cassandra session closed",
+             NULL);
+  for (size_t i = 0; i < s->nconns; i++) {
+    conn_t *c = &s->conns[i];
+    if (c->host && c->state != C_DOWN)
+      conn_fail(c, "session closed");
+    if (c->retry) {
+      uv_timer_stop(c->retry);
+      close_handle(s, (uv_handle_t *)c->retry);
+      c->retry = NULL;
+    }
+  }
+  if (!s->handles) /* nothing left to close */
+    session_destroy(s);
+}
+
+pr__cql_stmt_t *pr__cql_stmt(pr__cql_t *s, const char *query) {
+  pr__cql_stmt_t *st;
+  for (st = s->stmts; st; st = st->next)
+    if (!strcmp(st->query, query))
+      return st;
+  if (!(st = calloc(1, sizeof(*st))) || !(st->query = strdup(query))) {
+    free(st);
+    return NULL;
+  }
+  st->next = s->stmts;
+  s->stmts = st;
+  return st;
+}
+
+static void submit(pr__cql_t *s, req_t *r, const pr__cql_opts_t *opts) {
+  if (opts) {
+    r->opts = *opts;
+    r->opts.paging_state = NULL;
+    if (opts->paging_state && opts->paging_len > 0) {
+      if (!(r->paging = malloc((size_t)opts->paging_len))) {
+        finish(r, PROSODY_ERR_NOMEM, "out of memory", NULL);
+        return;
+      }
+      memcpy(r->paging, opts->paging_state, (size_t)opts->paging_len);
+      r->opts.paging_state = r->paging;
+    }
+  }
+  if (s->closing) {
+    finish(r, PROSODY_ERR_STATE, "the Cassandra session closed", NULL);
+    return;
+  }
+  enqueue(s, r, 0);
+  pump(s);
+}
+
+void pr__cql_execute_stmt(pr__cql_t *s, pr__cql_stmt_t *st,
+                          const pr__cql_val_t *values, uint16_t n,
+                          const pr__cql_opts_t *opts, pr__cql_cb cb,
+                          void *arg) {
+  req_t *r = req_new(s, K_EXEC, cb, arg);
+  if (!r) {
+    cb(arg, PROSODY_ERR_NOMEM, "out of memory", NULL);
+    return;
+  }
+  r->st = st;
+  if (!st || copy_values(r, values, n)) {
+    finish(r, PROSODY_ERR_NOMEM, "out of memory", NULL);
+    return;
+  }
+  submit(s, r, opts);
+}
+
+void pr__cql_run(pr__cql_t *s, const char *query, const pr__cql_val_t *values,
+                 uint16_t n, const pr__cql_opts_t *opts, pr__cql_cb cb,
+                 void *arg) {
+  req_t *r = req_new(s, K_QUERY, cb, arg);
+  if (!r) {
+    cb(arg, PROSODY_ERR_NOMEM, "out of memory", NULL);
+    return;
+  }
+  if (!(r->query = strdup(query)) || copy_values(r, values, n)) {
+    finish(r, PROSODY_ERR_NOMEM, "out of memory", NULL);
+    return;
+  }
+  submit(s, r, opts);
+}
+
+void pr__cql_batch_run(pr__cql_t *s, uint8_t type, const pr__cql_bstmt_t *b,
+                       uint16_t n, pr__cql_cb cb, void *arg) {
+  req_t *r = req_new(s, K_BATCH, cb, arg);
+  size_t total = 0, at = 0;
+  if (!r) {
+    cb(arg, PROSODY_ERR_NOMEM, "out of memory", NULL);
+    return;
+  }
+  r->btype = type;
+  for (uint16_t i = 0; i < n; i++)
+    total += b[i].n;
+  r->bstmts = calloc(n ? n : 1, sizeof(*r->bstmts));
+  if (!r->bstmts) {
+    finish(r, PROSODY_ERR_NOMEM, "out of memory", NULL);
+    return;
+  }
+  /* All statements' values in one owned block. */
+  {
+    pr__cql_val_t *all = malloc((total ? total : 1) * sizeof(*all));
+    if (!all) {
+      finish(r, PROSODY_ERR_NOMEM, "out of memory", NULL);
+      return;
+    }
+    for (uint16_t i = 0; i < n; i++)
+      for (uint16_t j = 0; j < b[i].n; j++)
+        all[at++] = b[i].values[j];
+    if (copy_values(r, all, (uint16_t)total)) {
+      free(all);
+      finish(r, PROSODY_ERR_NOMEM, "out of memory", NULL);
+      return;
+    }
+    free(all);
+  }
+  at = 0;
+  for (uint16_t i = 0; i < n; i++) {
+    r->bstmts[i].st = b[i].st;
+    r->bstmts[i].values = r->vals ? r->vals + at : NULL;
+    r->bstmts[i].n = b[i].n;
+    at += b[i].n;
+  }
+  r->nb = n;
+  r->nvals = 0; /* the values belong to the statements */
+  submit(s, r, NULL);
+}
+
+int pr__cql_up(const pr__cql_t *s) {
+  int n = 0;
+  for (size_t i = 0; i < s->nconns; i++)
+    n += s->conns[i].state == C_UP;
+  return n;
+}
+
+/* ---- blocking ----------------------------------------------------------- */
+
+struct pr__cql_sync {
+  uv_loop_t loop;
+  pr__cql_t *s;
+};
+
+pr__cql_sync_t *pr__cql_sync_new(const pr__cql_conf_t *conf, char *errstr,
+                                 size_t errstr_size) {
+  pr__cql_sync_t *y = calloc(1, sizeof(*y));
+  if (!y) {
+    pr__errf(errstr, errstr_size, "out of memory");
+    return NULL;
+  }
+  uv_loop_init(&y->loop);
+  if (!(y->s = pr__cql_new(&y->loop, conf, errstr, errstr_size))) {
+    uv_run(&y->loop, UV_RUN_DEFAULT);
+    uv_loop_close(&y->loop);
+    free(y);
+    return NULL;
+  }
+  return y;
+}
+
+void pr__cql_sync_free(pr__cql_sync_t *y) {
+  if (!y)
+    return;
+  pr__cql_free(y->s);
+  uv_run(&y->loop, UV_RUN_DEFAULT);
+  uv_loop_close(&y->loop);
+  free(y);
+}
+
+typedef struct sync_wait {
+  int done;
+  prosody_err_t err;
+  char errstr[768];
+  pr__cql_result_t *res;
+} sync_wait_t;
+
+static void sync_cb(void *arg, prosody_err_t err, const char *errstr,
+                    const pr__cql_result_t *res) {
+  sync_wait_t *w = arg;
+  w->done = 1;
+  w->err = err;
+  snprintf(w->errstr, sizeof(w->errstr), "%s", errstr ? errstr : "");
+  if (!err && w->res && res) {
+    uint8_t *copy = malloc(res->body_len ? res->body_len : 1);
+    char why[256];
+    if (!copy) {
+      w->err = PROSODY_ERR_NOMEM;
+      snprintf(w->errstr, sizeof(w->errstr), "out of memory");
+      return;
+    }
+    memcpy(copy, res->body, res->body_len);
+    if (pr__cql_parse_result(copy, res->body_len, w->res, why, sizeof(why))) {
+      free(copy);
+      w->err = PROSODY_ERR_PERMANENT;
+      snprintf(w->errstr, sizeof(w->errstr), "%s", why);
+      return;
+    }
+    w->res->owned = copy;
+    w->res->body = copy;
+    w->res->body_len = res->body_len;
+  }
+}
+
+prosody_err_t pr__cql_sync_run(pr__cql_sync_t *y, const char *query,
+                               const pr__cql_val_t *values, uint16_t n,
+                               const pr__cql_opts_t *opts, int prepare,
+                               pr__cql_result_t *res, char *errstr,
+                               size_t errstr_size) {
+  sync_wait_t w;
+  memset(&w, 0, sizeof(w));
+  w.res = res;
+  if (res)
+    memset(res, 0, sizeof(*res));
+  if (prepare)
+    pr__cql_execute_stmt(y->s, pr__cql_stmt(y->s, query), values, n, opts,
+                         sync_cb, &w);
+  else
+    pr__cql_run(y->s, query, values, n, opts, sync_cb, &w);
+  while (!w.done && uv_run(&y->loop, UV_RUN_ONCE))
+    ;
+  if (w.err)
+    pr__errf(errstr, errstr_size, "%s", w.errstr);
+  return w.err;
+}

@@ -1,0 +1,90 @@
+/*
+ * cql.h - a small Cassandra client (private) on a libuv loop: one
+ * connection per configured node, STARTUP with SASL PLAIN authentication,
+ * many requests in flight per connection (stream ids), per-request
+ * timeouts, prepared statements (prepared on first use, re-prepared on
+ * UNPREPARED), batches, paging, reconnection with backoff, client-side
+ * monotonic timestamps, LOCAL_QUORUM by default.
+ *
+ * Threading: a session belongs to the thread running its loop; every
+ * function and callback runs there. pr__cql_sync_* wrap a session on a
+ * private loop for blocking callers (migrations, tools, tests).
+ */
+#ifndef PR_CQL_H
+#define PR_CQL_H
+
+#include <uv.h>
+
+#include "wire.h"
+
+typedef struct pr__cql pr__cql_t;
+typedef struct pr__cql_stmt pr__cql_stmt_t;
+
+typedef struct pr__cql_conf {
+  char **nodes; /* "host:port" */
+  size_t nnodes;
+  const char *user, *password; /* NULL: no authentication */
+  int64_t connect_timeout_ms;  /* default 5000 */
+  int64_t request_timeout_ms;  /* default 12000 */
+  uint16_t consistency;        /* default LOCAL_QUORUM */
+} pr__cql_conf_t;
+
+/* `res` is valid during the callback only; NULL on error. */
+typedef void (*pr__cql_cb)(void *arg, prosody_err_t err, const char *errstr,
+                           const pr__cql_result_t *res);
+
+/* Starts connecting; requests may be issued at once (they wait for a
+ * connection, within their timeout). NULL (errstr) on bad input. */
+pr__cql_t *pr__cql_new(uv_loop_t *loop, const pr__cql_conf_t *conf,
+                       char *errstr, size_t errstr_size);
+/* Fails what is pending, closes the connections; the loop finishes
+ * closing them (run it until it returns). */
+void pr__cql_free(pr__cql_t *s);
+
+/* A statement by its text, prepared on first use; owned by the session. */
+pr__cql_stmt_t *pr__cql_stmt(pr__cql_t *s, const char *query);
+
+typedef struct pr__cql_opts {
+  uint16_t consistency; /* 0: the session's */
+  int32_t page_size;    /* 0: none */
+  const uint8_t *paging_state;
+  int32_t paging_len;
+  uint16_t serial_consistency; /* lightweight transactions */
+} pr__cql_opts_t;
+
+/* Executes a prepared statement (values are copied). */
+void pr__cql_execute_stmt(pr__cql_t *s, pr__cql_stmt_t *st,
+                          const pr__cql_val_t *values, uint16_t n,
+                          const pr__cql_opts_t *opts, pr__cql_cb cb, void *arg);
+/* Runs a query string (schema changes, one-off queries). */
+void pr__cql_run(pr__cql_t *s, const char *query, const pr__cql_val_t *values,
+                 uint16_t n, const pr__cql_opts_t *opts, pr__cql_cb cb,
+                 void *arg);
+
+typedef struct pr__cql_bstmt {
+  pr__cql_stmt_t *st;
+  const pr__cql_val_t *values;
+  uint16_t n;
+} pr__cql_bstmt_t;
+/* A batch of prepared statements (type PR_CQL_BATCH_LOGGED/UNLOGGED). */
+void pr__cql_batch_run(pr__cql_t *s, uint8_t type, const pr__cql_bstmt_t *b,
+                       uint16_t n, pr__cql_cb cb, void *arg);
+
+/* Connections up now. */
+int pr__cql_up(const pr__cql_t *s);
+
+/* ---- blocking use, on a private loop ------------------------------------ */
+
+typedef struct pr__cql_sync pr__cql_sync_t;
+pr__cql_sync_t *pr__cql_sync_new(const pr__cql_conf_t *conf, char *errstr,
+                                 size_t errstr_size);
+void pr__cql_sync_free(pr__cql_sync_t *y);
+/* Runs a query (prepared when `prepare`); on success `*res` holds the
+ * result (free with pr__cql_result_free; it owns a copy of the body). */
+prosody_err_t pr__cql_sync_run(pr__cql_sync_t *y, const char *query,
+                               const pr__cql_val_t *values, uint16_t n,
+                               const pr__cql_opts_t *opts, int prepare,
+                               pr__cql_result_t *res, char *errstr,
+                               size_t errstr_size);
+
+#endif /* PR_CQL_H */
