@@ -87,4 +87,28 @@ prosody_err_t pr__cql_sync_run(pr__cql_sync_t *y, const char *query,
                                pr__cql_result_t *res, char *errstr,
                                size_t errstr_size);
 
+/* ---- schema migrations ------------------------------------------------- */
+
+/*
+ * Creates `keyspace` if absent (SimpleStrategy, replication factor 1: create
+ * it yourself for production replication) and applies the schema files
+ * shipped with the library (src/cql/schema/, in name order), each once,
+ * recording name and checksum in <keyspace>.schema_migrations. A lock row
+ * (INSERT ... IF NOT EXISTS USING TTL) makes concurrent starts migrate once:
+ * the others wait for it, up to `wait_ms`. A shipped file whose checksum
+ * differs from the recorded one is an error (PROSODY_ERR_PERMANENT).
+ * Returns the number of files applied in `*applied` (may be NULL).
+ */
+prosody_err_t pr__cql_migrate(pr__cql_sync_t *y, const char *keyspace,
+                              int64_t wait_ms, int *applied, char *errstr,
+                              size_t errstr_size);
+/* Test hook: migrate with the given files instead of the shipped ones. */
+typedef struct pr__cql_schema_file {
+  const char *name, *text;
+} pr__cql_schema_file_t;
+prosody_err_t pr__cql_migrate_files(pr__cql_sync_t *y, const char *keyspace,
+                                    const pr__cql_schema_file_t *files,
+                                    size_t n, int64_t wait_ms, int *applied,
+                                    char *errstr, size_t errstr_size);
+
 #endif /* PR_CQL_H */
