@@ -327,8 +327,9 @@ typedef struct prosody_timer prosody_timer_t;
  * or return a final result at once; they never occupy a worker.
  * `on_timer` runs when a timer of the key fires, in order with the key's
  * messages, with the same results and retries as on_message (a timer is
- * never sent to failure_topic); it may be NULL if no handler schedules
- * timers (a timer that fires without it is logged and dropped).
+ * never sent to failure_topic). NULL means the consumer does not use
+ * timers: scheduling fails (PROSODY_ERR_STATE) and no timer store is
+ * needed (no cassandra_nodes outside mock mode).
  */
 typedef struct prosody_handler {
   prosody_result_t (*on_message)(prosody_context_t *ctx,

@@ -58,6 +58,7 @@
 #include <unistd.h>
 #include <uv.h>
 
+#include "../cql/cql.h"
 #include "../timers/timers.h"
 #include "../util/util.h"
 #include "context.h"
@@ -212,6 +213,7 @@ struct pr__engine {
   int stopping; /* shutdown has begun */
   unsigned seed;
   pr__tstore_t *store; /* the timer store */
+  int memory_timers;   /* the store is the memory one */
   int64_t slab_s;      /* slab_size in seconds */
   uv_timer_t tfire;    /* wakes the loop when the next timer is due */
 
@@ -1274,8 +1276,9 @@ static void timer_finished(inv_t *inv, int commit) {
   pr__engine_t *eng = inv->eng;
   part_t *part = inv->part;
   pr__tseg_t seg = seg_of(part->topic, part->partition);
-  if (!commit)
-    return; /* aborted, or dropped (already deleted): nothing to do */
+  if (!commit || !eng->store)
+    return; /* aborted, or dropped (already deleted); or stopped: it fires
+               again on the next load */
   if (inv->rearmed) {
     if (!part->revoking && !part->zombie &&
         pr__tq_add(part->tq, inv->msg.key, inv->time_s) < 0)
@@ -1584,6 +1587,11 @@ static void run_op(pr__engine_t *eng, top_t *op) {
     snprintf(why, sizeof(why), "partition %s[%d] is being revoked", part->topic,
              part->partition);
     top_done(op, PROSODY_ERR_STATE, why);
+    return;
+  }
+  if (!eng->handler.on_timer) {
+    top_done(op, PROSODY_ERR_STATE,
+             "the handler has no on_timer: its timers could never fire");
     return;
   }
   op->eng = eng;
@@ -2019,6 +2027,9 @@ static void shutdown_engine(pr__engine_t *eng) {
     part_release(eng, eng->parts);
   process_done(eng);
   close_ops(eng);
+  /* The store's handles close with the loop's last run. */
+  eng->store->ops->destroy(eng->store);
+  eng->store = NULL;
   update_assigned(eng);
   PR_INFO("engine", "consumer stopped in %lld ms",
           (long long)((pr__now_ns() - t0) / 1000000));
@@ -2084,6 +2095,67 @@ static void engine_free(pr__engine_t *eng) {
   free(eng);
 }
 
+/* The Cassandra settings as the CQL client takes them. */
+static pr__cql_conf_t cql_conf(const pr__settings_t *st) {
+  pr__cql_conf_t c;
+  memset(&c, 0, sizeof(c));
+  c.nodes = PR_CFG(st, CASSANDRA_NODES).list;
+  c.nnodes = PR_CFG(st, CASSANDRA_NODES).list_n;
+  c.user =
+      PR_CFG_SET(st, CASSANDRA_USER) ? PR_CFG_STR(st, CASSANDRA_USER) : NULL;
+  c.password = PR_CFG_SET(st, CASSANDRA_PASSWORD)
+                   ? PR_CFG_STR(st, CASSANDRA_PASSWORD)
+                   : NULL;
+  return c;
+}
+
+/* Outside mock mode: Cassandra is required, and its keyspace is migrated
+ * before the consumer starts (blocking, on a private loop). */
+static int migrate_store(const pr__settings_t *st, char *errstr,
+                         size_t errstr_size) {
+  pr__cql_conf_t c = cql_conf(st);
+  pr__cql_sync_t *y;
+  char why[1024];
+  prosody_err_t err;
+  if (!PR_CFG_SET(st, CASSANDRA_NODES) || !c.nnodes) {
+    pr__errf(errstr, errstr_size,
+             "cassandra_nodes (PROSODY_CASSANDRA_NODES) is required to consume "
+             "unless mock is true: timers are stored in Cassandra; give "
+             "host:port[,host:port...]");
+    return -1;
+  }
+  if (!(y = pr__cql_sync_new(&c, why, sizeof(why)))) {
+    pr__errf(errstr, errstr_size, "Cassandra: %s", why);
+    return -1;
+  }
+  err = pr__cql_migrate(y, PR_CFG_STR(st, CASSANDRA_KEYSPACE), 60000, NULL, why,
+                        sizeof(why));
+  pr__cql_sync_free(y);
+  if (err) {
+    pr__errf(errstr, errstr_size, "Cassandra (cassandra_nodes %s): %s",
+             PR_CFG(st, CASSANDRA_NODES).list[0], why);
+    return -1;
+  }
+  return 0;
+}
+
+/* The timer store: memory in mock mode, else Cassandra on the loop. */
+static pr__tstore_t *new_store(pr__engine_t *eng, char *errstr,
+                               size_t errstr_size) {
+  pr__cql_conf_t c;
+  pr__tstore_t *s;
+  if (eng->memory_timers) {
+    if (!(s = pr__memstore_new()))
+      pr__errf(errstr, errstr_size, "out of memory");
+    return s;
+  }
+  c = cql_conf(eng->st);
+  return pr__cqlstore_new(
+      &eng->loop, &c, PR_CFG_STR(eng->st, CASSANDRA_KEYSPACE), eng->group_id,
+      eng->slab_s, PR_CFG_NS(eng->st, CASSANDRA_RETENTION) / 1000000000, errstr,
+      errstr_size);
+}
+
 pr__engine_t *pr__engine_start(const pr__settings_t *st, const char *bootstrap,
                                pr__producer_t *producer,
                                const prosody_handler_t *handler, char *errstr,
@@ -2118,16 +2190,15 @@ pr__engine_t *pr__engine_start(const pr__settings_t *st, const char *bootstrap,
   eng->slab_s = PR_CFG_NS(st, SLAB_SIZE) / 1000000000;
   if (eng->slab_s < 1)
     eng->slab_s = 1;
-  /* The Cassandra store replaces this one outside mock mode once it lands
-   * (docs/ARCHITECTURE.md); until then timers live in memory everywhere. */
-  eng->store = pr__memstore_new();
-  if (!eng->store) {
-    pr__errf(errstr, errstr_size, "out of memory");
+  /* Timers need a durable store outside mock mode, unless the handler has
+   * no on_timer (it cannot use timers: no store is touched). Test hook
+   * (docs/DEVELOPMENT.md): a consumer joining the embedded mock cluster by
+   * address from another process keeps timers in memory. */
+  eng->memory_timers = PR_CFG_BOOL(st, MOCK) || !handler->on_timer ||
+                       (getenv("PROSODY_TEST_MEMORY_TIMERS") &&
+                        !strcmp(getenv("PROSODY_TEST_MEMORY_TIMERS"), "1"));
+  if (!eng->memory_timers && migrate_store(st, errstr, errstr_size))
     goto fail;
-  }
-  if (!PR_CFG_BOOL(st, MOCK))
-    PR_INFO("engine", "timers are kept in memory: they do not survive a "
-                      "restart or rebalance yet");
 
   if (!(handler->flags & PROSODY_HANDLER_ASYNC)) {
     eng->pool = pr__pool_new(eng->max_concurrency);
@@ -2210,6 +2281,8 @@ pr__engine_t *pr__engine_start(const pr__settings_t *st, const char *bootstrap,
   eng->wake.data = eng;
   uv_timer_init(&eng->loop, &eng->tfire);
   eng->tfire.data = eng;
+  if (!(eng->store = new_store(eng, errstr, errstr_size)))
+    goto fail_loop;
 
   if (PR_CFG_BOOL(st, MOCK))
     for (size_t i = 0; i < subs->list_n; i++)
@@ -2232,6 +2305,9 @@ pr__engine_t *pr__engine_start(const pr__settings_t *st, const char *bootstrap,
   return eng;
 
 fail_loop:
+  if (eng->store)
+    eng->store->ops->destroy(eng->store);
+  eng->store = NULL;
   uv_close((uv_handle_t *)&eng->kpoll, NULL);
   uv_close((uv_handle_t *)&eng->tick, NULL);
   uv_close((uv_handle_t *)&eng->tfire, NULL);

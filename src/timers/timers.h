@@ -147,4 +147,14 @@ struct pr__tstore {
 /* The in-memory store (engine thread only). NULL when out of memory. */
 pr__tstore_t *pr__memstore_new(void);
 
+/* The Cassandra store on `loop` (the engine's), for consumer group `group`;
+ * the keyspace must be migrated (pr__cql_migrate). `conf` is copied. */
+struct pr__cql_conf;
+struct uv_loop_s;
+pr__tstore_t *pr__cqlstore_new(struct uv_loop_s *loop,
+                               const struct pr__cql_conf *conf,
+                               const char *keyspace, const char *group,
+                               int64_t slab_s, int64_t retention_s,
+                               char *errstr, size_t errstr_size);
+
 #endif /* PR_TIMERS_H */

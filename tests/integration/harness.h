@@ -254,6 +254,11 @@ static inline prosody_config_t *t_consumer_config(const char *group,
   t_set(conf, "probe_port", "none");
   t_set(conf, "commit_interval", "100ms");
   t_set(conf, "poll_interval", "20ms");
+  if (t_real_bootstrap()) { /* consumers keep timers in real Cassandra */
+    const char *nodes = getenv("PROSODY_TEST_CASSANDRA_NODES");
+    t_set(conf, "cassandra_nodes", nodes && *nodes ? nodes : "127.0.0.1:9042");
+    t_set(conf, "cassandra_keyspace", "prosody_test");
+  }
   return conf;
 }
 

@@ -83,6 +83,13 @@ static int child_main(const char *bootstrap, const char *topic,
   t_set(conf, "probe_port", "none");
   t_set(conf, "commit_interval", "100ms");
   t_set(conf, "log", "error");
+  if (t_real_bootstrap()) {
+    const char *nodes = getenv("PROSODY_TEST_CASSANDRA_NODES");
+    t_set(conf, "cassandra_nodes", nodes && *nodes ? nodes : "127.0.0.1:9042");
+    t_set(conf, "cassandra_keyspace", "prosody_test");
+  } else { /* joins the mock cluster by address: no Cassandra here */
+    setenv("PROSODY_TEST_MEMORY_TIMERS", "1", 1);
+  }
   c = prosody_client_new(conf, err, sizeof(err));
   if (!c || prosody_subscribe(c, &h, err, sizeof(err)))
     return 2;
