@@ -120,6 +120,7 @@ struct inv {
   int64_t time_s;           /* is_timer: the timer's time */
   int rearmed;              /* is_timer: scheduled again while firing */
   int dropped;              /* is_timer: unscheduled before it started */
+  int deleted;              /* is_timer: already deleted from the store */
   int state;                /* enum inv_state; engine thread */
   int attempt;              /* attempts started so far */
   int kind;                 /* what the pending completion is */
@@ -207,7 +208,7 @@ struct pr__engine {
   int backpressure;
   int uncommitted;  /* events taken, not finished */
   int running;      /* handlers started, not completed */
-  int dlq_inflight; /* failure-topic sends awaiting their report */
+  int dlq_inflight; /* failure-topic sends and fired-timer deletes in flight */
   inv_t *ready_head, *ready_tail;
   int phase;
   int stopping; /* shutdown has begun */
@@ -230,6 +231,7 @@ static __thread pr__engine_t *tls_engine;
 static void schedule(inv_t *inv);
 static void process_done(pr__engine_t *eng);
 static void timer_finished(inv_t *inv, int commit);
+static void timer_store_delete(inv_t *inv);
 static void fire_due(pr__engine_t *eng);
 
 /* ------------------------------------------------------------------------ */
@@ -914,6 +916,10 @@ static void handler_done(inv_t *inv) {
     finish(inv, 0);
     return;
   default:
+    if (inv->is_timer && !inv->rearmed && eng->store) {
+      timer_store_delete(inv); /* finishes once the store has deleted it */
+      return;
+    }
     finish(inv, 1);
     return;
   }
@@ -1279,6 +1285,8 @@ static void timer_finished(inv_t *inv, int commit) {
   if (!commit || !eng->store)
     return; /* aborted, or dropped (already deleted); or stopped: it fires
                again on the next load */
+  if (inv->deleted)
+    return;
   if (inv->rearmed) {
     if (!part->revoking && !part->zombie &&
         pr__tq_add(part->tq, inv->msg.key, inv->time_s) < 0)
@@ -1289,6 +1297,34 @@ static void timer_finished(inv_t *inv, int commit) {
   eng->store->ops->del(eng->store, &seg, inv->msg.key, inv->time_s,
                        PR_TIMER_APPLICATION, store_log_cb,
                        "could not delete a fired timer (it may fire again)");
+}
+
+static void timer_deleted_cb(void *arg, prosody_err_t err, const char *errstr) {
+  inv_t *inv = arg;
+  char ev[160];
+  inv->part->active--;
+  inv->eng->dlq_inflight--;
+  if (err)
+    PR_ERROR("timers",
+             "%s: could not delete the fired timer (it may fire "
+             "again): %s",
+             describe(inv, ev, sizeof(ev)),
+             errstr ? errstr : prosody_err_name(err));
+  inv->deleted = 1;
+  finish(inv, 1);
+}
+
+/* A timer event is done: delete it from the store, then finish it, so the
+ * key's next event sees it gone. Counted as active (a drain waits for it)
+ * and as in flight (the engine is not freed under it). */
+static void timer_store_delete(inv_t *inv) {
+  pr__engine_t *eng = inv->eng;
+  pr__tseg_t seg = seg_of(inv->part->topic, inv->part->partition);
+  inv->state = INV_DLQ;
+  inv->part->active++;
+  eng->dlq_inflight++;
+  eng->store->ops->del(eng->store, &seg, inv->msg.key, inv->time_s,
+                       PR_TIMER_APPLICATION, timer_deleted_cb, inv);
 }
 
 static void on_fire(uv_timer_t *t);
