@@ -221,8 +221,9 @@ struct pr__engine {
   /* Timer operations from handler threads (see prosody_schedule). */
   pthread_mutex_t ops_lock; /* guards ops_head/tail, ops_closed */
   struct top *ops_head, *ops_tail;
-  int ops_closed;         /* the engine takes no more operations */
-  atomic_int ops_pending; /* ops_head != NULL, for the drain wait */
+  int ops_closed;           /* the engine takes no more operations */
+  atomic_int ops_pending;   /* ops_head != NULL, for the drain wait */
+  atomic_int store_pending; /* the store has callbacks to deliver */
 };
 
 /* The engine whose loop runs on this thread, if any. */
@@ -1659,6 +1660,12 @@ static void run_op(pr__engine_t *eng, top_t *op) {
   }
 }
 
+/* Delivers the store's finished operations (engine thread). */
+static void poll_store(pr__engine_t *eng) {
+  if (atomic_exchange(&eng->store_pending, 0) && eng->store)
+    eng->store->ops->poll(eng->store);
+}
+
 static void process_ops(pr__engine_t *eng) {
   top_t *op;
   pthread_mutex_lock(&eng->ops_lock);
@@ -1858,11 +1865,13 @@ static void drain(pr__engine_t *eng, int revoking_only) {
     pr__deadline_after(CLOCK_REALTIME, wake_at - now, &ts);
     atomic_store(&eng->draining, 1);
     pthread_mutex_lock(&eng->lock);
-    if (!atomic_load(&eng->done) && !atomic_load(&eng->ops_pending))
+    if (!atomic_load(&eng->done) && !atomic_load(&eng->ops_pending) &&
+        !atomic_load(&eng->store_pending))
       pthread_cond_timedwait(&eng->cond, &eng->lock, &ts);
     pthread_mutex_unlock(&eng->lock);
     atomic_store(&eng->draining, 0);
     process_ops(eng); /* refused for what drains, served for the rest */
+    poll_store(eng);  /* e.g. fired timers' deletes */
     process_done(eng);
   }
 }
@@ -2092,6 +2101,7 @@ static void on_tick(uv_timer_t *t) {
 
 static void on_wake(uv_async_t *a) {
   pr__engine_t *eng = a->data;
+  poll_store(eng);
   process_ops(eng);
   process_done(eng);
   store_offsets(eng, NULL);
@@ -2175,7 +2185,19 @@ static int migrate_store(const pr__settings_t *st, char *errstr,
   return 0;
 }
 
-/* The timer store: memory in mock mode, else Cassandra on the loop. */
+/* The store thread finished operations: let the engine deliver them. */
+static void store_wake(void *arg) {
+  pr__engine_t *eng = arg;
+  atomic_store(&eng->store_pending, 1);
+  if (atomic_load(&eng->draining)) {
+    pthread_mutex_lock(&eng->lock);
+    pthread_cond_broadcast(&eng->cond);
+    pthread_mutex_unlock(&eng->lock);
+  }
+  uv_async_send(&eng->wake);
+}
+
+/* The timer store: memory in mock mode, else Cassandra. */
 static pr__tstore_t *new_store(pr__engine_t *eng, char *errstr,
                                size_t errstr_size) {
   pr__cql_conf_t c;
@@ -2186,10 +2208,10 @@ static pr__tstore_t *new_store(pr__engine_t *eng, char *errstr,
     return s;
   }
   c = cql_conf(eng->st);
-  return pr__cqlstore_new(
-      &eng->loop, &c, PR_CFG_STR(eng->st, CASSANDRA_KEYSPACE), eng->group_id,
-      eng->slab_s, PR_CFG_NS(eng->st, CASSANDRA_RETENTION) / 1000000000, errstr,
-      errstr_size);
+  return pr__cqlstore_new(&c, PR_CFG_STR(eng->st, CASSANDRA_KEYSPACE),
+                          eng->group_id, eng->slab_s,
+                          PR_CFG_NS(eng->st, CASSANDRA_RETENTION) / 1000000000,
+                          store_wake, eng, errstr, errstr_size);
 }
 
 pr__engine_t *pr__engine_start(const pr__settings_t *st, const char *bootstrap,

@@ -1,12 +1,19 @@
 /*
  * cqlstore.c - the Cassandra timer store: the store interface of timers.h
- * over a CQL session on the engine's loop, on the tables of
- * src/cql/schema/0001_timers.cql. A segment is "<group>/<topic>/<partition>".
- * Writes go to timers_by_slab, timers_by_key and timer_slabs in one logged
- * batch (all or nothing), with a TTL of (time - now) + retention.
+ * over a CQL session, on the tables of src/cql/schema/0001_timers.cql. A
+ * segment is "<group>/<topic>/<partition>". Writes go to timers_by_slab,
+ * timers_by_key and timer_slabs in one logged batch (all or nothing), with
+ * a TTL of (time - now) + retention.
  *
- * Ownership: the engine thread (the session's loop thread); no locks.
+ * Threads: the CQL session runs on the store's own thread and loop, so it
+ * keeps working while the engine thread blocks (draining a revoked
+ * partition waits for fired timers' deletes). An operation is started on
+ * the engine thread, queued to the store thread (`lock` + async), run
+ * there, and the finished op is queued back (`lock`) with a wake-up; the
+ * engine thread delivers its callback in poll(). Each op is owned by one
+ * thread at a time: engine, then store thread, then engine.
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,18 +26,37 @@
 #define MAX_TTL_S 630720000 /* Cassandra's limit: 20 years */
 #define DEL_CHUNK 100       /* timers deleted per batch by del_key */
 
+typedef struct op op_t;
+
 typedef struct cqlstore {
   pr__tstore_t base;
-  pr__cql_t *cql;
+  pr__cql_t *cql; /* store thread only */
   char *group;
+  uv_loop_t loop; /* the store thread's */
+  uv_async_t async;
+  pthread_t thread;
+  pthread_mutex_t lock;      /* guards the queues and `stopping` */
+  op_t *in_head, *in_tail;   /* to start (store thread) */
+  op_t *out_head, *out_tail; /* finished (engine thread) */
+  int stopping;
+  void (*wake)(void *);
+  void *wake_arg;
   int64_t slab_s, retention_s;
   pr__cql_stmt_t *ins_slab, *ins_key, *ins_slabs, *del_slab, *del_key, *sel_key,
       *sel_slabs, *sel_slab;
 } cqlstore_t;
 
+enum { R_DONE, R_TIMES, R_RECS };
+
 /* One operation in progress. */
-typedef struct op {
+struct op {
+  op_t *qnext;
   cqlstore_t *st;
+  void (*start)(op_t *o); /* runs on the store thread */
+  int result;             /* R_*: which callback gets it */
+  prosody_err_t err;
+  char errstr[512];
+  int64_t time_s;
   char segment[512];
   char *key;
   int64_t keep_s;
@@ -48,7 +74,43 @@ typedef struct op {
   int32_t paging_len;
   int64_t slab;
   pr__cql_cb next; /* key_times_page's continuation */
-} op_t;
+};
+
+/* Appends o to a queue. */
+static void q_push(op_t **head, op_t **tail, op_t *o) {
+  o->qnext = NULL;
+  if (*tail)
+    (*tail)->qnext = o;
+  else
+    *head = o;
+  *tail = o;
+}
+
+/* The op is finished (store thread): hand it to the engine thread. */
+static void complete(op_t *o, prosody_err_t err, const char *errstr) {
+  cqlstore_t *st = o->st;
+  o->err = err;
+  snprintf(o->errstr, sizeof(o->errstr), "%s", err && errstr ? errstr : "");
+  pthread_mutex_lock(&st->lock);
+  q_push(&st->out_head, &st->out_tail, o);
+  pthread_mutex_unlock(&st->lock);
+  st->wake(st->wake_arg);
+}
+
+/* Queues an op for the store thread (engine thread). */
+static void post(op_t *o) {
+  cqlstore_t *st = o->st;
+  int stopping;
+  pthread_mutex_lock(&st->lock);
+  stopping = st->stopping;
+  if (!stopping)
+    q_push(&st->in_head, &st->in_tail, o);
+  pthread_mutex_unlock(&st->lock);
+  if (stopping)
+    complete(o, PROSODY_ERR_STATE, "the timer store is closed");
+  else
+    uv_async_send(&st->async);
+}
 
 static void op_free(op_t *o) {
   for (size_t i = 0; i < o->nrecs; i++)
@@ -82,27 +144,19 @@ static int32_t ttl_for(const cqlstore_t *st, int64_t time_s) {
 
 static void done_cb(void *arg, prosody_err_t err, const char *errstr,
                     const pr__cql_result_t *res) {
-  op_t *o = arg;
   (void)res;
-  o->done(o->arg, err, errstr);
-  op_free(o);
+  complete(arg, err, errstr);
 }
 
-static void c_put(pr__tstore_t *s, const pr__tseg_t *seg, const char *key,
-                  int64_t time_s, pr__timer_type_t type, pr__tstore_done_cb cb,
-                  void *arg) {
-  cqlstore_t *st = (cqlstore_t *)s;
-  op_t *o = op_new(st, seg, key);
+static void start_put(op_t *o) {
+  cqlstore_t *st = o->st;
+  const char *key = o->key;
+  int64_t time_s = o->time_s;
   int64_t slab = pr__slab_of(time_s, st->slab_s);
   int32_t ttl = ttl_for(st, time_s);
+  pr__timer_type_t type = o->type;
   pr__cql_val_t a[6], b[5], c[3];
   pr__cql_bstmt_t batch[3];
-  if (!o) {
-    cb(arg, PROSODY_ERR_NOMEM, "out of memory");
-    return;
-  }
-  o->done = cb;
-  o->arg = arg;
   a[0] = pr__cv_text(o->segment);
   a[1] = pr__cv_bigint(slab);
   a[2] = pr__cv_bigint(time_s);
@@ -121,6 +175,44 @@ static void c_put(pr__tstore_t *s, const pr__tseg_t *seg, const char *key,
   batch[1] = (pr__cql_bstmt_t){st->ins_key, b, 5};
   batch[2] = (pr__cql_bstmt_t){st->ins_slabs, c, 3};
   pr__cql_batch_run(st->cql, PR_CQL_BATCH_LOGGED, batch, 3, done_cb, o);
+}
+
+/* A new op for the engine-side entry points; NULL after reporting OOM. */
+static op_t *op_for(pr__tstore_t *s, const pr__tseg_t *seg, const char *key,
+                    int result, void (*start)(op_t *), void *cb, void *arg) {
+  op_t *o = op_new((cqlstore_t *)s, seg, key);
+  if (!o) {
+    if (result == R_DONE)
+      ((pr__tstore_done_cb)cb)(arg, PROSODY_ERR_NOMEM, "out of memory");
+    else if (result == R_TIMES)
+      ((pr__tstore_times_cb)cb)(arg, PROSODY_ERR_NOMEM, "out of memory", NULL,
+                                0);
+    else
+      ((pr__tstore_recs_cb)cb)(arg, PROSODY_ERR_NOMEM, "out of memory", NULL,
+                               0);
+    return NULL;
+  }
+  o->result = result;
+  o->start = start;
+  o->arg = arg;
+  if (result == R_DONE)
+    o->done = (pr__tstore_done_cb)cb;
+  else if (result == R_TIMES)
+    o->times_cb = (pr__tstore_times_cb)cb;
+  else
+    o->recs_cb = (pr__tstore_recs_cb)cb;
+  return o;
+}
+
+static void c_put(pr__tstore_t *s, const pr__tseg_t *seg, const char *key,
+                  int64_t time_s, pr__timer_type_t type, pr__tstore_done_cb cb,
+                  void *arg) {
+  op_t *o = op_for(s, seg, key, R_DONE, start_put, (void *)cb, arg);
+  if (o) {
+    o->time_s = time_s;
+    o->type = type;
+    post(o);
+  }
 }
 
 /* Deletes (key, times[0..n)) from both timer tables in one batch. */
@@ -153,19 +245,19 @@ static void delete_times(cqlstore_t *st, op_t *o, const char *key,
   free(b);
 }
 
+static void start_del(op_t *o) {
+  delete_times(o->st, o, o->key, &o->time_s, 1, done_cb);
+}
+
 static void c_del(pr__tstore_t *s, const pr__tseg_t *seg, const char *key,
                   int64_t time_s, pr__timer_type_t type, pr__tstore_done_cb cb,
                   void *arg) {
-  cqlstore_t *st = (cqlstore_t *)s;
-  op_t *o = op_new(st, seg, key);
-  if (!o) {
-    cb(arg, PROSODY_ERR_NOMEM, "out of memory");
-    return;
+  op_t *o = op_for(s, seg, key, R_DONE, start_del, (void *)cb, arg);
+  if (o) {
+    o->time_s = time_s;
+    o->type = type;
+    post(o);
   }
-  o->done = cb;
-  o->arg = arg;
-  o->type = type;
-  delete_times(st, o, key, &time_s, 1, done_cb);
 }
 
 /* Paged SELECT of a key's times; `next` runs once all pages are in. */
@@ -238,24 +330,20 @@ static void key_times_cb(void *arg, prosody_err_t err, const char *errstr,
 
 static void times_done(void *arg, prosody_err_t err, const char *errstr,
                        const pr__cql_result_t *res) {
-  op_t *o = arg;
   (void)res;
-  o->times_cb(o->arg, err, errstr, err ? NULL : o->times, err ? 0 : o->n);
-  op_free(o);
+  complete(arg, err, errstr);
 }
+
+static void start_key_times(op_t *o) { key_times_page(o, times_done); }
 
 static void c_key_times(pr__tstore_t *s, const pr__tseg_t *seg, const char *key,
                         pr__timer_type_t type, pr__tstore_times_cb cb,
                         void *arg) {
-  op_t *o = op_new((cqlstore_t *)s, seg, key);
-  if (!o) {
-    cb(arg, PROSODY_ERR_NOMEM, "out of memory", NULL, 0);
-    return;
+  op_t *o = op_for(s, seg, key, R_TIMES, start_key_times, (void *)cb, arg);
+  if (o) {
+    o->type = type;
+    post(o);
   }
-  o->times_cb = cb;
-  o->arg = arg;
-  o->type = type;
-  key_times_page(o, times_done);
 }
 
 /* del_key: list the key's times, then delete all but keep_s in chunks. */
@@ -265,8 +353,7 @@ static void del_chunk(void *arg, prosody_err_t err, const char *errstr,
   size_t n = 0;
   (void)res;
   if (err) {
-    o->done(o->arg, err, errstr);
-    op_free(o);
+    complete(o, err, errstr);
     return;
   }
   /* Drop keep_s and what the previous chunk deleted (the list's tail). */
@@ -276,26 +363,23 @@ static void del_chunk(void *arg, prosody_err_t err, const char *errstr,
       o->times[o->cap - 1 - n++] = t; /* gather at the array's end */
   }
   if (!n) {
-    o->done(o->arg, PROSODY_OK, NULL);
-    op_free(o);
+    complete(o, PROSODY_OK, NULL);
     return;
   }
   delete_times(o->st, o, o->key, o->times + o->cap - n, n, del_chunk);
 }
 
+static void start_del_key(op_t *o) { key_times_page(o, del_chunk); }
+
 static void c_del_key(pr__tstore_t *s, const pr__tseg_t *seg, const char *key,
                       pr__timer_type_t type, int64_t keep_s,
                       pr__tstore_done_cb cb, void *arg) {
-  op_t *o = op_new((cqlstore_t *)s, seg, key);
-  if (!o) {
-    cb(arg, PROSODY_ERR_NOMEM, "out of memory");
-    return;
+  op_t *o = op_for(s, seg, key, R_DONE, start_del_key, (void *)cb, arg);
+  if (o) {
+    o->type = type;
+    o->keep_s = keep_s;
+    post(o);
   }
-  o->done = cb;
-  o->arg = arg;
-  o->type = type;
-  o->keep_s = keep_s;
-  key_times_page(o, del_chunk);
 }
 
 static void slabs_cb(void *arg, prosody_err_t err, const char *errstr,
@@ -311,24 +395,21 @@ static void slabs_cb(void *arg, prosody_err_t err, const char *errstr,
       if (!pr__cql_get_bigint(pr__cql_cell(res, i, 0), &o->times[o->n]))
         o->n++; /* clustering order: ascending */
   }
-  o->times_cb(o->arg, err, errstr, err ? NULL : o->times, err ? 0 : o->n);
-  op_free(o);
+  complete(o, err, errstr);
+}
+
+static void start_slabs(op_t *o) {
+  pr__cql_val_t v[1];
+  v[0] = pr__cv_text(o->segment);
+  pr__cql_execute_stmt(o->st->cql, o->st->sel_slabs, v, 1, NULL, slabs_cb, o);
 }
 
 static void c_slabs(pr__tstore_t *s, const pr__tseg_t *seg, int64_t slab_s,
                     pr__tstore_times_cb cb, void *arg) {
-  cqlstore_t *st = (cqlstore_t *)s;
-  op_t *o = op_new(st, seg, NULL);
-  pr__cql_val_t v[1];
+  op_t *o = op_for(s, seg, NULL, R_TIMES, start_slabs, (void *)cb, arg);
   (void)slab_s; /* the store's own slab size: slabs are stored with it */
-  if (!o) {
-    cb(arg, PROSODY_ERR_NOMEM, "out of memory", NULL, 0);
-    return;
-  }
-  o->times_cb = cb;
-  o->arg = arg;
-  v[0] = pr__cv_text(o->segment);
-  pr__cql_execute_stmt(st->cql, st->sel_slabs, v, 1, NULL, slabs_cb, o);
+  if (o)
+    post(o);
 }
 
 static void load_page(op_t *o);
@@ -338,8 +419,7 @@ static void load_cb(void *arg, prosody_err_t err, const char *errstr,
   op_t *o = arg;
   int more;
   if (err) {
-    o->recs_cb(o->arg, err, errstr, NULL, 0);
-    op_free(o);
+    complete(o, err, errstr);
     return;
   }
   for (int32_t i = 0; i < res->nrows; i++) {
@@ -371,13 +451,10 @@ static void load_cb(void *arg, prosody_err_t err, const char *errstr,
     load_page(o);
     return;
   }
-  o->recs_cb(o->arg, PROSODY_OK, NULL, o->recs, o->nrecs);
-  op_free(o);
+  complete(o, PROSODY_OK, NULL);
   return;
 oom:
-  o->recs_cb(o->arg, PROSODY_ERR_NOMEM, "out of memory loading timers", NULL,
-             0);
-  op_free(o);
+  complete(o, PROSODY_ERR_NOMEM, "out of memory loading timers");
 }
 
 static void load_page(op_t *o) {
@@ -394,16 +471,12 @@ static void load_page(op_t *o) {
 
 static void c_load_slab(pr__tstore_t *s, const pr__tseg_t *seg, int64_t slab_s,
                         int64_t slab, pr__tstore_recs_cb cb, void *arg) {
-  op_t *o = op_new((cqlstore_t *)s, seg, NULL);
+  op_t *o = op_for(s, seg, NULL, R_RECS, load_page, (void *)cb, arg);
   (void)slab_s;
-  if (!o) {
-    cb(arg, PROSODY_ERR_NOMEM, "out of memory", NULL, 0);
-    return;
+  if (o) {
+    o->slab = slab;
+    post(o);
   }
-  o->recs_cb = cb;
-  o->arg = arg;
-  o->slab = slab;
-  load_page(o);
 }
 
 static void c_release(pr__tstore_t *s, const pr__tseg_t *seg) {
@@ -411,21 +484,82 @@ static void c_release(pr__tstore_t *s, const pr__tseg_t *seg) {
   (void)seg;
 }
 
+/* Delivers finished ops' callbacks (engine thread). */
+static void c_poll(pr__tstore_t *s) {
+  cqlstore_t *st = (cqlstore_t *)s;
+  op_t *o;
+  pthread_mutex_lock(&st->lock);
+  o = st->out_head;
+  st->out_head = st->out_tail = NULL;
+  pthread_mutex_unlock(&st->lock);
+  while (o) {
+    op_t *next = o->qnext;
+    const char *why = o->err ? o->errstr : NULL;
+    if (o->result == R_DONE)
+      o->done(o->arg, o->err, why);
+    else if (o->result == R_TIMES)
+      o->times_cb(o->arg, o->err, why, o->err ? NULL : o->times,
+                  o->err ? 0 : o->n);
+    else
+      o->recs_cb(o->arg, o->err, why, o->err ? NULL : o->recs,
+                 o->err ? 0 : o->nrecs);
+    op_free(o);
+    o = next;
+  }
+}
+
+/* Store thread: start what was posted; on stop, close the session. */
+static void on_async(uv_async_t *a) {
+  cqlstore_t *st = a->data;
+  op_t *o;
+  int stopping;
+  pthread_mutex_lock(&st->lock);
+  o = st->in_head;
+  st->in_head = st->in_tail = NULL;
+  stopping = st->stopping;
+  pthread_mutex_unlock(&st->lock);
+  while (o) {
+    op_t *next = o->qnext;
+    o->start(o);
+    o = next;
+  }
+  if (stopping && st->cql) {
+    pr__cql_free(st->cql); /* fails what is pending */
+    st->cql = NULL;
+    uv_close((uv_handle_t *)&st->async, NULL);
+  }
+}
+
+static void *store_main(void *arg) {
+  cqlstore_t *st = arg;
+  uv_run(&st->loop, UV_RUN_DEFAULT);
+  return NULL;
+}
+
+/* Stops the store thread, then delivers what finished (engine thread). */
 static void c_destroy(pr__tstore_t *s) {
   cqlstore_t *st = (cqlstore_t *)s;
-  pr__cql_free(st->cql); /* the loop finishes closing its handles */
+  pthread_mutex_lock(&st->lock);
+  st->stopping = 1;
+  pthread_mutex_unlock(&st->lock);
+  uv_async_send(&st->async);
+  pthread_join(st->thread, NULL);
+  uv_loop_close(&st->loop);
+  c_poll(s);
+  pthread_mutex_destroy(&st->lock);
   free(st->group);
   free(st);
 }
 
-static const pr__tstore_ops_t cqlstore_ops = {
-    c_put,   c_del,       c_del_key, c_key_times,
-    c_slabs, c_load_slab, c_release, c_destroy};
+static const pr__tstore_ops_t cqlstore_ops = {c_put,       c_del,   c_del_key,
+                                              c_key_times, c_slabs, c_load_slab,
+                                              c_release,   c_poll,  c_destroy};
 
-pr__tstore_t *pr__cqlstore_new(uv_loop_t *loop, const pr__cql_conf_t *conf,
-                               const char *keyspace, const char *group,
-                               int64_t slab_s, int64_t retention_s,
-                               char *errstr, size_t errstr_size) {
+pr__tstore_t *pr__cqlstore_new(const pr__cql_conf_t *conf, const char *keyspace,
+                               const char *group, int64_t slab_s,
+                               int64_t retention_s, void (*wake)(void *),
+                               void *wake_arg, char *errstr,
+                               size_t errstr_size) {
   cqlstore_t *st = calloc(1, sizeof(*st));
   char q[512];
   if (!st || !(st->group = strdup(group))) {
@@ -436,7 +570,17 @@ pr__tstore_t *pr__cqlstore_new(uv_loop_t *loop, const pr__cql_conf_t *conf,
   st->base.ops = &cqlstore_ops;
   st->slab_s = slab_s;
   st->retention_s = retention_s;
-  if (!(st->cql = pr__cql_new(loop, conf, errstr, errstr_size))) {
+  st->wake = wake;
+  st->wake_arg = wake_arg;
+  pthread_mutex_init(&st->lock, NULL);
+  uv_loop_init(&st->loop);
+  uv_async_init(&st->loop, &st->async, on_async);
+  st->async.data = st;
+  if (!(st->cql = pr__cql_new(&st->loop, conf, errstr, errstr_size))) {
+    uv_close((uv_handle_t *)&st->async, NULL);
+    uv_run(&st->loop, UV_RUN_DEFAULT);
+    uv_loop_close(&st->loop);
+    pthread_mutex_destroy(&st->lock);
     free(st->group);
     free(st);
     return NULL;
@@ -477,9 +621,21 @@ pr__tstore_t *pr__cqlstore_new(uv_loop_t *loop, const pr__cql_conf_t *conf,
        "slab = ?",
        keyspace);
 #undef STMT
+  if (pthread_create(&st->thread, NULL, store_main, st)) {
+    pr__errf(errstr, errstr_size, "could not start the timer store thread");
+    goto fail;
+  }
   return &st->base;
 oom:
   pr__errf(errstr, errstr_size, "out of memory");
-  c_destroy(&st->base);
+fail:
+  /* No thread yet: close the session on this thread. */
+  pr__cql_free(st->cql);
+  uv_close((uv_handle_t *)&st->async, NULL);
+  uv_run(&st->loop, UV_RUN_DEFAULT);
+  uv_loop_close(&st->loop);
+  pthread_mutex_destroy(&st->lock);
+  free(st->group);
+  free(st);
   return NULL;
 }

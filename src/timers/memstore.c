@@ -205,6 +205,8 @@ static void m_release(pr__tstore_t *s, const pr__tseg_t *seg) {
     }
 }
 
+static void m_poll(pr__tstore_t *s) { (void)s; /* completes at once */ }
+
 static void m_destroy(pr__tstore_t *s) {
   memstore_t *m = (memstore_t *)s;
   while (m->segs) {
@@ -215,9 +217,9 @@ static void m_destroy(pr__tstore_t *s) {
   free(m);
 }
 
-static const pr__tstore_ops_t memstore_ops = {
-    m_put,   m_del,       m_del_key, m_key_times,
-    m_slabs, m_load_slab, m_release, m_destroy};
+static const pr__tstore_ops_t memstore_ops = {m_put,       m_del,   m_del_key,
+                                              m_key_times, m_slabs, m_load_slab,
+                                              m_release,   m_poll,  m_destroy};
 
 pr__tstore_t *pr__memstore_new(void) {
   memstore_t *m = calloc(1, sizeof(*m));

@@ -136,6 +136,10 @@ typedef struct pr__tstore_ops {
   /* The segment's partition left this instance (the memory store forgets
    * its timers, as mock mode promises; a durable store keeps them). */
   void (*release)(pr__tstore_t *s, const pr__tseg_t *seg);
+  /* Delivers the callbacks of finished operations (a store that completes
+   * on another thread calls its wake function, then the engine polls). */
+  void (*poll)(pr__tstore_t *s);
+  /* Completes what is pending (with errors), then frees the store. */
   void (*destroy)(pr__tstore_t *s);
 } pr__tstore_ops_t;
 
@@ -147,14 +151,15 @@ struct pr__tstore {
 /* The in-memory store (engine thread only). NULL when out of memory. */
 pr__tstore_t *pr__memstore_new(void);
 
-/* The Cassandra store on `loop` (the engine's), for consumer group `group`;
- * the keyspace must be migrated (pr__cql_migrate). `conf` is copied. */
+/* The Cassandra store for consumer group `group`, on its own thread; the
+ * keyspace must be migrated (pr__cql_migrate). `conf` is copied. `wake`
+ * is called from the store thread when operations finished: the owner
+ * then calls poll() on its own thread. */
 struct pr__cql_conf;
-struct uv_loop_s;
-pr__tstore_t *pr__cqlstore_new(struct uv_loop_s *loop,
-                               const struct pr__cql_conf *conf,
+pr__tstore_t *pr__cqlstore_new(const struct pr__cql_conf *conf,
                                const char *keyspace, const char *group,
                                int64_t slab_s, int64_t retention_s,
+                               void (*wake)(void *), void *wake_arg,
                                char *errstr, size_t errstr_size);
 
 #endif /* PR_TIMERS_H */
