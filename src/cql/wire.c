@@ -617,10 +617,18 @@ int pr__cql_parse_result(const uint8_t *body, size_t len, pr__cql_result_t *res,
     break;
   }
   case PR_CQL_RESULT_SCHEMA: {
-    char target[64], ks[128];
+    /* change type, target, then the target's options: KEYSPACE: name;
+     * TABLE, TYPE: keyspace, name; FUNCTION, AGGREGATE: keyspace, name,
+     * argument types. */
+    char target[64], skip[256];
     pr__crd_string(&r, res->text, sizeof(res->text));
     pr__crd_string(&r, target, sizeof(target));
-    pr__crd_string(&r, ks, sizeof(ks));
+    pr__crd_string(&r, skip, sizeof(skip));
+    if (strcmp(target, "KEYSPACE"))
+      pr__crd_string(&r, skip, sizeof(skip));
+    if (!strcmp(target, "FUNCTION") || !strcmp(target, "AGGREGATE"))
+      for (uint16_t i = 0, n = pr__crd_u16(&r); i < n && !r.bad; i++)
+        pr__crd_string(&r, skip, sizeof(skip));
     if (r.bad)
       goto bad;
     break;

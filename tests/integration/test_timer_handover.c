@@ -112,8 +112,7 @@ static void produce_keys(const char *topic, int from, int to, int64_t at) {
   for (int k = from; k < to; k++) {
     snprintf(key, sizeof(key), "k%d", k);
     snprintf(payload, sizeof(payload), "\"%d %lld\"", k, (long long)at);
-    CHECK_OK(prosody_send(p, topic, key, payload, NULL, err, sizeof(err)),
-             err);
+    CHECK_OK(prosody_send(p, topic, key, payload, NULL, err, sizeof(err)), err);
   }
   prosody_client_destroy(p);
 }
@@ -265,8 +264,8 @@ int main(int argc, char **argv) {
           "k%d fired %lld ms after its time", k, (long long)late_ms[k]);
   }
   pthread_mutex_unlock(&lock);
-  printf("restart: %d timers fired once each after the restart, %.1f s\n",
-         KEYS, t_now() - t0);
+  printf("restart: %d timers fired once each after the restart, %.1f s\n", KEYS,
+         t_now() - t0);
   CHECK_OK(prosody_unsubscribe(parent), "unsubscribe");
   prosody_client_destroy(parent);
   printf("ok: timers survive a handover and a restart\n");
