@@ -8,6 +8,7 @@
 #   make test-quick     unit + mock-cluster tests only
 #   make test-sanitize  unit + mock tests under ASan+UBSan, then TSan
 #   make bench          optimised build, benchmarks (bench/results/latest.json)
+#   make fuzz           the CQL decoder's libFuzzer target, FUZZ_SECONDS (600)
 #   make install        install into PREFIX (default /usr/local)
 #   make docs           regenerate docs/CONFIGURATION.md from the option table
 #   make format         clang-format every C file
@@ -20,7 +21,7 @@ CTEST   = ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 
 PKGS := rdkafka jansson libuv libmicrohttpd libcurl libxxhash cmocka
 
-.PHONY: all deps configure demo test test-quick test-real test-sanitize \
+.PHONY: fuzz all deps configure demo test test-quick test-real test-sanitize \
         bench install docs format format-check clean
 
 all: configure
@@ -61,6 +62,10 @@ test-sanitize: deps
 	cmake --build build-tsan -j $(JOBS)
 	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp" \
 	  ctest --test-dir build-tsan --output-on-failure -j $(JOBS) -L 'unit|mock' -LE 'nosan'
+
+FUZZ_SECONDS ?= 600
+fuzz: deps
+	scripts/fuzz.sh $(FUZZ_SECONDS)
 
 bench: deps
 	cmake -S . -B build-release -DCMAKE_BUILD_TYPE=Release -DPROSODY_TESTS=OFF

@@ -52,9 +52,8 @@ static blob_t body_of(const blob_t *frame) {
   blob_t b;
   pr__cql_header_t h;
   char err[256];
-  assert_int_equal(pr__cql_header_parse(frame->p, frame->n, &h, err,
-                                        sizeof(err)),
-                   1);
+  assert_int_equal(
+      pr__cql_header_parse(frame->p, frame->n, &h, err, sizeof(err)), 1);
   assert_int_equal(h.length, frame->n - PR_CQL_HEADER);
   b.n = h.length;
   b.p = malloc(b.n ? b.n : 1);
@@ -223,7 +222,7 @@ static void test_errors(void **state) {
     const char *needle;
   } cases[] = {
       {"error_syntax", PR_CQL_E_SYNTAX, PROSODY_ERR_PERMANENT, "SELEC"},
-            {"error_invalid", PR_CQL_E_INVALID, PROSODY_ERR_PERMANENT,
+      {"error_invalid", PR_CQL_E_INVALID, PROSODY_ERR_PERMANENT,
        "no_such_table"},
       {"error_unprepared", PR_CQL_E_UNPREPARED, PROSODY_ERR_PERMANENT,
        "01020304"},
@@ -237,7 +236,7 @@ static void test_errors(void **state) {
     assert_int_equal(pr__cql_parse_error(b.p, b.n, &e, err, sizeof(err)), 0);
     assert_int_equal(e.code, cases[i].code);
     assert_int_equal(pr__cql_error_class(e.code), cases[i].cls);
-        assert_non_null(strstr(e.message, cases[i].needle));
+    assert_non_null(strstr(e.message, cases[i].needle));
     if (e.code == PR_CQL_E_UNPREPARED) { /* the id we sent, to re-prepare */
       assert_int_equal(e.unprepared_len, 4);
       assert_memory_equal(e.unprepared_id, "\x01\x02\x03\x04", 4);
@@ -258,8 +257,8 @@ static void test_errors(void **state) {
 /* Every strict prefix of every recorded body: a clean error, never a read
  * past the copy. */
 static void test_truncations(void **state) {
-  const char *names[] = {"rows_types", "rows_nulls",   "rows_paged",
-                         "prepared",   "void",         "schema_change",
+  const char *names[] = {"rows_types",   "rows_nulls",    "rows_paged",
+                         "prepared",     "void",          "schema_change",
                          "error_syntax", "error_invalid", "error_unprepared"};
   (void)state;
   for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
@@ -273,7 +272,7 @@ static void test_truncations(void **state) {
       if (f.p[4] == PR_CQL_ERROR) {
         if (pr__cql_parse_error(copy, n, &e, err, sizeof(err)) == 0)
           fail_msg("%s cut to %zu bytes parsed as an error", names[i], n);
-            } else if (pr__cql_parse_result(copy, n, &r, err, sizeof(err)) == 0) {
+      } else if (pr__cql_parse_result(copy, n, &r, err, sizeof(err)) == 0) {
         pr__cql_result_free(&r);
         fail_msg("%s cut to %zu of %zu bytes parsed", names[i], n, b.n);
       } else {
