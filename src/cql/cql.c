@@ -198,6 +198,20 @@ static void finish(req_t *r, prosody_err_t err, const char *errstr,
     r->conn->inflight--;
   }
   r->where = Q_NONE;
+  if (r->kind == K_PREPARE && err) {
+    /* What waited for this statement fails with it. */
+    pr__cql_stmt_t *st = r->st;
+    req_t *w = st->wait_head;
+    st->preparing = NULL;
+    st->wait_head = st->wait_tail = NULL;
+    while (w) {
+      req_t *n = w->next;
+      w->where = Q_NONE;
+      w->next = NULL;
+      finish(w, err, errstr, NULL);
+      w = n;
+    }
+  }
   if (r->cb)
     r->cb(r->arg, err, errstr, err ? NULL : res);
   uv_timer_stop(r->timer);
@@ -445,6 +459,8 @@ static void pump(pr__cql_t *s) {
 
 /* ---- connections -------------------------------------------------------- */
 
+static void on_retry(uv_timer_t *t) { conn_connect(t->data); }
+
 static void conn_fail(conn_t *c, const char *why) {
   pr__cql_t *s = c->s;
   char msg[384];
@@ -474,7 +490,7 @@ static void conn_fail(conn_t *c, const char *why) {
   }
   if (!s->closing && c->retry) {
     int jitter = c->backoff_ms / 4 + 1;
-    uv_timer_start(c->retry, (uv_timer_cb)conn_connect,
+    uv_timer_start(c->retry, on_retry,
                    (uint64_t)(c->backoff_ms + rand() % jitter), 0);
     c->backoff_ms =
         c->backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : c->backoff_ms * 2;
@@ -996,4 +1012,11 @@ prosody_err_t pr__cql_sync_run(pr__cql_sync_t *y, const char *query,
   if (w.err)
     pr__errf(errstr, errstr_size, "%s", w.errstr);
   return w.err;
+}
+
+pr__cql_t *pr__cql_sync_session(pr__cql_sync_t *y) { return y->s; }
+
+void pr__cql_sync_wait(pr__cql_sync_t *y, const int *done) {
+  while (!*done && uv_run(&y->loop, UV_RUN_ONCE))
+    ;
 }

@@ -87,6 +87,11 @@ prosody_err_t pr__cql_sync_run(pr__cql_sync_t *y, const char *query,
                                pr__cql_result_t *res, char *errstr,
                                size_t errstr_size);
 
+/* The session behind a blocking wrapper, for asynchronous calls, and a
+ * loop runner: returns once *done is non-zero (or nothing is left to run). */
+pr__cql_t *pr__cql_sync_session(pr__cql_sync_t *y);
+void pr__cql_sync_wait(pr__cql_sync_t *y, const int *done);
+
 /* ---- schema migrations ------------------------------------------------- */
 
 /*

@@ -1,0 +1,419 @@
+/*
+ * test_cql.c - the CQL client against real Cassandra (real tier): prepared
+ * statements round-trip every type we use; logged and unlogged batches;
+ * paging; a statement the server forgot (its table dropped and created
+ * again) is prepared again transparently; server errors arrive classified
+ * with their message; a connection cut mid-test (through a local proxy) is
+ * re-established and operations resume; migrations started by four clients
+ * at once apply each file exactly once; an applied file that changed is a
+ * clear error; the timer store's operations.
+ */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sys/socket.h>
+
+#include "cql/cql.h"
+#include "harness.h"
+#include "timers/timers.h"
+
+static char ks[64];
+
+static const char *cassandra(void) {
+  const char *n = getenv("PROSODY_TEST_CASSANDRA_NODES");
+  return n && *n ? n : "127.0.0.1:9042";
+}
+
+static pr__cql_sync_t *session(const char *node) {
+  char err[1024], *nodes[1] = {(char *)node};
+  pr__cql_conf_t conf = {nodes, 1, NULL, NULL, 0, 3000, 0};
+  pr__cql_sync_t *y = pr__cql_sync_new(&conf, err, sizeof(err));
+  CHECK(y, "session: %s", err);
+  return y;
+}
+
+static void run_ok(pr__cql_sync_t *y, const char *q, const pr__cql_val_t *v,
+                   uint16_t n, int prepare) {
+  char err[1024];
+  CHECK_OK(pr__cql_sync_run(y, q, v, n, NULL, prepare, NULL, err, sizeof(err)),
+           err);
+}
+
+static void test_types_batches_paging(pr__cql_sync_t *y) {
+  char q[512], err[1024], text[64];
+  pr__cql_result_t r;
+  pr__cql_val_t v[8];
+  static const uint8_t uuid[16] = {1, 2, 3, 4, 5, 6, 7, 8,
+                                   9, 10, 11, 12, 13, 14, 15, 16};
+  uint8_t got_uuid[16];
+  int64_t i64;
+  int32_t i32;
+  int8_t i8;
+  int flag;
+
+  snprintf(q, sizeof(q),
+           "CREATE TABLE IF NOT EXISTS %s.t (id int PRIMARY KEY, big bigint, "
+           "tiny tinyint, flag boolean, u uuid, ts timestamp, data blob, "
+           "txt text)",
+           ks);
+  run_ok(y, q, NULL, 0, 0);
+  snprintf(q, sizeof(q),
+           "INSERT INTO %s.t (id, big, tiny, flag, u, ts, data, txt) VALUES "
+           "(?, ?, ?, ?, ?, ?, ?, ?)",
+           ks);
+  v[0] = pr__cv_int(7);
+  v[1] = pr__cv_bigint(INT64_C(-123456789012));
+  v[2] = pr__cv_tinyint(-3);
+  v[3] = pr__cv_bool(1);
+  v[4] = pr__cv_uuid(uuid);
+  v[5] = pr__cv_bigint(INT64_C(1700000000999));
+  v[6] = pr__cv_blob("\x00\xff", 2);
+  v[7] = pr__cv_text("caf\xc3\xa9");
+  run_ok(y, q, v, 8, 1);
+  snprintf(q, sizeof(q),
+           "SELECT big, tiny, flag, u, ts, data, txt FROM %s.t WHERE id = ?",
+           ks);
+  CHECK_OK(pr__cql_sync_run(y, q, v, 1, NULL, 1, &r, err, sizeof(err)), err);
+  CHECK(r.nrows == 1 && r.ncols == 7, "%d rows, %d cols", r.nrows, r.ncols);
+  CHECK(!pr__cql_get_bigint(pr__cql_cell(&r, 0, 0), &i64) &&
+            i64 == INT64_C(-123456789012),
+        "bigint");
+  CHECK(!pr__cql_get_tinyint(pr__cql_cell(&r, 0, 1), &i8) && i8 == -3,
+        "tinyint");
+  CHECK(!pr__cql_get_bool(pr__cql_cell(&r, 0, 2), &flag) && flag, "bool");
+  CHECK(!pr__cql_get_uuid(pr__cql_cell(&r, 0, 3), got_uuid) &&
+            !memcmp(got_uuid, uuid, 16),
+        "uuid");
+  CHECK(!pr__cql_get_bigint(pr__cql_cell(&r, 0, 4), &i64) &&
+            i64 == INT64_C(1700000000999),
+        "timestamp");
+  CHECK(pr__cql_cell(&r, 0, 5)->len == 2 &&
+            !memcmp(pr__cql_cell(&r, 0, 5)->p, "\x00\xff", 2),
+        "blob");
+  CHECK(!pr__cql_get_text(pr__cql_cell(&r, 0, 6), text, sizeof(text)) &&
+            !strcmp(text, "caf\xc3\xa9"),
+        "text");
+  pr__cql_result_free(&r);
+
+  /* Paging: 5 rows, 2 per page. */
+  snprintf(q, sizeof(q), "CREATE TABLE IF NOT EXISTS %s.p (k int, c int, "
+                         "PRIMARY KEY (k, c))", ks);
+  run_ok(y, q, NULL, 0, 0);
+  snprintf(q, sizeof(q), "INSERT INTO %s.p (k, c) VALUES (1, ?)", ks);
+  for (int i = 0; i < 5; i++) {
+    v[0] = pr__cv_int(i);
+    run_ok(y, q, v, 1, 1);
+  }
+  {
+    pr__cql_opts_t o;
+    uint8_t state[256];
+    int32_t state_len = 0, total = 0, pages = 0, next = 0;
+    snprintf(q, sizeof(q), "SELECT c FROM %s.p WHERE k = 1", ks);
+    do {
+      memset(&o, 0, sizeof(o));
+      o.page_size = 2;
+      o.paging_state = state_len > 0 ? state : NULL;
+      o.paging_len = state_len;
+      CHECK_OK(pr__cql_sync_run(y, q, NULL, 0, &o, 1, &r, err, sizeof(err)),
+               err);
+      for (int32_t i = 0; i < r.nrows; i++) {
+        CHECK(!pr__cql_get_int(pr__cql_cell(&r, i, 0), &i32) && i32 == next,
+              "page %d row %d: %d, want %d", pages, i, i32, next);
+        next++;
+      }
+      total += r.nrows;
+      pages++;
+      state_len = r.paging_len > 0 && (size_t)r.paging_len <= sizeof(state)
+                      ? r.paging_len
+                      : 0;
+      if (state_len)
+        memcpy(state, r.paging_state, (size_t)state_len);
+      pr__cql_result_free(&r);
+    } while (state_len > 0 && pages < 10);
+    CHECK(total == 5 && pages >= 3, "%d rows in %d pages", total, pages);
+  }
+}
+
+/* Batches go through the async API on the sync session's loop: a logged
+ * one and an unlogged one, each of two statements. */
+typedef struct bwait {
+  int done;
+  prosody_err_t err;
+  char errstr[512];
+} bwait_t;
+
+static void batch_cb(void *arg, prosody_err_t err, const char *errstr,
+                     const pr__cql_result_t *res) {
+  bwait_t *w = arg;
+  (void)res;
+  w->done = 1;
+  w->err = err;
+  snprintf(w->errstr, sizeof(w->errstr), "%s", errstr ? errstr : "");
+}
+
+static void test_batches(pr__cql_sync_t *y) {
+  char q1[256], q2[256], err[1024];
+  pr__cql_t *s = pr__cql_sync_session(y);
+  pr__cql_val_t a[2], b[2];
+  pr__cql_result_t r;
+  snprintf(q1, sizeof(q1), "INSERT INTO %s.p (k, c) VALUES (?, ?)", ks);
+  snprintf(q2, sizeof(q2), "DELETE FROM %s.p WHERE k = ? AND c = ?", ks);
+  for (int type = PR_CQL_BATCH_LOGGED; type <= PR_CQL_BATCH_UNLOGGED;
+       type++) {
+    bwait_t w = {0};
+    pr__cql_bstmt_t st[2];
+    a[0] = pr__cv_int(2);
+    a[1] = pr__cv_int(10 + type);
+    b[0] = pr__cv_int(1);
+    b[1] = pr__cv_int(type); /* deletes row c = 0, then c = 1 */
+    st[0] = (pr__cql_bstmt_t){pr__cql_stmt(s, q1), a, 2};
+    st[1] = (pr__cql_bstmt_t){pr__cql_stmt(s, q2), b, 2};
+    pr__cql_batch_run(s, (uint8_t)type, st, 2, batch_cb, &w);
+    pr__cql_sync_wait(y, &w.done);
+    CHECK(w.done && w.err == PROSODY_OK, "batch type %d: %s", type,
+          w.errstr);
+  }
+  snprintf(q1, sizeof(q1), "SELECT c FROM %s.p WHERE k = 2", ks);
+  CHECK_OK(pr__cql_sync_run(y, q1, NULL, 0, NULL, 1, &r, err, sizeof(err)),
+           err);
+  CHECK(r.nrows == 2, "batched inserts: %d rows", r.nrows);
+  pr__cql_result_free(&r);
+  snprintf(q1, sizeof(q1), "SELECT c FROM %s.p WHERE k = 1", ks);
+  CHECK_OK(pr__cql_sync_run(y, q1, NULL, 0, NULL, 1, &r, err, sizeof(err)),
+           err);
+  CHECK(r.nrows == 3, "batched deletes: %d rows left of 5", r.nrows);
+  pr__cql_result_free(&r);
+}
+
+
+static void test_unprepared(pr__cql_sync_t *y) {
+  char q[256], err[1024];
+  pr__cql_val_t v[1];
+  snprintf(q, sizeof(q), "CREATE TABLE IF NOT EXISTS %s.gone (id int PRIMARY "
+                         "KEY, x int)", ks);
+  run_ok(y, q, NULL, 0, 0);
+  snprintf(q, sizeof(q), "SELECT x FROM %s.gone WHERE id = ?", ks);
+  v[0] = pr__cv_int(1);
+  run_ok(y, q, v, 1, 1); /* prepared and cached by the session */
+  {
+    char ddl[256];
+    snprintf(ddl, sizeof(ddl), "DROP TABLE %s.gone", ks);
+    run_ok(y, ddl, NULL, 0, 0);
+    snprintf(ddl, sizeof(ddl),
+             "CREATE TABLE %s.gone (id int PRIMARY KEY, x int)", ks);
+    run_ok(y, ddl, NULL, 0, 0);
+  }
+  /* The server forgot the statement with its table: prepared again. */
+  CHECK_OK(pr__cql_sync_run(y, q, v, 1, NULL, 1, NULL, err, sizeof(err)), err);
+}
+
+static void test_errors(pr__cql_sync_t *y) {
+  char err[1024], q[256];
+  prosody_err_t e = pr__cql_sync_run(y, "SELEC nonsense", NULL, 0, NULL, 0,
+                                     NULL, err, sizeof(err));
+  CHECK(e == PROSODY_ERR_PERMANENT && strstr(err, "syntax_error"),
+        "syntax error: %s: %s", prosody_err_name(e), err);
+  snprintf(q, sizeof(q), "SELECT * FROM %s.no_such_table", ks);
+  e = pr__cql_sync_run(y, q, NULL, 0, NULL, 1, NULL, err, sizeof(err));
+  CHECK(e == PROSODY_ERR_PERMANENT && strstr(err, "invalid") &&
+            strstr(err, "no_such_table"),
+        "unknown table: %s: %s", prosody_err_name(e), err);
+}
+
+/* ---- a proxy whose connections can be cut ------------------------------ */
+
+static int proxy_listen_fd, proxy_port;
+static atomic_int proxy_cut, proxy_stop;
+static int cass_port;
+
+static void *proxy_main(void *arg) {
+  int client = -1, server = -1;
+  (void)arg;
+  while (!atomic_load(&proxy_stop)) {
+    struct pollfd p[3];
+    int n = 0;
+    p[n++] = (struct pollfd){proxy_listen_fd, POLLIN, 0};
+    if (client >= 0) {
+      p[n++] = (struct pollfd){client, POLLIN, 0};
+      p[n++] = (struct pollfd){server, POLLIN, 0};
+    }
+    if (atomic_exchange(&proxy_cut, 0) && client >= 0) {
+      close(client);
+      close(server);
+      client = server = -1;
+      continue;
+    }
+    if (poll(p, (nfds_t)n, 50) <= 0)
+      continue;
+    if (p[0].revents & POLLIN) {
+      struct sockaddr_in a = {0};
+      int c = accept(proxy_listen_fd, NULL, NULL);
+      if (c < 0)
+        continue;
+      if (client >= 0) { /* one connection at a time: the newest */
+        close(client);
+        close(server);
+      }
+      server = socket(AF_INET, SOCK_STREAM, 0);
+      a.sin_family = AF_INET;
+      a.sin_port = htons((uint16_t)cass_port);
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      if (connect(server, (struct sockaddr *)&a, sizeof(a))) {
+        close(c);
+        close(server);
+        client = server = -1;
+        continue;
+      }
+      client = c;
+      continue;
+    }
+    for (int i = 1; i < n; i++) {
+      char buf[65536];
+      ssize_t got;
+      if (!(p[i].revents & (POLLIN | POLLHUP | POLLERR)))
+        continue;
+      got = read(p[i].fd, buf, sizeof(buf));
+      if (got <= 0 ||
+          write(p[i].fd == client ? server : client, buf, (size_t)got) !=
+              got) {
+        close(client);
+        close(server);
+        client = server = -1;
+        break;
+      }
+    }
+  }
+  if (client >= 0) {
+    close(client);
+    close(server);
+  }
+  return NULL;
+}
+
+static void test_reconnect(void) {
+  struct sockaddr_in a = {0};
+  socklen_t len = sizeof(a);
+  pthread_t thr;
+  char node[64], err[1024];
+  pr__cql_sync_t *y;
+  prosody_err_t e = PROSODY_ERR_TRANSIENT;
+  const char *colon = strrchr(cassandra(), ':');
+  cass_port = colon ? atoi(colon + 1) : 9042;
+  proxy_listen_fd = socket(AF_INET, SOCK_STREAM, 0);
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  CHECK(!bind(proxy_listen_fd, (struct sockaddr *)&a, sizeof(a)) &&
+            !listen(proxy_listen_fd, 4) &&
+            !getsockname(proxy_listen_fd, (struct sockaddr *)&a, &len),
+        "proxy socket");
+  proxy_port = ntohs(a.sin_port);
+  CHECK(!pthread_create(&thr, NULL, proxy_main, NULL), "proxy thread");
+  snprintf(node, sizeof(node), "127.0.0.1:%d", proxy_port);
+  y = session(node);
+  run_ok(y, "SELECT release_version FROM system.local", NULL, 0, 1);
+  atomic_store(&proxy_cut, 1); /* the connection drops */
+  /* The next requests may fail while it reconnects (transient); within a
+   * few seconds they succeed again, on a new connection. */
+  {
+    double deadline = t_now() + 20;
+    int failures = 0;
+    while (t_now() < deadline) {
+      e = pr__cql_sync_run(y, "SELECT release_version FROM system.local",
+                           NULL, 0, NULL, 1, NULL, err, sizeof(err));
+      if (!e)
+        break;
+      CHECK(e == PROSODY_ERR_TRANSIENT || e == PROSODY_ERR_TIMEOUT,
+            "while reconnecting: %s: %s", prosody_err_name(e), err);
+      failures++;
+    }
+    CHECK(e == PROSODY_OK, "no reconnect within 20 s: %s", err);
+    printf("reconnect: resumed after %d failed request(s)\n", failures);
+  }
+  pr__cql_sync_free(y);
+  atomic_store(&proxy_stop, 1);
+  pthread_join(thr, NULL);
+  close(proxy_listen_fd);
+}
+
+/* ---- migrations ---------------------------------------------------------- */
+
+typedef struct mig {
+  char keyspace[64];
+  int applied;
+  prosody_err_t err;
+  char errstr[1024];
+} mig_t;
+
+static void *migrate_one(void *arg) {
+  mig_t *m = arg;
+  pr__cql_sync_t *y = session(cassandra());
+  m->err = pr__cql_migrate(y, m->keyspace, 60000, &m->applied, m->errstr,
+                           sizeof(m->errstr));
+  pr__cql_sync_free(y);
+  return NULL;
+}
+
+static void test_migrations(void) {
+  mig_t m[4];
+  pthread_t t[4];
+  char fresh[64], err[1024];
+  int total = 0;
+  pr__cql_sync_t *y;
+  pr__cql_schema_file_t files[1] = {
+      {"0001_timers.cql", "CREATE TABLE {keyspace}.x (id int PRIMARY KEY);\n"}};
+  prosody_err_t e;
+
+  snprintf(fresh, sizeof(fresh), "pt_mig_%d_%ld", (int)getpid(),
+           (long)time(NULL) % 100000);
+  for (int i = 0; i < 4; i++) {
+    memset(&m[i], 0, sizeof(m[i]));
+    snprintf(m[i].keyspace, sizeof(m[i].keyspace), "%s", fresh);
+    CHECK(!pthread_create(&t[i], NULL, migrate_one, &m[i]), "thread");
+  }
+  for (int i = 0; i < 4; i++) {
+    pthread_join(t[i], NULL);
+    CHECK(m[i].err == PROSODY_OK, "client %d: %s", i, m[i].errstr);
+    total += m[i].applied;
+  }
+  CHECK(total == 2, "the schema files were applied %d times in all (want 2: "
+                    "each once)", total);
+
+  /* An applied file that changed is refused, naming it. */
+  y = session(cassandra());
+  e = pr__cql_migrate_files(y, fresh, files, 1, 10000, NULL, err, sizeof(err));
+  CHECK(e == PROSODY_ERR_PERMANENT && strstr(err, "0001_timers.cql") &&
+            strstr(err, "changed"),
+        "changed file: %s: %s", prosody_err_name(e), err);
+  {
+    char q[128];
+    snprintf(q, sizeof(q), "DROP KEYSPACE %s", fresh);
+    run_ok(y, q, NULL, 0, 0);
+  }
+  pr__cql_sync_free(y);
+  printf("migrations: 4 concurrent clients applied each file once\n");
+}
+
+int main(void) {
+  pr__cql_sync_t *y;
+  char q[256];
+  CHECK(t_real_bootstrap(), "needs the real tier (Cassandra)");
+  snprintf(ks, sizeof(ks), "pt_cql_%d", (int)getpid());
+  y = session(cassandra());
+  snprintf(q, sizeof(q),
+           "CREATE KEYSPACE IF NOT EXISTS %s WITH replication = {'class': "
+           "'SimpleStrategy', 'replication_factor': 1}",
+           ks);
+  run_ok(y, q, NULL, 0, 0);
+    test_types_batches_paging(y);
+  test_batches(y);
+  test_unprepared(y);
+  test_errors(y);
+  snprintf(q, sizeof(q), "DROP KEYSPACE %s", ks);
+  run_ok(y, q, NULL, 0, 0);
+  pr__cql_sync_free(y);
+  test_reconnect();
+  test_migrations();
+  printf("ok: cql\n");
+  return 0;
+}
