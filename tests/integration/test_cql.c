@@ -44,7 +44,7 @@ static void test_types_batches_paging(pr__cql_sync_t *y) {
   char q[512], err[1024], text[64];
   pr__cql_result_t r;
   pr__cql_val_t v[8];
-  static const uint8_t uuid[16] = {1, 2, 3, 4, 5, 6, 7, 8,
+  static const uint8_t uuid[16] = {1, 2,  3,  4,  5,  6,  7,  8,
                                    9, 10, 11, 12, 13, 14, 15, 16};
   uint8_t got_uuid[16];
   int64_t i64;
@@ -97,8 +97,10 @@ static void test_types_batches_paging(pr__cql_sync_t *y) {
   pr__cql_result_free(&r);
 
   /* Paging: 5 rows, 2 per page. */
-  snprintf(q, sizeof(q), "CREATE TABLE IF NOT EXISTS %s.p (k int, c int, "
-                         "PRIMARY KEY (k, c))", ks);
+  snprintf(q, sizeof(q),
+           "CREATE TABLE IF NOT EXISTS %s.p (k int, c int, "
+           "PRIMARY KEY (k, c))",
+           ks);
   run_ok(y, q, NULL, 0, 0);
   snprintf(q, sizeof(q), "INSERT INTO %s.p (k, c) VALUES (1, ?)", ks);
   for (int i = 0; i < 5; i++) {
@@ -159,8 +161,7 @@ static void test_batches(pr__cql_sync_t *y) {
   pr__cql_result_t r;
   snprintf(q1, sizeof(q1), "INSERT INTO %s.p (k, c) VALUES (?, ?)", ks);
   snprintf(q2, sizeof(q2), "DELETE FROM %s.p WHERE k = ? AND c = ?", ks);
-  for (int type = PR_CQL_BATCH_LOGGED; type <= PR_CQL_BATCH_UNLOGGED;
-       type++) {
+  for (int type = PR_CQL_BATCH_LOGGED; type <= PR_CQL_BATCH_UNLOGGED; type++) {
     bwait_t w = {0};
     pr__cql_bstmt_t st[2];
     a[0] = pr__cv_int(2);
@@ -171,8 +172,7 @@ static void test_batches(pr__cql_sync_t *y) {
     st[1] = (pr__cql_bstmt_t){pr__cql_stmt(s, q2), b, 2};
     pr__cql_batch_run(s, (uint8_t)type, st, 2, batch_cb, &w);
     pr__cql_sync_wait(y, &w.done);
-    CHECK(w.done && w.err == PROSODY_OK, "batch type %d: %s", type,
-          w.errstr);
+    CHECK(w.done && w.err == PROSODY_OK, "batch type %d: %s", type, w.errstr);
   }
   snprintf(q1, sizeof(q1), "SELECT c FROM %s.p WHERE k = 2", ks);
   CHECK_OK(pr__cql_sync_run(y, q1, NULL, 0, NULL, 1, &r, err, sizeof(err)),
@@ -186,12 +186,13 @@ static void test_batches(pr__cql_sync_t *y) {
   pr__cql_result_free(&r);
 }
 
-
 static void test_unprepared(pr__cql_sync_t *y) {
   char q[256], err[1024];
   pr__cql_val_t v[1];
-  snprintf(q, sizeof(q), "CREATE TABLE IF NOT EXISTS %s.gone (id int PRIMARY "
-                         "KEY, x int)", ks);
+  snprintf(q, sizeof(q),
+           "CREATE TABLE IF NOT EXISTS %s.gone (id int PRIMARY "
+           "KEY, x int)",
+           ks);
   run_ok(y, q, NULL, 0, 0);
   snprintf(q, sizeof(q), "SELECT x FROM %s.gone WHERE id = ?", ks);
   v[0] = pr__cv_int(1);
@@ -275,8 +276,7 @@ static void *proxy_main(void *arg) {
         continue;
       got = read(p[i].fd, buf, sizeof(buf));
       if (got <= 0 ||
-          write(p[i].fd == client ? server : client, buf, (size_t)got) !=
-              got) {
+          write(p[i].fd == client ? server : client, buf, (size_t)got) != got) {
         close(client);
         close(server);
         client = server = -1;
@@ -319,8 +319,8 @@ static void test_reconnect(void) {
     double deadline = t_now() + 20;
     int failures = 0;
     while (t_now() < deadline) {
-      e = pr__cql_sync_run(y, "SELECT release_version FROM system.local",
-                           NULL, 0, NULL, 1, NULL, err, sizeof(err));
+      e = pr__cql_sync_run(y, "SELECT release_version FROM system.local", NULL,
+                           0, NULL, 1, NULL, err, sizeof(err));
       if (!e)
         break;
       CHECK(e == PROSODY_ERR_TRANSIENT || e == PROSODY_ERR_TIMEOUT,
@@ -376,8 +376,10 @@ static void test_migrations(void) {
     CHECK(m[i].err == PROSODY_OK, "client %d: %s", i, m[i].errstr);
     total += m[i].applied;
   }
-  CHECK(total == 2, "the schema files were applied %d times in all (want 2: "
-                    "each once)", total);
+  CHECK(total == 2,
+        "the schema files were applied %d times in all (want 2: "
+        "each once)",
+        total);
 
   /* An applied file that changed is refused, naming it. */
   y = session(cassandra());
@@ -405,7 +407,7 @@ int main(void) {
            "'SimpleStrategy', 'replication_factor': 1}",
            ks);
   run_ok(y, q, NULL, 0, 0);
-    test_types_batches_paging(y);
+  test_types_batches_paging(y);
   test_batches(y);
   test_unprepared(y);
   test_errors(y);
