@@ -192,12 +192,11 @@ static void finish(req_t *r, prosody_err_t err, const char *errstr,
   if (r->finished)
     return;
   r->finished = 1;
-  unqueue(r);
   if (r->where == Q_WIRE && r->conn) {
     r->conn->streams[r->stream] = NULL;
     r->conn->inflight--;
   }
-  r->where = Q_NONE;
+  unqueue(r);
   if (r->kind == K_PREPARE && err) {
     /* What waited for this statement fails with it. */
     pr__cql_stmt_t *st = r->st;
