@@ -204,15 +204,23 @@ static op_t *op_for(pr__tstore_t *s, const pr__tseg_t *seg, const char *key,
   return o;
 }
 
-static void c_put(pr__tstore_t *s, const pr__tseg_t *seg, const char *key,
-                  int64_t time_s, pr__timer_type_t type, pr__tstore_done_cb cb,
-                  void *arg) {
-  op_t *o = op_for(s, seg, key, R_DONE, start_put, (void *)cb, arg);
+/* Posts an operation on one timer (key, time, type). */
+static void post_timer(pr__tstore_t *s, const pr__tseg_t *seg, const char *key,
+                       int64_t time_s, pr__timer_type_t type,
+                       void (*start)(op_t *), pr__tstore_done_cb cb,
+                       void *arg) {
+  op_t *o = op_for(s, seg, key, R_DONE, start, (void *)cb, arg);
   if (o) {
     o->time_s = time_s;
     o->type = type;
     post(o);
   }
+}
+
+static void c_put(pr__tstore_t *s, const pr__tseg_t *seg, const char *key,
+                  int64_t time_s, pr__timer_type_t type, pr__tstore_done_cb cb,
+                  void *arg) {
+  post_timer(s, seg, key, time_s, type, start_put, cb, arg);
 }
 
 /* Deletes (key, times[0..n)) from both timer tables in one batch. */
@@ -252,12 +260,7 @@ static void start_del(op_t *o) {
 static void c_del(pr__tstore_t *s, const pr__tseg_t *seg, const char *key,
                   int64_t time_s, pr__timer_type_t type, pr__tstore_done_cb cb,
                   void *arg) {
-  op_t *o = op_for(s, seg, key, R_DONE, start_del, (void *)cb, arg);
-  if (o) {
-    o->time_s = time_s;
-    o->type = type;
-    post(o);
-  }
+  post_timer(s, seg, key, time_s, type, start_del, cb, arg);
 }
 
 /* Paged SELECT of a key's times; `next` runs once all pages are in. */

@@ -12,6 +12,7 @@
 #define PR_TEST_HARNESS_H
 
 #include <librdkafka/rdkafka.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -51,6 +52,27 @@ static inline int t_wait_at_least(atomic_int *v, int want, double seconds) {
   while (atomic_load(v) < want && t_now() < deadline)
     usleep(5000);
   return atomic_load(v) >= want;
+}
+
+/* Reads a child process's output line by line: waits up to 100 ms for a
+ * byte; returns 1 when `line` holds a whole line (NUL-terminated, without
+ * the newline), 0 when none is complete yet, -1 at end of file. `*len`
+ * keeps the partial line between calls. */
+static inline int t_read_line(int fd, char *line, size_t size, size_t *len) {
+  struct pollfd p = {fd, POLLIN, 0};
+  char c;
+  if (poll(&p, 1, 100) <= 0)
+    return 0;
+  if (read(fd, &c, 1) != 1)
+    return -1;
+  if (c != '\n') {
+    if (*len < size - 1)
+      line[(*len)++] = c;
+    return 0;
+  }
+  line[*len] = '\0';
+  *len = 0;
+  return 1;
 }
 
 /* The real broker's address, or NULL for the mock cluster. The `real`

@@ -11,7 +11,6 @@
  *   test_consume_rebalance            the scenario
  *   test_consume_rebalance --child B T G   consumer C (bootstrap B)
  */
-#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -112,19 +111,11 @@ static void read_child(int fd, int want_lines, int want_assigned,
   double deadline = t_now() + seconds;
   while ((child_lines < want_lines || child_assigned < want_assigned) &&
          t_now() < deadline) {
-    struct pollfd p = {fd, POLLIN, 0};
-    char c;
-    if (poll(&p, 1, 100) <= 0)
-      continue;
-    if (read(fd, &c, 1) != 1)
+    int rc = t_read_line(fd, line, sizeof(line), &len);
+    if (rc < 0)
       return;
-    if (c != '\n') {
-      if (len < sizeof(line) - 1)
-        line[len++] = c;
+    if (rc == 0)
       continue;
-    }
-    line[len] = '\0';
-    len = 0;
     if (!strcmp(line, "assigned")) {
       child_assigned = 1;
     } else {

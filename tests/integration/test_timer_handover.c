@@ -8,7 +8,6 @@
  *  - restart: a consumer schedules timers and stops before they are due; a
  *    new consumer of the group fires each exactly once.
  */
-#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -126,8 +125,6 @@ static void read_child(int fd, int want_sched, int want_fired, double secs) {
   double deadline = t_now() + secs;
   for (;;) {
     int total_fired = 0;
-    struct pollfd p = {fd, POLLIN, 0};
-    char c;
     pthread_mutex_lock(&lock);
     for (int k = 0; k < KEYS; k++)
       total_fired += fired_here[k] + fired_child[k];
@@ -135,15 +132,8 @@ static void read_child(int fd, int want_sched, int want_fired, double secs) {
     if ((child_scheduled >= want_sched && total_fired >= want_fired) ||
         t_now() >= deadline)
       return;
-    if (poll(&p, 1, 100) <= 0 || read(fd, &c, 1) != 1)
+    if (t_read_line(fd, line, sizeof(line), &len) != 1)
       continue;
-    if (c != '\n') {
-      if (len < sizeof(line) - 1)
-        line[len++] = c;
-      continue;
-    }
-    line[len] = '\0';
-    len = 0;
     if (line[0] == 's')
       child_scheduled++;
     else if (line[0] == 'f') {
