@@ -526,6 +526,7 @@ static void handle_response(conn_t *c, const pr__cql_header_t *h,
     if (h->opcode == PR_CQL_READY || h->opcode == PR_CQL_AUTH_SUCCESS) {
       c->state = C_UP;
       c->backoff_ms = BACKOFF_MIN_MS;
+      s->auth_error[0] = '\0'; /* logged in (or not asked to) */
       PR_DEBUG("cql", "connected to %s:%d", c->host, c->port);
       pump(s);
     } else if (h->opcode == PR_CQL_AUTHENTICATE) {
