@@ -5,20 +5,17 @@
  * timers_by_key and timer_slabs in one logged batch (all or nothing), with
  * a TTL of (time - now) + retention.
  *
- * Threads: the CQL session runs on the store's own thread and loop, so it
- * keeps working while the engine thread blocks (draining a revoked
- * partition waits for fired timers' deletes). An operation is started on
- * the engine thread, queued to the store thread (`lock` + async), run
- * there, and the finished op is queued back (`lock`) with a wake-up; the
- * engine thread delivers its callback in poll(). Each op is owned by one
- * thread at a time: engine, then store thread, then engine.
+ * Threads: the CQL session runs on a worker thread (worker.h), so it keeps
+ * working while the engine thread blocks (draining a revoked partition
+ * waits for fired timers' deletes). Operations are posted from the engine
+ * thread, run on the worker, and delivered back on the engine thread by
+ * poll(). Each op is owned by one thread at a time.
  */
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../cql/cql.h"
+#include "../cql/worker.h"
 #include "../util/util.h"
 #include "timers.h"
 
@@ -30,17 +27,9 @@ typedef struct op op_t;
 
 typedef struct cqlstore {
   pr__tstore_t base;
-  pr__cql_t *cql; /* store thread only */
+  pr__cqlw_t *w;
+  pr__cql_t *cql; /* the worker's session: worker thread only */
   char *group;
-  uv_loop_t loop; /* the store thread's */
-  uv_async_t async;
-  pthread_t thread;
-  pthread_mutex_t lock;      /* guards the queues and `stopping` */
-  op_t *in_head, *in_tail;   /* to start (store thread) */
-  op_t *out_head, *out_tail; /* finished (engine thread) */
-  int stopping;
-  void (*wake)(void *);
-  void *wake_arg;
   int64_t slab_s, retention_s;
   pr__cql_stmt_t *ins_slab, *ins_key, *ins_slabs, *del_slab, *del_key, *sel_key,
       *sel_slabs, *sel_slab;
@@ -50,12 +39,10 @@ enum { R_DONE, R_TIMES, R_RECS };
 
 /* One operation in progress. */
 struct op {
-  op_t *qnext;
+  pr__cqlw_job_t job; /* first: the worker's view of it */
   cqlstore_t *st;
-  void (*start)(op_t *o); /* runs on the store thread */
+  void (*start)(op_t *o); /* runs on the worker thread */
   int result;             /* R_*: which callback gets it */
-  prosody_err_t err;
-  char errstr[512];
   int64_t time_s;
   char segment[512];
   char *key;
@@ -76,40 +63,24 @@ struct op {
   pr__cql_cb next; /* key_times_page's continuation */
 };
 
-/* Appends o to a queue. */
-static void q_push(op_t **head, op_t **tail, op_t *o) {
-  o->qnext = NULL;
-  if (*tail)
-    (*tail)->qnext = o;
-  else
-    *head = o;
-  *tail = o;
-}
-
-/* The op is finished (store thread): hand it to the engine thread. */
+/* The op is finished (worker thread). */
 static void complete(op_t *o, prosody_err_t err, const char *errstr) {
-  cqlstore_t *st = o->st;
-  o->err = err;
-  snprintf(o->errstr, sizeof(o->errstr), "%s", err && errstr ? errstr : "");
-  pthread_mutex_lock(&st->lock);
-  q_push(&st->out_head, &st->out_tail, o);
-  pthread_mutex_unlock(&st->lock);
-  st->wake(st->wake_arg);
+  pr__cqlw_complete(&o->job, err, errstr);
 }
 
-/* Queues an op for the store thread (engine thread). */
+static void op_start(pr__cqlw_job_t *j) {
+  op_t *o = (op_t *)j;
+  o->start(o);
+}
+
+static void op_deliver(pr__cqlw_job_t *j);
+
+/* Queues an op for the worker (engine thread). */
 static void post(op_t *o) {
-  cqlstore_t *st = o->st;
-  int stopping;
-  pthread_mutex_lock(&st->lock);
-  stopping = st->stopping;
-  if (!stopping)
-    q_push(&st->in_head, &st->in_tail, o);
-  pthread_mutex_unlock(&st->lock);
-  if (stopping)
-    complete(o, PROSODY_ERR_STATE, "the timer store is closed");
-  else
-    uv_async_send(&st->async);
+  o->job.w = o->st->w;
+  o->job.start = op_start;
+  o->job.deliver = op_deliver;
+  pr__cqlw_post(&o->job);
 }
 
 static void op_free(op_t *o) {
@@ -487,69 +458,26 @@ static void c_release(pr__tstore_t *s, const pr__tseg_t *seg) {
   (void)seg;
 }
 
-/* Delivers finished ops' callbacks (engine thread). */
-static void c_poll(pr__tstore_t *s) {
-  cqlstore_t *st = (cqlstore_t *)s;
-  op_t *o;
-  pthread_mutex_lock(&st->lock);
-  o = st->out_head;
-  st->out_head = st->out_tail = NULL;
-  pthread_mutex_unlock(&st->lock);
-  while (o) {
-    op_t *next = o->qnext;
-    const char *why = o->err ? o->errstr : NULL;
-    if (o->result == R_DONE)
-      o->done(o->arg, o->err, why);
-    else if (o->result == R_TIMES)
-      o->times_cb(o->arg, o->err, why, o->err ? NULL : o->times,
-                  o->err ? 0 : o->n);
-    else
-      o->recs_cb(o->arg, o->err, why, o->err ? NULL : o->recs,
-                 o->err ? 0 : o->nrecs);
-    op_free(o);
-    o = next;
-  }
+/* Runs a finished op's callback, then frees it (engine thread). */
+static void op_deliver(pr__cqlw_job_t *j) {
+  op_t *o = (op_t *)j;
+  prosody_err_t err = o->job.err;
+  const char *why = err ? o->job.errstr : NULL;
+  if (o->result == R_DONE)
+    o->done(o->arg, err, why);
+  else if (o->result == R_TIMES)
+    o->times_cb(o->arg, err, why, err ? NULL : o->times, err ? 0 : o->n);
+  else
+    o->recs_cb(o->arg, err, why, err ? NULL : o->recs, err ? 0 : o->nrecs);
+  op_free(o);
 }
 
-/* Store thread: start what was posted; on stop, close the session. */
-static void on_async(uv_async_t *a) {
-  cqlstore_t *st = a->data;
-  op_t *o;
-  int stopping;
-  pthread_mutex_lock(&st->lock);
-  o = st->in_head;
-  st->in_head = st->in_tail = NULL;
-  stopping = st->stopping;
-  pthread_mutex_unlock(&st->lock);
-  while (o) {
-    op_t *next = o->qnext;
-    o->start(o);
-    o = next;
-  }
-  if (stopping && st->cql) {
-    pr__cql_free(st->cql); /* fails what is pending */
-    st->cql = NULL;
-    uv_close((uv_handle_t *)&st->async, NULL);
-  }
-}
+static void c_poll(pr__tstore_t *s) { pr__cqlw_poll(((cqlstore_t *)s)->w); }
 
-static void *store_main(void *arg) {
-  cqlstore_t *st = arg;
-  uv_run(&st->loop, UV_RUN_DEFAULT);
-  return NULL;
-}
-
-/* Stops the store thread, then delivers what finished (engine thread). */
+/* Stops the worker, then delivers what finished (engine thread). */
 static void c_destroy(pr__tstore_t *s) {
   cqlstore_t *st = (cqlstore_t *)s;
-  pthread_mutex_lock(&st->lock);
-  st->stopping = 1;
-  pthread_mutex_unlock(&st->lock);
-  uv_async_send(&st->async);
-  pthread_join(st->thread, NULL);
-  uv_loop_close(&st->loop);
-  c_poll(s);
-  pthread_mutex_destroy(&st->lock);
+  pr__cqlw_free(st->w);
   free(st->group);
   free(st);
 }
@@ -573,21 +501,12 @@ pr__tstore_t *pr__cqlstore_new(const pr__cql_conf_t *conf, const char *keyspace,
   st->base.ops = &cqlstore_ops;
   st->slab_s = slab_s;
   st->retention_s = retention_s;
-  st->wake = wake;
-  st->wake_arg = wake_arg;
-  pthread_mutex_init(&st->lock, NULL);
-  uv_loop_init(&st->loop);
-  uv_async_init(&st->loop, &st->async, on_async);
-  st->async.data = st;
-  if (!(st->cql = pr__cql_new(&st->loop, conf, errstr, errstr_size))) {
-    uv_close((uv_handle_t *)&st->async, NULL);
-    uv_run(&st->loop, UV_RUN_DEFAULT);
-    uv_loop_close(&st->loop);
-    pthread_mutex_destroy(&st->lock);
+  if (!(st->w = pr__cqlw_new(conf, wake, wake_arg, errstr, errstr_size))) {
     free(st->group);
     free(st);
     return NULL;
   }
+  st->cql = pr__cqlw_cql(st->w);
 #define STMT(field, ...)                                                       \
   do {                                                                         \
     snprintf(q, sizeof(q), __VA_ARGS__);                                       \
@@ -624,21 +543,12 @@ pr__tstore_t *pr__cqlstore_new(const pr__cql_conf_t *conf, const char *keyspace,
        "slab = ?",
        keyspace);
 #undef STMT
-  if (pthread_create(&st->thread, NULL, store_main, st)) {
-    pr__errf(errstr, errstr_size, "could not start the timer store thread");
+  if (pr__cqlw_start(st->w, errstr, errstr_size))
     goto fail;
-  }
   return &st->base;
 oom:
   pr__errf(errstr, errstr_size, "out of memory");
 fail:
-  /* No thread yet: close the session on this thread. */
-  pr__cql_free(st->cql);
-  uv_close((uv_handle_t *)&st->async, NULL);
-  uv_run(&st->loop, UV_RUN_DEFAULT);
-  uv_loop_close(&st->loop);
-  pthread_mutex_destroy(&st->lock);
-  free(st->group);
-  free(st);
+  c_destroy(&st->base);
   return NULL;
 }
