@@ -1,0 +1,313 @@
+/*
+ * cqlstores.c - the Cassandra deduplication and deferral stores (see
+ * stores.h). Each store owns a CQL worker (its own thread and session);
+ * an operation is one job: posted by the owner, run on the worker, its
+ * callback delivered back on the owner's thread by poll().
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../cql/worker.h"
+#include "../util/util.h"
+#include "stores.h"
+
+#define MAX_TTL_S 630720000 /* Cassandra's limit: 20 years */
+
+enum { J_DONE, J_SEEN, J_HEAD };
+
+/* One operation of either store. */
+typedef struct job {
+  pr__cqlw_job_t job; /* first: the worker's view */
+  void (*start)(struct job *j);
+  pr__cql_stmt_t *st;
+  pr__cql_t *cql;
+  int kind; /* J_*: which callback */
+  pr__store_done_cb done;
+  pr__seen_cb seen_cb;
+  pr__head_cb head_cb;
+  void *arg;
+  char *a, *b; /* scope and id, or segment and key */
+  int64_t n;   /* position, or TTL */
+  int32_t r;   /* retries */
+  int nvals;   /* values the statement takes */
+  int found;   /* results */
+  int64_t position;
+  int32_t retries;
+} job_t;
+
+static void job_free(job_t *j) {
+  free(j->a);
+  free(j->b);
+  free(j);
+}
+
+static void job_deliver(pr__cqlw_job_t *w) {
+  job_t *j = (job_t *)w;
+  prosody_err_t err = j->job.err;
+  const char *why = err ? j->job.errstr : NULL;
+  if (j->kind == J_DONE)
+    j->done(j->arg, err, why);
+  else if (j->kind == J_SEEN)
+    j->seen_cb(j->arg, err, why, !err && j->found);
+  else
+    j->head_cb(j->arg, err, why, !err && j->found, j->position, j->retries);
+  job_free(j);
+}
+
+static void job_start(pr__cqlw_job_t *w) {
+  job_t *j = (job_t *)w;
+  j->start(j);
+}
+
+/* Fills a new job; on out of memory reports to the callback and returns
+ * NULL. */
+static job_t *job_new(pr__cqlw_t *worker, int kind, void *cb, void *arg,
+                      const char *a, const char *b) {
+  job_t *j = calloc(1, sizeof(*j));
+  if (j && (!(j->a = strdup(a)) || !(j->b = strdup(b)))) {
+    job_free(j);
+    j = NULL;
+  }
+  if (!j) {
+    if (kind == J_DONE)
+      ((pr__store_done_cb)cb)(arg, PROSODY_ERR_NOMEM, "out of memory");
+    else if (kind == J_SEEN)
+      ((pr__seen_cb)cb)(arg, PROSODY_ERR_NOMEM, "out of memory", 0);
+    else
+      ((pr__head_cb)cb)(arg, PROSODY_ERR_NOMEM, "out of memory", 0, 0, 0);
+    return NULL;
+  }
+  j->job.w = worker;
+  j->job.start = job_start;
+  j->job.deliver = job_deliver;
+  j->kind = kind;
+  j->arg = arg;
+  if (kind == J_DONE)
+    j->done = (pr__store_done_cb)cb;
+  else if (kind == J_SEEN)
+    j->seen_cb = (pr__seen_cb)cb;
+  else
+    j->head_cb = (pr__head_cb)cb;
+  return j;
+}
+
+/* The statement's answer (worker thread): rows give `found` and, for a
+ * head, its position and retry count. */
+static void answered(void *arg, prosody_err_t err, const char *errstr,
+                     const pr__cql_result_t *res) {
+  job_t *j = arg;
+  if (!err && res && res->kind == PR_CQL_RESULT_ROWS && res->nrows > 0) {
+    j->found = 1;
+    if (j->kind == J_HEAD &&
+        (pr__cql_get_bigint(pr__cql_cell(res, 0, 0), &j->position) ||
+         pr__cql_get_int(pr__cql_cell(res, 0, 1), &j->retries))) {
+      err = PROSODY_ERR_PERMANENT;
+      errstr = "malformed deferral row";
+    }
+  }
+  pr__cqlw_complete(&j->job, err, errstr);
+}
+
+/* Runs j->st with values (a, b[, n[, r]]) in the order the statements take
+ * them (see the constructors). */
+static void run_stmt(job_t *j) {
+  pr__cql_val_t v[4];
+  int n = 0;
+  v[n++] = pr__cv_text(j->a);
+  v[n++] = pr__cv_text(j->b);
+  if (j->nvals >= 3)
+    v[n++] = pr__cv_bigint(j->n);
+  if (j->nvals >= 4)
+    v[n++] = pr__cv_int(j->r);
+  pr__cql_execute_stmt(j->cql, j->st, v, (uint16_t)n, NULL, answered, j);
+}
+
+/* ---- dedup -------------------------------------------------------------- */
+
+struct pr__dedup {
+  pr__cqlw_t *w;
+  pr__cql_stmt_t *sel, *ins;
+};
+
+pr__dedup_t *pr__dedup_new(const pr__cql_conf_t *conf, const char *keyspace,
+                           void (*wake)(void *), void *wake_arg, char *errstr,
+                           size_t errstr_size) {
+  pr__dedup_t *d = calloc(1, sizeof(*d));
+  char q[256];
+  if (!d || !(d->w = pr__cqlw_new(conf, wake, wake_arg, errstr, errstr_size))) {
+    if (!d)
+      pr__errf(errstr, errstr_size, "out of memory");
+    free(d);
+    return NULL;
+  }
+  snprintf(q, sizeof(q),
+           "SELECT id FROM %s.dedup_ids WHERE scope = ? AND id = ?", keyspace);
+  d->sel = pr__cql_stmt(pr__cqlw_cql(d->w), q);
+  /* TTL last: bound as the statement's third value (a bigint would not do:
+   * TTL is an int). */
+  snprintf(q, sizeof(q),
+           "INSERT INTO %s.dedup_ids (scope, id) VALUES (?, ?) USING TTL ?",
+           keyspace);
+  d->ins = pr__cql_stmt(pr__cqlw_cql(d->w), q);
+  if (!d->sel || !d->ins || pr__cqlw_start(d->w, errstr, errstr_size)) {
+    if (!d->sel || !d->ins)
+      pr__errf(errstr, errstr_size, "out of memory");
+    pr__dedup_free(d);
+    return NULL;
+  }
+  return d;
+}
+
+static void dedup_record_start(job_t *j) {
+  pr__cql_val_t v[3] = {pr__cv_text(j->a), pr__cv_text(j->b),
+                        pr__cv_int((int32_t)j->n)};
+  pr__cql_execute_stmt(j->cql, j->st, v, 3, NULL, answered, j);
+}
+
+void pr__dedup_seen(pr__dedup_t *d, const char *scope, const char *id,
+                    pr__seen_cb cb, void *arg) {
+  job_t *j = job_new(d->w, J_SEEN, (void *)cb, arg, scope, id);
+  if (!j)
+    return;
+  j->start = run_stmt;
+  j->st = d->sel;
+  j->cql = pr__cqlw_cql(d->w);
+  j->nvals = 2;
+  pr__cqlw_post(&j->job);
+}
+
+void pr__dedup_record(pr__dedup_t *d, const char *scope, const char *id,
+                      int64_t ttl_s, pr__store_done_cb cb, void *arg) {
+  job_t *j = job_new(d->w, J_DONE, (void *)cb, arg, scope, id);
+  if (!j)
+    return;
+  j->start = dedup_record_start;
+  j->st = d->ins;
+  j->cql = pr__cqlw_cql(d->w);
+  j->n = ttl_s < 1 ? 1 : ttl_s > MAX_TTL_S ? MAX_TTL_S : ttl_s;
+  pr__cqlw_post(&j->job);
+}
+
+void pr__dedup_poll(pr__dedup_t *d) { pr__cqlw_poll(d->w); }
+
+void pr__dedup_free(pr__dedup_t *d) {
+  if (!d)
+    return;
+  pr__cqlw_free(d->w);
+  free(d);
+}
+
+/* ---- deferral ----------------------------------------------------------- */
+
+struct pr__defer {
+  pr__cqlw_t *w;
+  int64_t retention_s;
+  pr__cql_stmt_t *ins, *head, *del, *upd;
+};
+
+pr__defer_t *pr__defer_new(const pr__cql_conf_t *conf, const char *keyspace,
+                           pr__defer_kind_t kind, int64_t retention_s,
+                           void (*wake)(void *), void *wake_arg, char *errstr,
+                           size_t errstr_size) {
+  const char *table =
+      kind == PR_DEFER_MESSAGES ? "deferred_messages" : "deferred_timers";
+  const char *col = kind == PR_DEFER_MESSAGES ? "message_offset" : "time";
+  pr__defer_t *d = calloc(1, sizeof(*d));
+  pr__cql_t *cql;
+  char q[256];
+  if (!d || !(d->w = pr__cqlw_new(conf, wake, wake_arg, errstr, errstr_size))) {
+    if (!d)
+      pr__errf(errstr, errstr_size, "out of memory");
+    free(d);
+    return NULL;
+  }
+  d->retention_s = retention_s > MAX_TTL_S ? MAX_TTL_S : retention_s;
+  cql = pr__cqlw_cql(d->w);
+  snprintf(q, sizeof(q),
+           "INSERT INTO %s.%s (segment, key, %s, retry_count) VALUES (?, ?, "
+           "?, ?) USING TTL %lld",
+           keyspace, table, col, (long long)d->retention_s);
+  d->ins = pr__cql_stmt(cql, q);
+  snprintf(q, sizeof(q),
+           "SELECT %s, retry_count FROM %s.%s WHERE segment = ? AND key = ? "
+           "LIMIT 1",
+           col, keyspace, table);
+  d->head = pr__cql_stmt(cql, q);
+  snprintf(q, sizeof(q),
+           "DELETE FROM %s.%s WHERE segment = ? AND key = ? AND %s = ?",
+           keyspace, table, col);
+  d->del = pr__cql_stmt(cql, q);
+  /* An UPDATE creates a missing row: callers set the head they read. */
+  snprintf(q, sizeof(q),
+           "UPDATE %s.%s USING TTL %lld SET retry_count = ? WHERE segment = ? "
+           "AND key = ? AND %s = ?",
+           keyspace, table, (long long)d->retention_s, col);
+  d->upd = pr__cql_stmt(cql, q);
+  if (!d->ins || !d->head || !d->del || !d->upd ||
+      pr__cqlw_start(d->w, errstr, errstr_size)) {
+    if (!d->ins || !d->head || !d->del || !d->upd)
+      pr__errf(errstr, errstr_size, "out of memory");
+    pr__defer_free(d);
+    return NULL;
+  }
+  return d;
+}
+
+static void post_defer(pr__defer_t *d, pr__cql_stmt_t *st, int kind, void *cb,
+                       void *arg, const char *segment, const char *key,
+                       int nvals, int64_t position, int32_t retries,
+                       void (*start)(job_t *)) {
+  job_t *j = job_new(d->w, kind, cb, arg, segment, key);
+  if (!j)
+    return;
+  j->start = start;
+  j->st = st;
+  j->cql = pr__cqlw_cql(d->w);
+  j->nvals = nvals;
+  j->n = position;
+  j->r = retries;
+  pr__cqlw_post(&j->job);
+}
+
+/* UPDATE takes retry_count first, then the key columns. */
+static void update_start(job_t *j) {
+  pr__cql_val_t v[4] = {pr__cv_int(j->r), pr__cv_text(j->a), pr__cv_text(j->b),
+                        pr__cv_bigint(j->n)};
+  pr__cql_execute_stmt(j->cql, j->st, v, 4, NULL, answered, j);
+}
+
+void pr__defer_append(pr__defer_t *d, const char *segment, const char *key,
+                      int64_t position, int32_t retries, pr__store_done_cb cb,
+                      void *arg) {
+  post_defer(d, d->ins, J_DONE, (void *)cb, arg, segment, key, 4, position,
+             retries, run_stmt);
+}
+
+void pr__defer_head(pr__defer_t *d, const char *segment, const char *key,
+                    pr__head_cb cb, void *arg) {
+  post_defer(d, d->head, J_HEAD, (void *)cb, arg, segment, key, 2, 0, 0,
+             run_stmt);
+}
+
+void pr__defer_advance(pr__defer_t *d, const char *segment, const char *key,
+                       int64_t position, pr__store_done_cb cb, void *arg) {
+  post_defer(d, d->del, J_DONE, (void *)cb, arg, segment, key, 3, position, 0,
+             run_stmt);
+}
+
+void pr__defer_set_retries(pr__defer_t *d, const char *segment, const char *key,
+                           int64_t position, int32_t retries,
+                           pr__store_done_cb cb, void *arg) {
+  post_defer(d, d->upd, J_DONE, (void *)cb, arg, segment, key, 4, position,
+             retries, update_start);
+}
+
+void pr__defer_poll(pr__defer_t *d) { pr__cqlw_poll(d->w); }
+
+void pr__defer_free(pr__defer_t *d) {
+  if (!d)
+    return;
+  pr__cqlw_free(d->w);
+  free(d);
+}

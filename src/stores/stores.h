@@ -1,0 +1,77 @@
+/*
+ * stores.h - the deduplication and deferral stores (private), for the
+ * quality-of-service layers: Cassandra implementations on a CQL worker
+ * thread (src/cql/worker.h), on the tables of
+ * src/cql/schema/0002_deferral_dedup.cql.
+ *
+ * Like the timer store, every operation is started on its owner's thread
+ * and its callback runs there too, from poll() after `wake` was called.
+ */
+#ifndef PR_STORES_H
+#define PR_STORES_H
+
+#include <stdint.h>
+
+#include "../cql/cql.h"
+#include "prosody.h"
+
+typedef void (*pr__store_done_cb)(void *arg, prosody_err_t err,
+                                  const char *errstr);
+
+/* ---- deduplication: ids already processed, per scope ------------------ */
+
+typedef struct pr__dedup pr__dedup_t;
+typedef void (*pr__seen_cb)(void *arg, prosody_err_t err, const char *errstr,
+                            int seen);
+
+pr__dedup_t *pr__dedup_new(const pr__cql_conf_t *conf, const char *keyspace,
+                           void (*wake)(void *), void *wake_arg, char *errstr,
+                           size_t errstr_size);
+/* Was `id` recorded in `scope` (and not expired)? */
+void pr__dedup_seen(pr__dedup_t *d, const char *scope, const char *id,
+                    pr__seen_cb cb, void *arg);
+/* Records `id` in `scope` for `ttl_s` seconds. */
+void pr__dedup_record(pr__dedup_t *d, const char *scope, const char *id,
+                      int64_t ttl_s, pr__store_done_cb cb, void *arg);
+void pr__dedup_poll(pr__dedup_t *d);
+void pr__dedup_free(pr__dedup_t *d);
+
+/* ---- deferral: a FIFO of positions per (segment, key) ----------------- */
+
+/*
+ * Deferred messages (positions are offsets) and deferred timers (positions
+ * are times in seconds): a key's deferred entries in ascending order, each
+ * with a retry count. A segment is one group's topic partition.
+ */
+typedef enum pr__defer_kind {
+  PR_DEFER_MESSAGES = 0,
+  PR_DEFER_TIMERS = 1
+} pr__defer_kind_t;
+
+typedef struct pr__defer pr__defer_t;
+/* found 0: the key has nothing deferred. */
+typedef void (*pr__head_cb)(void *arg, prosody_err_t err, const char *errstr,
+                            int found, int64_t position, int32_t retries);
+
+pr__defer_t *pr__defer_new(const pr__cql_conf_t *conf, const char *keyspace,
+                           pr__defer_kind_t kind, int64_t retention_s,
+                           void (*wake)(void *), void *wake_arg, char *errstr,
+                           size_t errstr_size);
+/* Appends (or rewrites) `position` with `retries`. */
+void pr__defer_append(pr__defer_t *d, const char *segment, const char *key,
+                      int64_t position, int32_t retries, pr__store_done_cb cb,
+                      void *arg);
+/* The key's first (lowest) position and its retry count. */
+void pr__defer_head(pr__defer_t *d, const char *segment, const char *key,
+                    pr__head_cb cb, void *arg);
+/* Removes `position` (the head, once it succeeded). */
+void pr__defer_advance(pr__defer_t *d, const char *segment, const char *key,
+                       int64_t position, pr__store_done_cb cb, void *arg);
+/* Sets the retry count of `position`. */
+void pr__defer_set_retries(pr__defer_t *d, const char *segment, const char *key,
+                           int64_t position, int32_t retries,
+                           pr__store_done_cb cb, void *arg);
+void pr__defer_poll(pr__defer_t *d);
+void pr__defer_free(pr__defer_t *d);
+
+#endif /* PR_STORES_H */
