@@ -13,6 +13,8 @@
 #include <string.h>
 #include <time.h>
 
+#include <arpa/inet.h>
+
 #include "../util/util.h"
 #include "cql.h"
 
@@ -73,13 +75,15 @@ struct conn {
   size_t rlen, rcap;
   req_t *streams[MAX_STREAMS];
   int inflight, next_stream;
+  char dc[64], rack[64]; /* from system.local / system.peers; "" unknown */
 };
 
 struct pr__cql {
   uv_loop_t *loop;
   pr__cql_conf_t conf; /* nodes, user and password copied */
-  conn_t *conns;
-  size_t nconns, rr;
+  conn_t **conns;      /* configured nodes first, then discovered ones */
+  size_t nconns, capconns, rr;
+  int discovered; /* system.peers has been read */
   req_t *pend_head, *pend_tail;
   pr__cql_stmt_t *stmts;
   int64_t last_ts;
@@ -96,8 +100,9 @@ static void conn_connect(conn_t *c);
 static void session_destroy(pr__cql_t *s) {
   {
     for (size_t i = 0; i < s->nconns; i++) {
-      free(s->conns[i].host);
-      free(s->conns[i].rbuf);
+      free(s->conns[i]->host);
+      free(s->conns[i]->rbuf);
+      free(s->conns[i]);
     }
     free(s->conns);
     for (size_t i = 0; i < s->conf.nnodes; i++)
@@ -105,6 +110,8 @@ static void session_destroy(pr__cql_t *s) {
     free(s->conf.nodes);
     free((char *)s->conf.user);
     free((char *)s->conf.password);
+    free((char *)s->conf.datacenter);
+    free((char *)s->conf.rack);
     while (s->stmts) {
       pr__cql_stmt_t *n = s->stmts->next;
       free(s->stmts->query);
@@ -386,14 +393,28 @@ static int send_req(conn_t *c, req_t *r) {
   return 0;
 }
 
+/* How well a node matches cassandra_datacenter / cassandra_rack: 2 same
+ * rack (or no rack asked), 1 same datacenter, 0 other (or unknown). With no
+ * datacenter asked, every node is 2. */
+static int locality(const pr__cql_t *s, const conn_t *c) {
+  if (!s->conf.datacenter)
+    return 2;
+  if (strcmp(c->dc, s->conf.datacenter))
+    return 0;
+  return !s->conf.rack || !strcmp(c->rack, s->conf.rack) ? 2 : 1;
+}
+
+/* Round robin over the usable connections of the best locality. */
 static conn_t *pick_conn(pr__cql_t *s) {
-  for (size_t i = 0; i < s->nconns; i++) {
-    conn_t *c = &s->conns[(s->rr + i) % s->nconns];
-    if (c->state == C_UP && c->inflight < MAX_STREAMS - 1) {
-      s->rr = (s->rr + i + 1) % s->nconns;
-      return c;
+  for (int want = 2; want >= 0; want--)
+    for (size_t i = 0; i < s->nconns; i++) {
+      conn_t *c = s->conns[(s->rr + i) % s->nconns];
+      if (c->state == C_UP && c->inflight < MAX_STREAMS - 1 &&
+          locality(s, c) == want) {
+        s->rr = (s->rr + i + 1) % s->nconns;
+        return c;
+      }
     }
-  }
   return NULL;
 }
 
@@ -496,6 +517,118 @@ static void conn_fail(conn_t *c, const char *why) {
   }
 }
 
+/* ---- topology: the node's own datacenter and rack, and its peers -------- */
+
+static void discover_on(conn_t *c, const char *query, pr__cql_cb cb);
+static conn_t *add_node(pr__cql_t *s, const char *host, int port);
+
+static int add_discovered(pr__cql_t *s, const pr__cql_cell_t *addr, int port,
+                          const char *dc, const char *rack) {
+  char host[64];
+  conn_t *c;
+  if (!addr->p || (addr->len != 4 && addr->len != 16) || port <= 0 ||
+      !inet_ntop(addr->len == 4 ? AF_INET : AF_INET6, addr->p, host,
+                 sizeof(host)))
+    return 0;
+  for (size_t i = 0; i < s->nconns; i++)
+    if (s->conns[i]->port == port && !strcmp(s->conns[i]->host, host))
+      return 0;
+  if (!(c = add_node(s, host, port)))
+    return 0;
+  snprintf(c->dc, sizeof(c->dc), "%s", dc);
+  snprintf(c->rack, sizeof(c->rack), "%s", rack);
+  PR_INFO("cql", "discovered Cassandra node %s:%d (%s/%s)", host, port, dc,
+          rack);
+  conn_connect(c);
+  return 1;
+}
+
+/* After discovery: say so if no node is in the preferred datacenter. */
+static void check_locality(pr__cql_t *s) {
+  int local = 0;
+  if (!s->conf.datacenter)
+    return;
+  for (size_t i = 0; i < s->nconns; i++)
+    local += !strcmp(s->conns[i]->dc, s->conf.datacenter);
+  if (!local)
+    PR_WARN("cql",
+            "no known Cassandra node is in cassandra_datacenter \"%s\"; "
+            "using the others",
+            s->conf.datacenter);
+}
+
+/* system.peers (Cassandra 3.x): peer, data_center, rack, rpc_address. */
+static void peers_v1(void *arg, prosody_err_t err, const char *errstr,
+                     const pr__cql_result_t *res) {
+  conn_t *c = arg;
+  char dc[64], rack[64];
+  if (err) {
+    PR_WARN("cql", "could not read system.peers from %s:%d: %s", c->host,
+            c->port, errstr);
+    return;
+  }
+  for (int32_t i = 0; i < res->nrows && res->ncols >= 4; i++)
+    if (!pr__cql_get_text(pr__cql_cell(res, i, 1), dc, sizeof(dc)) &&
+        !pr__cql_get_text(pr__cql_cell(res, i, 2), rack, sizeof(rack)))
+      add_discovered(c->s, pr__cql_cell(res, i, 3), c->port, dc, rack);
+  c->s->discovered = 1;
+  check_locality(c->s);
+}
+
+/* system.peers_v2 (Cassandra 4+): peer, data_center, rack, native_address,
+ * native_port; absent before 4.0, then system.peers. */
+static void peers_v2(void *arg, prosody_err_t err, const char *errstr,
+                     const pr__cql_result_t *res) {
+  conn_t *c = arg;
+  char dc[64], rack[64];
+  int32_t port;
+  (void)errstr;
+  if (err) {
+    discover_on(c,
+                "SELECT peer, data_center, rack, rpc_address FROM "
+                "system.peers",
+                peers_v1);
+    return;
+  }
+  for (int32_t i = 0; i < res->nrows && res->ncols >= 5; i++)
+    if (!pr__cql_get_text(pr__cql_cell(res, i, 1), dc, sizeof(dc)) &&
+        !pr__cql_get_text(pr__cql_cell(res, i, 2), rack, sizeof(rack)) &&
+        !pr__cql_get_int(pr__cql_cell(res, i, 4), &port))
+      add_discovered(c->s, pr__cql_cell(res, i, 3), port, dc, rack);
+  c->s->discovered = 1;
+  check_locality(c->s);
+}
+
+static void local_row(void *arg, prosody_err_t err, const char *errstr,
+                      const pr__cql_result_t *res) {
+  conn_t *c = arg;
+  if (err) {
+    PR_WARN("cql", "could not read system.local from %s:%d: %s", c->host,
+            c->port, errstr);
+    return;
+  }
+  if (res->nrows >= 1 && res->ncols >= 2) {
+    pr__cql_get_text(pr__cql_cell(res, 0, 0), c->dc, sizeof(c->dc));
+    pr__cql_get_text(pr__cql_cell(res, 0, 1), c->rack, sizeof(c->rack));
+  }
+  if (!c->s->discovered)
+    discover_on(c,
+                "SELECT peer, data_center, rack, native_address, native_port "
+                "FROM system.peers_v2",
+                peers_v2);
+  else
+    check_locality(c->s);
+}
+
+/* Sends a topology query on this very connection. */
+static void discover_on(conn_t *c, const char *query, pr__cql_cb cb) {
+  req_t *r = req_new(c->s, K_QUERY, cb, c);
+  if (!r)
+    return;
+  if (!(r->query = strdup(query)) || c->state != C_UP || send_req(c, r) != 0)
+    finish(r, PROSODY_ERR_TRANSIENT, "could not send a topology query", NULL);
+}
+
 static void prepared(req_t *p, const pr__cql_result_t *res) {
   pr__cql_stmt_t *st = p->st;
   req_t *w = st->wait_head;
@@ -528,6 +661,8 @@ static void handle_response(conn_t *c, const pr__cql_header_t *h,
       c->backoff_ms = BACKOFF_MIN_MS;
       s->auth_error[0] = '\0'; /* logged in (or not asked to) */
       PR_DEBUG("cql", "connected to %s:%d", c->host, c->port);
+      if (!c->dc[0] || !s->discovered)
+        discover_on(c, "SELECT data_center, rack FROM system.local", local_row);
       pump(s);
     } else if (h->opcode == PR_CQL_AUTHENTICATE) {
       pr__cbuf_t b = {0};
@@ -727,6 +862,34 @@ static void conn_connect(conn_t *c) {
 
 /* ---- public ------------------------------------------------------------- */
 
+/* Adds a node (not yet connecting); NULL when out of memory. */
+static conn_t *add_node(pr__cql_t *s, const char *host, int port) {
+  conn_t *c;
+  if (s->nconns == s->capconns) {
+    size_t cap = s->capconns ? s->capconns * 2 : 4;
+    conn_t **g = realloc(s->conns, cap * sizeof(*g));
+    if (!g)
+      return NULL;
+    s->conns = g;
+    s->capconns = cap;
+  }
+  if (!(c = calloc(1, sizeof(*c))) || !(c->host = strdup(host)) ||
+      !(c->retry = malloc(sizeof(*c->retry)))) {
+    if (c)
+      free(c->host);
+    free(c);
+    return NULL;
+  }
+  c->s = s;
+  c->port = port;
+  c->backoff_ms = BACKOFF_MIN_MS;
+  uv_timer_init(s->loop, c->retry);
+  c->retry->data = c;
+  s->handles++;
+  s->conns[s->nconns++] = c;
+  return c;
+}
+
 pr__cql_t *pr__cql_new(uv_loop_t *loop, const pr__cql_conf_t *conf,
                        char *errstr, size_t errstr_size) {
   pr__cql_t *s;
@@ -746,32 +909,26 @@ pr__cql_t *pr__cql_new(uv_loop_t *loop, const pr__cql_conf_t *conf,
     s->conf.consistency = PR_CQL_LOCAL_QUORUM;
   s->conf.user = pr__strdup(conf->user);
   s->conf.password = pr__strdup(conf->password);
+  s->conf.datacenter = pr__strdup(conf->datacenter);
+  s->conf.rack = pr__strdup(conf->rack);
   s->conf.nodes = calloc(conf->nnodes, sizeof(char *));
-  s->conns = calloc(conf->nnodes, sizeof(conn_t));
-  if (!s->conf.nodes || !s->conns)
+  if (!s->conf.nodes)
     goto oom_free;
-  s->nconns = conf->nnodes;
   for (size_t i = 0; i < conf->nnodes; i++) {
-    conn_t *c = &s->conns[i];
     const char *colon = strrchr(conf->nodes[i], ':');
+    char *host;
+    int ok;
     if (!(s->conf.nodes[i] = strdup(conf->nodes[i])))
       goto oom_free;
-    c->s = s;
-    c->port = colon ? atoi(colon + 1) : 9042;
-    c->host = colon ? strndup(conf->nodes[i], (size_t)(colon - conf->nodes[i]))
-                    : strdup(conf->nodes[i]);
-    if (!c->host)
+    host = colon ? strndup(conf->nodes[i], (size_t)(colon - conf->nodes[i]))
+                 : strdup(conf->nodes[i]);
+    ok = host && add_node(s, host, colon ? atoi(colon + 1) : 9042);
+    free(host);
+    if (!ok)
       goto oom_free;
-    c->backoff_ms = BACKOFF_MIN_MS;
-    c->retry = malloc(sizeof(*c->retry));
-    if (!c->retry)
-      goto oom_free;
-    uv_timer_init(loop, c->retry);
-    c->retry->data = c;
-    s->handles++;
   }
   for (size_t i = 0; i < s->nconns; i++)
-    conn_connect(&s->conns[i]);
+    conn_connect(s->conns[i]);
   return s;
 oom_free:
   s->closing = 1;
@@ -793,7 +950,7 @@ void pr__cql_free(pr__cql_t *s) {
       finish(st->wait_head, PROSODY_ERR_STATE, "the Cassandra session closed",
              NULL);
   for (size_t i = 0; i < s->nconns; i++) {
-    conn_t *c = &s->conns[i];
+    conn_t *c = s->conns[i];
     if (c->host && c->state != C_DOWN)
       conn_fail(c, "session closed");
     if (c->retry) {
@@ -921,7 +1078,7 @@ void pr__cql_batch_run(pr__cql_t *s, uint8_t type, const pr__cql_bstmt_t *b,
 int pr__cql_up(const pr__cql_t *s) {
   int n = 0;
   for (size_t i = 0; i < s->nconns; i++)
-    n += s->conns[i].state == C_UP;
+    n += s->conns[i]->state == C_UP;
   return n;
 }
 
@@ -1019,4 +1176,21 @@ pr__cql_t *pr__cql_sync_session(pr__cql_sync_t *y) { return y->s; }
 void pr__cql_sync_wait(pr__cql_sync_t *y, const int *done) {
   while (!*done && uv_run(&y->loop, UV_RUN_ONCE))
     ;
+}
+
+size_t pr__cql_describe(const pr__cql_t *s, char *buf, size_t size) {
+  size_t off = 0;
+  static const char *states[] = {"down", "connecting", "starting", "up"};
+  if (size)
+    buf[0] = '\0';
+  for (size_t i = 0; i < s->nconns && off < size; i++) {
+    const conn_t *c = s->conns[i];
+    int n = snprintf(buf + off, size - off, "%s%s:%d %s/%s %s", i ? "; " : "",
+                     c->host, c->port, c->dc[0] ? c->dc : "?",
+                     c->rack[0] ? c->rack : "?", states[c->state]);
+    if (n < 0)
+      break;
+    off += (size_t)n;
+  }
+  return off;
 }

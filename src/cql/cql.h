@@ -24,6 +24,8 @@ typedef struct pr__cql_conf {
   char **nodes; /* "host:port" */
   size_t nnodes;
   const char *user, *password; /* NULL: no authentication */
+  const char *datacenter;      /* prefer nodes here (NULL: any) */
+  const char *rack;            /* ... and on this rack (NULL: any) */
   int64_t connect_timeout_ms;  /* default 5000 */
   int64_t request_timeout_ms;  /* default 12000 */
   uint16_t consistency;        /* default LOCAL_QUORUM */
@@ -72,6 +74,9 @@ void pr__cql_batch_run(pr__cql_t *s, uint8_t type, const pr__cql_bstmt_t *b,
 
 /* Connections up now. */
 int pr__cql_up(const pr__cql_t *s);
+/* The known nodes, "host:port dc/rack state; ...", into buf (for logs and
+ * tests); the length it wanted. */
+size_t pr__cql_describe(const pr__cql_t *s, char *buf, size_t size);
 
 /* ---- blocking use, on a private loop ------------------------------------ */
 

@@ -2152,6 +2152,11 @@ static pr__cql_conf_t cql_conf(const pr__settings_t *st) {
   c.password = PR_CFG_SET(st, CASSANDRA_PASSWORD)
                    ? PR_CFG_STR(st, CASSANDRA_PASSWORD)
                    : NULL;
+  c.datacenter = PR_CFG_SET(st, CASSANDRA_DATACENTER)
+                     ? PR_CFG_STR(st, CASSANDRA_DATACENTER)
+                     : NULL;
+  c.rack =
+      PR_CFG_SET(st, CASSANDRA_RACK) ? PR_CFG_STR(st, CASSANDRA_RACK) : NULL;
   return c;
 }
 

@@ -27,7 +27,8 @@ static const char *cassandra(void) {
 
 static pr__cql_sync_t *session(const char *node) {
   char err[1024], *nodes[1] = {(char *)node};
-  pr__cql_conf_t conf = {nodes, 1, NULL, NULL, 0, 3000, 0};
+  pr__cql_conf_t conf = {
+      .nodes = nodes, .nnodes = 1, .request_timeout_ms = 3000};
   pr__cql_sync_t *y = pr__cql_sync_new(&conf, err, sizeof(err));
   CHECK(y, "session: %s", err);
   return y;
@@ -396,6 +397,35 @@ static void test_migrations(void) {
   printf("migrations: 4 concurrent clients applied each file once\n");
 }
 
+/* Datacenter and rack: the session learns the node's from system.local
+ * (the test node: SimpleSnitch, datacenter1/rack1); a preferred datacenter
+ * with no node still works (the others serve); a single node discovers no
+ * peers. */
+static void test_locality(void) {
+  const char *dcs[] = {"datacenter1", "elsewhere"};
+  for (int i = 0; i < 2; i++) {
+    char err[1024], desc[512], *nodes[1] = {(char *)cassandra()};
+    pr__cql_conf_t conf = {
+        .nodes = nodes, .nnodes = 1, .datacenter = dcs[i], .rack = "rack1"};
+    pr__cql_sync_t *y = pr__cql_sync_new(&conf, err, sizeof(err));
+    CHECK(y, "%s", err);
+    /* The topology queries run beside the first requests and may answer
+     * after them: query until they did (or 10 s). */
+    {
+      double deadline = t_now() + 10;
+      do {
+        run_ok(y, "SELECT release_version FROM system.local", NULL, 0, 1);
+        pr__cql_describe(pr__cql_sync_session(y), desc, sizeof(desc));
+      } while (strstr(desc, "?/?") && t_now() < deadline);
+    }
+    CHECK(strstr(desc, "datacenter1/rack1 up") && !strchr(desc, ';'),
+          "nodes with cassandra_datacenter %s: %s", dcs[i], desc);
+    pr__cql_sync_free(y);
+  }
+  printf("locality: the node's datacenter and rack are known; no phantom "
+         "peers\n");
+}
+
 int main(void) {
   pr__cql_sync_t *y;
   char q[256];
@@ -415,6 +445,7 @@ int main(void) {
   run_ok(y, q, NULL, 0, 0);
   pr__cql_sync_free(y);
   test_reconnect();
+  test_locality();
   test_migrations();
   printf("ok: cql\n");
   return 0;

@@ -26,7 +26,11 @@ static void service(const char *verb, int auth) {
 
 static pr__cql_sync_t *session(const char *user, const char *password) {
   char err[1024], *nodes[1] = {"127.0.0.1:9042"};
-  pr__cql_conf_t conf = {nodes, 1, user, password, 0, 3000, 0};
+  pr__cql_conf_t conf = {.nodes = nodes,
+                         .nnodes = 1,
+                         .user = user,
+                         .password = password,
+                         .request_timeout_ms = 3000};
   pr__cql_sync_t *y = pr__cql_sync_new(&conf, err, sizeof(err));
   CHECK(y, "session: %s", err);
   return y;
