@@ -14,6 +14,8 @@
 #include <time.h>
 
 #include <arpa/inet.h>
+#include <pthread.h>
+#include <signal.h>
 
 #include "../util/util.h"
 #include "cql.h"
@@ -1084,6 +1086,54 @@ int pr__cql_up(const pr__cql_t *s) {
 
 /* ---- blocking ----------------------------------------------------------- */
 
+/*
+ * A write to a connection the server closed raises SIGPIPE, which would
+ * kill the process: the library does not change the process's signal
+ * disposition, so while a blocking call runs the loop on the caller's
+ * thread SIGPIPE is blocked there (the write then fails with EPIPE), and a
+ * SIGPIPE that became pending meanwhile is consumed before the mask is
+ * restored. Worker threads block it for good (pr__cql_block_sigpipe).
+ */
+typedef struct sigpipe_guard {
+  sigset_t old;
+  int was_unblocked;
+} sigpipe_guard_t;
+
+static void sigpipe_block(sigpipe_guard_t *g) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &set, &g->old);
+  g->was_unblocked = !sigismember(&g->old, SIGPIPE);
+}
+
+static void sigpipe_restore(sigpipe_guard_t *g) {
+  sigset_t set;
+  struct timespec zero = {0, 0};
+  if (!g->was_unblocked)
+    return;
+  sigemptyset(&set);
+  sigaddset(&set, SIGPIPE);
+  while (sigtimedwait(&set, NULL, &zero) > 0)
+    ;
+  pthread_sigmask(SIG_SETMASK, &g->old, NULL);
+}
+
+void pr__cql_block_sigpipe(void) {
+  sigpipe_guard_t g;
+  sigpipe_block(&g); /* for the rest of this thread's life */
+}
+
+/* Runs the private loop once, SIGPIPE-safe. */
+static int run_once(uv_loop_t *loop, uv_run_mode mode) {
+  sigpipe_guard_t g;
+  int r;
+  sigpipe_block(&g);
+  r = uv_run(loop, mode);
+  sigpipe_restore(&g);
+  return r;
+}
+
 struct pr__cql_sync {
   uv_loop_t loop;
   pr__cql_t *s;
@@ -1098,7 +1148,7 @@ pr__cql_sync_t *pr__cql_sync_new(const pr__cql_conf_t *conf, char *errstr,
   }
   uv_loop_init(&y->loop);
   if (!(y->s = pr__cql_new(&y->loop, conf, errstr, errstr_size))) {
-    uv_run(&y->loop, UV_RUN_DEFAULT);
+    run_once(&y->loop, UV_RUN_DEFAULT);
     uv_loop_close(&y->loop);
     free(y);
     return NULL;
@@ -1110,7 +1160,7 @@ void pr__cql_sync_free(pr__cql_sync_t *y) {
   if (!y)
     return;
   pr__cql_free(y->s);
-  uv_run(&y->loop, UV_RUN_DEFAULT);
+  run_once(&y->loop, UV_RUN_DEFAULT);
   uv_loop_close(&y->loop);
   free(y);
 }
@@ -1164,7 +1214,7 @@ prosody_err_t pr__cql_sync_run(pr__cql_sync_t *y, const char *query,
                          sync_cb, &w);
   else
     pr__cql_run(y->s, query, values, n, opts, sync_cb, &w);
-  while (!w.done && uv_run(&y->loop, UV_RUN_ONCE))
+  while (!w.done && run_once(&y->loop, UV_RUN_ONCE))
     ;
   if (w.err)
     pr__errf(errstr, errstr_size, "%s", w.errstr);
@@ -1174,7 +1224,7 @@ prosody_err_t pr__cql_sync_run(pr__cql_sync_t *y, const char *query,
 pr__cql_t *pr__cql_sync_session(pr__cql_sync_t *y) { return y->s; }
 
 void pr__cql_sync_wait(pr__cql_sync_t *y, const int *done) {
-  while (!*done && uv_run(&y->loop, UV_RUN_ONCE))
+  while (!*done && run_once(&y->loop, UV_RUN_ONCE))
     ;
 }
 

@@ -78,6 +78,10 @@ int pr__cql_up(const pr__cql_t *s);
  * tests); the length it wanted. */
 size_t pr__cql_describe(const pr__cql_t *s, char *buf, size_t size);
 
+/* Blocks SIGPIPE on the calling thread for good (threads that run a
+ * session's loop: a write to a closed connection must fail, not kill). */
+void pr__cql_block_sigpipe(void);
+
 /* ---- blocking use, on a private loop ------------------------------------ */
 
 typedef struct pr__cql_sync pr__cql_sync_t;
