@@ -12,6 +12,11 @@ echo "== produce throughput (embedded mock cluster) =="
 echo "== consume throughput, no-op handler (embedded mock cluster) =="
 "$build/bench/bench_consume" 200000 3 | tee -a "$lines"
 
+echo "== timers: 100 000 timers over 10 000 keys due within 10 s (memory store) =="
+"$build/bench/bench_timers" 100000 10000 10 | tee -a "$lines"
+echo "== hot-key and failure storm =="
+echo "bench hot_key_p99_ratio n/a - (needs the fair scheduler and defer: not built yet)" | tee -a "$lines"
+
 # Store: our CQL client against the Python cassandra-driver (PyPI, in a
 # cached virtualenv), the same prepared statements at the same concurrency
 # against the same node, when a Cassandra node answers on localhost:9042.
@@ -24,6 +29,9 @@ if python3 "$here/../scripts/services/cql_check.py" --timeout 3 >/dev/null 2>&1;
   fi
   ours=$("$build/bench/bench_store" 127.0.0.1:9042 prosody_bench 20000 64)
   theirs=$("$venv/bin/python" "$here/bench_store.py" 127.0.0.1 9042 prosody_bench 20000 64)
+    echo "== timers on the Cassandra store (same scenario) =="
+  BENCH_CASSANDRA=127.0.0.1:9042 "$build/bench/bench_timers" 100000 10000 10 |
+    sed 's/^bench timers_/bench timers_cassandra_/' | tee -a "$lines"
   for op in insert select; do
     o=$(echo "$ours" | awk -v k="${op}_ops_s" '$1 == k {print $2}')
     t=$(echo "$theirs" | awk -v k="${op}_ops_s" '$1 == k {print $2}')
@@ -32,17 +40,31 @@ if python3 "$here/../scripts/services/cql_check.py" --timeout 3 >/dev/null 2>&1;
 else
   echo "== store throughput: skipped (no Cassandra on localhost:9042; scripts/services/cassandra start) =="
 fi
-python3 - "$lines" "$here/results/latest.json" <<'PY'
-import json, platform, os, sys, time
+python3 - "$lines" "$here/results/latest.json" "$here/../docs/BENCHMARKS.md" <<'PY'
+import json, platform, os, re, sys, time
 rows = []
 for line in open(sys.argv[1]):
     p = line.split()
     if len(p) >= 4 and p[0] == "bench":
         ratio = next((float(x.split("=")[1]) for x in p[4:] if x.startswith("ratio=")), None)
-        rows.append({"name": p[1], "value": float(p[2]), "unit": p[3], "ratio": ratio})
+        value = None if p[2] == "n/a" else float(p[2])
+        rows.append({"name": p[1], "value": value, "unit": p[3], "ratio": ratio,
+                     "note": " ".join(x for x in p[4:] if not x.startswith("ratio="))})
 doc = {"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
        "machine": {"cpus": os.cpu_count(), "kernel": platform.release()},
        "results": rows}
 json.dump(doc, open(sys.argv[2], "w"), indent=2)
 print("wrote", sys.argv[2])
+# The results table in docs/BENCHMARKS.md, between its markers.
+table = ["| benchmark | value | unit | ratio | notes |", "|---|---|---|---|---|"]
+for r in rows:
+    v = "n/a" if r["value"] is None else "%g" % r["value"]
+    ratio = "" if r["ratio"] is None else "%.3g" % r["ratio"]
+    table.append("| %s | %s | %s | %s | %s |" % (r["name"], v, r["unit"], ratio, r["note"]))
+table.append("")
+table.append("Measured %s on %d CPUs (kernel %s)." % (doc["when"], doc["machine"]["cpus"], doc["machine"]["kernel"]))
+md = open(sys.argv[3]).read()
+md = re.sub(r"(<!-- results -->\n).*?(<!-- /results -->)", lambda m: m.group(1) + "\n".join(table) + "\n" + m.group(2), md, flags=re.S)
+open(sys.argv[3], "w").write(md)
+print("updated", sys.argv[3])
 PY

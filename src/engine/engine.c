@@ -1330,11 +1330,19 @@ static void timer_store_delete(inv_t *inv) {
 
 static void on_fire(uv_timer_t *t);
 
+/* Room for another timer event: below max_uncommitted, and not while the
+ * partitions are paused for backpressure (until it is released at half the
+ * limit), so that due timers cannot keep the budget full and starve the
+ * messages of the paused partitions. */
+static int timer_room(const pr__engine_t *eng) {
+  return !eng->backpressure && eng->uncommitted < eng->max_uncommitted;
+}
+
 /* Arms the loop's timer for the earliest loaded timer. While the engine is
  * at max_uncommitted, finishing events call fire_due() instead. */
 static void arm_fire(pr__engine_t *eng) {
   int64_t next = -1, delay;
-  if (eng->phase == PH_RUNNING && eng->uncommitted < eng->max_uncommitted)
+  if (eng->phase == PH_RUNNING && timer_room(eng))
     for (part_t *part = eng->parts; part; part = part->next) {
       int64_t t = part->tq && !part->revoking ? pr__tq_next_time(part->tq) : -1;
       if (t >= 0 && (next < 0 || t < next))
@@ -1358,8 +1366,7 @@ static void fire_due(pr__engine_t *eng) {
     int64_t t;
     if (part->revoking || !part->tq)
       continue;
-    while (eng->uncommitted < eng->max_uncommitted &&
-           pr__tq_pop_due(part->tq, now_s, &key, &t) > 0) {
+    while (timer_room(eng) && pr__tq_pop_due(part->tq, now_s, &key, &t) > 0) {
       inv_t *inv = calloc(1, sizeof(*inv));
       if (!inv) {
         (void)pr__tq_add(part->tq, key, t); /* try again later */
