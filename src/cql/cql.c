@@ -24,6 +24,7 @@
 #define READ_CHUNK 65536
 #define BACKOFF_MIN_MS 100
 #define BACKOFF_MAX_MS 5000
+#define MAX_TIMEOUTS_IN_ROW 3 /* then the connection is replaced */
 
 enum { K_QUERY, K_EXEC, K_BATCH, K_PREPARE };
 enum { Q_NONE, Q_PENDING, Q_WAITING, Q_WIRE };
@@ -77,6 +78,8 @@ struct conn {
   size_t rlen, rcap;
   req_t *streams[MAX_STREAMS];
   int inflight, next_stream;
+  int orphans;           /* stream ids reserved by timed-out requests */
+  int timeouts_row;      /* requests timed out since the last answer */
   char dc[64], rack[64]; /* from system.local / system.peers; "" unknown */
 };
 
@@ -107,7 +110,7 @@ static void session_destroy(pr__cql_t *s) {
       free(s->conns[i]);
     }
     free(s->conns);
-    for (size_t i = 0; i < s->conf.nnodes; i++)
+    for (size_t i = 0; s->conf.nodes && i < s->conf.nnodes; i++)
       free(s->conf.nodes[i]);
     free(s->conf.nodes);
     free((char *)s->conf.user);
@@ -226,17 +229,25 @@ static void finish(req_t *r, prosody_err_t err, const char *errstr,
   uv_close((uv_handle_t *)r->timer, timer_closed);
 }
 
+static void conn_fail(conn_t *c, const char *why);
+
 static void on_req_timeout(uv_timer_t *t) {
   req_t *r = t->data;
   char why[160];
-  if (r->where == Q_WIRE && r->conn) {
-    r->conn->streams[r->stream] = &orphan; /* until the late answer */
-    r->conn->inflight--;
+  conn_t *c = r->where == Q_WIRE ? r->conn : NULL;
+  if (c) {
+    c->streams[r->stream] = &orphan; /* until the late answer */
+    c->inflight--;
+    c->orphans++;
     r->where = Q_NONE;
   }
   snprintf(why, sizeof(why), "Cassandra did not answer within %lld ms",
            (long long)r->s->conf.request_timeout_ms);
   finish(r, PROSODY_ERR_TIMEOUT, why, NULL);
+  /* A connection that stopped answering altogether (half-open) is
+   * replaced rather than fed more requests. */
+  if (c && ++c->timeouts_row >= MAX_TIMEOUTS_IN_ROW)
+    conn_fail(c, "several requests in a row got no answer");
 }
 
 static req_t *req_new(pr__cql_t *s, int kind, pr__cql_cb cb, void *arg) {
@@ -411,7 +422,7 @@ static conn_t *pick_conn(pr__cql_t *s) {
   for (int want = 2; want >= 0; want--)
     for (size_t i = 0; i < s->nconns; i++) {
       conn_t *c = s->conns[(s->rr + i) % s->nconns];
-      if (c->state == C_UP && c->inflight < MAX_STREAMS - 1 &&
+      if (c->state == C_UP && c->inflight + c->orphans < MAX_STREAMS - 1 &&
           locality(s, c) == want) {
         s->rr = (s->rr + i + 1) % s->nconns;
         return c;
@@ -481,7 +492,15 @@ static void pump(pr__cql_t *s) {
 
 /* ---- connections -------------------------------------------------------- */
 
-static void on_retry(uv_timer_t *t) { conn_connect(t->data); }
+/* The connection's timer: a reconnect when down; while connecting or
+ * starting, the connect_timeout_ms budget ran out. */
+static void on_retry(uv_timer_t *t) {
+  conn_t *c = t->data;
+  if (c->state == C_DOWN)
+    conn_connect(c);
+  else if (c->state != C_UP)
+    conn_fail(c, "no session within connect_timeout_ms");
+}
 
 static void conn_fail(conn_t *c, const char *why) {
   pr__cql_t *s = c->s;
@@ -504,6 +523,8 @@ static void conn_fail(conn_t *c, const char *why) {
     }
   }
   c->inflight = 0;
+  c->orphans = 0;
+  c->timeouts_row = 0;
   c->rlen = 0;
   if (c->tcp) {
     uv_read_stop((uv_stream_t *)c->tcp);
@@ -660,6 +681,7 @@ static void handle_response(conn_t *c, const pr__cql_header_t *h,
     pr__cql_error_t e;
     if (h->opcode == PR_CQL_READY || h->opcode == PR_CQL_AUTH_SUCCESS) {
       c->state = C_UP;
+      uv_timer_stop(c->retry);
       c->backoff_ms = BACKOFF_MIN_MS;
       s->auth_error[0] = '\0'; /* logged in (or not asked to) */
       PR_DEBUG("cql", "connected to %s:%d", c->host, c->port);
@@ -698,8 +720,11 @@ static void handle_response(conn_t *c, const pr__cql_header_t *h,
   if (h->stream < 0 || h->stream >= MAX_STREAMS)
     return; /* events (stream -1) are not subscribed to */
   r = c->streams[h->stream];
+  c->timeouts_row = 0; /* it answers */
   if (r == &orphan) {
     c->streams[h->stream] = NULL;
+    c->orphans--;
+    pump(s); /* an id is free again */
     return;
   }
   if (!r)
@@ -732,6 +757,7 @@ static void handle_response(conn_t *c, const pr__cql_header_t *h,
     snprintf(msg, sizeof(msg), "Cassandra %s (0x%04x): %s",
              pr__cql_error_name(e.code), (unsigned)e.code, e.message);
     finish(r, pr__cql_error_class(e.code), msg, NULL);
+    pump(s); /* its stream id is free again */
     return;
   }
   if (h->opcode == PR_CQL_RESULT) {
@@ -856,6 +882,8 @@ static void conn_connect(conn_t *c) {
   c->tcp->data = c;
   creq->data = c;
   c->state = C_CONNECTING;
+  /* Bounded: connect, STARTUP and authentication within the budget. */
+  uv_timer_start(c->retry, on_retry, (uint64_t)s->conf.connect_timeout_ms, 0);
   if (uv_tcp_connect(creq, c->tcp, (struct sockaddr *)&addr, on_connected)) {
     free(creq);
     conn_fail(c, "could not start connecting");

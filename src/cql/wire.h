@@ -283,8 +283,14 @@ typedef struct pr__cql_result {
 int pr__cql_parse_result(const uint8_t *body, size_t len, pr__cql_result_t *res,
                          char *errstr, size_t errstr_size);
 void pr__cql_result_free(pr__cql_result_t *res);
+/* The cell at (row, col); a null cell (len -1) when out of range, so that
+ * a result with fewer columns or rows than a caller expects reads as
+ * nulls, never past the array. */
 static inline const pr__cql_cell_t *pr__cql_cell(const pr__cql_result_t *r,
                                                  int32_t row, int32_t col) {
+  static const pr__cql_cell_t null_cell = {NULL, -1};
+  if (!r->cells || row < 0 || col < 0 || row >= r->nrows || col >= r->ncols)
+    return &null_cell;
   return &r->cells[(size_t)row * (size_t)r->ncols + (size_t)col];
 }
 

@@ -150,7 +150,17 @@ void pr__cqlw_free(pr__cqlw_t *w) {
     uv_run(&w->loop, UV_RUN_DEFAULT);
   }
   uv_loop_close(&w->loop);
-  pr__cqlw_poll(w);
+  /* A delivered callback may post again (a chained operation): with
+   * `stopping` set that completes at once, so poll until nothing is left. */
+  for (;;) {
+    int more;
+    pr__cqlw_poll(w);
+    pthread_mutex_lock(&w->lock);
+    more = w->out_head != NULL;
+    pthread_mutex_unlock(&w->lock);
+    if (!more)
+      break;
+  }
   pthread_mutex_destroy(&w->lock);
   free(w);
 }

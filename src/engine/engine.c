@@ -155,6 +155,10 @@ struct part {
   int64_t head_off;      /* oldest pending offset seen by the stall check */
   int64_t head_since_ns; /* since when it has been the oldest */
   pr__tq_t *tq;          /* loaded pending timers (not yet firing) */
+  uint64_t gen;          /* this assignment (loads of an earlier one differ) */
+  int loads;             /* slab listings and loads in flight */
+  pr__tq_t *tombs;       /* while loads run: (key, time) deleted meanwhile */
+  pr__tq_t *clears;      /* ... and (key, kept time or -1) cleared */
   int64_t horizon;       /* last slab loaded or being loaded; -1: none */
   int64_t preload_s;     /* how far ahead of now slabs are loaded */
 };
@@ -215,6 +219,7 @@ struct pr__engine {
   unsigned seed;
   pr__tstore_t *store; /* the timer store */
   int memory_timers;   /* the store is the memory one */
+  uint64_t part_gen;   /* last partition assignment generation */
   int64_t slab_s;      /* slab_size in seconds */
   uv_timer_t tfire;    /* wakes the loop when the next timer is due */
 
@@ -230,6 +235,7 @@ struct pr__engine {
 static __thread pr__engine_t *tls_engine;
 
 static void schedule(inv_t *inv);
+static inv_t *finish_detach(inv_t *inv, int commit);
 static void process_done(pr__engine_t *eng);
 static void timer_finished(inv_t *inv, int commit);
 static void timer_store_delete(inv_t *inv);
@@ -405,6 +411,8 @@ static void part_free(part_t *part) {
   }
   free(part->buckets);
   pr__tq_free(part->tq);
+  pr__tq_free(part->tombs);
+  pr__tq_free(part->clears);
   pr__tracker_fini(&part->tracker);
   free(part->topic);
   free(part);
@@ -452,15 +460,19 @@ static void zombie_done(pr__engine_t *eng, part_t *zombie) {
   live->held = 0;
   if (live->revoking || eng->phase != PH_RUNNING)
     return;
-  for (size_t b = 0; live->buckets && b < live->nbuckets; b++)
-    for (kq_t *kq = live->buckets[b]; kq; kq = kq->next)
+  for (size_t b = 0; live->buckets && b < live->nbuckets; b++) {
+    kq_t *kq = live->buckets[b], *knext;
+    for (; kq; kq = knext) {
+      knext = kq->next; /* schedule() may finish (and free) a dropped head */
       if (kq->head && kq->head->state == INV_QUEUED)
         schedule(kq->head);
+    }
+  }
 }
 
-/* The event is done: commit its offset when `commit`, start the key's next
- * event, free it. */
-static void finish(inv_t *inv, int commit) {
+/* The event is done: commit its offset when `commit`, free it; returns the
+ * key's next event if it may start now (finish() starts it). */
+static inv_t *finish_detach(inv_t *inv, int commit) {
   pr__engine_t *eng = inv->eng;
   part_t *part = inv->part;
   inv_t *next;
@@ -473,11 +485,18 @@ static void finish(inv_t *inv, int commit) {
   if (part->zombie) {
     if (part->invs == 0)
       zombie_done(eng, part);
-    return;
+    return NULL;
   }
-  if (next && !part->revoking && !part->held && eng->phase == PH_RUNNING)
-    schedule(next);
   backpressure_check(eng);
+  return next && !part->revoking && !part->held && eng->phase == PH_RUNNING
+             ? next
+             : NULL;
+}
+
+static void finish(inv_t *inv, int commit) {
+  inv_t *next = finish_detach(inv, commit);
+  if (next)
+    schedule(next);
 }
 
 /* Pushes a completion for the engine (any thread). */
@@ -616,10 +635,10 @@ static void start(inv_t *inv) {
  * timer unscheduled while it waited is skipped. */
 static void schedule(inv_t *inv) {
   pr__engine_t *eng = inv->eng;
-  if (inv->is_timer && inv->dropped) {
-    finish(inv, 0);
-    return;
-  }
+  /* Iteratively: a key may have many dropped timers queued. */
+  while (inv->is_timer && inv->dropped)
+    if (!(inv = finish_detach(inv, 0)))
+      return;
   if (eng->running < eng->max_concurrency) {
     start(inv);
     return;
@@ -1232,6 +1251,22 @@ static inv_t *firing_find(part_t *part, const char *key, int64_t time_s) {
   return NULL;
 }
 
+/* Deleted while the load that found it was in flight? */
+static int deleted_meanwhile(const part_t *part, const char *key,
+                             int64_t time_s) {
+  int64_t *keeps;
+  size_t n;
+  int gone = 0;
+  if (part->tombs && pr__tq_contains(part->tombs, key, time_s))
+    return 1;
+  if (!part->clears || pr__tq_key_times(part->clears, key, &keeps, &n))
+    return 0;
+  for (size_t i = 0; i < n; i++)
+    gone |= keeps[i] != time_s;
+  free(keeps);
+  return gone;
+}
+
 /* A stored timer was found by a load: queue it unless it is firing. */
 static void timer_loaded(part_t *part, const char *key, int64_t time_s) {
   if (firing_find(part, key, time_s))
@@ -1262,6 +1297,14 @@ static void timer_written(pr__engine_t *eng, part_t *part, const char *key,
 static void timer_deleted(part_t *part, const char *key, int64_t time_s,
                           int64_t keep_s) {
   kq_t *kq;
+  /* A load in flight may have read the store before this delete: remember
+   * it, so the load's result does not bring the timer back. */
+  if (part->loads > 0) {
+    pr__tq_t **set = time_s >= 0 ? &part->tombs : &part->clears;
+    if ((*set || (*set = pr__tq_new())) &&
+        pr__tq_add(*set, key, time_s >= 0 ? time_s : keep_s) < 0)
+      PR_ERROR("timers", "out of memory recording a deleted timer");
+  }
   if (time_s >= 0)
     pr__tq_remove(part->tq, key, time_s);
   else
@@ -1395,6 +1438,7 @@ static void on_fire(uv_timer_t *t) { fire_due(t->data); }
 
 typedef struct load_req {
   pr__engine_t *eng;
+  uint64_t gen; /* the assignment it loads for */
   int32_t partition;
   char topic[];
 } load_req_t;
@@ -1404,17 +1448,33 @@ static load_req_t *load_req(pr__engine_t *eng, const part_t *part) {
   load_req_t *r = malloc(sizeof(*r) + n);
   if (r) {
     r->eng = eng;
+    r->gen = part->gen;
     r->partition = part->partition;
     memcpy(r->topic, part->topic, n);
   }
   return r;
 }
 
+/* The partition a load was for, if it is still that assignment. */
+static part_t *load_part(const load_req_t *r) {
+  part_t *part = part_find(r->eng, r->topic, r->partition);
+  return part && part->gen == r->gen ? part : NULL;
+}
+
+/* A listing or load finished: once none runs, forget the deletions. */
+static void load_done(part_t *part) {
+  if (part && --part->loads == 0) {
+    pr__tq_free(part->tombs);
+    pr__tq_free(part->clears);
+    part->tombs = part->clears = NULL;
+  }
+}
+
 static void slab_loaded(void *arg, prosody_err_t err, const char *errstr,
                         const pr__trec_t *recs, size_t n) {
   load_req_t *r = arg;
   pr__engine_t *eng = r->eng;
-  part_t *part = part_find(eng, r->topic, r->partition);
+  part_t *part = load_part(r);
   if (err)
     PR_ERROR("timers",
              "could not load timers of %s[%d]: %s; they fire after the "
@@ -1422,8 +1482,10 @@ static void slab_loaded(void *arg, prosody_err_t err, const char *errstr,
              r->topic, r->partition, errstr ? errstr : prosody_err_name(err));
   else if (part && !part->revoking)
     for (size_t i = 0; i < n; i++)
-      if (recs[i].type == PR_TIMER_APPLICATION)
+      if (recs[i].type == PR_TIMER_APPLICATION &&
+          !deleted_meanwhile(part, recs[i].key, recs[i].time_s))
         timer_loaded(part, recs[i].key, recs[i].time_s);
+  load_done(part);
   free(r);
   arm_fire(eng);
 }
@@ -1437,6 +1499,7 @@ static void load_slab(pr__engine_t *eng, part_t *part, int64_t slab) {
              part->partition);
     return;
   }
+  part->loads++;
   eng->store->ops->load_slab(eng->store, &seg, eng->slab_s, slab, slab_loaded,
                              r);
 }
@@ -1445,7 +1508,7 @@ static void slabs_listed(void *arg, prosody_err_t err, const char *errstr,
                          const int64_t *slabs, size_t n) {
   load_req_t *r = arg;
   pr__engine_t *eng = r->eng;
-  part_t *part = part_find(eng, r->topic, r->partition);
+  part_t *part = load_part(r);
   if (err)
     PR_ERROR("timers",
              "could not list the timers of %s[%d]: %s; they fire after the "
@@ -1455,6 +1518,7 @@ static void slabs_listed(void *arg, prosody_err_t err, const char *errstr,
     for (size_t i = 0; i < n; i++) /* oldest first: overdue ones fire now */
       if (slabs[i] <= part->horizon)
         load_slab(eng, part, slabs[i]);
+  load_done(part);
   free(r);
 }
 
@@ -1463,6 +1527,7 @@ static void timers_assigned(pr__engine_t *eng, part_t *part) {
   int64_t jitter = eng->slab_s / 10 + 1;
   pr__tseg_t seg = seg_of(part->topic, part->partition);
   load_req_t *r;
+  part->gen = ++eng->part_gen;
   part->tq = pr__tq_new();
   part->preload_s = eng->slab_s / 2 + (int64_t)(rand_r(&eng->seed) % jitter);
   part->horizon =
@@ -1473,6 +1538,7 @@ static void timers_assigned(pr__engine_t *eng, part_t *part) {
     part->horizon = -1;
     return;
   }
+  part->loads++; /* the listing counts as a load */
   eng->store->ops->slabs(eng->store, &seg, eng->slab_s, slabs_listed, r);
 }
 

@@ -44,7 +44,7 @@ struct op {
   void (*start)(op_t *o); /* runs on the worker thread */
   int result;             /* R_*: which callback gets it */
   int64_t time_s;
-  char segment[512];
+  char *segment; /* "<group>/<topic>/<partition>" */
   char *key;
   int64_t keep_s;
   pr__timer_type_t type;
@@ -84,6 +84,7 @@ static void post(op_t *o) {
 }
 
 static void op_free(op_t *o) {
+  free(o->segment);
   for (size_t i = 0; i < o->nrecs; i++)
     free((char *)o->recs[i].key);
   free(o->recs);
@@ -98,12 +99,13 @@ static op_t *op_new(cqlstore_t *st, const pr__tseg_t *seg, const char *key) {
   if (!o)
     return NULL;
   o->st = st;
-  snprintf(o->segment, sizeof(o->segment), "%s/%s/%d", st->group, seg->topic,
-           seg->partition);
-  if (key && !(o->key = strdup(key))) {
+  size_t n = strlen(st->group) + strlen(seg->topic) + 16;
+  if (!(o->segment = malloc(n)) || (key && !(o->key = strdup(key)))) {
+    free(o->segment);
     free(o);
     return NULL;
   }
+  snprintf(o->segment, n, "%s/%s/%d", st->group, seg->topic, seg->partition);
   return o;
 }
 
@@ -397,10 +399,11 @@ static void load_cb(void *arg, prosody_err_t err, const char *errstr,
     return;
   }
   for (int32_t i = 0; i < res->nrows; i++) {
-    char key[4096];
+    const pr__cql_cell_t *kc = pr__cql_cell(res, i, 0);
+    char *key;
     int64_t t;
     int8_t type;
-    if (pr__cql_get_text(pr__cql_cell(res, i, 0), key, sizeof(key)) ||
+    if (!kc->p || kc->len < 0 ||
         pr__cql_get_bigint(pr__cql_cell(res, i, 1), &t) ||
         pr__cql_get_tinyint(pr__cql_cell(res, i, 2), &type))
       continue;
@@ -412,8 +415,11 @@ static void load_cb(void *arg, prosody_err_t err, const char *errstr,
       o->recs = g;
       o->caprecs = cap;
     }
-    if (!(o->recs[o->nrecs].key = strdup(key)))
+    if (!(key = malloc((size_t)kc->len + 1)))
       goto oom;
+    memcpy(key, kc->p, (size_t)kc->len); /* keys of any length */
+    key[kc->len] = '\0';
+    o->recs[o->nrecs].key = key;
     o->recs[o->nrecs].time_s = t;
     o->recs[o->nrecs].type = (pr__timer_type_t)type;
     o->nrecs++;
