@@ -5,12 +5,17 @@
  * same run. Throughput is measured from the first to the last record
  * (group joins excluded); ratio = prosody / raw. Default configuration.
  *
- *   bench_consume [messages] [repetitions]
+ *   bench_consume [messages] [repetitions] [uniform|zipf]
+ *
+ * Keys: 1 000, drawn uniformly or from a Zipf(1.1) distribution. After each
+ * prosody run the group's committed offsets must equal the partitions' end
+ * offsets (checked with a plain librdkafka handle), or the run fails.
  *
  * BENCH_MAX_CONCURRENCY / BENCH_MAX_UNCOMMITTED override those options for
  * profiling; `make bench` uses the defaults.
  */
 #include <librdkafka/rdkafka.h>
+#include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,7 +41,40 @@ static void on_sent(prosody_err_t err, const char *errstr,
   atomic_fetch_add(&produced_ok, 1);
 }
 
+/* Key of record i: uniform over 1 000 keys, or Zipf(1.1) (rank r drawn
+ * with probability proportional to 1 / r^1.1). */
+#define NKEYS 1000
+static int zipf;
+static double zipf_cdf[NKEYS];
+static long key_of(long i, unsigned *seed) {
+  double u;
+  long lo = 0, hi = NKEYS - 1;
+  if (!zipf)
+    return (i * 7919) % NKEYS;
+  u = (double)rand_r(seed) / ((double)RAND_MAX + 1.0);
+  while (lo < hi) { /* first rank whose CDF reaches u */
+    long mid = (lo + hi) / 2;
+    if (zipf_cdf[mid] < u)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+static void zipf_init(void) {
+  double sum = 0, acc = 0;
+  for (int r = 1; r <= NKEYS; r++)
+    sum += 1.0 / pow((double)r, 1.1);
+  for (int r = 1; r <= NKEYS; r++) {
+    acc += 1.0 / pow((double)r, 1.1) / sum;
+    zipf_cdf[r - 1] = acc;
+  }
+  zipf_cdf[NKEYS - 1] = 1.0;
+}
+
 static void produce(const char *topic, long n) {
+  unsigned seed = 42;
   char err[1024], key[32], buf[200];
   prosody_config_t *conf = prosody_config_new();
   prosody_client_t *c;
@@ -45,7 +83,7 @@ static void produce(const char *topic, long n) {
   prosody_config_set(conf, "send_timeout", "60s", err, sizeof(err));
   c = prosody_client_new(conf, err, sizeof(err));
   for (long i = 0; i < n; i++) {
-    snprintf(key, sizeof(key), "key-%04ld", (i * 7919) % 1000);
+    snprintf(key, sizeof(key), "key-%04ld", key_of(i, &seed));
     snprintf(buf, sizeof(buf),
              "{\"id\":\"evt-%010ld\",\"type\":\"order.created\",\"amount\":"
              "%ld.%02ld,\"customer\":\"%s\"}",
@@ -67,7 +105,7 @@ static double run_raw(const char *bootstrap, const char *topic, long n,
   rd_kafka_t *rk;
   long got = 0;
   double first = 0, last = 0;
-  snprintf(group, sizeof(group), "bench-raw-%d", rep);
+  snprintf(group, sizeof(group), "bench-raw-%s-%d", topic, rep);
   rd_kafka_conf_set(kc, "bootstrap.servers", bootstrap, err, sizeof(err));
   rd_kafka_conf_set(kc, "group.id", group, err, sizeof(err));
   rd_kafka_conf_set(kc, "auto.offset.reset", "earliest", err, sizeof(err));
@@ -111,12 +149,60 @@ static prosody_result_t noop(prosody_context_t *ctx, const prosody_message_t *m,
   return PROSODY_SUCCESS;
 }
 
+/* The group's committed offsets equal the end offsets of every partition:
+ * nothing skipped, nothing left uncommitted. */
+static void verify_committed(const char *bootstrap, const char *topic,
+                             const char *group) {
+  char err[512];
+  rd_kafka_conf_t *kc = rd_kafka_conf_new();
+  rd_kafka_topic_partition_list_t *parts;
+  const struct rd_kafka_metadata *md;
+  rd_kafka_topic_t *rkt;
+  rd_kafka_t *rk;
+  rd_kafka_conf_set(kc, "bootstrap.servers", bootstrap, err, sizeof(err));
+  rd_kafka_conf_set(kc, "group.id", group, err, sizeof(err));
+  rd_kafka_conf_set(kc, "broker.address.family", "v4", err, sizeof(err));
+  rk = rd_kafka_new(RD_KAFKA_CONSUMER, kc, err, sizeof(err));
+  rkt = rd_kafka_topic_new(rk, topic, NULL);
+  if (rd_kafka_metadata(rk, 0, rkt, &md, 10000) || md->topic_cnt != 1) {
+    fprintf(stderr, "bench_consume: no metadata for %s\n", topic);
+    exit(1);
+  }
+  parts = rd_kafka_topic_partition_list_new(md->topics[0].partition_cnt);
+  for (int i = 0; i < md->topics[0].partition_cnt; i++)
+    rd_kafka_topic_partition_list_add(parts, topic,
+                                      md->topics[0].partitions[i].id);
+  rd_kafka_metadata_destroy(md);
+  if (rd_kafka_committed(rk, parts, 10000)) {
+    fprintf(stderr, "bench_consume: could not read committed offsets\n");
+    exit(1);
+  }
+  for (int i = 0; i < parts->cnt; i++) {
+    int64_t lo, hi;
+    if (rd_kafka_query_watermark_offsets(rk, topic, parts->elems[i].partition,
+                                         &lo, &hi, 10000) ||
+        parts->elems[i].offset != hi) {
+      fprintf(stderr,
+              "bench_consume: %s[%d] committed %lld, end %lld: not every "
+              "record was committed\n",
+              topic, parts->elems[i].partition,
+              (long long)parts->elems[i].offset, (long long)hi);
+      exit(1);
+    }
+  }
+  rd_kafka_topic_partition_list_destroy(parts);
+  rd_kafka_topic_destroy(rkt);
+  rd_kafka_destroy(rk);
+}
+
+static const char *bench_bootstrap;
+
 static double run_prosody(const char *topic, long n, int rep) {
   char err[1024], group[64];
   prosody_config_t *conf = prosody_config_new();
   prosody_client_t *c;
   prosody_handler_t h = {noop, NULL, NULL, 0};
-  snprintf(group, sizeof(group), "bench-prosody-%d", rep);
+  snprintf(group, sizeof(group), "bench-prosody-%s-%d", topic, rep);
   prosody_config_set(conf, "mock", "true", err, sizeof(err));
   prosody_config_set(conf, "group_id", group, err, sizeof(err));
   prosody_config_set(conf, "subscribed_topics", topic, err, sizeof(err));
@@ -135,7 +221,8 @@ static double run_prosody(const char *topic, long n, int rep) {
   }
   while (atomic_load(&pr_got) < n)
     usleep(1000);
-  prosody_client_destroy(c);
+  prosody_client_destroy(c); /* unsubscribes: commits what finished */
+  verify_committed(bench_bootstrap, topic, group);
   return (double)n / (atomic_load(&pr_last) - atomic_load(&pr_first));
 }
 
@@ -151,9 +238,14 @@ int main(int argc, char **argv) {
   double raw[16], pr[16];
   if (reps < 1 || reps > 16 || n < 1)
     return 2;
+  const char *dist = argc > 3 ? argv[3] : "uniform";
+  zipf = !strcmp(dist, "zipf");
+  if (zipf)
+    zipf_init();
   prosody_mock_bootstrap_servers(bootstrap, sizeof(bootstrap), err,
                                  sizeof(err));
-  snprintf(topic, sizeof(topic), "bench-consume");
+  bench_bootstrap = bootstrap;
+  snprintf(topic, sizeof(topic), "bench-consume-%s", dist);
   produce(topic, n); /* 4 partitions (mock default), 1000 keys */
   for (int r = 0; r < reps; r++) {
     if (r % 2) {
@@ -168,9 +260,9 @@ int main(int argc, char **argv) {
   }
   qsort(raw, (size_t)reps, sizeof(double), cmp);
   qsort(pr, (size_t)reps, sizeof(double), cmp);
-  printf("bench consume-raw %.0f msg/s ratio=1.000\n", raw[reps / 2]);
-  printf("bench consume-noop %.0f msg/s ratio=%.3f\n", pr[reps / 2],
-         pr[reps / 2] / raw[reps / 2]);
+  printf("bench consume-raw-%s %.0f msg/s ratio=1.000\n", dist, raw[reps / 2]);
+  printf("bench consume-noop-%s %.0f msg/s ratio=%.3f committed=verified\n",
+         dist, pr[reps / 2], pr[reps / 2] / raw[reps / 2]);
   fprintf(stderr,
           "consume: %ld records x %d runs (median); prosody no-op handler "
           "%.0f msg/s vs raw librdkafka %.0f msg/s = %.2fx\n",

@@ -9,8 +9,23 @@ mkdir -p "$here/results"
 lines=$(mktemp); trap 'rm -f "$lines"' EXIT
 echo "== produce throughput (embedded mock cluster) =="
 "$build/bench/bench_produce" 200000 5 | tee -a "$lines"
-echo "== consume throughput, no-op handler (embedded mock cluster) =="
-"$build/bench/bench_consume" 200000 3 | tee -a "$lines"
+for dist in uniform zipf; do
+  echo "== consume throughput, no-op handler, 1 000 000 records, 1 000 keys ($dist; embedded mock cluster) =="
+  "$build/bench/bench_consume" 1000000 3 "$dist" | tee -a "$lines"
+done
+
+# Latency at half the measured no-op throughput, against a raw consumer
+# reading the same kind of stream.
+noop=$(awk '$2 == "consume-noop-uniform" {print int($3)}' "$lines")
+rate=$(( ${noop:-20000} / 2 ))
+echo "== latency: steady stream at $rate records/s for 10 s (50% of the no-op throughput) =="
+"$build/bench/bench_latency" "$rate" 10 raw | tee -a "$lines"
+"$build/bench/bench_latency" "$rate" 10 | tee -a "$lines"
+for q in p50 p99 p99.9; do
+  r=$(awk -v a="latency-raw_$q" '$2 == a {print $3}' "$lines")
+  p=$(awk -v a="latency_$q" '$2 == a {print $3}' "$lines")
+  echo "bench latency_${q}_vs_raw $p ms ratio=$(awk -v p="$p" -v r="$r" 'BEGIN {printf "%.2f", p / r}') raw=${r}ms" | tee -a "$lines"
+done
 
 echo "== timers: 100 000 timers over 10 000 keys due within 10 s (memory store) =="
 "$build/bench/bench_timers" 100000 10000 10 | tee -a "$lines"
