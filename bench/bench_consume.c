@@ -23,6 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench.h"
 #include "prosody.h"
 
 static double now_s(void) {
@@ -99,26 +100,12 @@ static void produce(const char *topic, long n) {
 
 static double run_raw(const char *bootstrap, const char *topic, long n,
                       int rep) {
-  char err[512], group[64];
-  rd_kafka_conf_t *kc = rd_kafka_conf_new();
-  rd_kafka_topic_partition_list_t *subs;
+  char group[64];
   rd_kafka_t *rk;
   long got = 0;
   double first = 0, last = 0;
   snprintf(group, sizeof(group), "bench-raw-%s-%d", topic, rep);
-  rd_kafka_conf_set(kc, "bootstrap.servers", bootstrap, err, sizeof(err));
-  rd_kafka_conf_set(kc, "group.id", group, err, sizeof(err));
-  rd_kafka_conf_set(kc, "auto.offset.reset", "earliest", err, sizeof(err));
-  rd_kafka_conf_set(kc, "enable.auto.offset.store", "false", err, sizeof(err));
-  rd_kafka_conf_set(kc, "broker.address.family", "v4", err, sizeof(err));
-  rd_kafka_conf_set(kc, "session.timeout.ms", "6000", err, sizeof(err));
-  rd_kafka_conf_set(kc, "heartbeat.interval.ms", "500", err, sizeof(err));
-  rk = rd_kafka_new(RD_KAFKA_CONSUMER, kc, err, sizeof(err));
-  rd_kafka_poll_set_consumer(rk);
-  subs = rd_kafka_topic_partition_list_new(1);
-  rd_kafka_topic_partition_list_add(subs, topic, RD_KAFKA_PARTITION_UA);
-  rd_kafka_subscribe(rk, subs);
-  rd_kafka_topic_partition_list_destroy(subs);
+  rk = bench_raw_consumer(bootstrap, group, topic);
   while (got < n) {
     rd_kafka_message_t *m = rd_kafka_consumer_poll(rk, 100);
     if (!m)
@@ -226,11 +213,6 @@ static double run_prosody(const char *topic, long n, int rep) {
   return (double)n / (atomic_load(&pr_last) - atomic_load(&pr_first));
 }
 
-static int cmp(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
 int main(int argc, char **argv) {
   long n = argc > 1 ? atol(argv[1]) : 200000;
   int reps = argc > 2 ? atoi(argv[2]) : 3;
@@ -258,8 +240,8 @@ int main(int argc, char **argv) {
     fprintf(stderr, "  run %d: raw %.0f msg/s, prosody %.0f msg/s\n", r, raw[r],
             pr[r]);
   }
-  qsort(raw, (size_t)reps, sizeof(double), cmp);
-  qsort(pr, (size_t)reps, sizeof(double), cmp);
+  qsort(raw, (size_t)reps, sizeof(double), bench_cmp_double);
+  qsort(pr, (size_t)reps, sizeof(double), bench_cmp_double);
   printf("bench consume-raw-%s %.0f msg/s ratio=1.000\n", dist, raw[reps / 2]);
   printf("bench consume-noop-%s %.0f msg/s ratio=%.3f committed=verified\n",
          dist, pr[reps / 2], pr[reps / 2] / raw[reps / 2]);

@@ -22,6 +22,7 @@
 
 #include <librdkafka/rdkafka.h>
 
+#include "bench.h"
 #include "prosody.h"
 
 static long total, rate;
@@ -90,36 +91,8 @@ static void *raw_main(void *arg) {
 
 static rd_kafka_t *raw_consumer(const char *topic) {
   char err[512], boot[256];
-  rd_kafka_conf_t *kc = rd_kafka_conf_new();
-  rd_kafka_topic_partition_list_t *subs;
-  rd_kafka_t *rk;
   prosody_mock_bootstrap_servers(boot, sizeof(boot), err, sizeof(err));
-  rd_kafka_conf_set(kc, "bootstrap.servers", boot, err, sizeof(err));
-  rd_kafka_conf_set(kc, "group.id", topic, err, sizeof(err));
-  rd_kafka_conf_set(kc, "auto.offset.reset", "earliest", err, sizeof(err));
-  rd_kafka_conf_set(kc, "broker.address.family", "v4", err, sizeof(err));
-  rd_kafka_conf_set(kc, "session.timeout.ms", "6000", err, sizeof(err));
-  rd_kafka_conf_set(kc, "heartbeat.interval.ms", "500", err, sizeof(err));
-  rk = rd_kafka_new(RD_KAFKA_CONSUMER, kc, err, sizeof(err));
-  rd_kafka_poll_set_consumer(rk);
-  subs = rd_kafka_topic_partition_list_new(1);
-  rd_kafka_topic_partition_list_add(subs, topic, RD_KAFKA_PARTITION_UA);
-  rd_kafka_subscribe(rk, subs);
-  rd_kafka_topic_partition_list_destroy(subs);
-  return rk;
-}
-
-static int cmp(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-static void set(prosody_config_t *c, const char *k, const char *v) {
-  char err[512];
-  if (prosody_config_set(c, k, v, err, sizeof(err))) {
-    fprintf(stderr, "bench_latency: %s\n", err);
-    exit(1);
-  }
+  return bench_raw_consumer(boot, topic, topic);
 }
 
 int main(int argc, char **argv) {
@@ -140,9 +113,9 @@ int main(int argc, char **argv) {
   snprintf(topic, sizeof(topic), "bench-latency-%d", (int)getpid());
 
   conf = prosody_config_new();
-  set(conf, "mock", "true");
-  set(conf, "source_system", "bench");
-  set(conf, "send_timeout", "30s");
+  bench_set(conf, "mock", "true");
+  bench_set(conf, "source_system", "bench");
+  bench_set(conf, "send_timeout", "30s");
   prod = prosody_client_new(conf, err, sizeof(err));
   if (!prod) {
     fprintf(stderr, "bench_latency: %s\n", err);
@@ -162,10 +135,10 @@ int main(int argc, char **argv) {
       usleep(10000);
   } else {
     conf = prosody_config_new();
-    set(conf, "mock", "true");
-    set(conf, "group_id", topic);
-    set(conf, "subscribed_topics", topic);
-    set(conf, "log", "warn");
+    bench_set(conf, "mock", "true");
+    bench_set(conf, "group_id", topic);
+    bench_set(conf, "subscribed_topics", topic);
+    bench_set(conf, "log", "warn");
     cons = prosody_client_new(conf, err, sizeof(err));
     if (!cons || prosody_subscribe(cons, &h, err, sizeof(err))) {
       fprintf(stderr, "bench_latency: %s\n", err);
@@ -210,7 +183,7 @@ int main(int argc, char **argv) {
             atomic_load(&got), total, atomic_load(&sent_failed));
     return 1;
   }
-  qsort(lat_ms, (size_t)total, sizeof(double), cmp);
+  qsort(lat_ms, (size_t)total, sizeof(double), bench_cmp_double);
   {
     const char *who = raw ? "latency-raw" : "latency";
     printf("bench %s_p50 %.1f ms rate=%ld/s\n", who,

@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench.h"
 #include "prosody.h"
 
 static double now_s(void) {
@@ -119,11 +120,6 @@ static double run_prosody(const char *topic, long n) {
   return (double)n / t;
 }
 
-static int cmp(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
 int main(int argc, char **argv) {
   long n = argc > 1 ? atol(argv[1]) : 200000;
   int reps = argc > 2 ? atoi(argv[2]) : 5;
@@ -154,8 +150,8 @@ int main(int argc, char **argv) {
       pr[r] = run_prosody(t2, n);
     }
   }
-  qsort(raw, (size_t)reps, sizeof(double), cmp);
-  qsort(pr, (size_t)reps, sizeof(double), cmp);
+  qsort(raw, (size_t)reps, sizeof(double), bench_cmp_double);
+  qsort(pr, (size_t)reps, sizeof(double), bench_cmp_double);
   raw_med = raw[reps / 2];
   pr_med = pr[reps / 2];
   printf("bench produce-raw %.0f msg/s ratio=1.000\n", raw_med);

@@ -21,6 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench.h"
 #include "prosody.h"
 
 static long per_key;
@@ -102,19 +103,6 @@ static void on_sent(prosody_err_t err, const char *errstr,
   atomic_fetch_add(&acked, 1);
 }
 
-static int cmp(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-static void set(prosody_config_t *c, const char *k, const char *v) {
-  char err[512];
-  if (prosody_config_set(c, k, v, err, sizeof(err))) {
-    fprintf(stderr, "bench_timers: %s\n", err);
-    exit(1);
-  }
-}
-
 int main(int argc, char **argv) {
   long timers = argc > 1 ? atol(argv[1]) : 100000;
   /* A key holds one timer per second: 100 000 timers due within 10 s need
@@ -142,8 +130,8 @@ int main(int argc, char **argv) {
 
   /* The records, one per key. */
   conf = prosody_config_new();
-  set(conf, "mock", "true");
-  set(conf, "source_system", "bench");
+  bench_set(conf, "mock", "true");
+  bench_set(conf, "source_system", "bench");
   prod = prosody_client_new(conf, err, sizeof(err));
   if (!prod) {
     fprintf(stderr, "bench_timers: %s\n", err);
@@ -166,19 +154,19 @@ int main(int argc, char **argv) {
 
   conf = prosody_config_new();
   if (cass) { /* the Cassandra store: join the mock cluster by address */
-    set(conf, "bootstrap_servers", boot);
-    set(conf, "cassandra_nodes", cass);
-    set(conf, "cassandra_keyspace", "prosody_bench");
+    bench_set(conf, "bootstrap_servers", boot);
+    bench_set(conf, "cassandra_nodes", cass);
+    bench_set(conf, "cassandra_keyspace", "prosody_bench");
   } else {
-    set(conf, "mock", "true");
+    bench_set(conf, "mock", "true");
   }
-  set(conf, "group_id", topic);
-  set(conf, "subscribed_topics", topic);
+  bench_set(conf, "group_id", topic);
+  bench_set(conf, "subscribed_topics", topic);
   if (!getenv("PROSODY_LOG"))
-    set(conf, "log", "warn");
-  set(conf, "probe_port", "none");
+    bench_set(conf, "log", "warn");
+  bench_set(conf, "probe_port", "none");
   if (getenv("BENCH_MAX_UNCOMMITTED"))
-    set(conf, "max_uncommitted", getenv("BENCH_MAX_UNCOMMITTED"));
+    bench_set(conf, "max_uncommitted", getenv("BENCH_MAX_UNCOMMITTED"));
   cons = prosody_client_new(conf, err, sizeof(err));
   rss0 = peak_rss_kb();
   /* Due 1..window s after the consumer has joined (3 s on the mock). */
@@ -210,7 +198,7 @@ int main(int argc, char **argv) {
             atomic_load(&fired), total, atomic_load(&schedule_errors));
     return 1;
   }
-  qsort(late_ms, (size_t)total, sizeof(double), cmp);
+  qsort(late_ms, (size_t)total, sizeof(double), bench_cmp_double);
   span = atomic_load(&sched_last) - atomic_load(&sched_first);
   printf("bench timers_scheduled %.0f timers/s store=%s\n",
          span > 0 ? (double)total / span : 0, cass ? "cassandra" : "memory");

@@ -242,13 +242,19 @@ static void key_times_page(op_t *o, pr__cql_cb next);
 static void key_times_cb(void *arg, prosody_err_t err, const char *errstr,
                          const pr__cql_result_t *res);
 
-static void key_times_page(op_t *o, pr__cql_cb next) {
-  pr__cql_val_t v[3];
+/* Options for the op's next page (PAGE rows, from its paging state). */
+static pr__cql_opts_t page_opts(const op_t *o) {
   pr__cql_opts_t opts;
   memset(&opts, 0, sizeof(opts));
   opts.page_size = PAGE;
   opts.paging_state = o->paging;
   opts.paging_len = o->paging_len;
+  return opts;
+}
+
+static void key_times_page(op_t *o, pr__cql_cb next) {
+  pr__cql_val_t v[3];
+  pr__cql_opts_t opts = page_opts(o);
   v[0] = pr__cv_text(o->segment);
   v[1] = pr__cv_text(o->key);
   v[2] = pr__cv_tinyint((int8_t)o->type);
@@ -439,11 +445,7 @@ oom:
 
 static void load_page(op_t *o) {
   pr__cql_val_t v[2];
-  pr__cql_opts_t opts;
-  memset(&opts, 0, sizeof(opts));
-  opts.page_size = PAGE;
-  opts.paging_state = o->paging;
-  opts.paging_len = o->paging_len;
+  pr__cql_opts_t opts = page_opts(o);
   v[0] = pr__cv_text(o->segment);
   v[1] = pr__cv_bigint(o->slab);
   pr__cql_execute_stmt(o->st->cql, o->st->sel_slab, v, 2, &opts, load_cb, o);
