@@ -98,6 +98,7 @@ static void on_async(uv_async_t *a) {
 
 static void *worker_main(void *arg) {
   pr__cqlw_t *w = arg;
+  pthread_setname_np(pthread_self(), "prosody-cql");
   pr__cql_block_sigpipe();
   uv_run(&w->loop, UV_RUN_DEFAULT);
   return NULL;

@@ -5,7 +5,7 @@
  *
  * Threads. One engine thread per subscribed client runs a libuv loop and
  * owns all consumer state: partitions, key queues, offset trackers, the
- * limiter, the paused set, retry and timeout timers. Nothing else touches
+ * limiter, retry and timeout timers. Nothing else touches
  * that state, so it takes no locks. Other threads reach the engine only
  * through the completion stack (`done`, lock-free) plus
  * uv_async_send(&wake), and read three atomics (assigned, stalled, stop).
@@ -16,23 +16,35 @@
  * rule 4), and a timer every poll_interval does the same as a safety net.
  * Rebalance callbacks therefore run on the engine thread.
  *
- * Message path. intake: decode (key UTF-8, payload JSON), filters
- * (source-system loop prevention, allowed_events) -> offset taken in the
+ * Message path. intake: key checks (present, UTF-8) -> offset taken in the
  * partition's tracker -> the key's FIFO. The head of each key's FIFO is
  * scheduled: the limiter starts it when fewer than max_concurrency run,
  * else it waits in the ready FIFO. Synchronous handlers run on the worker
  * pool; asynchronous ones on this thread, completing later through
- * prosody_complete(). Completions come back through the completion queue;
- * the mode's policy (retry with backoff, failure topic, log-and-skip)
- * decides, and a finished event completes its offset, which may advance
- * the partition's watermark; advanced partitions are stored with
- * rd_kafka_offsets_store (watermark + 1) and auto-commit commits them every
- * commit_interval.
+ * prosody_complete(). Right before the first attempt, on the handler's
+ * thread, prepare() parses the payload's JSON and applies the filters
+ * (source-system loop prevention, allowed_events); a record it rejects is
+ * committed past without running the handler. (Parsing there keeps the
+ * engine thread, the serial part of the pipeline, free of it.) Completions come
+ * back through the completion queue; the mode's policy (retry with backoff,
+ * failure topic, log-and-skip) decides, and a finished event completes its
+ * offset, which may advance the partition's watermark; advanced partitions are
+ * stored with rd_kafka_offsets_store (watermark + 1) and auto-commit commits
+ * them every commit_interval.
  *
  * Backpressure. `uncommitted` counts events taken and not finished. At
- * max_uncommitted every assigned partition is paused; at half of it the
- * partitions in the paused set (exactly those we paused, LIBRDKAFKA.md
- * rule 2) are resumed.
+ * max_uncommitted the engine stops taking records from the consumer queue
+ * (and turning due timers into events); at half of it, it polls again.
+ * Records meanwhile wait in librdkafka's prefetch queue, bounded by
+ * queued.max.messages.kbytes / queued.min.messages. The partitions are not
+ * paused at once: a pause throws librdkafka's prefetched records away and a
+ * resume waits for the broker thread's next fetch decision (up to 1 s with
+ * 2.0.2, measured), which made every short backpressure cycle a stall.
+ * While intake is stopped, rebalance and error events queued behind the
+ * waiting records wait too; so backpressure lasting BP_PAUSE_NS (1 s) pauses
+ * the partitions (the exact paused set, LIBRDKAFKA.md rule 2), and the
+ * consumer queue is served again until backpressure is released, when the
+ * paused partitions are resumed.
  *
  * Shutdown and revoke. No new event starts; events not started (and those
  * waiting for a retry) are released without commit; running handlers get
@@ -129,7 +141,14 @@ struct inv {
   prosody_err_t dlq_err;    /* failure-topic send result */
   char *dlq_errstr;         /* owned */
   uv_timer_t *timer;        /* retry / failure-topic retry timer, or NULL */
-  uv_timer_t *timeout;      /* handler timeout timer, or NULL */
+  inv_t *tprev, *tnext;     /* deadline list links (engine thread) */
+  int64_t deadline_ns;      /* RUNNING with a timeout: when it expires */
+  int timed;                /* in the deadline list */
+  rd_kafka_message_t *rkm;  /* a message not prepared yet (owned), else
+                               NULL; prepare() runs on the handler's thread */
+  const char *skip;         /* set by prepare(): why the record is skipped */
+  int skip_warn;            /* ... and whether that is worth a warning */
+  int inline_strings;       /* msg.key/payload live in this allocation */
 };
 
 struct kq {
@@ -210,8 +229,11 @@ struct pr__engine {
   tp_t *paused; /* partitions we paused (survives revoke: rule 2) */
   size_t npaused, cap_paused;
   int backpressure;
-  int uncommitted;  /* events taken, not finished */
-  int running;      /* handlers started, not completed */
+  int bp_paused;       /* backpressure lasted: partitions paused meanwhile */
+  int64_t bp_since_ns; /* when backpressure began */
+  int kafka_left;      /* intake stopped for backpressure: poll again after */
+  int uncommitted;     /* events taken, not finished */
+  int running;         /* handlers started, not completed */
   int dlq_inflight; /* failure-topic sends and fired-timer deletes in flight */
   inv_t *ready_head, *ready_tail;
   int phase;
@@ -222,6 +244,11 @@ struct pr__engine {
   uint64_t part_gen;   /* last partition assignment generation */
   int64_t slab_s;      /* slab_size in seconds */
   uv_timer_t tfire;    /* wakes the loop when the next timer is due */
+  /* Running handlers with a timeout, in start order; all have the same
+   * timeout, so that is deadline order too, and one loop timer (tmo,
+   * armed for the head) serves them all. */
+  inv_t *tmo_head, *tmo_tail;
+  uv_timer_t tmo;
 
   /* Timer operations from handler threads (see prosody_schedule). */
   pthread_mutex_t ops_lock; /* guards ops_head/tail, ops_closed */
@@ -240,6 +267,7 @@ static void process_done(pr__engine_t *eng);
 static void timer_finished(inv_t *inv, int commit);
 static void timer_store_delete(inv_t *inv);
 static void fire_due(pr__engine_t *eng);
+static void prepare(inv_t *inv);
 
 /* ------------------------------------------------------------------------ */
 /* Small helpers                                                             */
@@ -379,9 +407,12 @@ static void kq_remove(part_t *part, kq_t *kq) {
 static void inv_free(inv_t *inv) {
   hdr_copy_t *h, *next;
   timer_close(&inv->timer);
-  timer_close(&inv->timeout);
-  free(inv->msg.key);
-  free(inv->msg.payload);
+  if (!inv->inline_strings) {
+    free(inv->msg.key);
+    free(inv->msg.payload);
+  }
+  if (inv->rkm)
+    rd_kafka_message_destroy(inv->rkm);
   if (inv->msg.json)
     json_decref(inv->msg.json);
   if (inv->msg.headers)
@@ -547,6 +578,12 @@ static int complete_attempt(prosody_context_t *ctx, prosody_result_t result,
   inv = slot->owner;
   if (result != PROSODY_SUCCESS && result != PROSODY_PERMANENT)
     result = PROSODY_TRANSIENT; /* a failure without a class */
+  if (result == PROSODY_SUCCESS && inv->msg.json) {
+    /* Not needed any more (a failure keeps it for the retry): freed here,
+     * on the completing thread, rather than on the engine thread. */
+    json_decref(inv->msg.json);
+    inv->msg.json = NULL;
+  }
   inv->result = result;
   free(inv->result_error);
   inv->result_error = message       ? strdup(message)
@@ -563,7 +600,11 @@ static void run_handler(void *arg) {
   prosody_handler_t *h = &inv->eng->handler;
   prosody_context_t *ctx = inv->ctx; /* inv may be gone once completed */
   prosody_result_t r;
-  if (!inv->is_timer) {
+  if (inv->rkm)
+    prepare(inv);
+  if (inv->skip) {
+    r = PROSODY_SUCCESS; /* handler_done commits past it */
+  } else if (!inv->is_timer) {
     r = h->on_message(ctx, &inv->msg, h->opaque);
   } else if (h->on_timer) {
     r = h->on_timer(ctx, &inv->tmr, h->opaque);
@@ -587,12 +628,54 @@ static const char *describe(const inv_t *inv, char *buf, size_t n) {
   return buf;
 }
 
+/* Leaves the deadline list (engine thread). The loop timer stays armed for
+ * the old head: on_timeout re-arms it for the new one. */
+static void tmo_unlink(inv_t *inv) {
+  pr__engine_t *eng = inv->eng;
+  if (!inv->timed)
+    return;
+  if (inv->tprev)
+    inv->tprev->tnext = inv->tnext;
+  else
+    eng->tmo_head = inv->tnext;
+  if (inv->tnext)
+    inv->tnext->tprev = inv->tprev;
+  else
+    eng->tmo_tail = inv->tprev;
+  inv->tprev = inv->tnext = NULL;
+  inv->timed = 0;
+}
+
 static void on_timeout(uv_timer_t *t) {
-  inv_t *inv = t->data;
+  pr__engine_t *eng = t->data;
+  int64_t now = pr__now_ns();
+  inv_t *inv;
   char what[160];
-  PR_WARN("engine", "handler for %s exceeded its timeout; cancelling it",
-          describe(inv, what, sizeof(what)));
-  cancel_ctx(inv);
+  while ((inv = eng->tmo_head) && inv->deadline_ns <= now) {
+    tmo_unlink(inv);
+    PR_WARN("engine", "handler for %s exceeded its timeout; cancelling it",
+            describe(inv, what, sizeof(what)));
+    cancel_ctx(inv);
+  }
+  if (inv) /* ms, rounded up so the head has expired when it fires */
+    uv_timer_start(&eng->tmo, on_timeout,
+                   (uint64_t)((inv->deadline_ns - now + 999999) / 1000000), 0);
+}
+
+/* Joins the deadline list (engine thread). */
+static void tmo_link(inv_t *inv) {
+  pr__engine_t *eng = inv->eng;
+  inv->deadline_ns = pr__now_ns() + eng->timeout_ms * 1000000;
+  inv->tnext = NULL;
+  inv->tprev = eng->tmo_tail;
+  if (eng->tmo_tail)
+    eng->tmo_tail->tnext = inv;
+  else
+    eng->tmo_head = inv;
+  eng->tmo_tail = inv;
+  inv->timed = 1;
+  if (!uv_is_active((uv_handle_t *)&eng->tmo))
+    uv_timer_start(&eng->tmo, on_timeout, (uint64_t)eng->timeout_ms, 0);
 }
 
 static void start(inv_t *inv) {
@@ -615,14 +698,8 @@ static void start(inv_t *inv) {
     push_done(inv);
     return;
   }
-  if (eng->timeout_ms > 0) {
-    inv->timeout = malloc(sizeof(uv_timer_t));
-    if (inv->timeout) {
-      uv_timer_init(&eng->loop, inv->timeout);
-      inv->timeout->data = inv;
-      uv_timer_start(inv->timeout, on_timeout, (uint64_t)eng->timeout_ms, 0);
-    }
-  }
+  if (eng->timeout_ms > 0)
+    tmo_link(inv);
   if (eng->pool) {
     if (pr__pool_submit(eng->pool, run_handler, inv))
       complete_attempt(inv->ctx, PROSODY_TRANSIENT, "out of memory");
@@ -914,13 +991,25 @@ static void handler_done(inv_t *inv) {
 
   eng->running--;
   inv->part->active--;
-  timer_close(&inv->timeout);
+  tmo_unlink(inv);
   if (inv->cslot) { /* the attempt is over: its context goes stale */
     pr__ctx_release(inv->cslot);
     inv->cslot = NULL;
   }
   start_ready(eng);
 
+  if (inv->skip) {
+    char what[160];
+    if (inv->skip_warn)
+      PR_WARN("engine",
+              "skipping undecodable record %s: %s; committing past it",
+              describe(inv, what, sizeof(what)), inv->skip);
+    else
+      PR_DEBUG("engine", "skipping %s: %s", describe(inv, what, sizeof(what)),
+               inv->skip);
+    finish(inv, 1);
+    return;
+  }
   for (const layer_t *l = mode_layers(eng->mode); l->complete; l++)
     if ((v = l->complete(inv)) != V_NEXT)
       break;
@@ -1040,19 +1129,39 @@ static void resume_ours(pr__engine_t *eng) {
   rd_kafka_topic_partition_list_destroy(list);
 }
 
+/* Backpressure for more than this long pauses the partitions, so that
+ * rebalance and error events behind the waiting records get through. */
+#define BP_PAUSE_NS INT64_C(1000000000)
+
 static void backpressure_check(pr__engine_t *eng) {
   if (eng->stopping)
     return;
   if (!eng->backpressure && eng->uncommitted >= eng->max_uncommitted) {
     eng->backpressure = 1;
-    PR_DEBUG("engine", "backpressure: %d events in flight, pausing",
+    eng->bp_since_ns = pr__now_ns();
+    PR_DEBUG("engine", "backpressure: %d events in flight, pausing intake",
              eng->uncommitted);
-    pause_all(eng);
   } else if (eng->backpressure &&
              eng->uncommitted <= eng->max_uncommitted / 2) {
     eng->backpressure = 0;
-    PR_DEBUG("engine", "backpressure released: resuming");
-    resume_ours(eng);
+    PR_DEBUG("engine", "backpressure released: resuming intake");
+    if (eng->bp_paused) {
+      eng->bp_paused = 0;
+      resume_ours(eng);
+    }
+    if (eng->kafka_left)
+      uv_async_send(&eng->wake); /* on_wake polls again */
+  } else if (eng->backpressure && !eng->bp_paused &&
+             pr__now_ns() - eng->bp_since_ns >= BP_PAUSE_NS) {
+    /* Long backpressure: pause, and serve the consumer queue again for its
+     * other events (records of paused partitions are dropped by
+     * librdkafka; one still returned is taken anyway). */
+    PR_DEBUG("engine", "backpressure for %lld ms: pausing partitions",
+             (long long)((pr__now_ns() - eng->bp_since_ns) / 1000000));
+    eng->bp_paused = 1;
+    pause_all(eng);
+    if (eng->kafka_left)
+      uv_async_send(&eng->wake);
   }
 }
 
@@ -1113,14 +1222,39 @@ static int allowed(pr__engine_t *eng, json_t *json) {
   return 0;
 }
 
+/* Decodes the payload and applies the filters, on the thread about to run
+ * the handler (a worker for synchronous handlers), so the engine thread
+ * does not spend its time parsing JSON. Sets inv->skip for a record that
+ * is undecodable or filtered: the engine then commits past it without
+ * running the handler. Reads only the inv and immutable engine fields. */
+static void prepare(inv_t *inv) {
+  pr__engine_t *eng = inv->eng;
+  rd_kafka_message_t *rkm = inv->rkm;
+  rd_kafka_headers_t *hdrs = NULL;
+  json_error_t jerr;
+  const void *v;
+  size_t len;
+  inv->rkm = NULL;
+  rd_kafka_message_detach_headers(rkm, &hdrs);
+  rd_kafka_message_destroy(rkm);
+  inv->msg.headers = hdrs;
+  inv->msg.json = json_loadb(inv->msg.payload, inv->msg.payload_len,
+                             JSON_DECODE_ANY, &jerr);
+  if (!inv->msg.json) {
+    inv->skip = "payload is not valid JSON";
+    inv->skip_warn = 1;
+  } else if (hdrs &&
+             !rd_kafka_header_get_last(hdrs, "source-system", &v, &len) &&
+             len == strlen(eng->group_id) && !memcmp(v, eng->group_id, len)) {
+    inv->skip = "our own output";
+  } else if (!allowed(eng, inv->msg.json)) {
+    inv->skip = "event type not allowed";
+  }
+}
+
 static void intake(pr__engine_t *eng, rd_kafka_message_t *rkm) {
   const char *topic = rd_kafka_topic_name(rkm->rkt);
   part_t *part = part_find(eng, topic, rkm->partition);
-  rd_kafka_headers_t *hdrs = NULL;
-  json_error_t jerr;
-  json_t *json = NULL;
-  const void *v;
-  size_t len;
   const char *why = NULL;
   inv_t *inv;
   int rc;
@@ -1129,7 +1263,8 @@ static void intake(pr__engine_t *eng, rd_kafka_message_t *rkm) {
     rd_kafka_message_destroy(rkm);
     return;
   }
-  /* Decode: key present and UTF-8, payload JSON. */
+  /* Key present and UTF-8 text, payload present; the payload's JSON and
+   * the filters are checked by prepare(). */
   if (!rkm->key)
     why = "no key";
   else if (!pr__utf8_valid(rkm->key, rkm->key_len) ||
@@ -1137,8 +1272,6 @@ static void intake(pr__engine_t *eng, rd_kafka_message_t *rkm) {
     why = "key is not valid UTF-8 text";
   else if (!rkm->payload)
     why = "no payload";
-  else if (!(json = json_loadb(rkm->payload, rkm->len, JSON_DECODE_ANY, &jerr)))
-    why = "payload is not valid JSON";
   if (why) {
     PR_WARN("engine",
             "skipping undecodable record %s[%d] offset %lld: %s; committing "
@@ -1148,34 +1281,14 @@ static void intake(pr__engine_t *eng, rd_kafka_message_t *rkm) {
     rd_kafka_message_destroy(rkm);
     return;
   }
-  /* Filters (commit and skip). */
-  rd_kafka_message_detach_headers(rkm, &hdrs);
-  if (hdrs && !rd_kafka_header_get_last(hdrs, "source-system", &v, &len) &&
-      len == strlen(eng->group_id) && !memcmp(v, eng->group_id, len)) {
-    PR_DEBUG("engine", "skipping %s[%d] offset %lld: our own output", topic,
-             rkm->partition, (long long)rkm->offset);
-    why = "loop";
-  } else if (!allowed(eng, json)) {
-    why = "type";
-  }
-  if (why) {
-    skip_record(part, rkm->offset);
-    json_decref(json);
-    if (hdrs)
-      rd_kafka_headers_destroy(hdrs);
-    rd_kafka_message_destroy(rkm);
-    return;
-  }
 
   rc = pr__tracker_take(&part->tracker, rkm->offset);
-  inv = rc == 0 ? calloc(1, sizeof(*inv)) : NULL;
+  /* One allocation: the inv, then its key and payload (NUL-terminated). */
+  inv = rc == 0 ? calloc(1, sizeof(*inv) + rkm->key_len + rkm->len + 2) : NULL;
   if (!inv) {
     if (rc == 0)
       PR_ERROR("engine", "out of memory taking %s[%d] offset %lld", topic,
                rkm->partition, (long long)rkm->offset);
-    json_decref(json);
-    if (hdrs)
-      rd_kafka_headers_destroy(hdrs);
     rd_kafka_message_destroy(rkm);
     return;
   }
@@ -1185,13 +1298,16 @@ static void intake(pr__engine_t *eng, rd_kafka_message_t *rkm) {
   inv->msg.partition = rkm->partition;
   inv->msg.offset = rkm->offset;
   inv->msg.timestamp = rd_kafka_message_timestamp(rkm, NULL);
-  inv->msg.key = dup_n(rkm->key, rkm->key_len);
-  inv->msg.payload = dup_n(rkm->payload, rkm->len);
+  inv->inline_strings = 1;
+  inv->msg.key = (char *)(inv + 1);
+  memcpy(inv->msg.key, rkm->key, rkm->key_len);
+  inv->msg.key[rkm->key_len] = '\0';
+  inv->msg.payload = inv->msg.key + rkm->key_len + 1;
+  memcpy(inv->msg.payload, rkm->payload, rkm->len);
+  inv->msg.payload[rkm->len] = '\0';
   inv->msg.payload_len = rkm->len;
-  inv->msg.json = json;
-  inv->msg.headers = hdrs;
+  inv->rkm = rkm;
   pthread_mutex_init(&inv->msg.hdr_lock, NULL);
-  rd_kafka_message_destroy(rkm);
   enqueue(inv);
 }
 
@@ -1200,7 +1316,14 @@ static void drain_kafka(pr__engine_t *eng) {
   rd_kafka_message_t *rkm;
   while (read(eng->pipefd[0], buf, sizeof(buf)) > 0)
     ;
-  while ((rkm = rd_kafka_consumer_poll(eng->rk, 0))) {
+  eng->kafka_left = 0;
+  for (;;) {
+    if (eng->backpressure && !eng->bp_paused && !eng->stopping) {
+      eng->kafka_left = 1; /* polled again once backpressure is released */
+      break;
+    }
+    if (!(rkm = rd_kafka_consumer_poll(eng->rk, 0)))
+      break;
     if (rkm->err) {
       if (rkm->err != RD_KAFKA_RESP_ERR__PARTITION_EOF)
         PR_WARN("engine", "consumer: %s", rd_kafka_message_errstr(rkm));
@@ -1208,6 +1331,7 @@ static void drain_kafka(pr__engine_t *eng) {
       continue;
     }
     intake(eng, rkm);
+    backpressure_check(eng);
   }
   process_done(eng);
   store_offsets(eng, NULL);
@@ -1373,10 +1497,10 @@ static void timer_store_delete(inv_t *inv) {
 
 static void on_fire(uv_timer_t *t);
 
-/* Room for another timer event: below max_uncommitted, and not while the
- * partitions are paused for backpressure (until it is released at half the
+/* Room for another timer event: below max_uncommitted, and not while
+ * intake is stopped for backpressure (until it is released at half the
  * limit), so that due timers cannot keep the budget full and starve the
- * messages of the paused partitions. */
+ * messages waiting in the consumer queue. */
 static int timer_room(const pr__engine_t *eng) {
   return !eng->backpressure && eng->uncommitted < eng->max_uncommitted;
 }
@@ -1962,11 +2086,11 @@ static void part_release(pr__engine_t *eng, part_t *part) {
     part->zombie = 1;
     part->next = eng->zombies;
     eng->zombies = part;
-    /* Already cancelled: their timeouts would only keep the loop alive. */
+    /* Already cancelled: their timeouts have nothing left to do. */
     for (size_t b = 0; part->buckets && b < part->nbuckets; b++)
       for (kq_t *kq = part->buckets[b]; kq; kq = kq->next)
         if (kq->head)
-          timer_close(&kq->head->timeout);
+          tmo_unlink(kq->head);
     PR_WARN("engine", "%s[%d] released with %d handler(s) still running",
             part->topic, part->partition, part->invs);
   } else {
@@ -2025,10 +2149,10 @@ static void on_assign(pr__engine_t *eng, rd_kafka_topic_partition_list_t *list,
   for (int i = 0; i < list->cnt; i++) {
     rd_kafka_topic_partition_t *tp = &list->elems[i];
     int idx = paused_find(eng, tp->topic, tp->partition);
-    if (eng->backpressure && idx < 0) {
+    if (eng->bp_paused && idx < 0) {
       if (!paused_add(eng, tp->topic, tp->partition))
         rd_kafka_topic_partition_list_add(pause, tp->topic, tp->partition);
-    } else if (!eng->backpressure && idx >= 0) {
+    } else if (!eng->bp_paused && idx >= 0) {
       rd_kafka_topic_partition_list_add(resume, tp->topic, tp->partition);
       paused_remove(eng, idx);
     }
@@ -2156,6 +2280,7 @@ static void shutdown_engine(pr__engine_t *eng) {
   uv_timer_stop(&eng->tick);
   uv_close((uv_handle_t *)&eng->tick, NULL);
   uv_close((uv_handle_t *)&eng->tfire, NULL);
+  uv_close((uv_handle_t *)&eng->tmo, NULL);
   uv_close((uv_handle_t *)&eng->wake, NULL);
 }
 
@@ -2167,6 +2292,7 @@ static void on_kafka(uv_poll_t *h, int status, int events) {
 
 static void on_tick(uv_timer_t *t) {
   pr__engine_t *eng = t->data;
+  backpressure_check(eng); /* long backpressure pauses */
   timers_advance(eng);
   drain_kafka(eng);
   check_stalls(eng);
@@ -2180,6 +2306,8 @@ static void on_wake(uv_async_t *a) {
   store_offsets(eng, NULL);
   if (atomic_load(&eng->stop_requested))
     shutdown_engine(eng);
+  else if (eng->kafka_left && (!eng->backpressure || eng->bp_paused))
+    drain_kafka(eng); /* fires due timers too */
   else
     fire_due(eng);
 }
@@ -2187,6 +2315,7 @@ static void on_wake(uv_async_t *a) {
 static void *engine_main(void *arg) {
   pr__engine_t *eng = arg;
   tls_engine = eng;
+  pthread_setname_np(pthread_self(), "prosody-engine");
   uv_run(&eng->loop, UV_RUN_DEFAULT);
   tls_engine = NULL;
   return NULL;
@@ -2417,6 +2546,8 @@ pr__engine_t *pr__engine_start(const pr__settings_t *st, const char *bootstrap,
   eng->wake.data = eng;
   uv_timer_init(&eng->loop, &eng->tfire);
   eng->tfire.data = eng;
+  uv_timer_init(&eng->loop, &eng->tmo);
+  eng->tmo.data = eng;
   if (!(eng->store = new_store(eng, errstr, errstr_size)))
     goto fail_loop;
 
@@ -2447,6 +2578,7 @@ fail_loop:
   uv_close((uv_handle_t *)&eng->kpoll, NULL);
   uv_close((uv_handle_t *)&eng->tick, NULL);
   uv_close((uv_handle_t *)&eng->tfire, NULL);
+  uv_close((uv_handle_t *)&eng->tmo, NULL);
   uv_close((uv_handle_t *)&eng->wake, NULL);
   uv_run(&eng->loop, UV_RUN_DEFAULT);
   uv_loop_close(&eng->loop);

@@ -1,7 +1,9 @@
 /*
  * pool.h - the C executor: a fixed pool of worker threads running jobs in
  * FIFO order (private). The engine never submits more jobs than threads
- * (its limiter holds the rest), so a job starts at once.
+ * (its limiter holds the rest), so every job gets a thread: at once when
+ * a worker is free, else after the wake-ups of the jobs queued before it
+ * (see pool.c for the wake-up policy).
  */
 #ifndef PR_POOL_H
 #define PR_POOL_H

@@ -309,6 +309,7 @@ static void warm_one(pr__producer_t *prod) {
 
 static void *poller_main(void *arg) {
   pr__producer_t *prod = arg;
+  pthread_setname_np(pthread_self(), "prosody-send");
   in_callback_thread = 1;
   while (!atomic_load(&prod->stop)) {
     rd_kafka_poll(prod->rk, 50); /* only this thread replaces prod->rk */
