@@ -11,6 +11,10 @@
  * prosody run the group's committed offsets must equal the partitions' end
  * offsets (checked with a plain librdkafka handle), or the run fails.
  *
+ * BENCH_BOOTSTRAP=host:port runs the same scenario against a real broker
+ * (a fresh 4-partition topic, deleted afterwards) instead of the embedded
+ * mock cluster; result names then carry "-real".
+ *
  * BENCH_MAX_CONCURRENCY / BENCH_MAX_UNCOMMITTED override those options and
  * BENCH_SKIP_RAW=1 skips the baseline, for profiling; `make bench` uses
  * neither.
@@ -75,12 +79,40 @@ static void zipf_init(void) {
   zipf_cdf[NKEYS - 1] = 1.0;
 }
 
+/* The real broker's address (BENCH_BOOTSTRAP), or NULL: the mock cluster. */
+static const char *real_bootstrap;
+
+/* Points a configuration at the mock cluster or the real broker. */
+static void target(prosody_config_t *conf) {
+  if (real_bootstrap)
+    bench_set(conf, "bootstrap_servers", real_bootstrap);
+  else
+    bench_set(conf, "mock", "true");
+}
+
+/* A fresh topic with 4 partitions on the real broker (the mock cluster
+ * creates topics with 4 partitions on first use). */
+static void topic_admin(const char *topic, int create) {
+  char err[512];
+  prosody_config_t *conf = prosody_config_new();
+  prosody_topic_options_t o = PROSODY_TOPIC_OPTIONS_INIT;
+  prosody_admin_t *a;
+  target(conf);
+  if (!(a = prosody_admin_new(conf, err, sizeof(err))) ||
+      (create ? prosody_admin_create_topic(a, topic, &o, err, sizeof(err))
+              : prosody_admin_delete_topic(a, topic, err, sizeof(err)))) {
+    fprintf(stderr, "bench_consume: topic %s: %s\n", topic, err);
+    exit(1);
+  }
+  prosody_admin_destroy(a); /* it owns conf */
+}
+
 static void produce(const char *topic, long n) {
   unsigned seed = 42;
   char err[1024], key[32], buf[200];
   prosody_config_t *conf = prosody_config_new();
   prosody_client_t *c;
-  prosody_config_set(conf, "mock", "true", err, sizeof(err));
+  target(conf);
   prosody_config_set(conf, "source_system", "bench", err, sizeof(err));
   prosody_config_set(conf, "send_timeout", "60s", err, sizeof(err));
   c = prosody_client_new(conf, err, sizeof(err));
@@ -191,7 +223,7 @@ static double run_prosody(const char *topic, long n, int rep) {
   prosody_client_t *c;
   prosody_handler_t h = {noop, NULL, NULL, 0};
   snprintf(group, sizeof(group), "bench-prosody-%s-%d", topic, rep);
-  prosody_config_set(conf, "mock", "true", err, sizeof(err));
+  target(conf);
   prosody_config_set(conf, "group_id", group, err, sizeof(err));
   prosody_config_set(conf, "subscribed_topics", topic, err, sizeof(err));
   prosody_config_set(conf, "log", "warn", err, sizeof(err));
@@ -222,14 +254,24 @@ int main(int argc, char **argv) {
   if (reps < 1 || reps > 16 || n < 1)
     return 2;
   const char *dist = argc > 3 ? argv[3] : "uniform";
+  const char *where = "";
   zipf = !strcmp(dist, "zipf");
   if (zipf)
     zipf_init();
-  prosody_mock_bootstrap_servers(bootstrap, sizeof(bootstrap), err,
-                                 sizeof(err));
+  real_bootstrap = getenv("BENCH_BOOTSTRAP");
+  if (real_bootstrap) {
+    snprintf(bootstrap, sizeof(bootstrap), "%s", real_bootstrap);
+    snprintf(topic, sizeof(topic), "bench-consume-%s-%ld", dist,
+             (long)time(NULL));
+    topic_admin(topic, 1);
+    where = "real-";
+  } else {
+    prosody_mock_bootstrap_servers(bootstrap, sizeof(bootstrap), err,
+                                   sizeof(err));
+    snprintf(topic, sizeof(topic), "bench-consume-%s", dist);
+  }
   bench_bootstrap = bootstrap;
-  snprintf(topic, sizeof(topic), "bench-consume-%s", dist);
-  produce(topic, n); /* 4 partitions (mock default), 1000 keys */
+  produce(topic, n); /* 4 partitions, 1000 keys */
   for (int r = 0; r < reps; r++) {
     if (getenv("BENCH_SKIP_RAW")) {
       raw[r] = pr[r] = run_prosody(topic, n, r);
@@ -245,9 +287,12 @@ int main(int argc, char **argv) {
   }
   qsort(raw, (size_t)reps, sizeof(double), bench_cmp_double);
   qsort(pr, (size_t)reps, sizeof(double), bench_cmp_double);
-  printf("bench consume-raw-%s %.0f msg/s ratio=1.000\n", dist, raw[reps / 2]);
-  printf("bench consume-noop-%s %.0f msg/s ratio=%.3f committed=verified\n",
-         dist, pr[reps / 2], pr[reps / 2] / raw[reps / 2]);
+  if (real_bootstrap)
+    topic_admin(topic, 0);
+  printf("bench consume-raw-%s%s %.0f msg/s ratio=1.000\n", where, dist,
+         raw[reps / 2]);
+  printf("bench consume-noop-%s%s %.0f msg/s ratio=%.3f committed=verified\n",
+         where, dist, pr[reps / 2], pr[reps / 2] / raw[reps / 2]);
   fprintf(stderr,
           "consume: %ld records x %d runs (median); prosody no-op handler "
           "%.0f msg/s vs raw librdkafka %.0f msg/s = %.2fx\n",
