@@ -2,7 +2,10 @@
  * test_consume_flow.c - flow control and intake:
  *  - max_concurrency=3: at most 3 handlers ever run at once (and 3 do);
  *  - backpressure: max_uncommitted=4 with a slow handler still completes
- *    every record (partitions pause and resume);
+ *    every record (intake stops and resumes);
+ *  - a member joins while every handler is stuck at max_uncommitted: the
+ *    stuck member gives partitions up in the rebalance instead of being
+ *    expelled (long backpressure pauses and serves the queue);
  *  - asynchronous handlers: PENDING, completed from another thread;
  *  - out-of-order completion: a blocked key does not hold back the others,
  *    and the committed offset never passes its unfinished record;
@@ -106,6 +109,22 @@ static prosody_result_t blocking(prosody_context_t *ctx,
   }
   if (strcmp(prosody_message_key(m), "key-0"))
     atomic_fetch_add(&others_done, 1);
+  return PROSODY_SUCCESS;
+}
+
+/* --- a rebalance while intake is stopped ------------------------------ */
+
+static atomic_int stuck_release, stuck_started, stuck_done;
+
+/* Holds every handler until released or cancelled (a cancelled one fails:
+ * during a revoke that is terminal, and the record is redelivered). */
+static prosody_result_t stuck(prosody_context_t *ctx,
+                              const prosody_message_t *m, void *op) {
+  atomic_fetch_add(&stuck_started, 1);
+  while (!atomic_load(&stuck_release))
+    if (prosody_wait_cancel(ctx, 5))
+      return PROSODY_TRANSIENT;
+  atomic_fetch_add(&stuck_done, 1);
   return PROSODY_SUCCESS;
 }
 
@@ -235,6 +254,70 @@ int main(void) {
     stop(c);
   }
 
+  /* A rebalance gets through while every handler is stuck and intake is
+   * stopped at max_uncommitted: after 1 s of backpressure the partitions
+   * are paused and the consumer queue is served again, so a joining member
+   * gets its share (the stuck handlers are cancelled by the revoke's drain
+   * and their records redelivered); then everything is processed and
+   * committed. */
+  {
+    char t6[128], g6[160];
+    const char *o[] = {"max_uncommitted",
+                       "4",
+                       "max_concurrency",
+                       "4",
+                       "shutdown_timeout",
+                       "2s",
+                       NULL};
+    prosody_handler_t h = {stuck, NULL, NULL, 0};
+    prosody_client_t *c2;
+    int64_t committed[2], end[2];
+    double deadline;
+    snprintf(t6, sizeof(t6), "%s", t_topic("flow-stuck"));
+    snprintf(g6, sizeof(g6), "%s-g", t6);
+    t_create_topic(t6, 2);
+    t_produce(t6, 0, 40, 8);
+    c = consume(t6, g6, o, &h);
+    CHECK(t_wait_at_least(&stuck_started, 4, 60), "stuck: %d handlers started",
+          atomic_load(&stuck_started));
+    c2 = consume(t6, g6, o, &h);
+    deadline = t_now() + 30;
+    while (prosody_assigned_partition_count(c2) < 1 && t_now() < deadline)
+      usleep(20000);
+    CHECK(prosody_assigned_partition_count(c2) >= 1,
+          "a member joining a consumer stuck at max_uncommitted got no "
+          "partition in 30 s");
+    /* The stuck member took part in the rebalance (gave its partitions
+     * up) rather than being expelled for not polling, which would leave
+     * both members holding the same partitions. (The stuck member may
+     * take its new share a moment after the joining one.) */
+    while (prosody_assigned_partition_count(c) +
+                   prosody_assigned_partition_count(c2) <
+               2 &&
+           t_now() < deadline)
+      usleep(20000);
+    CHECK(prosody_assigned_partition_count(c) +
+                  prosody_assigned_partition_count(c2) ==
+              2,
+          "after the rebalance the members hold %d + %d of 2 partitions",
+          prosody_assigned_partition_count(c),
+          prosody_assigned_partition_count(c2));
+    atomic_store(&stuck_release, 1);
+    CHECK(t_wait_at_least(&stuck_done, 40, 60), "stuck: %d of 40 done",
+          atomic_load(&stuck_done));
+    deadline = t_now() + 30;
+    do {
+      usleep(100000);
+      t_committed(g6, t6, committed, end);
+    } while ((committed[0] != end[0] || committed[1] != end[1]) &&
+             t_now() < deadline);
+    CHECK(committed[0] == end[0] && committed[1] == end[1],
+          "stuck: committed %lld/%lld of %lld/%lld", (long long)committed[0],
+          (long long)committed[1], (long long)end[0], (long long)end[1]);
+    stop(c2);
+    stop(c);
+  }
+
   /* Filters and undecodable records. */
   {
     char t5[128], g5[160];
@@ -280,6 +363,6 @@ int main(void) {
     }
   }
   printf("ok: concurrency limit, backpressure, async, out-of-order commit, "
-         "filters\n");
+         "rebalance at max_uncommitted, filters\n");
   return 0;
 }
