@@ -152,8 +152,8 @@ struct inv {
 };
 
 struct kq {
-  kq_t *next; /* bucket chain */
-  char *key;
+  kq_t *next;         /* bucket chain */
+  char *key;          /* in the same allocation */
   inv_t *head, *tail; /* FIFO; head is the only one that may run */
 };
 
@@ -268,6 +268,7 @@ static void timer_finished(inv_t *inv, int commit);
 static void timer_store_delete(inv_t *inv);
 static void fire_due(pr__engine_t *eng);
 static void prepare(inv_t *inv);
+static void tmo_unlink(inv_t *inv);
 
 /* ------------------------------------------------------------------------ */
 /* Small helpers                                                             */
@@ -378,10 +379,12 @@ static kq_t *kq_get(part_t *part, const char *key, int create) {
       part->nbuckets = n;
     }
   }
-  kq = calloc(1, sizeof(*kq));
-  if (!kq || !(kq->key = strdup(key))) {
-    free(kq);
-    return NULL;
+  {
+    size_t len = strlen(key);
+    if (!(kq = calloc(1, sizeof(*kq) + len + 1)))
+      return NULL;
+    kq->key = (char *)(kq + 1);
+    memcpy(kq->key, key, len + 1);
   }
   kq->next = part->buckets[h % part->nbuckets];
   part->buckets[h % part->nbuckets] = kq;
@@ -396,7 +399,6 @@ static void kq_remove(part_t *part, kq_t *kq) {
   if (*pp)
     *pp = kq->next;
   part->nkeys--;
-  free(kq->key);
   free(kq);
 }
 
@@ -406,6 +408,7 @@ static void kq_remove(part_t *part, kq_t *kq) {
 
 static void inv_free(inv_t *inv) {
   hdr_copy_t *h, *next;
+  tmo_unlink(inv);
   timer_close(&inv->timer);
   if (!inv->inline_strings) {
     free(inv->msg.key);
@@ -436,7 +439,6 @@ static void part_free(part_t *part) {
     kq_t *k = part->buckets[i], *next;
     for (; k; k = next) {
       next = k->next;
-      free(k->key);
       free(k);
     }
   }
