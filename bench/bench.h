@@ -26,6 +26,29 @@ static inline void bench_set(prosody_config_t *c, const char *k,
   }
 }
 
+/* A producer for the benchmark's records: `conf` already points at a
+ * cluster; exits with the error if the client cannot be created. */
+static inline prosody_client_t *bench_producer(prosody_config_t *conf) {
+  char err[512];
+  prosody_client_t *c;
+  bench_set(conf, "source_system", "bench");
+  bench_set(conf, "send_timeout", "60s");
+  if (!(c = prosody_client_new(conf, err, sizeof(err)))) {
+    fprintf(stderr, "bench: %s\n", err);
+    exit(1);
+  }
+  return c;
+}
+
+/* Record i's JSON payload (~100 bytes, with `id` and `type`) for `key`. */
+static inline void bench_order_json(char *buf, size_t n, long i,
+                                    const char *key) {
+  snprintf(buf, n,
+           "{\"id\":\"evt-%010ld\",\"type\":\"order.created\",\"amount\":"
+           "%ld.%02ld,\"customer\":\"%s\"}",
+           i, (i * 31) % 1000, i % 100, key);
+}
+
 /* The baseline consumer: a plain librdkafka high-level consumer of `topic`
  * in `group` from the earliest offset, storing offsets itself, with the
  * mock cluster's short session. */

@@ -113,15 +113,10 @@ static void produce(const char *topic, long n) {
   prosody_config_t *conf = prosody_config_new();
   prosody_client_t *c;
   target(conf);
-  prosody_config_set(conf, "source_system", "bench", err, sizeof(err));
-  prosody_config_set(conf, "send_timeout", "60s", err, sizeof(err));
-  c = prosody_client_new(conf, err, sizeof(err));
+  c = bench_producer(conf);
   for (long i = 0; i < n; i++) {
     snprintf(key, sizeof(key), "key-%04ld", key_of(i, &seed));
-    snprintf(buf, sizeof(buf),
-             "{\"id\":\"evt-%010ld\",\"type\":\"order.created\",\"amount\":"
-             "%ld.%02ld,\"customer\":\"%s\"}",
-             i, (i * 31) % 1000, i % 100, key);
+    bench_order_json(buf, sizeof(buf), i, key);
     if (prosody_send_async(c, topic, key, buf, NULL, on_sent, NULL, err,
                            sizeof(err))) {
       fprintf(stderr, "send: %s\n", err);

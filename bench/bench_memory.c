@@ -44,19 +44,10 @@ static void produce(const char *topic, long n) {
   prosody_config_t *conf = prosody_config_new();
   prosody_client_t *c;
   bench_set(conf, "mock", "true");
-  bench_set(conf, "source_system", "bench");
-  bench_set(conf, "send_timeout", "60s");
-  c = prosody_client_new(conf, err, sizeof(err));
-  if (!c) {
-    fprintf(stderr, "bench_memory: %s\n", err);
-    exit(1);
-  }
+  c = bench_producer(conf);
   for (long i = 0; i < n; i++) {
     snprintf(key, sizeof(key), "key-%06ld", i);
-    snprintf(buf, sizeof(buf),
-             "{\"id\":\"evt-%010ld\",\"type\":\"order.created\",\"amount\":"
-             "%ld.%02ld,\"customer\":\"%s\"}",
-             i, (i * 31) % 1000, i % 100, key);
+    bench_order_json(buf, sizeof(buf), i, key);
     if (prosody_send(c, topic, key, buf, NULL, err, sizeof(err))) {
       fprintf(stderr, "bench_memory: send: %s\n", err);
       exit(1);

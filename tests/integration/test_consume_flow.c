@@ -36,6 +36,23 @@ static void stop(prosody_client_t *c) {
   prosody_client_destroy(c);
 }
 
+/* Waits up to `seconds` until the group's committed offset equals the end
+ * offset on every partition of `topic`; 1 if so. committed[] and end[]
+ * hold the last reading. */
+static int all_committed(const char *group, const char *topic,
+                         int64_t *committed, int64_t *end, double seconds) {
+  double deadline = t_now() + seconds;
+  for (;;) {
+    int np, done = 1;
+    usleep(100000);
+    np = t_committed(group, topic, committed, end);
+    for (int p = 0; p < np; p++)
+      done &= committed[p] == end[p];
+    if (done || t_now() >= deadline)
+      return done;
+  }
+}
+
 /* --- max_concurrency and backpressure --------------------------------- */
 
 static atomic_int now_running, max_running, done_limit;
@@ -229,7 +246,6 @@ int main(void) {
   {
     prosody_handler_t h = {blocking, NULL, NULL, 0};
     int64_t committed[4], end[4];
-    double deadline;
     snprintf(g, sizeof(g), "%s-g", t4);
     c = consume(t4, g, NULL, &h);
     CHECK(t_wait_at_least(&blocked_started, 1, 60),
@@ -244,13 +260,9 @@ int main(void) {
           "committed %lld passed the unfinished offset %lld",
           (long long)committed[0], (long long)atomic_load(&blocked_offset));
     atomic_store(&release_blocked, 1);
-    deadline = t_now() + 30;
-    do {
-      usleep(100000);
-      t_committed(g, t4, committed, end);
-    } while (committed[0] != end[0] && t_now() < deadline);
-    CHECK(committed[0] == end[0], "after release: committed %lld of %lld",
-          (long long)committed[0], (long long)end[0]);
+    CHECK(all_committed(g, t4, committed, end, 30),
+          "after release: committed %lld of %lld", (long long)committed[0],
+          (long long)end[0]);
     stop(c);
   }
 
@@ -305,13 +317,7 @@ int main(void) {
     atomic_store(&stuck_release, 1);
     CHECK(t_wait_at_least(&stuck_done, 40, 60), "stuck: %d of 40 done",
           atomic_load(&stuck_done));
-    deadline = t_now() + 30;
-    do {
-      usleep(100000);
-      t_committed(g6, t6, committed, end);
-    } while ((committed[0] != end[0] || committed[1] != end[1]) &&
-             t_now() < deadline);
-    CHECK(committed[0] == end[0] && committed[1] == end[1],
+    CHECK(all_committed(g6, t6, committed, end, 30),
           "stuck: committed %lld/%lld of %lld/%lld", (long long)committed[0],
           (long long)committed[1], (long long)end[0], (long long)end[1]);
     stop(c2);
@@ -324,7 +330,6 @@ int main(void) {
     prosody_handler_t h = {filtered, NULL, NULL, 0};
     const char *o[] = {"allowed_events", "user.,account.", NULL};
     int64_t committed[2], end[2];
-    double deadline;
     snprintf(t5, sizeof(t5), "%s", t_topic("flow-filters"));
     snprintf(g5, sizeof(g5), "%s-g", t5);
     t_create_topic(t5, 1);
@@ -341,13 +346,9 @@ int main(void) {
     c = consume(t5, g5, o, &h);
     CHECK(t_wait_at_least(&nseen, 4, 60), "filters: %d of 4 processed",
           atomic_load(&nseen));
-    deadline = t_now() + 30;
-    do {
-      usleep(100000);
-      t_committed(g5, t5, committed, end);
-    } while (committed[0] != end[0] && t_now() < deadline);
-    CHECK(committed[0] == end[0], "filters: committed %lld of %lld",
-          (long long)committed[0], (long long)end[0]);
+    CHECK(all_committed(g5, t5, committed, end, 30),
+          "filters: committed %lld of %lld", (long long)committed[0],
+          (long long)end[0]);
     stop(c);
     CHECK(atomic_load(&nseen) == 4, "processed %d records, want 4",
           atomic_load(&nseen));
