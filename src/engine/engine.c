@@ -10,11 +10,15 @@
  * through the completion stack (`done`, lock-free) plus
  * uv_async_send(&wake), and read three atomics (assigned, stalled, stop).
  *
- * Kafka. librdkafka's main queue is forwarded to the consumer queue, whose
- * IO-event fd (a pipe) wakes the loop through a uv_poll_t; every wake-up
- * drains rd_kafka_consumer_poll(rk, 0) until it returns NULL (LIBRDKAFKA.md
- * rule 4), and a timer every poll_interval does the same as a safety net.
- * Rebalance callbacks therefore run on the engine thread.
+ * Kafka. librdkafka's main queue is forwarded to the consumer queue, which
+ * carries rebalances and errors; each assigned partition's records arrive
+ * on a queue of its own (its fetch queue, not forwarded). Every queue
+ * writes the same pipe when it turns non-empty, which wakes the loop
+ * through a uv_poll_t; every wake-up serves the consumer queue until it is
+ * empty and reads each partition queue until it is empty or its partition
+ * is backed up (LIBRDKAFKA.md rule 4), and a timer every poll_interval
+ * does the same as a safety net. Rebalance callbacks therefore run on the
+ * engine thread.
  *
  * Message path. intake: key checks (present, UTF-8) -> offset taken in the
  * partition's tracker -> the key's FIFO. The head of each key's FIFO is
@@ -32,19 +36,21 @@
  * stored with rd_kafka_offsets_store (watermark + 1) and auto-commit commits
  * them every commit_interval.
  *
- * Backpressure. `uncommitted` counts events taken and not finished. At
- * max_uncommitted the engine stops taking records from the consumer queue
- * (and turning due timers into events); at half of it, it polls again.
- * Records meanwhile wait in librdkafka's prefetch queue, bounded by
- * queued.max.messages.kbytes / queued.min.messages. The partitions are not
- * paused at once: a pause throws librdkafka's prefetched records away and a
- * resume waits for the broker thread's next fetch decision (up to 1 s with
- * 2.0.2, measured), which made every short backpressure cycle a stall.
- * While intake is stopped, rebalance and error events queued behind the
- * waiting records wait too; so backpressure lasting BP_PAUSE_NS (1 s) pauses
- * the partitions (the exact paused set, LIBRDKAFKA.md rule 2), and the
- * consumer queue is served again until backpressure is released, when the
- * paused partitions are resumed.
+ * Backpressure, per partition. A partition stops when it has
+ * max_uncommitted unfinished events (messages and timers), or when its
+ * commit lags 64 x max_uncommitted records behind what it has taken (a
+ * stuck record holds the commit while other keys go on; the window bounds
+ * the tracker's memory and what a crash redelivers). A stopped partition's
+ * queue is not read and its timers do not fire; at half of both limits it
+ * is read again. Its records wait in its librdkafka fetch queue, which
+ * stops fetching at queued.min.messages records or
+ * queued.max.messages.kbytes per partition; records we have taken hold
+ * only their own copies once they wait (release_rkm()), so a stopped
+ * partition costs at most max_uncommitted events plus that prefetch. The
+ * consumer queue and every other partition keep flowing, so one stuck key
+ * stops at most its own partition. Nothing is paused: a pause throws the
+ * prefetched records away and librdkafka 2.0.2 resumes fetching up to 1 s
+ * later (measured).
  *
  * Shutdown and revoke. No new event starts; events not started (and those
  * waiting for a retry) are released without commit; running handlers get
@@ -144,8 +150,10 @@ struct inv {
   inv_t *tprev, *tnext;     /* deadline list links (engine thread) */
   int64_t deadline_ns;      /* RUNNING with a timeout: when it expires */
   int timed;                /* in the deadline list */
-  rd_kafka_message_t *rkm;  /* a message not prepared yet (owned), else
-                               NULL; prepare() runs on the handler's thread */
+  rd_kafka_message_t *rkm;  /* the record, until its headers are detached
+                               (owned), else NULL; see release_rkm() */
+  int unprepared;           /* a message whose JSON and filters prepare()
+                               has not applied yet (handler's thread) */
   const char *skip;         /* set by prepare(): why the record is skipped */
   int skip_warn;            /* ... and whether that is worth a warning */
   int inline_strings;       /* msg.key/payload live in this allocation */
@@ -161,6 +169,11 @@ struct part {
   part_t *next;
   char *topic;
   int32_t partition;
+  rd_kafka_queue_t *rkq; /* its own fetch queue (not forwarded to the
+                            consumer queue), or NULL: records then arrive
+                            on the consumer queue */
+  int stopped;           /* backpressure: its queue is not read, its
+                            timers not fired, until the backlog halves */
   pr__tracker_t tracker;
   kq_t **buckets;
   size_t nbuckets, nkeys;
@@ -181,11 +194,6 @@ struct part {
   int64_t horizon;       /* last slab loaded or being loaded; -1: none */
   int64_t preload_s;     /* how far ahead of now slabs are loaded */
 };
-
-typedef struct tp {
-  char *topic;
-  int32_t partition;
-} tp_t;
 
 enum phase { PH_RUNNING, PH_DRAINING };
 
@@ -226,13 +234,7 @@ struct pr__engine {
   part_t *parts;
   part_t *zombies; /* released partitions with handlers still running */
 
-  tp_t *paused; /* partitions we paused (survives revoke: rule 2) */
-  size_t npaused, cap_paused;
-  int backpressure;
-  int bp_paused;       /* backpressure lasted: partitions paused meanwhile */
-  int64_t bp_since_ns; /* when backpressure began */
-  int kafka_left;      /* intake stopped for backpressure: poll again after */
-  int uncommitted;     /* events taken, not finished */
+  int resumed;         /* a partition left backpressure: read queues */
   int running;         /* handlers started, not completed */
   int dlq_inflight; /* failure-topic sends and fired-timer deletes in flight */
   inv_t *ready_head, *ready_tail;
@@ -268,6 +270,7 @@ static void timer_finished(inv_t *inv, int commit);
 static void timer_store_delete(inv_t *inv);
 static void fire_due(pr__engine_t *eng);
 static void prepare(inv_t *inv);
+static void release_rkm(inv_t *inv);
 static void tmo_unlink(inv_t *inv);
 
 /* ------------------------------------------------------------------------ */
@@ -306,40 +309,6 @@ static part_t *part_find(pr__engine_t *eng, const char *topic, int32_t p) {
     if (part->partition == p && !strcmp(part->topic, topic))
       return part;
   return NULL;
-}
-
-static int paused_find(pr__engine_t *eng, const char *topic, int32_t p) {
-  for (size_t i = 0; i < eng->npaused; i++)
-    if (eng->paused[i].partition == p && !strcmp(eng->paused[i].topic, topic))
-      return (int)i;
-  return -1;
-}
-
-/* Records a partition we pause; 0 on success. A partition is paused only
- * once recorded, so the set never misses one (rule 2). */
-static int paused_add(pr__engine_t *eng, const char *topic, int32_t p) {
-  char *copy;
-  if (paused_find(eng, topic, p) >= 0)
-    return 0;
-  if (eng->npaused == eng->cap_paused) {
-    size_t cap = eng->cap_paused ? eng->cap_paused * 2 : 16;
-    tp_t *grown = realloc(eng->paused, cap * sizeof(*grown));
-    if (!grown)
-      return -1;
-    eng->paused = grown;
-    eng->cap_paused = cap;
-  }
-  if (!(copy = strdup(topic)))
-    return -1;
-  eng->paused[eng->npaused].topic = copy;
-  eng->paused[eng->npaused].partition = p;
-  eng->npaused++;
-  return 0;
-}
-
-static void paused_remove(pr__engine_t *eng, int i) {
-  free(eng->paused[i].topic);
-  eng->paused[i] = eng->paused[--eng->npaused];
 }
 
 /* ------------------------------------------------------------------------ */
@@ -465,11 +434,10 @@ static inv_t *inv_detach(inv_t *inv) {
       kq_remove(part, kq);
   }
   part->invs--;
-  inv->eng->uncommitted--;
   return next;
 }
 
-static void backpressure_check(pr__engine_t *eng);
+static void backpressure_check(pr__engine_t *eng, part_t *part);
 
 static part_t *zombie_find(pr__engine_t *eng, const char *topic, int32_t p) {
   for (part_t *z = eng->zombies; z; z = z->next)
@@ -520,7 +488,7 @@ static inv_t *finish_detach(inv_t *inv, int commit) {
       zombie_done(eng, part);
     return NULL;
   }
-  backpressure_check(eng);
+  backpressure_check(eng, part);
   return next && !part->revoking && !part->held && eng->phase == PH_RUNNING
              ? next
              : NULL;
@@ -602,7 +570,7 @@ static void run_handler(void *arg) {
   prosody_handler_t *h = &inv->eng->handler;
   prosody_context_t *ctx = inv->ctx; /* inv may be gone once completed */
   prosody_result_t r;
-  if (inv->rkm)
+  if (inv->unprepared)
     prepare(inv);
   if (inv->skip) {
     r = PROSODY_SUCCESS; /* handler_done commits past it */
@@ -722,6 +690,7 @@ static void schedule(inv_t *inv) {
     start(inv);
     return;
   }
+  release_rkm(inv);
   inv->state = INV_READY;
   inv->rnext = NULL;
   if (eng->ready_tail)
@@ -1104,67 +1073,74 @@ static void store_offsets(pr__engine_t *eng, part_t *only) {
   rd_kafka_topic_partition_list_destroy(list);
 }
 
-static void pause_all(pr__engine_t *eng) {
-  rd_kafka_topic_partition_list_t *list = rd_kafka_topic_partition_list_new(8);
-  for (part_t *part = eng->parts; part; part = part->next) {
-    if (paused_find(eng, part->topic, part->partition) >= 0 ||
-        paused_add(eng, part->topic, part->partition))
-      continue;
-    rd_kafka_topic_partition_list_add(list, part->topic, part->partition);
-  }
-  if (list->cnt)
-    rd_kafka_pause_partitions(eng->rk, list);
-  rd_kafka_topic_partition_list_destroy(list);
+/* How far a partition's committed offset may lag behind what it has taken,
+ * in records, per max_uncommitted: a stuck record holds the commit back
+ * while the other keys go on, and every record taken behind it occupies
+ * the tracker's window and is redelivered after a crash. */
+#define PR_WINDOW_FACTOR 64
+
+/* At the limit: max_uncommitted unfinished events (messages and timers),
+ * or the offset window full. */
+static int over_limit(const pr__engine_t *eng, const part_t *part) {
+  return part->invs >= eng->max_uncommitted ||
+         part->tracker.len >= (size_t)eng->max_uncommitted * PR_WINDOW_FACTOR;
 }
 
-static void resume_ours(pr__engine_t *eng) {
-  rd_kafka_topic_partition_list_t *list = rd_kafka_topic_partition_list_new(8);
-  for (part_t *part = eng->parts; part; part = part->next) {
-    int i = paused_find(eng, part->topic, part->partition);
-    if (i < 0)
-      continue;
-    rd_kafka_topic_partition_list_add(list, part->topic, part->partition);
-    paused_remove(eng, i);
-  }
-  if (list->cnt)
-    rd_kafka_resume_partitions(eng->rk, list);
-  rd_kafka_topic_partition_list_destroy(list);
+/* Back at half of both. */
+static int under_half(const pr__engine_t *eng, const part_t *part) {
+  return part->invs <= eng->max_uncommitted / 2 &&
+         part->tracker.len <=
+             (size_t)eng->max_uncommitted * PR_WINDOW_FACTOR / 2;
 }
 
-/* Backpressure for more than this long pauses the partitions, so that
- * rebalance and error events behind the waiting records get through. */
-#define BP_PAUSE_NS INT64_C(1000000000)
-
-static void backpressure_check(pr__engine_t *eng) {
-  if (eng->stopping)
-    return;
-  if (!eng->backpressure && eng->uncommitted >= eng->max_uncommitted) {
-    eng->backpressure = 1;
-    eng->bp_since_ns = pr__now_ns();
-    PR_DEBUG("engine", "backpressure: %d events in flight, pausing intake",
-             eng->uncommitted);
-  } else if (eng->backpressure &&
-             eng->uncommitted <= eng->max_uncommitted / 2) {
-    eng->backpressure = 0;
-    PR_DEBUG("engine", "backpressure released: resuming intake");
-    if (eng->bp_paused) {
-      eng->bp_paused = 0;
-      resume_ours(eng);
-    }
-    if (eng->kafka_left)
-      uv_async_send(&eng->wake); /* on_wake polls again */
-  } else if (eng->backpressure && !eng->bp_paused &&
-             pr__now_ns() - eng->bp_since_ns >= BP_PAUSE_NS) {
-    /* Long backpressure: pause, and serve the consumer queue again for its
-     * other events (records of paused partitions are dropped by
-     * librdkafka; one still returned is taken anyway). */
-    PR_DEBUG("engine", "backpressure for %lld ms: pausing partitions",
-             (long long)((pr__now_ns() - eng->bp_since_ns) / 1000000));
-    eng->bp_paused = 1;
-    pause_all(eng);
-    if (eng->kafka_left)
+/* Backpressure, per partition: at the limit the partition stops (its
+ * queue is not read, its timers do not fire); at half of it, it is read
+ * again. Other partitions are not affected: their records arrive on
+ * queues of their own. */
+static void backpressure_check(pr__engine_t *eng, part_t *part) {
+  if (!part->stopped && over_limit(eng, part)) {
+    part->stopped = 1;
+    PR_DEBUG("engine",
+             "backpressure: %s[%d] has %d unfinished events, %zu uncommitted "
+             "offsets",
+             part->topic, part->partition, part->invs, part->tracker.len);
+  } else if (part->stopped && under_half(eng, part)) {
+    part->stopped = 0;
+    PR_DEBUG("engine", "backpressure released: %s[%d]", part->topic,
+             part->partition);
+    /* Its queue holds records that no wake-up announces any more (the
+     * pipe is written only when a queue turns non-empty): read it. */
+    if (!eng->resumed) {
+      eng->resumed = 1;
       uv_async_send(&eng->wake);
+    }
   }
+}
+
+/* Gives the partition its own queue: librdkafka forwards a partition's
+ * fetch queue to the consumer queue unless the application set the
+ * forwarding itself, which it keeps across fetch restarts. Done before
+ * assign(), so that no record of the partition reaches the consumer queue.
+ * The queue shares the consumer queue's wake-up pipe. */
+static void part_queue_open(pr__engine_t *eng, part_t *part) {
+  part->rkq =
+      rd_kafka_queue_get_partition(eng->rk, part->topic, part->partition);
+  if (!part->rkq) {
+    PR_WARN("engine", "%s[%d]: no partition queue; its records share the "
+            "consumer queue (backpressure stops no other partition)",
+            part->topic, part->partition);
+    return;
+  }
+  rd_kafka_queue_forward(part->rkq, NULL);
+  rd_kafka_queue_io_event_enable(part->rkq, eng->pipefd[1], "1", 1);
+}
+
+static void part_queue_close(part_t *part) {
+  if (!part->rkq)
+    return;
+  rd_kafka_queue_io_event_enable(part->rkq, -1, NULL, 0);
+  rd_kafka_queue_destroy(part->rkq);
+  part->rkq = NULL;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1178,6 +1154,23 @@ static void skip_record(part_t *part, int64_t offset) {
     part->dirty = 1;
 }
 
+/* Detaches a message's headers and frees its librdkafka message. A
+ * message from librdkafka pins the fetch buffer it came in (a whole fetch
+ * response), so a record that waits (behind its key, or for the limiter)
+ * lets go of it at once, on the engine thread; one that starts at once is
+ * released by prepare() on the handler's thread. Either way the memory of
+ * waiting records is their own copies, bounded by max_uncommitted per
+ * partition. */
+static void release_rkm(inv_t *inv) {
+  rd_kafka_headers_t *hdrs = NULL;
+  if (!inv->rkm)
+    return;
+  rd_kafka_message_detach_headers(inv->rkm, &hdrs);
+  rd_kafka_message_destroy(inv->rkm);
+  inv->rkm = NULL;
+  inv->msg.headers = hdrs;
+}
+
 /* Appends a new event (message or timer) to its key's FIFO, counting it
  * against max_uncommitted, and starts it if it is the key's head. */
 static void enqueue(inv_t *inv) {
@@ -1186,7 +1179,6 @@ static void enqueue(inv_t *inv) {
   kq_t *kq;
   char ev[160];
   part->invs++;
-  eng->uncommitted++;
   kq = inv->msg.key && (inv->is_timer || inv->msg.payload)
            ? kq_get(part, inv->msg.key, 1)
            : NULL;
@@ -1199,6 +1191,7 @@ static void enqueue(inv_t *inv) {
   inv->kq = kq;
   inv->state = INV_QUEUED;
   if (kq->tail) {
+    release_rkm(inv);
     kq->tail->next = inv;
     kq->tail = inv;
   } else {
@@ -1231,15 +1224,13 @@ static int allowed(pr__engine_t *eng, json_t *json) {
  * running the handler. Reads only the inv and immutable engine fields. */
 static void prepare(inv_t *inv) {
   pr__engine_t *eng = inv->eng;
-  rd_kafka_message_t *rkm = inv->rkm;
-  rd_kafka_headers_t *hdrs = NULL;
+  rd_kafka_headers_t *hdrs;
   json_error_t jerr;
   const void *v;
   size_t len;
-  inv->rkm = NULL;
-  rd_kafka_message_detach_headers(rkm, &hdrs);
-  rd_kafka_message_destroy(rkm);
-  inv->msg.headers = hdrs;
+  inv->unprepared = 0;
+  release_rkm(inv);
+  hdrs = inv->msg.headers;
   inv->msg.json = json_loadb(inv->msg.payload, inv->msg.payload_len,
                              JSON_DECODE_ANY, &jerr);
   if (!inv->msg.json) {
@@ -1309,35 +1300,45 @@ static void intake(pr__engine_t *eng, rd_kafka_message_t *rkm) {
   inv->msg.payload[rkm->len] = '\0';
   inv->msg.payload_len = rkm->len;
   inv->rkm = rkm;
+  inv->unprepared = 1;
   pthread_mutex_init(&inv->msg.hdr_lock, NULL);
   enqueue(inv);
+  backpressure_check(eng, part);
 }
 
+/* Handles one record or error from a queue. */
+static void take(pr__engine_t *eng, rd_kafka_message_t *rkm) {
+  if (rkm->err) {
+    if (rkm->err != RD_KAFKA_RESP_ERR__PARTITION_EOF)
+      PR_WARN("engine", "consumer: %s", rd_kafka_message_errstr(rkm));
+    rd_kafka_message_destroy(rkm);
+    return;
+  }
+  intake(eng, rkm);
+}
+
+/* Serves the consumer queue (rebalances, errors: always, whatever the
+ * backpressure) and then every partition's own queue that is not stopped,
+ * each until it is empty or its partition reaches max_uncommitted. Every
+ * wake-up reads every queue to empty (LIBRDKAFKA.md rule 4: the pipe is
+ * written only when a queue turns non-empty), except a stopped one, which
+ * backpressure_check() has read again once it is released. */
 static void drain_kafka(pr__engine_t *eng) {
   char buf[256];
   rd_kafka_message_t *rkm;
   while (read(eng->pipefd[0], buf, sizeof(buf)) > 0)
     ;
-  eng->kafka_left = 0;
-  for (;;) {
-    if (eng->backpressure && !eng->bp_paused && !eng->stopping) {
-      eng->kafka_left = 1; /* polled again once backpressure is released */
-      break;
-    }
-    if (!(rkm = rd_kafka_consumer_poll(eng->rk, 0)))
-      break;
-    if (rkm->err) {
-      if (rkm->err != RD_KAFKA_RESP_ERR__PARTITION_EOF)
-        PR_WARN("engine", "consumer: %s", rd_kafka_message_errstr(rkm));
-      rd_kafka_message_destroy(rkm);
+  eng->resumed = 0;
+  while ((rkm = rd_kafka_consumer_poll(eng->rk, 0)))
+    take(eng, rkm);
+  for (part_t *part = eng->parts; part; part = part->next) {
+    if (!part->rkq || part->revoking)
       continue;
-    }
-    intake(eng, rkm);
-    backpressure_check(eng);
+    while (!part->stopped && (rkm = rd_kafka_consume_queue(part->rkq, 0)))
+      take(eng, rkm);
   }
   process_done(eng);
   store_offsets(eng, NULL);
-  backpressure_check(eng);
   fire_due(eng);
 }
 
@@ -1499,21 +1500,24 @@ static void timer_store_delete(inv_t *inv) {
 
 static void on_fire(uv_timer_t *t);
 
-/* Room for another timer event: below max_uncommitted, and not while
- * intake is stopped for backpressure (until it is released at half the
- * limit), so that due timers cannot keep the budget full and starve the
- * messages waiting in the consumer queue. */
-static int timer_room(const pr__engine_t *eng) {
-  return !eng->backpressure && eng->uncommitted < eng->max_uncommitted;
+/* Room for another timer event in `part`: not while the partition is
+ * stopped for backpressure (until it is released at half the limit), so
+ * that due timers cannot keep its budget full and starve the messages
+ * waiting in its queue. Other partitions' timers fire meanwhile. */
+static int timer_room(const pr__engine_t *eng, const part_t *part) {
+  return !part->stopped && !over_limit(eng, part);
 }
 
-/* Arms the loop's timer for the earliest loaded timer. While the engine is
- * at max_uncommitted, finishing events call fire_due() instead. */
+/* Arms the loop's timer for the earliest loaded timer of the partitions
+ * with room. A stopped partition's timers wait for its release, which
+ * reads the queues and calls fire_due(). */
 static void arm_fire(pr__engine_t *eng) {
   int64_t next = -1, delay;
-  if (eng->phase == PH_RUNNING && timer_room(eng))
+  if (eng->phase == PH_RUNNING)
     for (part_t *part = eng->parts; part; part = part->next) {
-      int64_t t = part->tq && !part->revoking ? pr__tq_next_time(part->tq) : -1;
+      int64_t t = part->tq && !part->revoking && timer_room(eng, part)
+                      ? pr__tq_next_time(part->tq)
+                      : -1;
       if (t >= 0 && (next < 0 || t < next))
         next = t;
     }
@@ -1535,7 +1539,8 @@ static void fire_due(pr__engine_t *eng) {
     int64_t t;
     if (part->revoking || !part->tq)
       continue;
-    while (timer_room(eng) && pr__tq_pop_due(part->tq, now_s, &key, &t) > 0) {
+    while (timer_room(eng, part) &&
+           pr__tq_pop_due(part->tq, now_s, &key, &t) > 0) {
       inv_t *inv = calloc(1, sizeof(*inv));
       if (!inv) {
         (void)pr__tq_add(part->tq, key, t); /* try again later */
@@ -1555,6 +1560,7 @@ static void fire_due(pr__engine_t *eng) {
       inv->tmr.time_ms = t * 1000;
       pthread_mutex_init(&inv->msg.hdr_lock, NULL);
       enqueue(inv);
+      backpressure_check(eng, part);
     }
   }
   arm_fire(eng);
@@ -2005,7 +2011,6 @@ static void release_idle(pr__engine_t *eng, part_t *only) {
         while (inv) {
           inv_t *n = inv->next;
           part->invs--;
-          eng->uncommitted--;
           inv_free(inv);
           inv = n;
         }
@@ -2083,6 +2088,7 @@ static void part_release(pr__engine_t *eng, part_t *part) {
     pp = &(*pp)->next;
   if (*pp)
     *pp = part->next;
+  part_queue_close(part);
   timers_released(eng, part);
   if (part->invs > 0) {
     part->zombie = 1;
@@ -2113,10 +2119,6 @@ static void update_assigned(pr__engine_t *eng) {
 
 static void on_assign(pr__engine_t *eng, rd_kafka_topic_partition_list_t *list,
                       int coop) {
-  rd_kafka_topic_partition_list_t *pause =
-      rd_kafka_topic_partition_list_new(list->cnt ? list->cnt : 1);
-  rd_kafka_topic_partition_list_t *resume =
-      rd_kafka_topic_partition_list_new(list->cnt ? list->cnt : 1);
   rd_kafka_error_t *error = NULL;
 
   for (int i = 0; i < list->cnt; i++) {
@@ -2135,6 +2137,7 @@ static void on_assign(pr__engine_t *eng, rd_kafka_topic_partition_list_t *list,
     part->held = zombie_find(eng, tp->topic, tp->partition) != NULL;
     part->next = eng->parts;
     eng->parts = part;
+    part_queue_open(eng, part);
     timers_assigned(eng, part);
   }
   if (coop)
@@ -2146,25 +2149,6 @@ static void on_assign(pr__engine_t *eng, rd_kafka_topic_partition_list_t *list,
              rd_kafka_error_string(error));
     rd_kafka_error_destroy(error);
   }
-  /* Assign first, then pause (rule 2): a returning partition may still be
-   * paused from before; the paused set says so. */
-  for (int i = 0; i < list->cnt; i++) {
-    rd_kafka_topic_partition_t *tp = &list->elems[i];
-    int idx = paused_find(eng, tp->topic, tp->partition);
-    if (eng->bp_paused && idx < 0) {
-      if (!paused_add(eng, tp->topic, tp->partition))
-        rd_kafka_topic_partition_list_add(pause, tp->topic, tp->partition);
-    } else if (!eng->bp_paused && idx >= 0) {
-      rd_kafka_topic_partition_list_add(resume, tp->topic, tp->partition);
-      paused_remove(eng, idx);
-    }
-  }
-  if (pause->cnt)
-    rd_kafka_pause_partitions(eng->rk, pause);
-  if (resume->cnt)
-    rd_kafka_resume_partitions(eng->rk, resume);
-  rd_kafka_topic_partition_list_destroy(pause);
-  rd_kafka_topic_partition_list_destroy(resume);
   update_assigned(eng);
   arm_fire(eng);
   PR_INFO("engine", "assigned %d partition(s); %d in total", list->cnt,
@@ -2294,7 +2278,6 @@ static void on_kafka(uv_poll_t *h, int status, int events) {
 
 static void on_tick(uv_timer_t *t) {
   pr__engine_t *eng = t->data;
-  backpressure_check(eng); /* long backpressure pauses */
   timers_advance(eng);
   drain_kafka(eng);
   check_stalls(eng);
@@ -2308,7 +2291,7 @@ static void on_wake(uv_async_t *a) {
   store_offsets(eng, NULL);
   if (atomic_load(&eng->stop_requested))
     shutdown_engine(eng);
-  else if (eng->kafka_left && (!eng->backpressure || eng->bp_paused))
+  else if (eng->resumed)
     drain_kafka(eng); /* fires due timers too */
   else
     fire_due(eng);
@@ -2330,9 +2313,6 @@ static void *engine_main(void *arg) {
 static void engine_free(pr__engine_t *eng) {
   if (eng->pool)
     pr__pool_destroy(eng->pool);
-  for (size_t i = 0; i < eng->npaused; i++)
-    free(eng->paused[i].topic);
-  free(eng->paused);
   if (eng->pipefd[0] >= 0)
     close(eng->pipefd[0]);
   if (eng->pipefd[1] >= 0)

@@ -315,4 +315,23 @@ static inline int t_committed(const char *group, const char *topic,
   return np;
 }
 
+/* Waits up to `seconds` until the group's committed offset equals the end
+ * offset on every partition of `topic` whose bit is set in `mask` (~0u:
+ * all); 1 if so. committed[] and end[] hold the last reading. */
+static inline int t_wait_committed(const char *group, const char *topic,
+                                   unsigned mask, int64_t *committed,
+                                   int64_t *end, double seconds) {
+  double deadline = t_now() + seconds;
+  for (;;) {
+    int np, done = 1;
+    usleep(100000);
+    np = t_committed(group, topic, committed, end);
+    for (int p = 0; p < np; p++)
+      if (p >= 32 || (mask >> p & 1u))
+        done &= committed[p] == end[p];
+    if (done || t_now() >= deadline)
+      return done;
+  }
+}
+
 #endif /* PR_TEST_HARNESS_H */
