@@ -164,6 +164,54 @@ static prosody_result_t noop(prosody_context_t *ctx, const prosody_message_t *m,
   return PROSODY_SUCCESS;
 }
 
+/* BENCH_POISON=<mode>: the key of record 0 (key-0000) fails transiently
+ * for ever, in that mode; the rate is that of the records of the other
+ * partitions, which per-partition backpressure keeps flowing. */
+static const char *poison_mode;
+static atomic_int poison_partition = -1;
+static atomic_long healthy_got;
+static long healthy_want;
+static _Atomic double healthy_first, healthy_last;
+static prosody_result_t poisoned(prosody_context_t *ctx,
+                                 const prosody_message_t *m, void *op) {
+  int p = prosody_message_partition(m);
+  double t, first = 0;
+  if (!strcmp(prosody_message_key(m), "key-0000")) {
+    atomic_store(&poison_partition, p);
+    return PROSODY_TRANSIENT;
+  }
+  if (p == atomic_load(&poison_partition))
+    return PROSODY_SUCCESS;
+  t = now_s();
+  atomic_compare_exchange_strong(&healthy_first, &first, t);
+  atomic_store(&healthy_last, t);
+  atomic_fetch_add(&healthy_got, 1);
+  return PROSODY_SUCCESS;
+}
+
+/* The end offset of each partition of `topic` (hi[p]); the count. */
+static int end_offsets(rd_kafka_t *rk, const char *topic, int64_t *hi,
+                       int max) {
+  const struct rd_kafka_metadata *md;
+  rd_kafka_topic_t *rkt = rd_kafka_topic_new(rk, topic, NULL);
+  int np;
+  if (rd_kafka_metadata(rk, 0, rkt, &md, 10000) || md->topic_cnt != 1) {
+    fprintf(stderr, "bench_consume: no metadata for %s\n", topic);
+    exit(1);
+  }
+  np = md->topics[0].partition_cnt < max ? md->topics[0].partition_cnt : max;
+  rd_kafka_metadata_destroy(md);
+  rd_kafka_topic_destroy(rkt);
+  for (int p = 0; p < np; p++) {
+    int64_t lo;
+    if (rd_kafka_query_watermark_offsets(rk, topic, p, &lo, &hi[p], 10000)) {
+      fprintf(stderr, "bench_consume: no watermarks for %s[%d]\n", topic, p);
+      exit(1);
+    }
+  }
+  return np;
+}
+
 /* The group's committed offsets equal the end offsets of every partition:
  * nothing skipped, nothing left uncommitted. */
 static void verify_committed(const char *bootstrap, const char *topic,
@@ -171,43 +219,53 @@ static void verify_committed(const char *bootstrap, const char *topic,
   char err[512];
   rd_kafka_conf_t *kc = rd_kafka_conf_new();
   rd_kafka_topic_partition_list_t *parts;
-  const struct rd_kafka_metadata *md;
-  rd_kafka_topic_t *rkt;
   rd_kafka_t *rk;
+  int64_t hi[64];
+  int np;
   rd_kafka_conf_set(kc, "bootstrap.servers", bootstrap, err, sizeof(err));
   rd_kafka_conf_set(kc, "group.id", group, err, sizeof(err));
   rd_kafka_conf_set(kc, "broker.address.family", "v4", err, sizeof(err));
   rk = rd_kafka_new(RD_KAFKA_CONSUMER, kc, err, sizeof(err));
-  rkt = rd_kafka_topic_new(rk, topic, NULL);
-  if (rd_kafka_metadata(rk, 0, rkt, &md, 10000) || md->topic_cnt != 1) {
-    fprintf(stderr, "bench_consume: no metadata for %s\n", topic);
-    exit(1);
-  }
-  parts = rd_kafka_topic_partition_list_new(md->topics[0].partition_cnt);
-  for (int i = 0; i < md->topics[0].partition_cnt; i++)
-    rd_kafka_topic_partition_list_add(parts, topic,
-                                      md->topics[0].partitions[i].id);
-  rd_kafka_metadata_destroy(md);
+  np = end_offsets(rk, topic, hi, 64);
+  parts = rd_kafka_topic_partition_list_new(np);
+  for (int p = 0; p < np; p++)
+    rd_kafka_topic_partition_list_add(parts, topic, p);
   if (rd_kafka_committed(rk, parts, 10000)) {
     fprintf(stderr, "bench_consume: could not read committed offsets\n");
     exit(1);
   }
-  for (int i = 0; i < parts->cnt; i++) {
-    int64_t lo, hi;
-    if (rd_kafka_query_watermark_offsets(rk, topic, parts->elems[i].partition,
-                                         &lo, &hi, 10000) ||
-        parts->elems[i].offset != hi) {
+  for (int p = 0; p < np; p++) {
+    if (parts->elems[p].offset != hi[p]) {
       fprintf(stderr,
               "bench_consume: %s[%d] committed %lld, end %lld: not every "
               "record was committed\n",
-              topic, parts->elems[i].partition,
-              (long long)parts->elems[i].offset, (long long)hi);
+              topic, p, (long long)parts->elems[p].offset, (long long)hi[p]);
       exit(1);
     }
   }
   rd_kafka_topic_partition_list_destroy(parts);
-  rd_kafka_topic_destroy(rkt);
   rd_kafka_destroy(rk);
+}
+
+/* How many records the partitions other than key-0000's hold. */
+static long healthy_records(const char *bootstrap, const char *topic) {
+  char err[512];
+  rd_kafka_conf_t *kc = rd_kafka_conf_new();
+  rd_kafka_t *rk;
+  int64_t hi[64];
+  long sum = 0;
+  int np, pp;
+  rd_kafka_conf_set(kc, "bootstrap.servers", bootstrap, err, sizeof(err));
+  rd_kafka_conf_set(kc, "broker.address.family", "v4", err, sizeof(err));
+  rk = rd_kafka_new(RD_KAFKA_CONSUMER, kc, err, sizeof(err));
+  np = end_offsets(rk, topic, hi, 64);
+  pp = rd_kafka_msg_partitioner_consistent_random(NULL, "key-0000", 8, np, NULL,
+                                                  NULL);
+  for (int p = 0; p < np; p++)
+    if (p != pp)
+      sum += (long)hi[p];
+  rd_kafka_destroy(rk);
+  return sum;
 }
 
 static const char *bench_bootstrap;
@@ -216,12 +274,21 @@ static double run_prosody(const char *topic, long n, int rep) {
   char err[1024], group[64];
   prosody_config_t *conf = prosody_config_new();
   prosody_client_t *c;
-  prosody_handler_t h = {noop, NULL, NULL, 0};
+  prosody_handler_t h = {poison_mode ? poisoned : noop, NULL, NULL, 0};
+  char dlq[96];
   snprintf(group, sizeof(group), "bench-prosody-%s-%d", topic, rep);
+  if (poison_mode) {
+    snprintf(dlq, sizeof(dlq), "%s-dlq", topic);
+    prosody_config_set(conf, "mode", poison_mode, err, sizeof(err));
+    prosody_config_set(conf, "failure_topic", dlq, err, sizeof(err));
+    prosody_config_set(conf, "defer_enabled", "false", err, sizeof(err));
+    prosody_config_set(conf, "shutdown_timeout", "2s", err, sizeof(err));
+  }
   target(conf);
   prosody_config_set(conf, "group_id", group, err, sizeof(err));
   prosody_config_set(conf, "subscribed_topics", topic, err, sizeof(err));
-  prosody_config_set(conf, "log", "warn", err, sizeof(err));
+  prosody_config_set(conf, "log", poison_mode ? "error" : "warn", err,
+                     sizeof(err));
   if (getenv("BENCH_MAX_CONCURRENCY"))
     prosody_config_set(conf, "max_concurrency", getenv("BENCH_MAX_CONCURRENCY"),
                        err, sizeof(err));
@@ -230,9 +297,18 @@ static double run_prosody(const char *topic, long n, int rep) {
                        err, sizeof(err));
   c = prosody_client_new(conf, err, sizeof(err));
   atomic_store(&pr_got, 0);
+  atomic_store(&healthy_got, 0);
+  atomic_store(&healthy_first, 0);
   if (!c || prosody_subscribe(c, &h, err, sizeof(err))) {
     fprintf(stderr, "prosody: %s\n", err);
     exit(1);
+  }
+  if (poison_mode) {
+    while (atomic_load(&healthy_got) < healthy_want)
+      usleep(1000);
+    prosody_client_destroy(c);
+    return (double)healthy_want /
+           (atomic_load(&healthy_last) - atomic_load(&healthy_first));
   }
   while (atomic_load(&pr_got) < n)
     usleep(1000);
@@ -266,7 +342,13 @@ int main(int argc, char **argv) {
     snprintf(topic, sizeof(topic), "bench-consume-%s", dist);
   }
   bench_bootstrap = bootstrap;
+  poison_mode = getenv("BENCH_POISON");
+  if (poison_mode && !real_bootstrap) /* a topic of its own */
+    snprintf(topic, sizeof(topic), "bench-consume-%s-poison-%s", dist,
+             poison_mode);
   produce(topic, n); /* 4 partitions, 1000 keys */
+  if (poison_mode)
+    healthy_want = healthy_records(bootstrap, topic);
   for (int r = 0; r < reps; r++) {
     if (getenv("BENCH_SKIP_RAW")) {
       raw[r] = pr[r] = run_prosody(topic, n, r);
@@ -286,8 +368,15 @@ int main(int argc, char **argv) {
     topic_admin(topic, 0);
   printf("bench consume-raw-%s%s %.0f msg/s ratio=1.000\n", where, dist,
          raw[reps / 2]);
-  printf("bench consume-noop-%s%s %.0f msg/s ratio=%.3f committed=verified\n",
-         where, dist, pr[reps / 2], pr[reps / 2] / raw[reps / 2]);
+  if (poison_mode)
+    printf("bench consume-poisoned-%s-%s%s %.0f msg/s ratio=%.3f (the other "
+           "partitions, while key-0000 fails for ever)\n",
+           poison_mode, where, dist, pr[reps / 2],
+           pr[reps / 2] / raw[reps / 2]);
+  else
+    printf("bench consume-noop-%s%s %.0f msg/s ratio=%.3f "
+           "committed=verified\n",
+           where, dist, pr[reps / 2], pr[reps / 2] / raw[reps / 2]);
   fprintf(stderr,
           "consume: %ld records x %d runs (median); prosody no-op handler "
           "%.0f msg/s vs raw librdkafka %.0f msg/s = %.2fx\n",

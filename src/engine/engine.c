@@ -234,8 +234,8 @@ struct pr__engine {
   part_t *parts;
   part_t *zombies; /* released partitions with handlers still running */
 
-  int resumed;         /* a partition left backpressure: read queues */
-  int running;         /* handlers started, not completed */
+  int resumed;      /* a partition left backpressure: read queues */
+  int running;      /* handlers started, not completed */
   int dlq_inflight; /* failure-topic sends and fired-timer deletes in flight */
   inv_t *ready_head, *ready_tail;
   int phase;
@@ -1126,7 +1126,8 @@ static void part_queue_open(pr__engine_t *eng, part_t *part) {
   part->rkq =
       rd_kafka_queue_get_partition(eng->rk, part->topic, part->partition);
   if (!part->rkq) {
-    PR_WARN("engine", "%s[%d]: no partition queue; its records share the "
+    PR_WARN("engine",
+            "%s[%d]: no partition queue; its records share the "
             "consumer queue (backpressure stops no other partition)",
             part->topic, part->partition);
     return;

@@ -23,20 +23,20 @@
 #include "harness.h"
 
 #define NPART 4
-#define PER_PART 2500     /* records per partition */
-#define KEYS_PER_PART 50  /* healthy keys per partition */
-#define POISON_EVERY 25   /* partition 0: the poisoned key's share */
+#define PER_PART 2500    /* records per partition */
+#define KEYS_PER_PART 50 /* healthy keys per partition */
+#define POISON_EVERY 25  /* partition 0: the poisoned key's share */
 #define MAX_UNCOMMITTED 16
 
 enum { FAIL_FOREVER, HANG };
 
 static int scenario;
-static atomic_int poisoned = 1;       /* the key fails (or hangs) while set */
-static atomic_int poison_attempts;    /* attempts on the poisoned key */
-static atomic_int healthy_done;       /* successes in partitions 1-3 */
-static atomic_int max_off_p0 = -1;    /* highest offset handled in p0 */
+static atomic_int poisoned = 1;    /* the key fails (or hangs) while set */
+static atomic_int poison_attempts; /* attempts on the poisoned key */
+static atomic_int healthy_done;    /* successes in partitions 1-3 */
+static atomic_int max_off_p0 = -1; /* highest offset handled in p0 */
 static atomic_int timers_scheduled, timers_fired;
-static atomic_int timer_keys[NPART];  /* a timer scheduled for p<P>-k1 */
+static atomic_int timer_keys[NPART]; /* a timer scheduled for p<P>-k1 */
 static _Atomic double healthy_first, healthy_last;
 static atomic_uchar handled[NPART][PER_PART]; /* succeeded at least once */
 static pthread_mutex_t hang_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -206,7 +206,8 @@ static void run(int which, const char *name) {
   printf("%s: healthy partitions: %d records in %.2f s (%.0f records/s) "
          "while partition 0 was stuck (highest offset handled there %d, %d "
          "attempts on the poisoned key)\n",
-         name, healthy, atomic_load(&healthy_last) - atomic_load(&healthy_first),
+         name, healthy,
+         atomic_load(&healthy_last) - atomic_load(&healthy_first),
          healthy / (atomic_load(&healthy_last) - atomic_load(&healthy_first)),
          atomic_load(&max_off_p0), atomic_load(&poison_attempts));
 
