@@ -18,6 +18,14 @@ for dist in uniform zipf; do
   "$build/bench/bench_consume" 200000 3 "$dist" | tee -a "$lines"
 done
 
+# One key failing for ever (transient, deferral off): the rate of the
+# other three partitions, per mode, against raw librdkafka in the same run.
+# Backpressure is per partition, so the poisoned key stops at most its own.
+for mode in pipeline low-latency best-effort; do
+  echo "== consume throughput of the healthy partitions while key-0000 fails for ever ($mode mode; embedded mock cluster) =="
+  BENCH_POISON=$mode "$build/bench/bench_consume" 200000 3 uniform | tee -a "$lines"
+done
+
 # Latency at half the measured no-op throughput, against a raw consumer
 # reading the same kind of stream.
 noop=$(awk '$2 == "consume-noop-uniform" {print int($3)}' "$lines")

@@ -141,8 +141,11 @@ PROSODY_EXPORT prosody_err_t prosody_config_set(prosody_config_t *conf,
 /*
  * Writes option `name`'s effective value, in canonical form, into `buf` and
  * where it came from into `*source` (may be NULL). Unset optional values are
- * written as "none". Errors: PROSODY_ERR_INVALID_ARG, PROSODY_ERR_CONFIG
- * (unknown option, or its environment variable holds an invalid value).
+ * written as "none". Errors: PROSODY_ERR_INVALID_ARG (NULL name or buffer;
+ * or `buf_size` too small for the value: `buf` is then set to "" and the
+ * message says how many bytes the value needs), PROSODY_ERR_CONFIG
+ * (unknown option, or its environment variable holds an invalid value),
+ * PROSODY_ERR_NOMEM.
  */
 PROSODY_EXPORT prosody_err_t prosody_config_get(
     const prosody_config_t *conf, const char *name, char *buf, size_t buf_size,
@@ -507,7 +510,8 @@ typedef struct prosody_topic_options {
 /*
  * Creates topic `name` and waits until the cluster's metadata shows it with
  * all its partitions. `opts` may be NULL. Blocks.
- * Errors: PROSODY_ERR_INVALID_ARG, PROSODY_ERR_CONFIG (bad PROSODY_TOPIC_*
+ * Errors: PROSODY_ERR_INVALID_ARG (bad name or option field, e.g. an
+ * unknown cleanup_policy), PROSODY_ERR_CONFIG (bad PROSODY_TOPIC_*
  * variable), PROSODY_ERR_TOPIC_EXISTS, PROSODY_ERR_TIMEOUT,
  * PROSODY_ERR_TRANSIENT, PROSODY_ERR_PERMANENT.
  */

@@ -427,7 +427,10 @@ static int parse_list(pr__opt_id_t id, const char *text, pr__value_t *out,
       break;
     p = comma + 1;
   }
-  if (out->list_n == 0 && d->type == PR_T_HOSTPORTS) {
+  /* Servers and topics must name at least one; an empty allowed_events
+   * list means "all" and stays allowed. */
+  if (out->list_n == 0 &&
+      (d->type == PR_T_HOSTPORTS || d->type == PR_T_TOPICS)) {
     pr__errf(why, n, "the list is empty");
     return -1;
   }
@@ -781,8 +784,40 @@ PROSODY_EXPORT prosody_err_t prosody_config_get(
       pr__opt_resolve(conf, (pr__opt_id_t)id, &v, source, errstr, errstr_size);
   if (err)
     return err;
-  pr__opt_format((pr__opt_id_t)id, &v, buf, buf_size);
-  pr__value_fini((pr__opt_id_t)id, &v);
+  /* Format into room enough for any value (numbers, durations and enum
+   * names fit in 64 bytes; strings and lists are bounded by their text),
+   * so that a short buffer is reported, never silently truncated. */
+  {
+    const pr__opt_def_t *d = &pr__opt_defs[id];
+    size_t room = 64, need;
+    char *tmp;
+    if (v.isset && (d->type == PR_T_STRING || d->type == PR_T_TOPIC ||
+                    d->type == PR_T_IDENT || d->type == PR_T_URL))
+      room += strlen(v.u.s);
+    if (v.isset && (d->type == PR_T_TOPICS || d->type == PR_T_LIST ||
+                    d->type == PR_T_HOSTPORTS))
+      for (size_t i = 0; i < v.list_n; i++)
+        room += strlen(v.list[i]) + 1;
+    if (!(tmp = malloc(room))) {
+      pr__value_fini((pr__opt_id_t)id, &v);
+      pr__errf(errstr, errstr_size, "out of memory");
+      return PROSODY_ERR_NOMEM;
+    }
+    pr__opt_format((pr__opt_id_t)id, &v, tmp, room);
+    pr__value_fini((pr__opt_id_t)id, &v);
+    need = strlen(tmp) + 1;
+    if (need > buf_size) {
+      buf[0] = '\0';
+      free(tmp);
+      pr__errf(errstr, errstr_size,
+               "prosody_config_get: the value of %s needs %zu bytes, the "
+               "buffer has %zu",
+               name, need, buf_size);
+      return PROSODY_ERR_INVALID_ARG;
+    }
+    memcpy(buf, tmp, need);
+    free(tmp);
+  }
   return PROSODY_OK;
 }
 

@@ -240,10 +240,16 @@ PROSODY_EXPORT prosody_err_t prosody_admin_create_topic(
     o.replication_factor = (int16_t)PR_CFG_INT(st, TOPIC_REPLICATION_FACTOR);
   if (o.cleanup_policy) {
     pr__value_t v;
-    err = pr__opt_parse(PR_OPT_TOPIC_CLEANUP_POLICY, o.cleanup_policy, 0, &v,
-                        errstr, errstr_size);
-    if (err)
-      return err;
+    char why[512];
+    /* The argument, not the variable, is what is wrong: name it. */
+    if (pr__opt_parse(PR_OPT_TOPIC_CLEANUP_POLICY, o.cleanup_policy, 0, &v, why,
+                      sizeof(why))) {
+      pr__errf(errstr, errstr_size,
+               "invalid cleanup_policy \"%s\" for topic \"%s\": expected "
+               "delete, compact or compact,delete",
+               o.cleanup_policy, name);
+      return PROSODY_ERR_INVALID_ARG;
+    }
     pr__opt_format(PR_OPT_TOPIC_CLEANUP_POLICY, &v, policy, sizeof(policy));
     pr__value_fini(PR_OPT_TOPIC_CLEANUP_POLICY, &v);
   } else if (PR_CFG_SET(st, TOPIC_CLEANUP_POLICY)) {

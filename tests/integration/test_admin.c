@@ -112,7 +112,12 @@ int main(void) {
   o.cleanup_policy = "shred";
   e = prosody_admin_create_topic(admin, t_topic("admin-bad"), &o, err,
                                  sizeof(err));
-  CHECK(e == PROSODY_ERR_CONFIG && strstr(err, "one of delete, compact"),
+  /* An invalid argument, named as such: not the environment variable the
+   * caller never set. */
+  CHECK(e == PROSODY_ERR_INVALID_ARG && strstr(err, "cleanup_policy") &&
+            strstr(err, "\"shred\"") &&
+            strstr(err, "delete, compact or compact,delete") &&
+            !strstr(err, "PROSODY_TOPIC_CLEANUP_POLICY"),
         "bad policy: %s (%s)", prosody_err_name(e), err);
   o.cleanup_policy = NULL;
 

@@ -308,6 +308,21 @@ static void test_lists(void **state) {
                       "orders,payments");
   set_bad("subscribed_topics", "orders,bad topic", "bad topic");
   set_bad("subscribed_topics", "orders,a/b", "contains '/'");
+  /* Set, but naming no topic: refused now, not at subscribe. */
+  set_bad("subscribed_topics", "", "the list is empty");
+  set_bad("subscribed_topics", ",", "the list is empty");
+  set_bad("subscribed_topics", ",,", "the list is empty");
+  {
+    /* Whitespace only: the message quotes the trimmed value. */
+    char err[1024] = "";
+    prosody_config_t *conf = prosody_config_new();
+    assert_int_equal(
+        prosody_config_set(conf, "subscribed_topics", "   ", err, sizeof(err)),
+        PROSODY_ERR_CONFIG);
+    contains(err, "subscribed_topics");
+    contains(err, "the list is empty");
+    prosody_config_destroy(conf);
+  }
   assert_string_equal(
       set_ok("bootstrap_servers", "localhost:9092, 127.0.0.1:9093"),
       "localhost:9092,127.0.0.1:9093");
@@ -360,6 +375,33 @@ static void test_secret_never_printed(void **state) {
       prosody_config_set(conf, "cassandra_password", "\xff", err, sizeof(err)),
       PROSODY_ERR_CONFIG);
   contains(err, "****");
+  prosody_config_destroy(conf);
+}
+
+/* A buffer too short for the value is an error that says how much is
+ * needed, never a silently truncated value. */
+static void test_get_short_buffer(void **state) {
+  char buf[16], err[1024] = "";
+  prosody_config_t *conf = prosody_config_new();
+  (void)state;
+  assert_int_equal(prosody_config_set(conf, "subscribed_topics",
+                                      "orders,payments,refunds", err,
+                                      sizeof(err)),
+                   PROSODY_OK);
+  assert_int_equal(prosody_config_get(conf, "subscribed_topics", buf,
+                                      sizeof(buf), NULL, err, sizeof(err)),
+                   PROSODY_ERR_INVALID_ARG);
+  assert_string_equal(buf, "");
+  contains(err, "subscribed_topics");
+  contains(err, "needs 24 bytes");
+  /* Exactly enough room works. */
+  assert_int_equal(prosody_config_set(conf, "subscribed_topics",
+                                      "orders,payments", err, sizeof(err)),
+                   PROSODY_OK);
+  assert_int_equal(prosody_config_get(conf, "subscribed_topics", buf,
+                                      sizeof(buf), NULL, err, sizeof(err)),
+                   PROSODY_OK);
+  assert_string_equal(buf, "orders,payments");
   prosody_config_destroy(conf);
 }
 
@@ -559,6 +601,7 @@ int main(void) {
       cmocka_unit_test(test_lists),
       cmocka_unit_test(test_enum_ident_url_string),
       cmocka_unit_test(test_secret_never_printed),
+      cmocka_unit_test(test_get_short_buffer),
       cmocka_unit_test(test_precedence),
       cmocka_unit_test(test_unknown_option),
       cmocka_unit_test(test_cross_checks),
