@@ -623,6 +623,27 @@ static int demo_consume(const char *topic, long messages, long keys, int tty) {
   return rc;
 }
 
+/* Parses a whole decimal count from 1 to `max` for option `name`; 0 on
+ * success, else prints why (naming the option) and returns -1. */
+static int parse_count(const char *name, const char *arg, long max, long *out) {
+  char *end;
+  long v;
+  errno = 0;
+  v = strtol(arg, &end, 10);
+  if (*arg == '\0' || *end || errno || v < 1 || v > max) {
+    fprintf(stderr,
+            "prosody demo: invalid %s \"%s\": expected a whole number from 1 "
+            "to %ld\n",
+            name, arg, max);
+    return -1;
+  }
+  *out = v;
+  return 0;
+}
+
+/* The demo keeps a few arrays of this many entries in memory. */
+#define DEMO_MAX_MESSAGES 10000000L
+
 static int cmd_demo(prosody_config_t *conf, int argc, char **argv) {
   long messages = 20000, keys = 500;
   const char *topic = "prosody-demo";
@@ -638,11 +659,16 @@ static int cmd_demo(prosody_config_t *conf, int argc, char **argv) {
   int tty = isatty(STDERR_FILENO), rc = 0;
 
   for (int a = 0; a < argc; a++) {
-    if (a + 1 < argc && !strcmp(argv[a], "--messages"))
-      messages = strtol(argv[++a], NULL, 10);
-    else if (a + 1 < argc && !strcmp(argv[a], "--keys"))
-      keys = strtol(argv[++a], NULL, 10);
-    else if (a + 1 < argc && !strcmp(argv[a], "--topic"))
+    if (a + 1 < argc &&
+        (!strcmp(argv[a], "--messages") || !strcmp(argv[a], "--keys"))) {
+      int is_messages = !strcmp(argv[a], "--messages");
+      if (parse_count(argv[a], argv[a + 1], DEMO_MAX_MESSAGES,
+                      is_messages ? &messages : &keys)) {
+        prosody_config_destroy(conf);
+        return 2;
+      }
+      a++;
+    } else if (a + 1 < argc && !strcmp(argv[a], "--topic"))
       topic = argv[++a];
     else {
       fprintf(stderr, "prosody demo: unexpected argument \"%s\"\n", argv[a]);
@@ -886,6 +912,13 @@ int main(int argc, char **argv) {
   }
   if (!strcmp(cmd, "broker")) {
     prosody_config_destroy(conf);
+    if (argc - i != 0) {
+      fprintf(stderr,
+              "prosody broker: unexpected argument \"%s\" (it takes none)\n"
+              "usage: prosody broker\n",
+              argv[i]);
+      return 2;
+    }
     return cmd_broker();
   }
   fprintf(stderr, "prosody: unknown command \"%s\"\n\n%s", cmd, usage_text);

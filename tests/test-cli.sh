@@ -69,6 +69,12 @@ else
   echo "FAIL: demo timers fire:"; sed 's/^/  | /' "$out"; fails=$((fails + 1))
 fi
 
+# Arguments are checked whole, naming the argument.
+expect 2 'invalid --messages "1000abc"' "demo refuses a count with trailing text" -- "$cli" demo --messages 1000abc
+expect 2 'invalid --messages "99999999999999999999": expected a whole number from 1 to 10000000' "demo refuses an overflowing count" -- "$cli" demo --messages 99999999999999999999
+expect 2 'invalid --keys "0"' "demo refuses zero keys" -- "$cli" demo --keys 0
+expect 2 'prosody broker: unexpected argument "extra-arg"' "broker refuses arguments" -- "$cli" broker extra-arg
+
 # broker: prints its address and serves clients until SIGTERM.
 log=$(mktemp)
 env -i PATH="$PATH" "${sanenv[@]}" "$cli" broker >"$log" 2>&1 &
