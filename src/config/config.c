@@ -784,26 +784,25 @@ PROSODY_EXPORT prosody_err_t prosody_config_get(
       pr__opt_resolve(conf, (pr__opt_id_t)id, &v, source, errstr, errstr_size);
   if (err)
     return err;
-  /* Format into room enough for any value (numbers, durations and enum
-   * names fit in 64 bytes; strings and lists are bounded by their text),
-   * so that a short buffer is reported, never silently truncated. */
+  /* Format into a buffer that grows until the value fits, so that a short
+   * `buf` is reported, never silently truncated. */
   {
-    const pr__opt_def_t *d = &pr__opt_defs[id];
     size_t room = 64, need;
-    char *tmp;
-    if (v.isset && (d->type == PR_T_STRING || d->type == PR_T_TOPIC ||
-                    d->type == PR_T_IDENT || d->type == PR_T_URL))
-      room += strlen(v.u.s);
-    if (v.isset && (d->type == PR_T_TOPICS || d->type == PR_T_LIST ||
-                    d->type == PR_T_HOSTPORTS))
-      for (size_t i = 0; i < v.list_n; i++)
-        room += strlen(v.list[i]) + 1;
-    if (!(tmp = malloc(room))) {
-      pr__value_fini((pr__opt_id_t)id, &v);
-      pr__errf(errstr, errstr_size, "out of memory");
-      return PROSODY_ERR_NOMEM;
+    char *tmp = NULL;
+    for (;;) {
+      char *grown = realloc(tmp, room);
+      if (!grown) {
+        free(tmp);
+        pr__value_fini((pr__opt_id_t)id, &v);
+        pr__errf(errstr, errstr_size, "out of memory");
+        return PROSODY_ERR_NOMEM;
+      }
+      tmp = grown;
+      pr__opt_format((pr__opt_id_t)id, &v, tmp, room);
+      if (strlen(tmp) + 1 < room)
+        break; /* not truncated */
+      room *= 2;
     }
-    pr__opt_format((pr__opt_id_t)id, &v, tmp, room);
     pr__value_fini((pr__opt_id_t)id, &v);
     need = strlen(tmp) + 1;
     if (need > buf_size) {

@@ -1173,7 +1173,8 @@ static void release_rkm(inv_t *inv) {
 }
 
 /* Appends a new event (message or timer) to its key's FIFO, counting it
- * against max_uncommitted, and starts it if it is the key's head. */
+ * against max_uncommitted (its partition stops at the limit), and starts
+ * it if it is the key's head. */
 static void enqueue(inv_t *inv) {
   pr__engine_t *eng = inv->eng;
   part_t *part = inv->part;
@@ -1200,6 +1201,7 @@ static void enqueue(inv_t *inv) {
     if (eng->phase == PH_RUNNING && !part->held)
       schedule(inv);
   }
+  backpressure_check(eng, part);
 }
 
 static int allowed(pr__engine_t *eng, json_t *json) {
@@ -1272,6 +1274,8 @@ static void intake(pr__engine_t *eng, rd_kafka_message_t *rkm) {
             "past it",
             topic, rkm->partition, (long long)rkm->offset, why);
     skip_record(part, rkm->offset);
+    backpressure_check(eng, part); /* behind a stuck record it widens the
+                                      offset window */
     rd_kafka_message_destroy(rkm);
     return;
   }
@@ -1304,7 +1308,6 @@ static void intake(pr__engine_t *eng, rd_kafka_message_t *rkm) {
   inv->unprepared = 1;
   pthread_mutex_init(&inv->msg.hdr_lock, NULL);
   enqueue(inv);
-  backpressure_check(eng, part);
 }
 
 /* Handles one record or error from a queue. */
@@ -1504,10 +1507,10 @@ static void on_fire(uv_timer_t *t);
 /* Room for another timer event in `part`: not while the partition is
  * stopped for backpressure (until it is released at half the limit), so
  * that due timers cannot keep its budget full and starve the messages
- * waiting in its queue. Other partitions' timers fire meanwhile. */
-static int timer_room(const pr__engine_t *eng, const part_t *part) {
-  return !part->stopped && !over_limit(eng, part);
-}
+ * waiting in its queue. Every change of a partition's counts is followed
+ * by backpressure_check(), so `stopped` says whether it is at the limit.
+ * Other partitions' timers fire meanwhile. */
+static int timer_room(const part_t *part) { return !part->stopped; }
 
 /* Arms the loop's timer for the earliest loaded timer of the partitions
  * with room. A stopped partition's timers wait for its release, which
@@ -1516,7 +1519,7 @@ static void arm_fire(pr__engine_t *eng) {
   int64_t next = -1, delay;
   if (eng->phase == PH_RUNNING)
     for (part_t *part = eng->parts; part; part = part->next) {
-      int64_t t = part->tq && !part->revoking && timer_room(eng, part)
+      int64_t t = part->tq && !part->revoking && timer_room(part)
                       ? pr__tq_next_time(part->tq)
                       : -1;
       if (t >= 0 && (next < 0 || t < next))
@@ -1540,8 +1543,7 @@ static void fire_due(pr__engine_t *eng) {
     int64_t t;
     if (part->revoking || !part->tq)
       continue;
-    while (timer_room(eng, part) &&
-           pr__tq_pop_due(part->tq, now_s, &key, &t) > 0) {
+    while (timer_room(part) && pr__tq_pop_due(part->tq, now_s, &key, &t) > 0) {
       inv_t *inv = calloc(1, sizeof(*inv));
       if (!inv) {
         (void)pr__tq_add(part->tq, key, t); /* try again later */
@@ -1561,7 +1563,6 @@ static void fire_due(pr__engine_t *eng) {
       inv->tmr.time_ms = t * 1000;
       pthread_mutex_init(&inv->msg.hdr_lock, NULL);
       enqueue(inv);
-      backpressure_check(eng, part);
     }
   }
   arm_fire(eng);
