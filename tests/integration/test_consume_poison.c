@@ -14,6 +14,9 @@
  *    (memory stays bounded);
  *  - once the key recovers, partition 0 is handled and committed in full
  *    (nothing lost).
+ * A third run puts undecodable (keyless) records behind the failing key's
+ * first record, past the offset window: partition 0 still stops there,
+ * although no event fills its budget.
  * The healthy partitions' rate is printed for the record; speed itself is
  * measured by `make bench`, not asserted here.
  */
@@ -28,7 +31,11 @@
 #define POISON_EVERY 25  /* partition 0: the poisoned key's share */
 #define MAX_UNCOMMITTED 16
 
-enum { FAIL_FOREVER, HANG };
+/* WINDOW: the key fails for ever, and the records after its first one are
+ * keyless (undecodable, skipped) up to past the offset window: the
+ * partition must stop at the window although no event fills its budget. */
+enum { FAIL_FOREVER, HANG, WINDOW };
+#define WINDOW_GAP (MAX_UNCOMMITTED * 64 + 100)
 
 static int scenario;
 static atomic_int poisoned = 1;    /* the key fails (or hangs) while set */
@@ -44,6 +51,11 @@ static pthread_cond_t hang_cond = PTHREAD_COND_INITIALIZER;
 
 static const char *poison_key = "p0-k0";
 
+/* Partition 0's record i has no key (WINDOW scenario only). */
+static int keyless(int p, int i) {
+  return scenario == WINDOW && p == 0 && i >= 1 && i <= WINDOW_GAP;
+}
+
 /* Produces PER_PART records into each partition, explicitly partitioned:
  * keys p<P>-k<i>; in partition 0 the poisoned key at offset 0 and every
  * POISON_EVERY records. */
@@ -58,14 +70,16 @@ static void produce(const char *topic) {
   for (int i = 0; i < PER_PART; i++)
     for (int p = 0; p < NPART; p++) {
       rd_kafka_resp_err_t e;
-      if (p == 0 && i % POISON_EVERY == 0)
+      if (keyless(p, i))
+        key[0] = '\0';
+      else if (p == 0 && (scenario == WINDOW ? i == 0 : i % POISON_EVERY == 0))
         snprintf(key, sizeof(key), "%s", poison_key);
       else
         snprintf(key, sizeof(key), "p%d-k%d", p, 1 + i % KEYS_PER_PART);
       snprintf(value, sizeof(value), "{\"p\":%d,\"i\":%d}", p, i);
       while ((e = rd_kafka_producev(
                   rk, RD_KAFKA_V_TOPIC(topic), RD_KAFKA_V_PARTITION(p),
-                  RD_KAFKA_V_KEY(key, strlen(key)),
+                  RD_KAFKA_V_KEY(*key ? key : NULL, strlen(key)),
                   RD_KAFKA_V_VALUE(value, strlen(value)),
                   RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_END)) ==
              RD_KAFKA_RESP_ERR__QUEUE_FULL)
@@ -220,7 +234,7 @@ static void run(int which, const char *name) {
         "%s: after recovery partition 0 committed %lld of %lld", name,
         (long long)committed[0], (long long)end[0]);
   for (int i = 0; i < PER_PART; i++)
-    CHECK(atomic_load(&handled[0][i]),
+    CHECK(keyless(0, i) || atomic_load(&handled[0][i]),
           "%s: partition 0 offset %d was never handled", name, i);
   CHECK_OK(prosody_unsubscribe(c), "unsubscribe");
   prosody_client_destroy(c);
@@ -229,6 +243,7 @@ static void run(int which, const char *name) {
 int main(void) {
   run(FAIL_FOREVER, "poison-failing");
   run(HANG, "poison-hanging");
+  run(WINDOW, "poison-window");
   printf("ok: a failing or hanging key stops only its own partition\n");
   return 0;
 }
