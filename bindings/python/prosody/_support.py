@@ -1,0 +1,107 @@
+"""Helpers the native module calls (not part of the public API)."""
+
+import contextvars
+from typing import Any, Generator, Optional, Tuple
+
+__all__ = ["ConsumerState", "Ready", "trace_headers", "handler_context"]
+
+
+class ConsumerState(str):
+    """The consumer's state: a ``str`` that can also be awaited.
+
+    ``await client.consumer_state()`` (the original package's form) and
+    ``client.consumer_state() == "running"`` both work.
+    """
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[Any, None, str]:
+        if False:  # pragma: no cover - makes this a generator
+            yield None
+        return str(self)
+
+
+try:  # OpenTelemetry is optional: without it nothing is traced.
+    from opentelemetry import context as _otel_context
+    from opentelemetry import propagate as _otel_propagate
+    from opentelemetry import trace as _otel_trace
+
+    OTEL = True
+except ImportError:  # pragma: no cover - depends on the environment
+    OTEL = False
+
+
+class _Getter:
+    """Reads the three W3C fields from the tuple the native side passes."""
+
+    @staticmethod
+    def get(carrier: Any, key: str) -> Optional[list]:
+        value = carrier.get(key)
+        return [value] if value is not None else None
+
+    @staticmethod
+    def keys(carrier: Any) -> list:
+        return list(carrier)
+
+
+def trace_headers() -> Optional[Tuple[Optional[str], Optional[str], Optional[str]]]:
+    """The current context as (traceparent, tracestate, baggage), or None."""
+    if not OTEL:
+        return None
+    carrier: dict = {}
+    _otel_propagate.inject(carrier)
+    if not carrier:
+        return None
+    return (carrier.get("traceparent"), carrier.get("tracestate"), carrier.get("baggage"))
+
+
+def handler_context(traceparent: Optional[str], tracestate: Optional[str],
+                    baggage: Optional[str], follows_from: bool,
+                    name: str, attributes: dict) -> Optional[Tuple[contextvars.Context, Any]]:
+    """A contextvars.Context in which a handler runs under a span named
+    ``name``: a child of the record's trace context, or (``follows_from``)
+    the root of a new trace with a link to it. Returns (context, span), or
+    None when OpenTelemetry is not installed."""
+    if not OTEL:
+        return None
+    carrier = {}
+    if traceparent:
+        carrier["traceparent"] = traceparent
+    if tracestate:
+        carrier["tracestate"] = tracestate
+    if baggage:
+        carrier["baggage"] = baggage
+    extracted = _otel_propagate.extract(carrier, getter=_Getter()) if carrier else None
+    tracer = _otel_trace.get_tracer("prosody")
+    if follows_from:
+        links = []
+        if extracted is not None:
+            parent = _otel_trace.get_current_span(extracted).get_span_context()
+            if parent.is_valid:
+                links.append(_otel_trace.Link(parent))
+        span = tracer.start_span(name, context=_otel_context.Context(), links=links,
+                                 kind=_otel_trace.SpanKind.CONSUMER, attributes=attributes)
+    else:
+        span = tracer.start_span(name, context=extracted,
+                                 kind=_otel_trace.SpanKind.CONSUMER, attributes=attributes)
+    run_in = contextvars.copy_context()
+    token_ctx = _otel_trace.set_span_in_context(span, extracted if not follows_from else None)
+    run_in.run(_otel_context.attach, token_ctx)
+    return run_in, span
+
+
+class Ready:
+    """An awaitable that holds a value already known (no event loop needed)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        if False:  # pragma: no cover - makes this a generator
+            yield None
+        return self.value
+
+    def __repr__(self) -> str:
+        return f"<prosody awaitable of {self.value!r}>"
