@@ -429,6 +429,56 @@ PROSODY_EXPORT prosody_err_t prosody_scheduled(prosody_context_t *ctx,
                                                size_t errstr_size);
 PROSODY_EXPORT void prosody_times_free(int64_t *times);
 
+/*
+ * The non-blocking form of the five timer calls above, for hosts with an
+ * event loop of their own (the Python and Node.js bindings): `op` starts
+ * and this returns at once; `cb` fires exactly once with the result when
+ * the store has applied it. For PROSODY_TIMER_SCHEDULED, `times`/`n` carry
+ * the key's scheduled times (ms, ascending; valid during the call only);
+ * they are NULL/0 otherwise. `errstr` says why on failure and is NULL on
+ * success. `time_ms` is ignored by CLEAR and SCHEDULED.
+ *
+ * `cb` runs on the engine's thread, or on the calling thread before this
+ * returns when the result is known at once; it must not block. It works
+ * from an asynchronous handler on the engine thread whatever the store.
+ * Returns an error (and `cb` never fires) for the argument errors of the
+ * blocking calls (NULL context or callback, a time out of range) and for a
+ * stale context (PROSODY_ERR_STATE); every other failure reaches `cb`.
+ */
+typedef enum prosody_timer_op {
+  PROSODY_TIMER_SCHEDULE = 0,
+  PROSODY_TIMER_UNSCHEDULE = 1,
+  PROSODY_TIMER_CLEAR_AND_SCHEDULE = 2,
+  PROSODY_TIMER_CLEAR = 3,
+  PROSODY_TIMER_SCHEDULED = 4
+} prosody_timer_op_t;
+
+typedef void (*prosody_timer_cb)(prosody_err_t err, const char *errstr,
+                                 const int64_t *times, size_t n, void *opaque);
+
+PROSODY_EXPORT prosody_err_t prosody_timer_async(
+    prosody_context_t *ctx, prosody_timer_op_t op, int64_t time_ms,
+    prosody_timer_cb cb, void *opaque, char *errstr, size_t errstr_size);
+
+/*
+ * Asks for `cb(ctx, opaque)` once, when the invocation is cancelled
+ * (handler timeout, shutdown, revoke): the callback form of
+ * prosody_wait_cancel(), for hosts that must not park a thread per event.
+ * If the invocation is already cancelled, `cb` runs on the calling thread
+ * before this returns, otherwise on the thread that cancels; either way
+ * with the context's lock held: it must only hand the news over and return
+ * (it must not call any prosody function with this context). A second call
+ * replaces the first; a NULL `cb` removes it. Once the invocation has
+ * finished (its callback returned a final result, or prosody_complete()
+ * returned) `cb` is never called.
+ * Errors: PROSODY_ERR_INVALID_ARG (NULL context), PROSODY_ERR_STATE (stale
+ * context, or the invocation has finished).
+ */
+typedef void (*prosody_cancel_cb)(prosody_context_t *ctx, void *opaque);
+PROSODY_EXPORT prosody_err_t prosody_context_on_cancel(prosody_context_t *ctx,
+                                                       prosody_cancel_cb cb,
+                                                       void *opaque);
+
 /* The fired timer's key (NUL-terminated, owned by the timer) and time (ms
  * since the epoch, a whole second). */
 PROSODY_EXPORT const char *prosody_timer_key(const prosody_timer_t *timer);

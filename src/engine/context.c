@@ -71,6 +71,8 @@ prosody_context_t *pr__ctx_acquire(void *owner, pr__ctx_t **out) {
   slot->owner = owner;
   slot->cancelled = 0;
   slot->finished = 0;
+  slot->cancel_cb = NULL;
+  slot->cancel_opaque = NULL;
   h = handle_of(slot);
   pthread_mutex_unlock(&slot->lock);
   *out = slot;
@@ -83,6 +85,8 @@ void pr__ctx_release(pr__ctx_t *slot) {
   if (slot->gen == 0)
     slot->gen = 1;
   slot->owner = NULL;
+  slot->cancel_cb = NULL; /* the attempt is over: never called now */
+  slot->cancel_opaque = NULL;
   free(slot->error);
   slot->error = NULL;
   pthread_cond_broadcast(&slot->cond);

@@ -26,6 +26,9 @@ typedef struct pr__ctx {
   char *error;          /* set_error's message */
   uint32_t index;       /* immutable: the slot's place in the table */
   uint32_t next_free;   /* free-list link (table lock) */
+  /* prosody_context_on_cancel()'s, until it fires or the attempt ends */
+  prosody_cancel_cb cancel_cb;
+  void *cancel_opaque;
 } pr__ctx_t;
 
 /* Takes a free slot for `owner`; returns its handle and slot (NULL when

@@ -521,13 +521,19 @@ static void push_done(inv_t *inv) {
   atomic_fetch_sub(&eng->pushers, 1);
 }
 
-/* Cancels the running attempt's context (engine thread). */
+/* Cancels the running attempt's context (engine thread), and calls its
+ * prosody_context_on_cancel() callback once, with the slot's lock held. */
 static void cancel_ctx(inv_t *inv) {
   pr__ctx_t *slot = inv->cslot;
+  prosody_cancel_cb cb;
   if (!slot)
     return;
   pthread_mutex_lock(&slot->lock);
   slot->cancelled = 1;
+  cb = slot->cancel_cb; /* NULL once the attempt has finished */
+  slot->cancel_cb = NULL;
+  if (cb)
+    cb(inv->ctx, slot->cancel_opaque);
   pthread_cond_broadcast(&slot->cond);
   pthread_mutex_unlock(&slot->lock);
 }
@@ -545,6 +551,7 @@ static int complete_attempt(prosody_context_t *ctx, prosody_result_t result,
     return -1;
   }
   slot->finished = 1;
+  slot->cancel_cb = NULL; /* finished: a later cancel is not reported */
   inv = slot->owner;
   if (result != PROSODY_SUCCESS && result != PROSODY_PERMANENT)
     result = PROSODY_TRANSIENT; /* a failure without a class */
@@ -1700,16 +1707,21 @@ static void timers_released(pr__engine_t *eng, part_t *part) {
 
 /* --- Timer operations from handlers ------------------------------------- */
 
+/* The public operations' values (prosody_timer_async). */
 enum top_kind {
-  TOP_SCHEDULE,
-  TOP_UNSCHEDULE,
-  TOP_CLEAR,
-  TOP_CLEAR_AND_SCHEDULE,
-  TOP_SCHEDULED
+  TOP_SCHEDULE = PROSODY_TIMER_SCHEDULE,
+  TOP_UNSCHEDULE = PROSODY_TIMER_UNSCHEDULE,
+  TOP_CLEAR_AND_SCHEDULE = PROSODY_TIMER_CLEAR_AND_SCHEDULE,
+  TOP_CLEAR = PROSODY_TIMER_CLEAR,
+  TOP_SCHEDULED = PROSODY_TIMER_SCHEDULED
 };
 
-/* One timer operation, owned by the calling thread (on its stack); the
- * engine fills the result and signals `cond`, then never touches it. */
+/* One timer operation. A blocking call's is on the caller's stack: the
+ * engine fills the result and signals `cond`, then never touches it. An
+ * asynchronous one (`cb` set) is malloc'd: top_done() calls `cb` with the
+ * result and frees it. Queued, it belongs to the engine (close_ops()
+ * completes what is left); started, to the store, which completes every
+ * operation before it is destroyed. */
 typedef struct top {
   struct top *next; /* engine queue link (ops_lock) */
   int kind;
@@ -1725,14 +1737,27 @@ typedef struct top {
   int done;
   prosody_err_t err;
   char errstr[512];
-  int64_t *times; /* TOP_SCHEDULED: ms, malloc'd */
+  int64_t *times; /* TOP_SCHEDULED: ms, malloc'd; NULL when n is 0 */
   size_t n;
+  /* Asynchronous (prosody_timer_async): called once, then `op` is freed. */
+  prosody_timer_cb cb;
+  void *opaque;
 } top_t;
 
 static void top_done(top_t *op, prosody_err_t err, const char *errstr) {
   free(op->key);
   free(op->topic);
   op->key = op->topic = NULL;
+  if (op->cb) {
+    if (err)
+      op->cb(err, errstr ? errstr : prosody_err_message(err), NULL, 0,
+             op->opaque);
+    else
+      op->cb(PROSODY_OK, NULL, op->times, op->n, op->opaque);
+    free(op->times);
+    free(op);
+    return;
+  }
   pthread_mutex_lock(&op->lock);
   op->err = err;
   snprintf(op->errstr, sizeof(op->errstr), "%s", err && errstr ? errstr : "");
@@ -1797,6 +1822,10 @@ static void top_listed(void *arg, prosody_err_t err, const char *errstr,
       inv_t *f = part ? firing_find(part, op->key, times[i]) : NULL;
       if (!f || f->rearmed) /* a firing timer is not "scheduled" */
         op->times[op->n++] = times[i] * 1000;
+    }
+    if (!op->n) { /* only the firing one */
+      free(op->times);
+      op->times = NULL;
     }
   }
   top_done(op, err, errstr);
@@ -1881,7 +1910,7 @@ static void process_ops(pr__engine_t *eng) {
   atomic_store(&eng->ops_pending, 0);
   pthread_mutex_unlock(&eng->ops_lock);
   while (op) {
-    top_t *next = op->next; /* op belongs to its caller once done */
+    top_t *next = op->next; /* op is freed or its caller's once done */
     run_op(eng, op);
     op = next;
   }
@@ -1903,12 +1932,12 @@ static void close_ops(pr__engine_t *eng) {
   }
 }
 
-/* Submits an operation and waits for its result (any thread). */
-static prosody_err_t timer_call(prosody_context_t *ctx, int kind,
-                                int64_t time_s, int64_t **times, size_t *n,
-                                char *errstr, size_t errstr_size) {
-  top_t op;
-  pr__ctx_t *slot = pr__ctx_lock(ctx);
+/* Hands an operation to the engine (any thread): an asynchronous handler
+ * on the engine thread runs it at once, any other thread queues it; either
+ * way top_done() reports it, possibly before this returns. A stale context
+ * is refused here (PROSODY_ERR_STATE, `op` untouched). */
+static prosody_err_t top_submit(top_t *op, char *errstr, size_t errstr_size) {
+  pr__ctx_t *slot = pr__ctx_lock(op->ctx);
   pr__engine_t *eng;
 
   if (slot && slot->finished) {
@@ -1921,54 +1950,69 @@ static prosody_err_t timer_call(prosody_context_t *ctx, int kind,
     return PROSODY_ERR_STATE;
   }
   eng = ((inv_t *)slot->owner)->eng;
+  if (tls_engine == eng) {
+    /* A blocking call cannot wait for a store that answers through this
+     * very thread; a callback can: the store completes it later here. */
+    pthread_mutex_unlock(&slot->lock);
+    if (!op->cb && !eng->store->sync)
+      top_done(op, PROSODY_ERR_STATE,
+               "timer calls from the engine thread need a store that answers "
+               "at once; call from another thread");
+    else
+      run_op(eng, op);
+    return PROSODY_OK;
+  }
+  /* The live attempt keeps the engine alive; `pushers` keeps it alive
+   * until this thread has finished touching it. */
+  atomic_fetch_add(&eng->pushers, 1);
+  pthread_mutex_unlock(&slot->lock);
+  pthread_mutex_lock(&eng->ops_lock);
+  if (eng->ops_closed) {
+    pthread_mutex_unlock(&eng->ops_lock);
+    top_done(op, PROSODY_ERR_STATE, "the consumer has stopped");
+  } else {
+    op->next = NULL;
+    if (eng->ops_tail)
+      eng->ops_tail->next = op;
+    else
+      eng->ops_head = op;
+    eng->ops_tail = op;
+    atomic_store(&eng->ops_pending, 1);
+    pthread_mutex_unlock(&eng->ops_lock);
+    if (atomic_load(&eng->draining)) {
+      pthread_mutex_lock(&eng->lock);
+      pthread_cond_broadcast(&eng->cond);
+      pthread_mutex_unlock(&eng->lock);
+    }
+    uv_async_send(&eng->wake);
+  }
+  atomic_fetch_sub(&eng->pushers, 1);
+  return PROSODY_OK;
+}
+
+/* Submits an operation and waits for its result (any thread). */
+static prosody_err_t timer_call(prosody_context_t *ctx, int kind,
+                                int64_t time_s, int64_t **times, size_t *n,
+                                char *errstr, size_t errstr_size) {
+  top_t op;
+  prosody_err_t err;
+
   memset(&op, 0, sizeof(op));
   op.kind = kind;
   op.ctx = ctx;
   op.time_s = time_s;
   pthread_mutex_init(&op.lock, NULL);
   pthread_cond_init(&op.cond, NULL);
-  if (tls_engine == eng) {
-    /* An asynchronous handler on the engine thread: run it here, if the
-     * store can answer without waiting for this very thread. */
-    pthread_mutex_unlock(&slot->lock);
-    if (!eng->store->sync)
-      top_done(&op, PROSODY_ERR_STATE,
-               "timer calls from the engine thread need a store that answers "
-               "at once; call from another thread");
-    else
-      run_op(eng, &op);
-  } else {
-    /* The live attempt keeps the engine alive; `pushers` keeps it alive
-     * until this thread has finished touching it. */
-    atomic_fetch_add(&eng->pushers, 1);
-    pthread_mutex_unlock(&slot->lock);
-    pthread_mutex_lock(&eng->ops_lock);
-    if (eng->ops_closed) {
-      pthread_mutex_unlock(&eng->ops_lock);
-      top_done(&op, PROSODY_ERR_STATE, "the consumer has stopped");
-    } else {
-      if (eng->ops_tail)
-        eng->ops_tail->next = &op;
-      else
-        eng->ops_head = &op;
-      eng->ops_tail = &op;
-      atomic_store(&eng->ops_pending, 1);
-      pthread_mutex_unlock(&eng->ops_lock);
-      if (atomic_load(&eng->draining)) {
-        pthread_mutex_lock(&eng->lock);
-        pthread_cond_broadcast(&eng->cond);
-        pthread_mutex_unlock(&eng->lock);
-      }
-      uv_async_send(&eng->wake);
-    }
-    atomic_fetch_sub(&eng->pushers, 1);
+  if (!(err = top_submit(&op, errstr, errstr_size))) {
+    pthread_mutex_lock(&op.lock);
+    while (!op.done)
+      pthread_cond_wait(&op.cond, &op.lock);
+    pthread_mutex_unlock(&op.lock);
   }
-  pthread_mutex_lock(&op.lock);
-  while (!op.done)
-    pthread_cond_wait(&op.cond, &op.lock);
-  pthread_mutex_unlock(&op.lock);
   pthread_mutex_destroy(&op.lock);
   pthread_cond_destroy(&op.cond);
+  if (err)
+    return err;
   if (op.err) {
     pr__errf(errstr, errstr_size, "%s", op.errstr);
     free(op.times);
@@ -1981,6 +2025,27 @@ static prosody_err_t timer_call(prosody_context_t *ctx, int kind,
     free(op.times);
   }
   return PROSODY_OK;
+}
+
+/* Submits an operation whose result goes to `cb` (any thread). */
+static prosody_err_t timer_async(prosody_context_t *ctx, int kind,
+                                 int64_t time_s, prosody_timer_cb cb,
+                                 void *opaque, char *errstr,
+                                 size_t errstr_size) {
+  top_t *op = calloc(1, sizeof(*op));
+  prosody_err_t err;
+  if (!op) { /* known at once: reported like any failure of the operation */
+    cb(PROSODY_ERR_NOMEM, "out of memory", NULL, 0, opaque);
+    return PROSODY_OK;
+  }
+  op->kind = kind;
+  op->ctx = ctx;
+  op->time_s = time_s;
+  op->cb = cb;
+  op->opaque = opaque;
+  if ((err = top_submit(op, errstr, errstr_size)))
+    free(op);
+  return err;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -2708,6 +2773,30 @@ PROSODY_EXPORT int prosody_should_cancel(const prosody_context_t *ctx) {
   return cancelled;
 }
 
+PROSODY_EXPORT prosody_err_t prosody_context_on_cancel(prosody_context_t *ctx,
+                                                       prosody_cancel_cb cb,
+                                                       void *opaque) {
+  pr__ctx_t *slot;
+  if (!ctx)
+    return PROSODY_ERR_INVALID_ARG;
+  if (!(slot = pr__ctx_lock(ctx)))
+    return PROSODY_ERR_STATE;
+  if (slot->finished) {
+    pthread_mutex_unlock(&slot->lock);
+    return PROSODY_ERR_STATE;
+  }
+  slot->cancel_cb = NULL;
+  slot->cancel_opaque = NULL;
+  if (cb && slot->cancelled) {
+    cb(ctx, opaque); /* lock held, as cancel_ctx() calls it */
+  } else {
+    slot->cancel_cb = cb;
+    slot->cancel_opaque = opaque;
+  }
+  pthread_mutex_unlock(&slot->lock);
+  return PROSODY_OK;
+}
+
 PROSODY_EXPORT int prosody_wait_cancel(prosody_context_t *ctx,
                                        int64_t timeout_ms) {
   struct timespec ts;
@@ -2818,6 +2907,35 @@ PROSODY_EXPORT prosody_err_t prosody_scheduled(prosody_context_t *ctx,
 }
 
 PROSODY_EXPORT void prosody_times_free(int64_t *times) { free(times); }
+
+PROSODY_EXPORT prosody_err_t prosody_timer_async(
+    prosody_context_t *ctx, prosody_timer_op_t op, int64_t time_ms,
+    prosody_timer_cb cb, void *opaque, char *errstr, size_t errstr_size) {
+  int64_t time_s = -1;
+  prosody_err_t err;
+  if (!ctx || !cb) {
+    pr__errf(errstr, errstr_size, "%s is NULL", ctx ? "callback" : "context");
+    return PROSODY_ERR_INVALID_ARG;
+  }
+  switch ((int)op) {
+  case PROSODY_TIMER_SCHEDULE:
+  case PROSODY_TIMER_UNSCHEDULE:
+  case PROSODY_TIMER_CLEAR_AND_SCHEDULE:
+    if ((err = pr__timer_round(time_ms, &time_s, errstr, errstr_size)))
+      return err;
+    break;
+  case PROSODY_TIMER_CLEAR:
+  case PROSODY_TIMER_SCHEDULED:
+    break; /* time_ms is ignored */
+  default:
+    pr__errf(errstr, errstr_size,
+             "unknown timer operation %d: want PROSODY_TIMER_SCHEDULE (0) .. "
+             "PROSODY_TIMER_SCHEDULED (4)",
+             (int)op);
+    return PROSODY_ERR_INVALID_ARG;
+  }
+  return timer_async(ctx, (int)op, time_s, cb, opaque, errstr, errstr_size);
+}
 
 PROSODY_EXPORT const char *prosody_timer_key(const prosody_timer_t *timer) {
   return timer ? timer->key : NULL;
