@@ -54,6 +54,11 @@ if python3 "$here/../scripts/services/kafka_check.py" --timeout 3 >/dev/null 2>&
     echo "== consume throughput, 1 000 000 records, against Apache Kafka on localhost:9094 ($dist) =="
     BENCH_BOOTSTRAP=127.0.0.1:9094 "$build/bench/bench_consume" 1000000 3 "$dist" | tee -a "$lines"
   done
+  # Our Python package against the original prosody-events (PyPI), the same
+  # script under each, in virtualenvs under build-bench/. The original needs
+  # Cassandra as well (bench/python/run.sh skips it without one).
+  echo "== Python packages: bindings/python vs the original prosody-events, no-op consume (defaults; max_concurrency=1024 max_uncommitted=4096) and send, Kafka on localhost:9094 =="
+  "$here/python/run.sh" "$build" | tee -a "$lines"
 else
   echo "== real broker: skipped (no Kafka on localhost:9094; scripts/services/kafka start) =="
 fi
