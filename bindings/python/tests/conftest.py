@@ -1,0 +1,117 @@
+"""Shared fixtures. The suite runs in two tiers, like the C suite:
+
+- ``PROSODY_TEST_TIER=mock`` (default): the embedded mock Kafka cluster and
+  the in-memory timer store (``mock=True``);
+- ``PROSODY_TEST_TIER=real``: Apache Kafka on ``PROSODY_TEST_BOOTSTRAP``
+  (127.0.0.1:9094) and Apache Cassandra on ``PROSODY_TEST_CASSANDRA_NODES``
+  (127.0.0.1:9042), started by scripts/run-tests.sh.
+"""
+
+import asyncio
+import os
+import time
+import uuid
+from typing import Any, Callable, Dict, List
+
+import pytest
+
+from prosody import AdminClient, ProsodyClient
+
+TIER = os.environ.get("PROSODY_TEST_TIER", "mock")
+REAL = TIER == "real"
+BOOTSTRAP = os.environ.get("PROSODY_TEST_BOOTSTRAP", "127.0.0.1:9094")
+CASSANDRA = os.environ.get("PROSODY_TEST_CASSANDRA_NODES", "127.0.0.1:9042")
+# Generous: a real broker's first group join takes several seconds.
+WAIT = float(os.environ.get("PROSODY_TEST_WAIT", "60"))
+
+
+def base_options() -> Dict[str, Any]:
+    """Connection options of the tier, with quick commits and no probe."""
+    opts: Dict[str, Any] = {"probe_port": None, "commit_interval": 0.1,
+                            "poll_interval": 0.02, "shutdown_timeout": 10}
+    if REAL:
+        opts.update(bootstrap_servers=BOOTSTRAP, cassandra_nodes=CASSANDRA)
+    else:
+        opts.update(mock=True)
+    return opts
+
+
+def admin_options() -> Dict[str, Any]:
+    return {"bootstrap_servers": BOOTSTRAP} if REAL else {"mock": True}
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+class Recorder:
+    """Collects what handlers saw; tests await conditions on it."""
+
+    def __init__(self) -> None:
+        self.events: List[Any] = []
+        self._cond = asyncio.Condition()
+
+    async def add(self, item: Any) -> None:
+        async with self._cond:
+            self.events.append(item)
+            self._cond.notify_all()
+
+    async def wait_for(self, pred: Callable[[List[Any]], bool], timeout: float = WAIT,
+                       what: str = "condition") -> None:
+        async with self._cond:
+            try:
+                await asyncio.wait_for(self._cond.wait_for(lambda: pred(self.events)), timeout)
+            except asyncio.TimeoutError:
+                raise AssertionError(
+                    f"timed out after {timeout} s waiting for {what}; "
+                    f"saw {len(self.events)} events: {self.events[-5:]!r}") from None
+
+    async def wait_count(self, n: int, timeout: float = WAIT) -> None:
+        await self.wait_for(lambda ev: len(ev) >= n, timeout, f"{n} events")
+
+
+@pytest.fixture
+def recorder() -> Recorder:
+    return Recorder()
+
+
+@pytest.fixture
+async def topic() -> Any:
+    """A fresh 4-partition topic, deleted afterwards."""
+    name = unique("py-topic")
+    admin = AdminClient(**admin_options())
+    await admin.create_topic(name, partition_count=4, replication_factor=1)
+    yield name
+    try:
+        await admin.delete_topic(name)
+    except Exception:  # noqa: BLE001 - best effort cleanup
+        pass
+
+
+@pytest.fixture
+async def clients() -> Any:
+    """Makes clients for a test and unsubscribes them all at the end."""
+    made: List[ProsodyClient] = []
+
+    def make(**over: Any) -> ProsodyClient:
+        opts = base_options()
+        # Records a consumer's own source system wrote are skipped (the
+        # loop guard): tests send with a name no group uses.
+        opts["source_system"] = "python-tests"
+        opts.update(over)
+        c = ProsodyClient(**opts)
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        await c.unsubscribe()
+
+
+async def wait_assigned(client: ProsodyClient, timeout: float = WAIT) -> None:
+    """Waits until the client owns partitions (the group join is async)."""
+    deadline = time.monotonic() + timeout
+    while await client.assigned_partition_count() == 0:
+        if time.monotonic() > deadline:
+            raise AssertionError("no partition assigned in time")
+        await asyncio.sleep(0.05)
