@@ -742,7 +742,8 @@ static PyObject *context_should_cancel(PyObject *self, PyObject *unused) {
   ContextObject *cx = (ContextObject *)self;
   if (check_fork(cx->client->pid, "Context"))
     return NULL;
-  return PyBool_FromLong(prosody_should_cancel(cx->ctx));
+  /* A finished invocation is over, as a stale one is for libprosody. */
+  return PyBool_FromLong(cx->finished || prosody_should_cancel(cx->ctx));
 }
 
 /* Engine (or cancelling) thread, with the context's lock held. */

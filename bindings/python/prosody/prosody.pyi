@@ -1,0 +1,116 @@
+"""Type stubs for the native module prosody.prosody."""
+
+from datetime import datetime, timedelta
+from typing import Any, Awaitable, Dict, Generator, List, Optional, Sequence, Union
+
+from prosody.handler import EventHandler
+
+Duration = Union[float, int, timedelta, str]
+StrList = Union[str, Sequence[str]]
+
+class ConsumerState(str):
+    def __await__(self) -> Generator[Any, None, str]: ...
+
+class Context:
+    async def schedule(self, time: datetime) -> None: ...
+    async def clear_and_schedule(self, time: datetime) -> None: ...
+    async def unschedule(self, time: datetime) -> None: ...
+    async def clear_scheduled(self) -> None: ...
+    async def scheduled(self) -> List[datetime]: ...
+    def should_cancel(self) -> bool: ...
+    async def on_cancel(self) -> None: ...
+
+class ProsodyClient:
+    def __init__(
+        self,
+        *,
+        bootstrap_servers: Optional[StrList] = ...,
+        group_id: Optional[str] = ...,
+        subscribed_topics: Optional[StrList] = ...,
+        allowed_events: Optional[StrList] = ...,
+        source_system: Optional[str] = ...,
+        mock: Optional[bool] = ...,
+        mode: Optional[str] = ...,
+        max_concurrency: Optional[int] = ...,
+        max_uncommitted: Optional[int] = ...,
+        timeout: Optional[Duration] = ...,
+        commit_interval: Optional[Duration] = ...,
+        poll_interval: Optional[Duration] = ...,
+        shutdown_timeout: Optional[Duration] = ...,
+        stall_threshold: Optional[Duration] = ...,
+        probe_port: Optional[int] = ...,
+        failure_topic: Optional[str] = ...,
+        idempotence_cache_size: Optional[int] = ...,
+        idempotence_version: Optional[str] = ...,
+        idempotence_ttl: Optional[Duration] = ...,
+        slab_size: Optional[Duration] = ...,
+        message_spans: Optional[str] = ...,
+        timer_spans: Optional[str] = ...,
+        send_timeout: Optional[Duration] = ...,
+        max_retries: Optional[int] = ...,
+        retry_base: Optional[Duration] = ...,
+        max_retry_delay: Optional[Duration] = ...,
+        defer_enabled: Optional[bool] = ...,
+        defer_base: Optional[Duration] = ...,
+        defer_max_delay: Optional[Duration] = ...,
+        defer_failure_threshold: Optional[float] = ...,
+        defer_failure_window: Optional[Duration] = ...,
+        defer_cache_size: Optional[int] = ...,
+        defer_store_cache_size: Optional[int] = ...,
+        defer_seek_timeout: Optional[Duration] = ...,
+        defer_discard_threshold: Optional[int] = ...,
+        monopolization_enabled: Optional[bool] = ...,
+        monopolization_threshold: Optional[float] = ...,
+        monopolization_window: Optional[Duration] = ...,
+        monopolization_cache_size: Optional[int] = ...,
+        scheduler_failure_weight: Optional[float] = ...,
+        scheduler_max_wait: Optional[Duration] = ...,
+        scheduler_wait_weight: Optional[float] = ...,
+        scheduler_cache_size: Optional[int] = ...,
+        telemetry_topic: Optional[str] = ...,
+        telemetry_enabled: Optional[bool] = ...,
+        cassandra_nodes: Optional[StrList] = ...,
+        cassandra_keyspace: Optional[str] = ...,
+        cassandra_user: Optional[str] = ...,
+        cassandra_password: Optional[str] = ...,
+        cassandra_datacenter: Optional[str] = ...,
+        cassandra_rack: Optional[str] = ...,
+        cassandra_retention: Optional[Duration] = ...,
+        topic_partitions: Optional[int] = ...,
+        topic_replication_factor: Optional[int] = ...,
+        topic_cleanup_policy: Optional[str] = ...,
+        topic_retention: Optional[Duration] = ...,
+        log: Optional[str] = ...,
+    ) -> None: ...
+    async def send(self, topic: str, key: str, payload: Any) -> None: ...
+    def subscribe(self, handler: EventHandler) -> Awaitable[None]: ...
+    async def unsubscribe(self) -> None: ...
+    def consumer_state(self) -> ConsumerState: ...
+    async def assigned_partition_count(self) -> int: ...
+    async def is_stalled(self) -> bool: ...
+    @property
+    def source_system(self) -> str: ...
+    @property
+    def probe_port(self) -> Optional[int]: ...
+
+class AdminClient:
+    def __init__(
+        self,
+        *,
+        bootstrap_servers: Optional[StrList] = ...,
+        mock: Optional[bool] = ...,
+        **options: Any,
+    ) -> None: ...
+    async def create_topic(
+        self,
+        name: str,
+        partition_count: Optional[int] = ...,
+        replication_factor: Optional[int] = ...,
+        cleanup_policy: Optional[str] = ...,
+        retention: Optional[Union[timedelta, float]] = ...,
+    ) -> None: ...
+    async def delete_topic(self, name: str) -> None: ...
+
+def library_version() -> str: ...
+def mock_bootstrap_servers() -> str: ...
+def options() -> Dict[str, str]: ...
