@@ -9,7 +9,7 @@ PACKAGES=(
   librdkafka-dev libuv1-dev libjansson-dev libmicrohttpd-dev
   libcurl4-openssl-dev libxxhash-dev libcmocka-dev
   valgrind clang clang-format libclang-rt-dev
-  python3 python3-venv maven openjdk-17-jre-headless
+  python3 python3-venv python3-dev maven openjdk-17-jre-headless
 )
 
 missing=()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Runs the test tiers for `make test`: unit and mock-cluster tests, then the
-# real tier against Apache Kafka on localhost:9094 and Apache Cassandra on
-# localhost:9042 (each started here unless it already runs, and stopped
+# Runs the test tiers for `make test`: unit and mock-cluster tests (C, then
+# the Python package's suite), then the real tier (C, then Python) against
+# Apache Kafka on localhost:9094 and Apache Cassandra on localhost:9042 (each started here unless it already runs, and stopped
 # again if started here; logs stay in
 # ${PROSODY_SERVICES_RUN:-/tmp/prosody-services}/<service>/logs).
 #   scripts/run-tests.sh BUILD_DIR [all|real]
@@ -21,8 +21,18 @@ cleanup() {
 trap cleanup EXIT
 
 t0=$(date +%s)
+py=0 # the Python package is built (its suite runs in both tiers)
 if [ "$tier" = all ]; then
   ctest --test-dir "$build" --output-on-failure -j "$jobs" -L 'unit|mock' || rc=1
+fi
+if "$root/scripts/python-tests.sh" install; then
+  py=1
+  if [ "$tier" = all ]; then
+    "$root/scripts/python-tests.sh" mock || rc=1
+  fi
+else
+  echo "run-tests: the Python package did not build" >&2
+  rc=1
 fi
 
 ensure() { # ensure SERVICE: start it unless it already answers
@@ -38,6 +48,9 @@ ensure() { # ensure SERVICE: start it unless it already answers
 [ -n "${PROSODY_TEST_BOOTSTRAP:-}" ] || ensure kafka
 [ -n "${PROSODY_TEST_CASSANDRA:-}" ] || ensure cassandra
 ctest --test-dir "$build" --output-on-failure -j "$jobs" -L real || rc=1
+if [ "$py" = 1 ]; then
+  "$root/scripts/python-tests.sh" real || rc=1
+fi
 
 echo "run-tests: finished in $(( $(date +%s) - t0 )) s, $([ $rc = 0 ] && echo PASSED || echo FAILED)"
 exit $rc

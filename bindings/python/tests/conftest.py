@@ -30,7 +30,8 @@ def base_options() -> Dict[str, Any]:
     opts: Dict[str, Any] = {"probe_port": None, "commit_interval": 0.1,
                             "poll_interval": 0.02, "shutdown_timeout": 10}
     if REAL:
-        opts.update(bootstrap_servers=BOOTSTRAP, cassandra_nodes=CASSANDRA)
+        opts.update(bootstrap_servers=BOOTSTRAP, cassandra_nodes=CASSANDRA,
+                    cassandra_keyspace="prosody_pytest")
     else:
         opts.update(mock=True)
     return opts
