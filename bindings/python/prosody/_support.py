@@ -1,7 +1,7 @@
 """Helpers the native module calls (not part of the public API)."""
 
 import contextvars
-from typing import Any, Generator, Optional, Tuple
+from typing import Any, Dict, Generator, List, Optional, Tuple
 
 __all__ = ["ConsumerState", "Ready", "trace_headers", "handler_context"]
 
@@ -31,24 +31,11 @@ except ImportError:  # pragma: no cover - depends on the environment
     OTEL = False
 
 
-class _Getter:
-    """Reads the three W3C fields from the tuple the native side passes."""
-
-    @staticmethod
-    def get(carrier: Any, key: str) -> Optional[list]:
-        value = carrier.get(key)
-        return [value] if value is not None else None
-
-    @staticmethod
-    def keys(carrier: Any) -> list:
-        return list(carrier)
-
-
 def trace_headers() -> Optional[Tuple[Optional[str], Optional[str], Optional[str]]]:
     """The current context as (traceparent, tracestate, baggage), or None."""
     if not OTEL:
         return None
-    carrier: dict = {}
+    carrier: Dict[str, str] = {}
     _otel_propagate.inject(carrier)
     if not carrier:
         return None
@@ -57,24 +44,24 @@ def trace_headers() -> Optional[Tuple[Optional[str], Optional[str], Optional[str
 
 def handler_context(traceparent: Optional[str], tracestate: Optional[str],
                     baggage: Optional[str], follows_from: bool,
-                    name: str, attributes: dict) -> Optional[Tuple[contextvars.Context, Any]]:
+                    name: str, attributes: Dict[str, Any]) -> Optional[Tuple[contextvars.Context, Any]]:
     """A contextvars.Context in which a handler runs under a span named
     ``name``: a child of the record's trace context, or (``follows_from``)
     the root of a new trace with a link to it. Returns (context, span), or
     None when OpenTelemetry is not installed."""
     if not OTEL:
         return None
-    carrier = {}
+    carrier: Dict[str, str] = {}
     if traceparent:
         carrier["traceparent"] = traceparent
     if tracestate:
         carrier["tracestate"] = tracestate
     if baggage:
         carrier["baggage"] = baggage
-    extracted = _otel_propagate.extract(carrier, getter=_Getter()) if carrier else None
+    extracted = _otel_propagate.extract(carrier) if carrier else None
     tracer = _otel_trace.get_tracer("prosody")
     if follows_from:
-        links = []
+        links: List[Any] = []
         if extracted is not None:
             parent = _otel_trace.get_current_span(extracted).get_span_context()
             if parent.is_valid:

@@ -1,6 +1,5 @@
 """The spec's examples type-check under mypy --strict with our stubs."""
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,4 +12,12 @@ def test_spec_examples_pass_mypy_strict():
     here = Path(__file__).parent / "typing"
     r = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--no-incremental",
                         str(here / "spec_examples.py")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_package_itself_passes_mypy_strict(tmp_path):
+    pytest.importorskip("mypy")
+    # Run from elsewhere so the installed package (with its stubs) is checked.
+    r = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--no-incremental",
+                        "-p", "prosody"], capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
