@@ -92,3 +92,15 @@ class Ready:
 
     def __repr__(self) -> str:
         return f"<prosody awaitable of {self.value!r}>"
+
+
+async def run_after(loop: Any, first: Any, fn: Any) -> None:
+    """Runs the blocking ``fn`` on the loop's executor once ``first`` (a
+    subscribe still starting) has finished, whatever its outcome: an
+    unsubscribe must not overtake the subscribe it stops."""
+    if first is not None:
+        try:
+            await first
+        except BaseException:  # noqa: BLE001 - its caller sees it
+            pass
+    await loop.run_in_executor(None, fn)

@@ -64,7 +64,7 @@ static PyObject *ErrProsody, *ErrTransient, *ErrPermanent; /* prosody.errors */
 static PyObject *ClsPermanentError, *ClsEventHandlerError;
 static PyObject *ClsMessage, *ClsTimer;        /* prosody.message/.timer */
 static PyObject *ClsConsumerState, *FnReady;   /* prosody._support */
-static PyObject *FnTraceHeaders, *FnHandlerContext;
+static PyObject *FnTraceHeaders, *FnHandlerContext, *FnRunAfter;
 static int otel_enabled;
 static PyObject *FnGetRunningLoop, *FnJsonDumps, *FnJsonLoads;
 static PyObject *Utc, *Epoch;
@@ -482,6 +482,7 @@ typedef struct {
   int spans_follow[2];/* message_spans / timer_spans are follows_from */
   char sub_err[1024];
   PyObject *loop, *handler, *on_message, *on_timer, *create_task;
+  PyObject *sub_fut; /* the subscribe call's future while subscribed */
 } ClientObject;
 
 typedef struct {
@@ -1135,6 +1136,7 @@ static void client_dealloc(ClientObject *c) {
   }
   client_clear_handler(c);
   Py_CLEAR(c->loop);
+  Py_CLEAR(c->sub_fut);
   Py_TYPE(c)->tp_free((PyObject *)c);
 }
 
@@ -1286,6 +1288,7 @@ static void client_detach(ClientObject *c) {
     PyErr_Clear(); /* the loop may already be closed */
   client_clear_handler(c);
   Py_CLEAR(c->loop);
+  Py_CLEAR(c->sub_fut);
   c->subscribed = 0;
 }
 
@@ -1395,6 +1398,7 @@ static PyObject *client_subscribe(PyObject *self, PyObject *handler) {
   }
   Py_DECREF(fn);
   Py_DECREF(r);
+  c->sub_fut = Py_NewRef(fut);
   return fut;
 fail_detach:
   client_detach(c);
@@ -1434,18 +1438,25 @@ static PyObject *ready(PyObject *value) {
 
 static PyObject *client_unsubscribe(PyObject *self, PyObject *unused) {
   ClientObject *c = (ClientObject *)self;
-  PyObject *fn, *fut, *r, *loop;
+  PyObject *fn, *fut, *r, *loop, *coro;
   if (client_ready(c))
     return NULL;
   if (!c->subscribed)
     return ready(Py_NewRef(Py_None)); /* nothing to stop */
   loop = c->loop;
   /* The engine waits for running handlers, which complete on this loop:
-   * block an executor thread, not the loop. */
+   * block an executor thread, not the loop; and only once the subscribe
+   * call (also on the executor) has finished. */
   if (!(fn = PyCFunction_New(&unsubscribe_blocking_def, self)))
     return NULL;
-  fut = PyObject_CallMethodObjArgs(loop, S_run_in_executor, Py_None, fn, NULL);
+  coro = PyObject_CallFunctionObjArgs(FnRunAfter, loop,
+                                      c->sub_fut ? c->sub_fut : Py_None, fn,
+                                      NULL);
   Py_DECREF(fn);
+  if (!coro)
+    return NULL;
+  fut = PyObject_CallMethodObjArgs(loop, S_create_task, coro, NULL);
+  Py_DECREF(coro);
   if (!fut)
     return NULL;
   if (!(fn = PyCFunction_New(&unsubscribe_done_def, self)) ||
@@ -1848,6 +1859,7 @@ PyMODINIT_FUNC PyInit_prosody(void) {
       !(FnReady = attr_of("prosody._support", "Ready")) ||
       !(FnTraceHeaders = attr_of("prosody._support", "trace_headers")) ||
       !(FnHandlerContext = attr_of("prosody._support", "handler_context")) ||
+      !(FnRunAfter = attr_of("prosody._support", "run_after")) ||
       !(otel = attr_of("prosody._support", "OTEL")) ||
       !(FnGetRunningLoop = attr_of("asyncio", "get_running_loop")) ||
       !(FnJsonDumps = attr_of("json", "dumps")) ||

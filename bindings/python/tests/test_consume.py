@@ -260,3 +260,13 @@ async def test_subscribe_twice_and_resubscribe(clients, topic, recorder):
     await c.subscribe(Recording(recorder))
     await c.send(topic, "after", {"x": 1})
     await recorder.wait_count(1)
+
+
+async def test_unsubscribe_right_after_a_bare_subscribe(clients, topic, recorder):
+    c = clients(group_id=unique("g"), subscribed_topics=topic)
+    c.subscribe(Recording(recorder))  # not awaited, as in the spec's quick start
+    await c.unsubscribe()  # waits for the subscribe to start, then stops it
+    assert c.consumer_state() == "configured"
+    await c.subscribe(Recording(recorder))
+    await c.send(topic, "k", {})
+    await recorder.wait_count(1)
