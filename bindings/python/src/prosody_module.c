@@ -62,8 +62,8 @@ static inline PyObject *Py_NewRef(PyObject *o) {
 
 static PyObject *ErrProsody, *ErrTransient, *ErrPermanent; /* prosody.errors */
 static PyObject *ClsPermanentError, *ClsEventHandlerError;
-static PyObject *ClsMessage, *ClsTimer;        /* prosody.message/.timer */
-static PyObject *ClsConsumerState, *FnReady;   /* prosody._support */
+static PyObject *ClsMessage, *ClsTimer;      /* prosody.message/.timer */
+static PyObject *ClsConsumerState, *FnReady; /* prosody._support */
 static PyObject *FnTraceHeaders, *FnHandlerContext, *FnRunAfter;
 static int otel_enabled;
 static PyObject *FnGetRunningLoop, *FnJsonDumps, *FnJsonLoads;
@@ -397,9 +397,9 @@ enum item_kind { IT_MESSAGE, IT_TIMER, IT_OP, IT_CANCEL };
 typedef struct item {
   struct item *next; /* bridge list link (bridge lock) */
   int kind;
-  prosody_context_t *ctx;  /* IT_MESSAGE, IT_TIMER */
-  const void *event;       /* the message or timer */
-  void *obj;               /* IT_OP: the op; IT_CANCEL: the Context */
+  prosody_context_t *ctx; /* IT_MESSAGE, IT_TIMER */
+  const void *event;      /* the message or timer */
+  void *obj;              /* IT_OP: the op; IT_CANCEL: the Context */
 } item_t;
 
 typedef struct bridge {
@@ -473,20 +473,22 @@ static void bridge_free(bridge_t *b) {
 /* ------------------------------------------------------------------------ */
 
 typedef struct {
-  PyObject_HEAD prosody_client_t *client;
+  PyObject_HEAD
+  prosody_client_t *client;
   pid_t pid;
-  bridge_t *bridge;   /* created at the first subscribe */
-  int subscribed;     /* subscribing, running or unsubscribing */
-  int sub_failed;     /* the executor's prosody_subscribe failed */
-  int has_timer;      /* the handler implements on_timer */
-  int spans_follow[2];/* message_spans / timer_spans are follows_from */
+  bridge_t *bridge;    /* created at the first subscribe */
+  int subscribed;      /* subscribing, running or unsubscribing */
+  int sub_failed;      /* the executor's prosody_subscribe failed */
+  int has_timer;       /* the handler implements on_timer */
+  int spans_follow[2]; /* message_spans / timer_spans are follows_from */
   char sub_err[1024];
   PyObject *loop, *handler, *on_message, *on_timer, *create_task;
   PyObject *sub_fut; /* the subscribe call's future while subscribed */
 } ClientObject;
 
 typedef struct {
-  PyObject_HEAD prosody_context_t *ctx;
+  PyObject_HEAD
+  prosody_context_t *ctx;
   ClientObject *client; /* strong reference */
   PyObject *cancel_fut; /* on_cancel()'s future, created on first call */
   PyObject *span;       /* the handler's OpenTelemetry span, if any */
@@ -497,7 +499,8 @@ typedef struct {
 } ContextObject;
 
 typedef struct {
-  PyObject_HEAD prosody_admin_t *admin;
+  PyObject_HEAD
+  prosody_admin_t *admin;
   pid_t pid;
 } AdminObject;
 
@@ -628,7 +631,7 @@ static PyMethodDef task_done_def = {"_task_done", context_task_done, METH_O,
 typedef struct pyop {
   item_t item;
   bridge_t *bridge; /* the subscription's mailbox */
-  PyObject *fut; /* strong reference, dropped on the loop thread */
+  PyObject *fut;    /* strong reference, dropped on the loop thread */
   int op;
   prosody_err_t err;
   char *errstr;
@@ -873,9 +876,9 @@ static PyObject *build_message(const prosody_message_t *m) {
   if (j)
     payload = json_to_py(j);
   else
-    payload = PyObject_CallFunction(FnJsonLoads, "s#",
-                                    prosody_message_payload(m),
-                                    (Py_ssize_t)prosody_message_payload_len(m));
+    payload =
+        PyObject_CallFunction(FnJsonLoads, "s#", prosody_message_payload(m),
+                              (Py_ssize_t)prosody_message_payload_len(m));
   if (payload)
     r = PyObject_CallFunctionObjArgs(ClsMessage, topic, part, off, ts, key,
                                      payload, NULL);
@@ -923,9 +926,8 @@ static PyObject *trace_context(ClientObject *c, ContextObject *cx,
         "{s:s,s:s,s:i,s:L,s:s}", "messaging.system", "kafka",
         "messaging.destination.name", prosody_message_topic(m),
         "messaging.destination.partition.id", prosody_message_partition(m),
-        "messaging.kafka.message.offset",
-        (long long)prosody_message_offset(m), "messaging.kafka.message.key",
-        prosody_message_key(m));
+        "messaging.kafka.message.offset", (long long)prosody_message_offset(m),
+        "messaging.kafka.message.key", prosody_message_key(m));
   } else {
     const prosody_timer_t *t = it->event;
     name = "prosody.trigger";
@@ -982,8 +984,8 @@ static void dispatch(ClientObject *c, item_t *it) {
     goto out;
   }
   if (run_in) {
-    task = PyObject_CallMethodObjArgs(run_in, S_run, c->create_task, coro,
-                                      NULL);
+    task =
+        PyObject_CallMethodObjArgs(run_in, S_run, c->create_task, coro, NULL);
     Py_DECREF(run_in);
   } else {
     task = PyObject_CallFunctionObjArgs(c->create_task, coro, NULL);
@@ -996,7 +998,7 @@ static void dispatch(ClientObject *c, item_t *it) {
     goto failed;
   Py_DECREF(r);
   goto out;
-failed: {
+failed : {
   PyObject *type, *value, *tb;
   PyErr_Fetch(&type, &value, &tb);
   PyErr_NormalizeException(&type, &value, &tb);
@@ -1100,8 +1102,10 @@ static int client_init(PyObject *self, PyObject *args, PyObject *kwargs) {
                             sizeof(err)))
       c->spans_follow[i] = !strcmp(val, "follows_from");
   }
-  Py_BEGIN_ALLOW_THREADS client = prosody_client_new(conf, err, sizeof(err));
-  Py_END_ALLOW_THREADS if (!client) {
+  Py_BEGIN_ALLOW_THREADS
+  client = prosody_client_new(conf, err, sizeof(err));
+  Py_END_ALLOW_THREADS
+  if (!client) {
     prosody_config_destroy(conf);
     PyErr_SetString(PyExc_ValueError, err);
     return -1;
@@ -1120,7 +1124,8 @@ static void client_clear_handler(ClientObject *c) {
 
 static void client_dealloc(ClientObject *c) {
   if (c->client && getpid() == c->pid) { /* a forked child leaks it */
-    Py_BEGIN_ALLOW_THREADS prosody_client_destroy(c->client);
+    Py_BEGIN_ALLOW_THREADS
+    prosody_client_destroy(c->client);
     Py_END_ALLOW_THREADS
   }
   c->client = NULL;
@@ -1218,9 +1223,8 @@ static PyObject *client_send(PyObject *self, PyObject *args) {
   if (otel_enabled) {
     if (!(th = PyObject_CallNoArgs(FnTraceHeaders)))
       goto fail;
-    if (th != Py_None &&
-        !PyArg_ParseTuple(th, "zzz", &trace.traceparent, &trace.tracestate,
-                          &trace.baggage))
+    if (th != Py_None && !PyArg_ParseTuple(th, "zzz", &trace.traceparent,
+                                           &trace.tracestate, &trace.baggage))
       goto fail;
     if (th != Py_None)
       tp = &trace;
@@ -1263,9 +1267,10 @@ static PyObject *client_subscribe_blocking(PyObject *self, PyObject *unused) {
   prosody_handler_t h = {c_on_message, c->has_timer ? c_on_timer : NULL,
                          c->bridge, PROSODY_HANDLER_ASYNC};
   prosody_err_t rc;
-  Py_BEGIN_ALLOW_THREADS rc =
-      prosody_subscribe(c->client, &h, c->sub_err, sizeof(c->sub_err));
-  Py_END_ALLOW_THREADS if (rc) {
+  Py_BEGIN_ALLOW_THREADS
+  rc = prosody_subscribe(c->client, &h, c->sub_err, sizeof(c->sub_err));
+  Py_END_ALLOW_THREADS
+  if (rc) {
     c->sub_failed = 1;
     return raise_error(rc, c->sub_err);
   }
@@ -1309,8 +1314,8 @@ static PyMethodDef drain_def = {"_drain", client_drain, METH_NOARGS, NULL};
 
 /* True when `handler`'s class overrides EventHandler.on_timer. */
 static int implements_on_timer(PyObject *handler) {
-  PyObject *m = PyObject_GetAttrString(handler, "on_timer"), *f, *base,
-           *mod, *bf;
+  PyObject *m = PyObject_GetAttrString(handler, "on_timer"), *f, *base, *mod,
+           *bf;
   int r = 0;
   if (!m) {
     PyErr_Clear();
@@ -1413,8 +1418,10 @@ fail:
 
 static PyObject *client_unsubscribe_blocking(PyObject *self, PyObject *unused) {
   ClientObject *c = (ClientObject *)self;
-  Py_BEGIN_ALLOW_THREADS prosody_unsubscribe(c->client);
-  Py_END_ALLOW_THREADS Py_RETURN_NONE;
+  Py_BEGIN_ALLOW_THREADS
+  prosody_unsubscribe(c->client);
+  Py_END_ALLOW_THREADS
+  Py_RETURN_NONE;
 }
 
 static PyObject *client_unsubscribe_done(PyObject *self, PyObject *fut) {
@@ -1449,9 +1456,8 @@ static PyObject *client_unsubscribe(PyObject *self, PyObject *unused) {
    * call (also on the executor) has finished. */
   if (!(fn = PyCFunction_New(&unsubscribe_blocking_def, self)))
     return NULL;
-  coro = PyObject_CallFunctionObjArgs(FnRunAfter, loop,
-                                      c->sub_fut ? c->sub_fut : Py_None, fn,
-                                      NULL);
+  coro = PyObject_CallFunctionObjArgs(
+      FnRunAfter, loop, c->sub_fut ? c->sub_fut : Py_None, fn, NULL);
   Py_DECREF(fn);
   if (!coro)
     return NULL;
@@ -1573,8 +1579,10 @@ static int admin_init(PyObject *self, PyObject *args, PyObject *kwargs) {
   }
   if (!(conf = config_from(kwargs)))
     return -1;
-  Py_BEGIN_ALLOW_THREADS admin = prosody_admin_new(conf, err, sizeof(err));
-  Py_END_ALLOW_THREADS if (!admin) {
+  Py_BEGIN_ALLOW_THREADS
+  admin = prosody_admin_new(conf, err, sizeof(err));
+  Py_END_ALLOW_THREADS
+  if (!admin) {
     prosody_config_destroy(conf);
     PyErr_SetString(PyExc_ValueError, err);
     return -1;
@@ -1586,7 +1594,8 @@ static int admin_init(PyObject *self, PyObject *args, PyObject *kwargs) {
 
 static void admin_dealloc(AdminObject *a) {
   if (a->admin && getpid() == a->pid) {
-    Py_BEGIN_ALLOW_THREADS prosody_admin_destroy(a->admin);
+    Py_BEGIN_ALLOW_THREADS
+    prosody_admin_destroy(a->admin);
     Py_END_ALLOW_THREADS
   }
   Py_TYPE(a)->tp_free((PyObject *)a);
@@ -1616,9 +1625,11 @@ static PyObject *admin_create_blocking(PyObject *self, PyObject *args) {
   o.replication_factor = (int16_t)rf;
   o.cleanup_policy = policy;
   o.retention_ms = retention;
-  Py_BEGIN_ALLOW_THREADS rc =
-      prosody_admin_create_topic(a->admin, name, &o, err, sizeof(err));
-  Py_END_ALLOW_THREADS if (rc) return raise_error(rc, err);
+  Py_BEGIN_ALLOW_THREADS
+  rc = prosody_admin_create_topic(a->admin, name, &o, err, sizeof(err));
+  Py_END_ALLOW_THREADS
+  if (rc)
+    return raise_error(rc, err);
   Py_RETURN_NONE;
 }
 
@@ -1629,18 +1640,18 @@ static PyObject *admin_delete_blocking(PyObject *self, PyObject *args) {
   prosody_err_t rc;
   if (!PyArg_ParseTuple(args, "s", &name))
     return NULL;
-  Py_BEGIN_ALLOW_THREADS rc =
-      prosody_admin_delete_topic(a->admin, name, err, sizeof(err));
-  Py_END_ALLOW_THREADS if (rc) return raise_error(rc, err);
+  Py_BEGIN_ALLOW_THREADS
+  rc = prosody_admin_delete_topic(a->admin, name, err, sizeof(err));
+  Py_END_ALLOW_THREADS
+  if (rc)
+    return raise_error(rc, err);
   Py_RETURN_NONE;
 }
 
-static PyMethodDef admin_create_def = {"_create_blocking",
-                                       admin_create_blocking, METH_VARARGS,
-                                       NULL};
-static PyMethodDef admin_delete_def = {"_delete_blocking",
-                                       admin_delete_blocking, METH_VARARGS,
-                                       NULL};
+static PyMethodDef admin_create_def = {
+    "_create_blocking", admin_create_blocking, METH_VARARGS, NULL};
+static PyMethodDef admin_delete_def = {
+    "_delete_blocking", admin_delete_blocking, METH_VARARGS, NULL};
 
 /* Runs a blocking admin call on the loop's default executor. */
 static PyObject *admin_run(PyObject *self, PyMethodDef *def, PyObject *args) {
@@ -1674,8 +1685,9 @@ static PyObject *admin_run(PyObject *self, PyMethodDef *def, PyObject *args) {
 
 static PyObject *admin_create_topic(PyObject *self, PyObject *args,
                                     PyObject *kwargs) {
-  static char *kw[] = {"name",           "partition_count", "replication_factor",
-                       "cleanup_policy", "retention",       NULL};
+  static char *kw[] = {
+      "name",           "partition_count", "replication_factor",
+      "cleanup_policy", "retention",       NULL};
   AdminObject *a = (AdminObject *)self;
   const char *name, *policy = NULL;
   PyObject *parts = Py_None, *rf = Py_None, *retention = Py_None, *call, *fut;
@@ -1852,7 +1864,8 @@ PyMODINIT_FUNC PyInit_prosody(void) {
       !(ErrTransient = attr_of("prosody.errors", "ProsodyTransientError")) ||
       !(ErrPermanent = attr_of("prosody.errors", "ProsodyPermanentError")) ||
       !(ClsPermanentError = attr_of("prosody.errors", "PermanentError")) ||
-      !(ClsEventHandlerError = attr_of("prosody.errors", "EventHandlerError")) ||
+      !(ClsEventHandlerError =
+            attr_of("prosody.errors", "EventHandlerError")) ||
       !(ClsMessage = attr_of("prosody.message", "Message")) ||
       !(ClsTimer = attr_of("prosody.timer", "Timer")) ||
       !(ClsConsumerState = attr_of("prosody._support", "ConsumerState")) ||
