@@ -1,0 +1,562 @@
+'use strict';
+// @prosody-events/prosody: the JavaScript API of Prosody over libprosody.
+//
+// The addon (src/addon.c) hands every batch of events from libprosody's
+// engine thread to `dispatch` below, on the JavaScript thread; this file
+// turns them into handler calls with a Context, a Message or Timer and an
+// AbortSignal, and reports each promise's outcome with `complete`.
+
+const bindings = require('./bindings');
+
+const native = bindings.native;
+
+const Mode = Object.freeze({
+  Pipeline: 'pipeline',
+  LowLatency: 'low-latency',
+  BestEffort: 'best-effort',
+});
+
+const ConsumerState = Object.freeze({
+  Unconfigured: 'unconfigured',
+  Configured: 'configured',
+  Running: 'running',
+  ConfigurationFailed: 'configuration-failed',
+});
+
+// ---------------------------------------------------------------------------
+// Errors and their classification
+
+class EventHandlerError extends Error {
+  constructor(message, options) {
+    super(message, options);
+    this.name = new.target.name;
+  }
+
+  get isPermanent() {
+    return false;
+  }
+}
+
+class TransientError extends EventHandlerError {}
+
+class PermanentError extends EventHandlerError {
+  get isPermanent() {
+    return true;
+  }
+}
+
+// Failures of the client's own calls: `code` is the C error's name.
+class ProsodyError extends Error {
+  constructor(message, code) {
+    super(message);
+    this.name = new.target.name;
+    this.code = code;
+  }
+}
+class ProsodyTransientError extends TransientError {
+  constructor(message, code) {
+    super(message);
+    this.code = code;
+  }
+}
+class ProsodyPermanentError extends PermanentError {
+  constructor(message, code) {
+    super(message);
+    this.code = code;
+  }
+}
+
+// The addon rejects with an Error carrying `code` and `transient`; users get
+// the class of the failure.
+function classifyNative(e) {
+  if (!e || typeof e.code !== 'string' || !e.code.startsWith('PROSODY_')) return e;
+  switch (e.code) {
+    case 'PROSODY_ERR_INVALID_ARG':
+    case 'PROSODY_ERR_CONFIG':
+    case 'PROSODY_ERR_INVALID_PAYLOAD':
+      return e; // a RangeError with code
+    case 'PROSODY_ERR_STATE':
+    case 'PROSODY_ERR_UNSUPPORTED':
+      return new ProsodyError(e.message, e.code);
+    default:
+      return e.transient
+        ? new ProsodyTransientError(e.message, e.code)
+        : new ProsodyPermanentError(e.message, e.code);
+  }
+}
+
+function rethrow(e) {
+  throw classifyNative(e);
+}
+
+// @permanent(TypeError, ...) / @transient(...): TC39 2023-05 method
+// decorators (as Babel and TypeScript 5 emit them), and plain wrappers:
+// permanent(TypeError)(fn).
+function classifier(ErrorClass, types) {
+  for (const t of types) {
+    if (typeof t !== 'function') {
+      throw new TypeError(`${ErrorClass === PermanentError ? 'permanent' : 'transient'}() expects error classes`);
+    }
+  }
+  const matches = (e) => !(e instanceof EventHandlerError) &&
+    (types.length === 0 || types.some((t) => e instanceof t));
+  return function decorate(fn, context) {
+    if (typeof fn !== 'function' || (context && context.kind && context.kind !== 'method')) {
+      throw new TypeError('permanent/transient decorate methods or functions');
+    }
+    return async function classified(...args) {
+      try {
+        return await fn.apply(this, args);
+      } catch (e) {
+        if (!matches(e)) throw e;
+        throw new ErrorClass(`${e && e.name ? e.name : 'Error'}: ${e && e.message}`, { cause: e });
+      }
+    };
+  };
+}
+
+const permanent = (...types) => classifier(PermanentError, types);
+const transient = (...types) => classifier(TransientError, types);
+
+const RESULT = { success: 0, transient: 1, permanent: 2 };
+
+function outcome(e) {
+  const permanentFailure = e instanceof EventHandlerError
+    ? e.isPermanent
+    : false;
+  const shown = e instanceof EventHandlerError && e.cause instanceof Error ? e.cause : e;
+  const text = shown instanceof Error ? `${shown.name}: ${shown.message}` : `thrown: ${String(shown)}`;
+  return [permanentFailure ? RESULT.permanent : RESULT.transient, text];
+}
+
+// ---------------------------------------------------------------------------
+// Options: camelCase names of the spec, converted to libprosody's text form
+// and validated by its option table (one source of truth).
+
+const OPTION_TABLE = native.options();
+const SECONDS = { idempotence_ttl: 'idempotenceTtlS', cassandra_retention: 'cassandraRetentionSeconds' };
+const JS_NAMES = new Map(); // jsName -> [snake name, unit]
+for (const [name, info] of Object.entries(OPTION_TABLE)) {
+  const camel = name.replace(/_([a-z])/g, (_, c) => c.toUpperCase());
+  if (info.type === 'duration') {
+    if (SECONDS[name]) JS_NAMES.set(SECONDS[name], [name, 's']);
+    else JS_NAMES.set(`${camel}Ms`, [name, 'ms']);
+  } else {
+    JS_NAMES.set(camel, [name, null]);
+  }
+}
+
+function optionText(jsName, name, unit, value) {
+  const info = OPTION_TABLE[name];
+  const bad = (what) => new TypeError(
+    `option ${jsName}: expected ${what}${info.accepted ? ` (${info.accepted})` : ''}, got ${
+      Array.isArray(value) ? 'array' : typeof value}`);
+  if (typeof value === 'string') return value; // the text form, as in the environment
+  switch (info.type) {
+    case 'duration':
+      if (typeof value !== 'number' || Number.isNaN(value)) throw bad(unit === 's' ? 'seconds (a number)' : 'milliseconds (a number)');
+      if (!Number.isFinite(value)) throw new RangeError(`option ${jsName}: ${value} is not a duration`);
+      return unit === 's'
+        ? (Number.isInteger(value) ? `${value}s` : `${Math.round(value * 1e6)}us`)
+        : (Number.isInteger(value) ? `${value}ms` : `${Math.round(value * 1e3)}us`);
+    case 'integer':
+      if (typeof value !== 'number' || !Number.isInteger(value)) throw bad('an integer');
+      return String(value);
+    case 'number':
+      if (typeof value !== 'number' || Number.isNaN(value)) throw bad('a number');
+      return String(value);
+    case 'boolean':
+      if (typeof value !== 'boolean') throw bad('a boolean');
+      return value ? 'true' : 'false';
+    default:
+      if (info.type.includes('list') && Array.isArray(value)) {
+        if (!value.every((v) => typeof v === 'string')) throw bad('a string or an array of strings');
+        return value.join(',');
+      }
+      throw bad(info.type.includes('list') ? 'a string or an array of strings' : 'a string');
+  }
+}
+
+function convertOptions(config, what) {
+  if (config === undefined || config === null) config = {};
+  if (typeof config !== 'object' || Array.isArray(config)) {
+    throw new TypeError(`${what} takes an options object`);
+  }
+  const out = {};
+  for (const [jsName, value] of Object.entries(config)) {
+    const known = JS_NAMES.get(jsName);
+    if (!known) {
+      throw new RangeError(`unknown option '${jsName}' (options are camelCase, durations in milliseconds ` +
+                           'with an Ms suffix; see the package README)');
+    }
+    const [name, unit] = known;
+    if (value === undefined || value === null) {
+      if (name === 'probe_port' && value === null) out[name] = 'none';
+      continue;
+    }
+    out[name] = optionText(jsName, name, unit, value);
+  }
+  return out;
+}
+
+function wrapConfigError(e, config) {
+  // libprosody names the snake_case option; add the JavaScript name.
+  if (e && e.code === 'PROSODY_ERR_CONFIG' && typeof e.message === 'string') {
+    for (const [jsName, [name]] of JS_NAMES) {
+      if (e.message.includes(`option ${name} `) || e.message.startsWith(`${name}:`) ||
+          e.message.includes(` ${name} (`)) {
+        e.message = `option ${jsName}: ${e.message}`;
+        break;
+      }
+    }
+  }
+  return e;
+}
+
+// ---------------------------------------------------------------------------
+// OpenTelemetry (optional)
+
+let otel = null;
+try {
+  otel = require('@opentelemetry/api');
+} catch (e) {
+  otel = null;
+}
+
+function traceHeaders() {
+  if (!otel) return [undefined, undefined, undefined];
+  const carrier = {};
+  otel.propagation.inject(otel.context.active(), carrier);
+  return [carrier.traceparent, carrier.tracestate, carrier.baggage];
+}
+
+// Runs `fn` under a span for the event: a child of the record's context, or
+// (followsFrom) the root of a new trace linked to it. Returns [result, span].
+function withSpan(rec, followsFrom, fn) {
+  if (!otel) return [fn(), null];
+  const carrier = {};
+  if (rec.traceparent) carrier.traceparent = rec.traceparent;
+  if (rec.tracestate) carrier.tracestate = rec.tracestate;
+  if (rec.baggage) carrier.baggage = rec.baggage;
+  const extracted = otel.propagation.extract(otel.ROOT_CONTEXT, carrier);
+  const tracer = otel.trace.getTracer('prosody');
+  const attributes = rec.kind === 'message'
+    ? {
+        'messaging.system': 'kafka',
+        'messaging.destination.name': rec.topic,
+        'messaging.destination.partition.id': String(rec.partition),
+        'messaging.kafka.message.offset': rec.offset,
+        'messaging.kafka.message.key': rec.key,
+      }
+    : { 'messaging.system': 'kafka', 'prosody.timer.key': rec.key };
+  const name = rec.kind === 'message' ? 'prosody.receive' : 'prosody.trigger';
+  let span;
+  if (followsFrom) {
+    const parent = otel.trace.getSpanContext(extracted);
+    span = tracer.startSpan(name, {
+      kind: otel.SpanKind.CONSUMER, attributes,
+      links: parent && otel.trace.isSpanContextValid(parent) ? [{ context: parent }] : [],
+    }, otel.ROOT_CONTEXT);
+  } else {
+    span = tracer.startSpan(name, { kind: otel.SpanKind.CONSUMER, attributes }, extracted);
+  }
+  const ctx = otel.trace.setSpan(followsFrom ? otel.ROOT_CONTEXT : extracted, span);
+  return [otel.context.with(ctx, fn), span];
+}
+
+// ---------------------------------------------------------------------------
+// Context
+
+const OP = { schedule: 0, unschedule: 1, clearAndSchedule: 2, clearScheduled: 3, scheduled: 4 };
+
+function timeMs(date, method) {
+  if (!(date instanceof Date) || Number.isNaN(date.getTime())) {
+    throw new TypeError(`${method}: expected a valid Date`);
+  }
+  return date.getTime();
+}
+
+class Context {
+  constructor(client, state) {
+    this._client = client;
+    this._state = state;
+  }
+
+  get shouldCancel() {
+    const s = this._state;
+    return s.done || s.cancelled || this._client._native.shouldCancel(s.ev);
+  }
+
+  // Resolves when the event is cancelled or its handler has finished.
+  onCancel() {
+    return this._state.cancelPromise;
+  }
+
+  _op(kind, time, method) {
+    const s = this._state;
+    if (s.done) {
+      return Promise.reject(new ProsodyError(
+        'the context is stale: its handler has already finished', 'PROSODY_ERR_STATE'));
+    }
+    let ms = 0;
+    try {
+      if (time !== undefined) ms = timeMs(time, method);
+      return this._client._native.timerOp(s.ev, kind, ms).catch(rethrow);
+    } catch (e) {
+      return Promise.reject(classifyNative(e));
+    }
+  }
+
+  schedule(time) { return this._op(OP.schedule, time, 'schedule'); }
+  clearAndSchedule(time) { return this._op(OP.clearAndSchedule, time, 'clearAndSchedule'); }
+  unschedule(time) { return this._op(OP.unschedule, time, 'unschedule'); }
+  clearScheduled() { return this._op(OP.clearScheduled, undefined, 'clearScheduled'); }
+  scheduled() {
+    return this._op(OP.scheduled, undefined, 'scheduled').then((times) => times.map((t) => new Date(t)));
+  }
+}
+
+// ---------------------------------------------------------------------------
+// ProsodyClient
+
+class ProsodyClient {
+  constructor(config) {
+    const opts = convertOptions(config, 'ProsodyClient');
+    try {
+      this._native = new native.NativeClient(opts);
+    } catch (e) {
+      throw wrapConfigError(e, config);
+    }
+    const spans = (name, dflt) => {
+      const v = (config && config[name]) || process.env[`PROSODY_${name === 'messageSpans' ? 'MESSAGE' : 'TIMER'}_SPANS`] || dflt;
+      return v === 'follows_from';
+    };
+    this._follows = { message: spans('messageSpans', 'child'), timer: spans('timerSpans', 'follows_from') };
+    this._inflight = new Map(); // event id -> state
+    this._handler = null;
+    this._subscribing = null;
+  }
+
+  get sourceSystem() {
+    return this._native.sourceSystem();
+  }
+
+  async consumerState() {
+    return this._native.consumerState();
+  }
+
+  async assignedPartitionCount() {
+    return this._native.assignedPartitionCount();
+  }
+
+  async isStalled() {
+    return this._native.isStalled();
+  }
+
+  // The probe server's port while subscribed, or null.
+  get probePort() {
+    const p = this._native.probePort();
+    return p < 0 ? null : p;
+  }
+
+  send(topic, key, payload, signal) {
+    if (signal && signal.aborted) return Promise.reject(abortError(signal));
+    let json;
+    try {
+      json = JSON.stringify(payload);
+    } catch (e) {
+      return Promise.reject(e);
+    }
+    if (json === undefined) {
+      return Promise.reject(new TypeError('send: the payload is not JSON-serialisable'));
+    }
+    const [tp, ts, bg] = traceHeaders();
+    let sent;
+    try {
+      sent = this._native.send(topic, key, json, tp, ts, bg).catch(rethrow);
+    } catch (e) {
+      return Promise.reject(classifyNative(e));
+    }
+    if (!signal) return sent;
+    // An abort ends the wait early; the record may still be delivered.
+    return new Promise((resolve, reject) => {
+      const onAbort = () => reject(abortError(signal));
+      signal.addEventListener('abort', onAbort, { once: true });
+      sent.then((v) => {
+        signal.removeEventListener('abort', onAbort);
+        resolve(v);
+      }, (e) => {
+        signal.removeEventListener('abort', onAbort);
+        reject(e);
+      });
+    });
+  }
+
+  subscribe(handler) {
+    if (!handler || typeof handler.onMessage !== 'function') {
+      throw new TypeError('subscribe() needs a handler with an onMessage method');
+    }
+    this._handler = handler;
+    const hasTimer = typeof handler.onTimer === 'function';
+    this._subscribing = this._native.subscribe((batch) => this._dispatch(batch), hasTimer)
+      .catch(rethrow);
+    return this._subscribing;
+  }
+
+  async unsubscribe() {
+    if (this._subscribing) {
+      // A subscribe still starting on libuv's pool goes first.
+      await this._subscribing.catch(() => {});
+      this._subscribing = null;
+    }
+    await this._native.unsubscribe().catch(rethrow);
+    this._handler = null;
+  }
+
+  _dispatch(batch) {
+    for (const rec of batch) {
+      if (rec.kind === 'cancel') {
+        const s = this._inflight.get(rec.id);
+        if (s && !s.cancelled) {
+          s.cancelled = true;
+          s.controller.abort(new ProsodyError('the event was cancelled (timeout, shutdown or revoke)',
+                                              'PROSODY_CANCELLED'));
+          s.resolveCancel();
+        }
+        continue;
+      }
+      this._start(rec);
+    }
+  }
+
+  _start(rec) {
+    const controller = new AbortController();
+    const state = { ev: rec.ev, controller, done: false, cancelled: false, resolveCancel: null };
+    state.cancelPromise = new Promise((resolve) => { state.resolveCancel = resolve; });
+    this._inflight.set(rec.id, state);
+    const context = new Context(this, state);
+    const handler = this._handler;
+    let event;
+    let method;
+    if (rec.kind === 'message') {
+      event = {
+        topic: rec.topic, partition: rec.partition, offset: rec.offset,
+        timestamp: new Date(rec.timestamp), key: rec.key, payload: rec.payload,
+      };
+      method = handler && handler.onMessage;
+    } else {
+      event = { key: rec.key, time: new Date(rec.time) };
+      method = handler && handler.onTimer;
+    }
+    let span = null;
+    const finish = (result, text) => {
+      if (state.done) return;
+      state.done = true;
+      this._inflight.delete(rec.id);
+      if (span) {
+        if (result !== RESULT.success) span.setStatus({ code: otel.SpanStatusCode.ERROR, message: text });
+        span.end();
+      }
+      this._native.complete(rec.ev, result, text);
+      state.resolveCancel();
+    };
+    let promise;
+    try {
+      [promise, span] = withSpan(rec, this._follows[rec.kind],
+                                 () => method.call(handler, context, event, controller.signal));
+    } catch (e) {
+      finish(...outcome(e));
+      return;
+    }
+    if (!promise || typeof promise.then !== 'function') {
+      finish(RESULT.success);
+      return;
+    }
+    promise.then(() => finish(RESULT.success), (e) => finish(...outcome(e)));
+  }
+}
+
+function abortError(signal) {
+  const reason = signal.reason;
+  if (reason instanceof Error) return reason;
+  const e = new Error('The operation was aborted');
+  e.name = 'AbortError';
+  return e;
+}
+
+// ---------------------------------------------------------------------------
+// AdminClient
+
+class AdminClient {
+  // new AdminClient("host:port") or new AdminClient({bootstrapServers, mock, ...})
+  constructor(config) {
+    const opts = convertOptions(typeof config === 'string' ? { bootstrapServers: config } : config,
+                                'AdminClient');
+    try {
+      this._native = new native.NativeAdmin(opts);
+    } catch (e) {
+      throw wrapConfigError(e, config);
+    }
+  }
+
+  // createTopic(name, partitionCount?, replicationFactor?) or
+  // createTopic(name, {partitionCount, replicationFactor, cleanupPolicy, retention})
+  // (retention in milliseconds).
+  createTopic(name, partitionCount, replicationFactor) {
+    let o = {};
+    if (partitionCount !== null && typeof partitionCount === 'object') o = partitionCount;
+    else o = { partitionCount, replicationFactor };
+    const int = (v, what, max) => {
+      if (v === undefined || v === null) return 0;
+      if (!Number.isInteger(v)) throw new TypeError(`createTopic: ${what} must be an integer`);
+      if (v < 1 || v > max) throw new RangeError(`createTopic: ${what} must be within 1..${max}, got ${v}`);
+      return v;
+    };
+    try {
+      if (typeof name !== 'string') throw new TypeError('createTopic: name must be a string');
+      const parts = int(o.partitionCount, 'partitionCount', 1000000);
+      const rf = int(o.replicationFactor, 'replicationFactor', 32767);
+      if (o.cleanupPolicy !== undefined && o.cleanupPolicy !== null && typeof o.cleanupPolicy !== 'string') {
+        throw new TypeError('createTopic: cleanupPolicy must be a string');
+      }
+      let retention = 0;
+      if (o.retention !== undefined && o.retention !== null) {
+        if (typeof o.retention !== 'number' || !(o.retention >= 1)) {
+          throw new RangeError('createTopic: retention must be a number of milliseconds >= 1');
+        }
+        retention = Math.round(o.retention);
+      }
+      return this._native.createTopic(name, parts, rf, o.cleanupPolicy ?? null, retention).catch(rethrow);
+    } catch (e) {
+      return Promise.reject(e);
+    }
+  }
+
+  deleteTopic(name) {
+    try {
+      return this._native.deleteTopic(name).catch(rethrow);
+    } catch (e) {
+      return Promise.reject(classifyNative(e));
+    }
+  }
+}
+
+bindings.ProsodyClient = ProsodyClient;
+bindings.AdminClient = AdminClient;
+
+module.exports = {
+  ProsodyClient,
+  AdminClient,
+  Context,
+  Mode,
+  ConsumerState,
+  EventHandlerError,
+  TransientError,
+  PermanentError,
+  ProsodyError,
+  ProsodyTransientError,
+  ProsodyPermanentError,
+  permanent,
+  transient,
+  libraryVersion: native.libraryVersion,
+};

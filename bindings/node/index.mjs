@@ -1,0 +1,9 @@
+// ESM entry: the same objects as the CommonJS one.
+import prosody from './index.js';
+
+export const {
+  ProsodyClient, AdminClient, Context, Mode, ConsumerState, EventHandlerError, TransientError,
+  PermanentError, ProsodyError, ProsodyTransientError, ProsodyPermanentError, permanent, transient,
+  libraryVersion,
+} = prosody;
+export default prosody;

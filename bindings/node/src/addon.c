@@ -1,0 +1,1081 @@
+/*
+ * addon.c - the native part of @prosody-events/prosody: an N-API addon over
+ * libprosody's public header. index.js builds the user-facing API on it.
+ *
+ * Threads. JavaScript runs only on the JS thread. libprosody calls back on:
+ *  - the engine thread: on_message / on_timer of the asynchronous handler
+ *    (return PROSODY_PENDING at once), timer-call results, cancellations;
+ *  - the producer's delivery thread: send results.
+ * Neither touches N-API. Each appends an item to the client's mailbox
+ * (`mailbox_t`, a mutex-guarded list) and, when the list was empty, calls
+ * the client's one threadsafe function; its JS-thread callback takes the
+ * whole list: one call per batch, not per event. Blocking C calls
+ * (subscribe, unsubscribe, admin) run as napi_async_work on libuv's pool.
+ *
+ * Ownership. The mailbox and the threadsafe function belong to the client
+ * and live until it is finalised (after unsubscribe). An in-flight event is
+ * an `event_t`: created by the engine thread, freed on the JS thread once
+ * its result was given (prosody_complete returned) and its cancellation
+ * item, if the cancel callback fired, was drained.
+ */
+#define NAPI_VERSION 8
+#include <node_api.h>
+
+#ifndef NODE_GYP_MODULE_NAME
+#define NODE_GYP_MODULE_NAME prosody
+#endif
+
+#include <jansson.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "prosody.h"
+
+#define CHECK(env, call)                                                       \
+  do {                                                                         \
+    if ((call) != napi_ok) {                                                   \
+      throw_last(env);                                                         \
+      return NULL;                                                             \
+    }                                                                          \
+  } while (0)
+
+static void throw_last(napi_env env) {
+  const napi_extended_error_info *info = NULL;
+  bool pending = false;
+  napi_is_exception_pending(env, &pending);
+  if (pending)
+    return;
+  napi_get_last_error_info(env, &info);
+  napi_throw_error(env, NULL,
+                   info && info->error_message ? info->error_message
+                                               : "N-API call failed");
+}
+
+/* An Error with `code` (the C error's name) and `transient`. */
+static napi_value make_error(napi_env env, prosody_err_t err, const char *msg) {
+  napi_value m, e, code, tr;
+  if (!msg || !*msg)
+    msg = prosody_err_message(err);
+  napi_create_string_utf8(env, msg, NAPI_AUTO_LENGTH, &m);
+  if (err == PROSODY_ERR_INVALID_ARG || err == PROSODY_ERR_CONFIG ||
+      err == PROSODY_ERR_INVALID_PAYLOAD)
+    napi_create_range_error(env, NULL, m, &e);
+  else
+    napi_create_error(env, NULL, m, &e);
+  napi_create_string_utf8(env, prosody_err_name(err), NAPI_AUTO_LENGTH, &code);
+  napi_get_boolean(env, prosody_err_is_transient(err), &tr);
+  napi_set_named_property(env, e, "code", code);
+  napi_set_named_property(env, e, "transient", tr);
+  return e;
+}
+
+static napi_value throw_error(napi_env env, prosody_err_t err,
+                              const char *msg) {
+  napi_throw(env, make_error(env, err, msg));
+  return NULL;
+}
+
+/* A NUL-terminated copy of a JS string argument (malloc'd), or NULL with an
+ * exception pending. */
+static char *string_arg(napi_env env, napi_value v, const char *what) {
+  size_t n;
+  char *s;
+  napi_valuetype t;
+  napi_typeof(env, v, &t);
+  if (t != napi_string) {
+    char msg[128];
+    snprintf(msg, sizeof(msg), "%s must be a string", what);
+    napi_throw_type_error(env, NULL, msg);
+    return NULL;
+  }
+  napi_get_value_string_utf8(env, v, NULL, 0, &n);
+  if (!(s = malloc(n + 1))) {
+    napi_throw_error(env, NULL, "out of memory");
+    return NULL;
+  }
+  napi_get_value_string_utf8(env, v, s, n + 1, &n);
+  return s;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The mailbox                                                               */
+/* ------------------------------------------------------------------------ */
+
+enum { IT_EVENT, IT_CANCEL, IT_OP, IT_SEND };
+
+typedef struct item {
+  struct item *next; /* mailbox link (mailbox lock) */
+  int kind;
+} item_t;
+
+typedef struct mailbox {
+  pthread_mutex_t lock; /* guards head, tail, signalled */
+  item_t *head, *tail;
+  int signalled; /* a threadsafe-function call is on its way */
+  napi_threadsafe_function tsfn;
+} mailbox_t;
+
+static void mailbox_push(mailbox_t *mb, item_t *it) {
+  int wake;
+  it->next = NULL;
+  pthread_mutex_lock(&mb->lock);
+  if (mb->tail)
+    mb->tail->next = it;
+  else
+    mb->head = it;
+  mb->tail = it;
+  wake = !mb->signalled;
+  mb->signalled = 1;
+  pthread_mutex_unlock(&mb->lock);
+  if (wake)
+    napi_call_threadsafe_function(mb->tsfn, NULL, napi_tsfn_nonblocking);
+}
+
+static item_t *mailbox_take(mailbox_t *mb) {
+  item_t *it;
+  pthread_mutex_lock(&mb->lock);
+  it = mb->head;
+  mb->head = mb->tail = NULL;
+  mb->signalled = 0;
+  pthread_mutex_unlock(&mb->lock);
+  return it;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Client                                                                    */
+/* ------------------------------------------------------------------------ */
+
+typedef struct client {
+  prosody_client_t *client;
+  uint32_t next_id; /* event ids (engine thread) */
+  mailbox_t mb;
+  napi_ref dispatch; /* the JS function receiving each batch */
+  int subscribed;    /* subscribe started and not yet unsubscribed */
+  int has_timer;
+  int pending;       /* work that keeps the loop alive (JS thread) */
+  int destroyed;
+  napi_env env;
+} client_t;
+
+typedef struct event {
+  item_t item;        /* IT_EVENT */
+  item_t cancel_item; /* IT_CANCEL, pushed by the cancel callback */
+  client_t *c;
+  prosody_context_t *ctx;
+  uint32_t id; /* names the event in the JS layer */
+  const prosody_message_t *msg; /* or NULL for a timer */
+  const prosody_timer_t *timer;
+  atomic_int cancel_fired; /* written under the context's lock */
+  int completed;           /* JS thread */
+  int cancel_drained;      /* JS thread */
+} event_t;
+
+typedef struct op {
+  item_t item; /* IT_OP or IT_SEND */
+  client_t *c; /* whose mailbox the result goes to */
+  napi_deferred deferred;
+  int op;
+  prosody_err_t err;
+  char *errstr;
+  int64_t *times;
+  size_t n;
+} op_t;
+
+/* Keeps the loop alive while something is pending (JS thread). */
+static void hold(client_t *c, int delta) {
+  int before = c->pending;
+  c->pending += delta;
+  if (before == 0 && c->pending > 0)
+    napi_ref_threadsafe_function(c->env, c->mb.tsfn);
+  else if (before > 0 && c->pending == 0)
+    napi_unref_threadsafe_function(c->env, c->mb.tsfn);
+}
+
+static void event_free_maybe(event_t *ev) {
+  if (!ev->completed)
+    return;
+  if (atomic_load(&ev->cancel_fired) && !ev->cancel_drained)
+    return; /* its cancellation item is still in the mailbox */
+  free(ev);
+}
+
+/* Engine thread, context lock held. */
+static void cancel_cb(prosody_context_t *ctx, void *opaque) {
+  event_t *ev = opaque;
+  atomic_store(&ev->cancel_fired, 1);
+  ev->cancel_item.kind = IT_CANCEL;
+  mailbox_push(&ev->c->mb, &ev->cancel_item);
+}
+
+static prosody_result_t push_event(client_t *c, prosody_context_t *ctx,
+                                   const prosody_message_t *msg,
+                                   const prosody_timer_t *timer) {
+  event_t *ev = calloc(1, sizeof(*ev));
+  if (!ev) {
+    prosody_context_set_error(ctx, "out of memory handing the event over");
+    return PROSODY_TRANSIENT;
+  }
+  ev->item.kind = IT_EVENT;
+  ev->c = c;
+  ev->ctx = ctx;
+  ev->msg = msg;
+  ev->timer = timer;
+  ev->id = ++c->next_id;
+  atomic_init(&ev->cancel_fired, 0);
+  /* Registered before the hand-over (ev is not touched after the push):
+   * a cancellation that already happened arrives as an item at once,
+   * ahead of the event; call_js puts cancellations after the events. */
+  prosody_context_on_cancel(ctx, cancel_cb, ev);
+  mailbox_push(&c->mb, &ev->item);
+  return PROSODY_PENDING;
+}
+
+static prosody_result_t c_on_message(prosody_context_t *ctx,
+                                     const prosody_message_t *msg,
+                                     void *opaque) {
+  return push_event(opaque, ctx, msg, NULL);
+}
+
+static prosody_result_t c_on_timer(prosody_context_t *ctx,
+                                   const prosody_timer_t *timer, void *opaque) {
+  return push_event(opaque, ctx, NULL, timer);
+}
+
+static napi_value json_to_js(napi_env env, const json_t *j) {
+  napi_value v = NULL;
+  switch (json_typeof(j)) {
+  case JSON_OBJECT: {
+    const char *k;
+    json_t *x;
+    napi_create_object(env, &v);
+    json_object_foreach((json_t *)j, k, x) {
+      napi_set_named_property(env, v, k, json_to_js(env, x));
+    }
+    break;
+  }
+  case JSON_ARRAY: {
+    size_t n = json_array_size(j);
+    napi_create_array_with_length(env, n, &v);
+    for (size_t i = 0; i < n; i++)
+      napi_set_element(env, v, (uint32_t)i,
+                       json_to_js(env, json_array_get(j, i)));
+    break;
+  }
+  case JSON_STRING:
+    napi_create_string_utf8(env, json_string_value(j), json_string_length(j),
+                            &v);
+    break;
+  case JSON_INTEGER:
+    napi_create_int64(env, json_integer_value(j), &v);
+    break;
+  case JSON_REAL:
+    napi_create_double(env, json_real_value(j), &v);
+    break;
+  case JSON_TRUE:
+    napi_get_boolean(env, true, &v);
+    break;
+  case JSON_FALSE:
+    napi_get_boolean(env, false, &v);
+    break;
+  default:
+    napi_get_null(env, &v);
+  }
+  return v;
+}
+
+static void set_str(napi_env env, napi_value o, const char *name,
+                    const char *s) {
+  napi_value v;
+  if (!s)
+    return;
+  napi_create_string_utf8(env, s, NAPI_AUTO_LENGTH, &v);
+  napi_set_named_property(env, o, name, v);
+}
+
+static void set_num(napi_env env, napi_value o, const char *name, double d) {
+  napi_value v;
+  napi_create_double(env, d, &v);
+  napi_set_named_property(env, o, name, v);
+}
+
+/* The JS description of one event: {ev, kind, topic, partition, offset,
+ * timestamp, key, payload, traceparent, tracestate, baggage} or
+ * {ev, kind: "timer", key, time}. `ev` is an external handle. */
+static napi_value event_object(napi_env env, event_t *ev) {
+  napi_value o, ext;
+  napi_create_object(env, &o);
+  napi_create_external(env, ev, NULL, NULL, &ext);
+  napi_set_named_property(env, o, "ev", ext);
+  set_num(env, o, "id", ev->id);
+  if (ev->msg) {
+    const prosody_message_t *m = ev->msg;
+    const json_t *j = prosody_message_json(m);
+    napi_value payload;
+    set_str(env, o, "kind", "message");
+    set_str(env, o, "topic", prosody_message_topic(m));
+    set_num(env, o, "partition", prosody_message_partition(m));
+    set_num(env, o, "offset", (double)prosody_message_offset(m));
+    set_num(env, o, "timestamp", (double)prosody_message_timestamp(m));
+    set_str(env, o, "key", prosody_message_key(m));
+    if (j) {
+      payload = json_to_js(env, j);
+    } else { /* JSON.parse of the text, as a fallback */
+      napi_value global, json, parse, text;
+      napi_get_global(env, &global);
+      napi_get_named_property(env, global, "JSON", &json);
+      napi_get_named_property(env, json, "parse", &parse);
+      napi_create_string_utf8(env, prosody_message_payload(m),
+                              prosody_message_payload_len(m), &text);
+      if (napi_call_function(env, json, parse, 1, &text, &payload) != napi_ok)
+        napi_get_null(env, &payload);
+    }
+    napi_set_named_property(env, o, "payload", payload);
+    set_str(env, o, "traceparent", prosody_message_header(m, "traceparent"));
+    set_str(env, o, "tracestate", prosody_message_header(m, "tracestate"));
+    set_str(env, o, "baggage", prosody_message_header(m, "baggage"));
+  } else {
+    set_str(env, o, "kind", "timer");
+    set_str(env, o, "key", prosody_timer_key(ev->timer));
+    set_num(env, o, "time", (double)prosody_timer_time(ev->timer));
+  }
+  return o;
+}
+
+static void op_settle(napi_env env, op_t *op) {
+  if (op->err) {
+    napi_reject_deferred(env, op->deferred,
+                         make_error(env, op->err, op->errstr));
+  } else {
+    napi_value v;
+    if (op->item.kind == IT_OP && op->op == PROSODY_TIMER_SCHEDULED) {
+      napi_create_array_with_length(env, op->n, &v);
+      for (size_t i = 0; i < op->n; i++) {
+        napi_value t;
+        napi_create_double(env, (double)op->times[i], &t);
+        napi_set_element(env, v, (uint32_t)i, t);
+      }
+    } else {
+      napi_get_undefined(env, &v);
+    }
+    napi_resolve_deferred(env, op->deferred, v);
+  }
+  free(op->errstr);
+  free(op->times);
+  free(op);
+}
+
+/* The threadsafe function's JS-thread callback: one per batch. Events and
+ * cancellations go to the JS dispatcher as one array; results settle their
+ * promises here. */
+static void call_js(napi_env env, napi_value js_cb, void *context,
+                    void *data) {
+  client_t *c = context;
+  item_t *it;
+  napi_value batch, cancels, fn, undef;
+  uint32_t n = 0, nc = 0;
+  if (!env)
+    return; /* the environment is going away */
+  it = mailbox_take(&c->mb);
+  napi_create_array(env, &batch);
+  napi_create_array(env, &cancels);
+  while (it) {
+    item_t *next = it->next;
+    switch (it->kind) {
+    case IT_EVENT:
+      napi_set_element(env, batch, n++,
+                       event_object(env, (event_t *)it));
+      break;
+    case IT_CANCEL: {
+      event_t *ev = (event_t *)((char *)it - offsetof(event_t, cancel_item));
+      napi_value o, ext;
+      ev->cancel_drained = 1;
+      if (!ev->completed) {
+        napi_create_object(env, &o);
+        napi_create_external(env, ev, NULL, NULL, &ext);
+        napi_set_named_property(env, o, "ev", ext);
+        set_num(env, o, "id", ev->id);
+        set_str(env, o, "kind", "cancel");
+        napi_set_element(env, cancels, nc++, o);
+      }
+      event_free_maybe(ev);
+      break;
+    }
+    case IT_OP:
+    case IT_SEND:
+      op_settle(env, (op_t *)it);
+      hold(c, -1);
+      break;
+    }
+    it = next;
+  }
+  for (uint32_t i = 0; i < nc; i++) { /* after the events they cancel */
+    napi_value o;
+    napi_get_element(env, cancels, i, &o);
+    napi_set_element(env, batch, n++, o);
+  }
+  if (n && c->dispatch) {
+    napi_value result;
+    napi_get_reference_value(env, c->dispatch, &fn);
+    napi_get_undefined(env, &undef);
+    if (napi_call_function(env, undef, fn, 1, &batch, &result) != napi_ok) {
+      /* The dispatcher must not throw; if it does, surface it. */
+      napi_value exc;
+      bool pending = false;
+      napi_is_exception_pending(env, &pending);
+      if (pending) {
+        napi_get_and_clear_last_exception(env, &exc);
+        napi_fatal_exception(env, exc);
+      }
+    }
+  }
+}
+
+static void client_free(client_t *c) {
+  if (c->client && !c->destroyed) {
+    prosody_client_destroy(c->client);
+    c->destroyed = 1;
+  }
+}
+
+static void client_finalize(napi_env env, void *data, void *hint) {
+  client_t *c = data;
+  item_t *it;
+  client_free(c);
+  it = mailbox_take(&c->mb); /* what arrived after the last batch */
+  while (it) {
+    item_t *next = it->next;
+    if (it->kind == IT_OP || it->kind == IT_SEND) {
+      op_t *op = (op_t *)it;
+      free(op->errstr);
+      free(op->times);
+      free(op);
+    }
+    it = next;
+  }
+  if (c->dispatch)
+    napi_delete_reference(env, c->dispatch);
+  napi_release_threadsafe_function(c->mb.tsfn, napi_tsfn_abort);
+  pthread_mutex_destroy(&c->mb.lock);
+  free(c);
+}
+
+static client_t *unwrap_client(napi_env env, napi_callback_info info,
+                               size_t *argc, napi_value *argv) {
+  napi_value self;
+  client_t *c = NULL;
+  if (napi_get_cb_info(env, info, argc, argv, &self, NULL) != napi_ok ||
+      napi_unwrap(env, self, (void **)&c) != napi_ok || !c) {
+    napi_throw_error(env, NULL, "not a ProsodyClient");
+    return NULL;
+  }
+  if (c->destroyed) {
+    napi_throw_error(env, NULL, "the client has been closed");
+    return NULL;
+  }
+  return c;
+}
+
+/* A configuration from an object of option name -> string (index.js has
+ * converted the values to libprosody's text form). */
+static prosody_config_t *config_from(napi_env env, napi_value obj) {
+  prosody_config_t *conf = prosody_config_new();
+  napi_value names;
+  uint32_t n;
+  char err[1024];
+  if (!conf) {
+    napi_throw_error(env, NULL, "out of memory");
+    return NULL;
+  }
+  if (napi_get_property_names(env, obj, &names) != napi_ok ||
+      napi_get_array_length(env, names, &n) != napi_ok) {
+    prosody_config_destroy(conf);
+    throw_last(env);
+    return NULL;
+  }
+  for (uint32_t i = 0; i < n; i++) {
+    napi_value k, v;
+    char *name, *value;
+    prosody_err_t rc;
+    napi_get_element(env, names, i, &k);
+    napi_get_property(env, obj, k, &v);
+    if (!(name = string_arg(env, k, "option name"))) {
+      prosody_config_destroy(conf);
+      return NULL;
+    }
+    if (!(value = string_arg(env, v, name))) {
+      free(name);
+      prosody_config_destroy(conf);
+      return NULL;
+    }
+    rc = prosody_config_set(conf, name, value, err, sizeof(err));
+    free(name);
+    free(value);
+    if (rc) {
+      prosody_config_destroy(conf);
+      throw_error(env, rc, err);
+      return NULL;
+    }
+  }
+  return conf;
+}
+
+static napi_value client_new(napi_env env, napi_callback_info info) {
+  size_t argc = 1;
+  napi_value argv[1], self, name;
+  client_t *c;
+  prosody_config_t *conf;
+  char err[1024];
+  CHECK(env, napi_get_cb_info(env, info, &argc, argv, &self, NULL));
+  if (argc < 1) {
+    napi_throw_type_error(env, NULL, "options object required");
+    return NULL;
+  }
+  if (!(conf = config_from(env, argv[0])))
+    return NULL;
+  if (!(c = calloc(1, sizeof(*c)))) {
+    prosody_config_destroy(conf);
+    napi_throw_error(env, NULL, "out of memory");
+    return NULL;
+  }
+  if (!(c->client = prosody_client_new(conf, err, sizeof(err)))) {
+    prosody_config_destroy(conf);
+    free(c);
+    return throw_error(env, PROSODY_ERR_CONFIG, err);
+  }
+  c->env = env;
+  pthread_mutex_init(&c->mb.lock, NULL);
+  napi_create_string_utf8(env, "prosody", NAPI_AUTO_LENGTH, &name);
+  if (napi_create_threadsafe_function(env, NULL, NULL, name, 0, 1, NULL, NULL,
+                                      c, call_js, &c->mb.tsfn) != napi_ok) {
+    prosody_client_destroy(c->client);
+    free(c);
+    throw_last(env);
+    return NULL;
+  }
+  /* Nothing pending yet: the client alone never keeps the process up. */
+  napi_unref_threadsafe_function(env, c->mb.tsfn);
+  if (napi_wrap(env, self, c, client_finalize, NULL, NULL) != napi_ok) {
+    client_finalize(env, c, NULL);
+    throw_last(env);
+    return NULL;
+  }
+  return self;
+}
+
+/* Send: results come back through the mailbox. */
+static void send_cb(prosody_err_t err, const char *errstr,
+                    const prosody_delivery_t *d, void *opaque) {
+  op_t *op = opaque;
+  op->err = err;
+  op->errstr = err && errstr ? strdup(errstr) : NULL;
+  mailbox_push(&op->c->mb, &op->item);
+}
+
+/* send(topic, key, json, traceparent?, tracestate?, baggage?) -> Promise */
+static napi_value client_send(napi_env env, napi_callback_info info) {
+  size_t argc = 6;
+  napi_value argv[6], promise;
+  client_t *c = unwrap_client(env, info, &argc, argv);
+  char *s[6] = {0}, err[1024];
+  prosody_trace_t trace = {0};
+  op_t *op;
+  prosody_err_t rc;
+  if (!c)
+    return NULL;
+  if (argc < 3) {
+    napi_throw_type_error(env, NULL, "send(topic, key, json)");
+    return NULL;
+  }
+  for (size_t i = 0; i < argc && i < 6; i++) {
+    napi_valuetype t;
+    napi_typeof(env, argv[i], &t);
+    if (i >= 3 && (t == napi_undefined || t == napi_null))
+      continue;
+    if (!(s[i] = string_arg(env, argv[i],
+                            i == 0   ? "topic"
+                            : i == 1 ? "key"
+                            : i == 2 ? "payload"
+                                     : "trace header")))
+      goto fail;
+  }
+  trace.traceparent = s[3];
+  trace.tracestate = s[4];
+  trace.baggage = s[5];
+  if (!(op = calloc(1, sizeof(*op)))) {
+    napi_throw_error(env, NULL, "out of memory");
+    goto fail;
+  }
+  op->item.kind = IT_SEND;
+  op->c = c;
+  napi_create_promise(env, &op->deferred, &promise);
+  rc = prosody_send_async(c->client, s[0], s[1], s[2],
+                          s[3] || s[4] || s[5] ? &trace : NULL, send_cb, op,
+                          err, sizeof(err));
+  if (rc) {
+    napi_reject_deferred(env, op->deferred, make_error(env, rc, err));
+    free(op);
+  } else {
+    hold(c, 1);
+  }
+  for (int i = 0; i < 6; i++)
+    free(s[i]);
+  return promise;
+fail:
+  for (int i = 0; i < 6; i++)
+    free(s[i]);
+  return NULL;
+}
+
+/* Blocking calls on libuv's pool. */
+typedef struct work {
+  napi_async_work work;
+  napi_deferred deferred;
+  client_t *c;
+  prosody_admin_t *admin;
+  napi_ref keep; /* the JS object, alive while the work runs */
+  int kind;      /* 0 subscribe, 1 unsubscribe, 2 create, 3 delete */
+  char *name, *policy;
+  prosody_topic_options_t topts;
+  prosody_err_t err;
+  char errstr[1024];
+} work_t;
+
+static void work_execute(napi_env env, void *data) {
+  work_t *w = data;
+  switch (w->kind) {
+  case 0: {
+    prosody_handler_t h = {c_on_message, w->c->has_timer ? c_on_timer : NULL,
+                           w->c, PROSODY_HANDLER_ASYNC};
+    w->err = prosody_subscribe(w->c->client, &h, w->errstr, sizeof(w->errstr));
+    break;
+  }
+  case 1:
+    w->err = prosody_unsubscribe(w->c->client);
+    if (w->err == PROSODY_ERR_STATE) /* was not subscribed: nothing to do */
+      w->err = PROSODY_OK;
+    break;
+  case 2:
+    w->topts.cleanup_policy = w->policy;
+    w->err = prosody_admin_create_topic(w->admin, w->name, &w->topts, w->errstr,
+                                        sizeof(w->errstr));
+    break;
+  default:
+    w->err = prosody_admin_delete_topic(w->admin, w->name, w->errstr,
+                                        sizeof(w->errstr));
+  }
+}
+
+static void work_complete(napi_env env, napi_status status, void *data) {
+  work_t *w = data;
+  if (w->c && (w->kind == 0 || w->kind == 1)) {
+    if (w->kind == 0 && w->err)
+      w->c->subscribed = 0;
+    if (w->kind == 1 || w->err) {
+      hold(w->c, -1); /* the subscription no longer keeps the loop up */
+      w->c->subscribed = 0;
+    }
+  }
+  if (w->err) {
+    napi_reject_deferred(env, w->deferred, make_error(env, w->err, w->errstr));
+  } else {
+    napi_value u;
+    napi_get_undefined(env, &u);
+    napi_resolve_deferred(env, w->deferred, u);
+  }
+  napi_delete_async_work(env, w->work);
+  napi_delete_reference(env, w->keep);
+  free(w->name);
+  free(w->policy);
+  free(w);
+}
+
+static napi_value queue_work(napi_env env, work_t *w, napi_value self) {
+  napi_value promise, name;
+  napi_create_promise(env, &w->deferred, &promise);
+  napi_create_reference(env, self, 1, &w->keep);
+  napi_create_string_utf8(env, "prosody", NAPI_AUTO_LENGTH, &name);
+  napi_create_async_work(env, NULL, name, work_execute, work_complete, w,
+                         &w->work);
+  napi_queue_async_work(env, w->work);
+  return promise;
+}
+
+/* subscribe(dispatch, hasTimer) -> Promise */
+static napi_value client_subscribe(napi_env env, napi_callback_info info) {
+  size_t argc = 2;
+  napi_value argv[2], self;
+  client_t *c;
+  work_t *w;
+  bool has_timer = false;
+  CHECK(env, napi_get_cb_info(env, info, &argc, argv, &self, NULL));
+  if (!(c = unwrap_client(env, info, &argc, argv)))
+    return NULL;
+  if (c->subscribed) {
+    napi_throw_error(env, NULL, "already subscribed: call unsubscribe() first");
+    return NULL;
+  }
+  if (!strcmp(prosody_consumer_state(c->client), "unconfigured")) {
+    napi_throw_error(env, NULL,
+                     "subscribe() needs the groupId and subscribedTopics "
+                     "options (or PROSODY_GROUP_ID and "
+                     "PROSODY_SUBSCRIBED_TOPICS)");
+    return NULL;
+  }
+  napi_get_value_bool(env, argv[1], &has_timer);
+  if (c->dispatch)
+    napi_delete_reference(env, c->dispatch);
+  CHECK(env, napi_create_reference(env, argv[0], 1, &c->dispatch));
+  c->has_timer = has_timer;
+  if (!(w = calloc(1, sizeof(*w)))) {
+    napi_throw_error(env, NULL, "out of memory");
+    return NULL;
+  }
+  w->c = c;
+  w->kind = 0;
+  c->subscribed = 1;
+  hold(c, 1); /* a subscription keeps the loop up until unsubscribe */
+  return queue_work(env, w, self);
+}
+
+static napi_value client_unsubscribe(napi_env env, napi_callback_info info) {
+  size_t argc = 0;
+  napi_value self;
+  client_t *c;
+  work_t *w;
+  CHECK(env, napi_get_cb_info(env, info, &argc, NULL, &self, NULL));
+  if (!(c = unwrap_client(env, info, &argc, NULL)))
+    return NULL;
+  if (!(w = calloc(1, sizeof(*w)))) {
+    napi_throw_error(env, NULL, "out of memory");
+    return NULL;
+  }
+  w->c = c;
+  w->kind = 1;
+  if (!c->subscribed) { /* nothing to stop: a resolved promise */
+    napi_value promise, u;
+    napi_deferred d;
+    free(w);
+    napi_create_promise(env, &d, &promise);
+    napi_get_undefined(env, &u);
+    napi_resolve_deferred(env, d, u);
+    return promise;
+  }
+  return queue_work(env, w, self);
+}
+
+/* complete(ev, result, message?) */
+static napi_value client_complete(napi_env env, napi_callback_info info) {
+  size_t argc = 3;
+  napi_value argv[3];
+  event_t *ev;
+  int32_t r;
+  char *msg = NULL;
+  napi_valuetype t;
+  CHECK(env, napi_get_cb_info(env, info, &argc, argv, NULL, NULL));
+  CHECK(env, napi_get_value_external(env, argv[0], (void **)&ev));
+  CHECK(env, napi_get_value_int32(env, argv[1], &r));
+  if (ev->completed)
+    return NULL;
+  napi_typeof(env, argv[2], &t);
+  if (argc > 2 && t == napi_string && !(msg = string_arg(env, argv[2], "msg")))
+    return NULL;
+  prosody_complete(ev->ctx, (prosody_result_t)r, msg);
+  free(msg);
+  ev->completed = 1;
+  event_free_maybe(ev);
+  return NULL;
+}
+
+static void op_cb(prosody_err_t err, const char *errstr, const int64_t *times,
+                  size_t n, void *opaque) {
+  op_t *op = opaque;
+  op->errstr = err && errstr ? strdup(errstr) : NULL;
+  op->err = err;
+  if (!err && n && (op->times = malloc(n * sizeof(int64_t)))) {
+    memcpy(op->times, times, n * sizeof(int64_t));
+    op->n = n;
+  }
+  mailbox_push(&op->c->mb, &op->item);
+}
+
+/* timerOp(ev, op, timeMs) -> Promise */
+static napi_value client_timer_op(napi_env env, napi_callback_info info) {
+  size_t argc = 3;
+  napi_value argv[3], promise;
+  client_t *c;
+  event_t *ev;
+  int32_t kind;
+  double t = 0;
+  op_t *op;
+  char err[512];
+  prosody_err_t rc;
+  if (!(c = unwrap_client(env, info, &argc, argv)))
+    return NULL;
+  CHECK(env, napi_get_value_external(env, argv[0], (void **)&ev));
+  CHECK(env, napi_get_value_int32(env, argv[1], &kind));
+  if (argc > 2)
+    napi_get_value_double(env, argv[2], &t);
+  if (ev->completed)
+    return throw_error(
+        env, PROSODY_ERR_STATE,
+        "the context is stale: its handler has already finished");
+  if (!(op = calloc(1, sizeof(*op)))) {
+    napi_throw_error(env, NULL, "out of memory");
+    return NULL;
+  }
+  op->item.kind = IT_OP;
+  op->op = kind;
+  op->c = c;
+  napi_create_promise(env, &op->deferred, &promise);
+  rc = prosody_timer_async(ev->ctx, (prosody_timer_op_t)kind, (int64_t)t, op_cb,
+                           op, err, sizeof(err));
+  if (rc) {
+    napi_reject_deferred(env, op->deferred, make_error(env, rc, err));
+    free(op);
+  } else {
+    hold(c, 1);
+  }
+  return promise;
+}
+
+/* shouldCancel(ev) -> bool */
+static napi_value client_should_cancel(napi_env env, napi_callback_info info) {
+  size_t argc = 1;
+  napi_value argv[1], r;
+  event_t *ev;
+  CHECK(env, napi_get_cb_info(env, info, &argc, argv, NULL, NULL));
+  CHECK(env, napi_get_value_external(env, argv[0], (void **)&ev));
+  napi_get_boolean(env, ev->completed || prosody_should_cancel(ev->ctx), &r);
+  return r;
+}
+
+static napi_value client_state(napi_env env, napi_callback_info info) {
+  size_t argc = 0;
+  napi_value r;
+  client_t *c = unwrap_client(env, info, &argc, NULL);
+  if (!c)
+    return NULL;
+  napi_create_string_utf8(env, prosody_consumer_state(c->client),
+                          NAPI_AUTO_LENGTH, &r);
+  return r;
+}
+
+static napi_value client_assigned(napi_env env, napi_callback_info info) {
+  size_t argc = 0;
+  napi_value r;
+  client_t *c = unwrap_client(env, info, &argc, NULL);
+  if (!c)
+    return NULL;
+  napi_create_int32(env, prosody_assigned_partition_count(c->client), &r);
+  return r;
+}
+
+static napi_value client_stalled(napi_env env, napi_callback_info info) {
+  size_t argc = 0;
+  napi_value r;
+  client_t *c = unwrap_client(env, info, &argc, NULL);
+  if (!c)
+    return NULL;
+  napi_get_boolean(env, prosody_is_stalled(c->client), &r);
+  return r;
+}
+
+static napi_value client_source_system(napi_env env, napi_callback_info info) {
+  size_t argc = 0;
+  napi_value r;
+  client_t *c = unwrap_client(env, info, &argc, NULL);
+  if (!c)
+    return NULL;
+  napi_create_string_utf8(env, prosody_client_source_system(c->client),
+                          NAPI_AUTO_LENGTH, &r);
+  return r;
+}
+
+static napi_value client_probe_port(napi_env env, napi_callback_info info) {
+  size_t argc = 0;
+  napi_value r;
+  client_t *c = unwrap_client(env, info, &argc, NULL);
+  if (!c)
+    return NULL;
+  napi_create_int32(env, prosody_probe_port(c->client), &r);
+  return r;
+}
+
+/* close(): destroys the C client now (after unsubscribe). */
+static napi_value client_close(napi_env env, napi_callback_info info) {
+  size_t argc = 0;
+  client_t *c = unwrap_client(env, info, &argc, NULL);
+  if (!c)
+    return NULL;
+  if (c->subscribed) {
+    napi_throw_error(env, NULL, "close() needs unsubscribe() first");
+    return NULL;
+  }
+  client_free(c);
+  return NULL;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Admin                                                                     */
+/* ------------------------------------------------------------------------ */
+
+static void admin_finalize(napi_env env, void *data, void *hint) {
+  prosody_admin_destroy(data);
+}
+
+static napi_value admin_new(napi_env env, napi_callback_info info) {
+  size_t argc = 1;
+  napi_value argv[1], self;
+  prosody_config_t *conf;
+  prosody_admin_t *a;
+  char err[1024];
+  CHECK(env, napi_get_cb_info(env, info, &argc, argv, &self, NULL));
+  if (argc < 1) {
+    napi_throw_type_error(env, NULL, "options object required");
+    return NULL;
+  }
+  if (!(conf = config_from(env, argv[0])))
+    return NULL;
+  if (!(a = prosody_admin_new(conf, err, sizeof(err)))) {
+    prosody_config_destroy(conf);
+    return throw_error(env, PROSODY_ERR_CONFIG, err);
+  }
+  if (napi_wrap(env, self, a, admin_finalize, NULL, NULL) != napi_ok) {
+    prosody_admin_destroy(a);
+    throw_last(env);
+    return NULL;
+  }
+  return self;
+}
+
+/* createTopic(name, partitions, replication, policy|null, retentionMs) */
+static napi_value admin_create(napi_env env, napi_callback_info info) {
+  size_t argc = 5;
+  napi_value argv[5], self;
+  prosody_admin_t *a;
+  work_t *w;
+  int32_t p = 0, r = 0;
+  double ret = 0;
+  napi_valuetype t;
+  CHECK(env, napi_get_cb_info(env, info, &argc, argv, &self, NULL));
+  CHECK(env, napi_unwrap(env, self, (void **)&a));
+  if (!(w = calloc(1, sizeof(*w)))) {
+    napi_throw_error(env, NULL, "out of memory");
+    return NULL;
+  }
+  if (!(w->name = string_arg(env, argv[0], "name"))) {
+    free(w);
+    return NULL;
+  }
+  napi_get_value_int32(env, argv[1], &p);
+  napi_get_value_int32(env, argv[2], &r);
+  napi_typeof(env, argv[3], &t);
+  if (t == napi_string && !(w->policy = string_arg(env, argv[3], "policy"))) {
+    free(w->name);
+    free(w);
+    return NULL;
+  }
+  napi_get_value_double(env, argv[4], &ret);
+  w->admin = a;
+  w->kind = 2;
+  w->topts.partitions = p;
+  w->topts.replication_factor = (int16_t)r;
+  w->topts.retention_ms = (int64_t)ret;
+  return queue_work(env, w, self);
+}
+
+static napi_value admin_delete(napi_env env, napi_callback_info info) {
+  size_t argc = 1;
+  napi_value argv[1], self;
+  prosody_admin_t *a;
+  work_t *w;
+  CHECK(env, napi_get_cb_info(env, info, &argc, argv, &self, NULL));
+  CHECK(env, napi_unwrap(env, self, (void **)&a));
+  if (!(w = calloc(1, sizeof(*w)))) {
+    napi_throw_error(env, NULL, "out of memory");
+    return NULL;
+  }
+  if (!(w->name = string_arg(env, argv[0], "name"))) {
+    free(w);
+    return NULL;
+  }
+  w->admin = a;
+  w->kind = 3;
+  return queue_work(env, w, self);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Module                                                                    */
+/* ------------------------------------------------------------------------ */
+
+/* options() -> {name: {type, accepted, env}} from libprosody's table. */
+static napi_value mod_options(napi_env env, napi_callback_info info) {
+  napi_value o, d;
+  napi_create_object(env, &o);
+  for (size_t i = 0; i < prosody_option_count(); i++) {
+    const prosody_option_info_t *oi = prosody_option_info(i);
+    napi_create_object(env, &d);
+    set_str(env, d, "type", oi->type);
+    set_str(env, d, "accepted", oi->accepted);
+    set_str(env, d, "env", oi->env);
+    napi_set_named_property(env, o, oi->name, d);
+  }
+  return o;
+}
+
+static napi_value mod_version(napi_env env, napi_callback_info info) {
+  napi_value v;
+  napi_create_string_utf8(env, prosody_version_str(), NAPI_AUTO_LENGTH, &v);
+  return v;
+}
+
+static napi_value init(napi_env env, napi_value exports) {
+  napi_property_descriptor client_props[] = {
+      {"send", NULL, client_send, NULL, NULL, NULL, napi_default, NULL},
+      {"subscribe", NULL, client_subscribe, NULL, NULL, NULL, napi_default,
+       NULL},
+      {"unsubscribe", NULL, client_unsubscribe, NULL, NULL, NULL, napi_default,
+       NULL},
+      {"complete", NULL, client_complete, NULL, NULL, NULL, napi_default, NULL},
+      {"timerOp", NULL, client_timer_op, NULL, NULL, NULL, napi_default, NULL},
+      {"shouldCancel", NULL, client_should_cancel, NULL, NULL, NULL,
+       napi_default, NULL},
+      {"consumerState", NULL, client_state, NULL, NULL, NULL, napi_default,
+       NULL},
+      {"assignedPartitionCount", NULL, client_assigned, NULL, NULL, NULL,
+       napi_default, NULL},
+      {"isStalled", NULL, client_stalled, NULL, NULL, NULL, napi_default, NULL},
+      {"sourceSystem", NULL, client_source_system, NULL, NULL, NULL,
+       napi_default, NULL},
+      {"probePort", NULL, client_probe_port, NULL, NULL, NULL, napi_default,
+       NULL},
+      {"close", NULL, client_close, NULL, NULL, NULL, napi_default, NULL},
+  };
+  napi_property_descriptor admin_props[] = {
+      {"createTopic", NULL, admin_create, NULL, NULL, NULL, napi_default, NULL},
+      {"deleteTopic", NULL, admin_delete, NULL, NULL, NULL, napi_default, NULL},
+  };
+  napi_property_descriptor fns[] = {
+      {"options", NULL, mod_options, NULL, NULL, NULL, napi_default, NULL},
+      {"libraryVersion", NULL, mod_version, NULL, NULL, NULL, napi_default,
+       NULL},
+  };
+  napi_value cls;
+  napi_define_class(env, "NativeClient", NAPI_AUTO_LENGTH, client_new, NULL,
+                    sizeof(client_props) / sizeof(client_props[0]),
+                    client_props, &cls);
+  napi_set_named_property(env, exports, "NativeClient", cls);
+  napi_define_class(env, "NativeAdmin", NAPI_AUTO_LENGTH, admin_new, NULL,
+                    sizeof(admin_props) / sizeof(admin_props[0]), admin_props,
+                    &cls);
+  napi_set_named_property(env, exports, "NativeAdmin", cls);
+  napi_define_properties(env, exports, sizeof(fns) / sizeof(fns[0]), fns);
+  return exports;
+}
+
+NAPI_MODULE(NODE_GYP_MODULE_NAME, init)
