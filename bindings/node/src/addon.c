@@ -159,6 +159,7 @@ typedef struct client {
   int has_timer;
   int pending;       /* work that keeps the loop alive (JS thread) */
   int destroyed;
+  int wrap_gone, tsfn_gone; /* c is freed by the later of the two */
   napi_env env;
 } client_t;
 
@@ -378,8 +379,8 @@ static void call_js(napi_env env, napi_value js_cb, void *context,
   item_t *it;
   napi_value batch, cancels, fn, undef;
   uint32_t n = 0, nc = 0;
-  if (!env)
-    return; /* the environment is going away */
+  if (!env || c->wrap_gone)
+    return; /* the environment or the client is going away */
   it = mailbox_take(&c->mb);
   napi_create_array(env, &batch);
   napi_create_array(env, &cancels);
@@ -442,6 +443,21 @@ static void client_free(client_t *c) {
   }
 }
 
+/* Set by the environment's cleanup hook: the environment then closes every
+ * threadsafe function itself, and releasing one would abort. */
+static int env_closing;
+
+static void mark_closing(void *arg) { env_closing = 1; }
+
+static void tsfn_finalize(napi_env env, void *data, void *hint) {
+  client_t *c = data;
+  c->tsfn_gone = 1;
+  if (c->wrap_gone) {
+    pthread_mutex_destroy(&c->mb.lock);
+    free(c);
+  }
+}
+
 static void client_finalize(napi_env env, void *data, void *hint) {
   client_t *c = data;
   item_t *it;
@@ -459,9 +475,14 @@ static void client_finalize(napi_env env, void *data, void *hint) {
   }
   if (c->dispatch)
     napi_delete_reference(env, c->dispatch);
-  napi_release_threadsafe_function(c->mb.tsfn, napi_tsfn_abort);
-  pthread_mutex_destroy(&c->mb.lock);
-  free(c);
+  c->dispatch = NULL;
+  c->wrap_gone = 1;
+  if (c->tsfn_gone) {
+    pthread_mutex_destroy(&c->mb.lock);
+    free(c);
+  } else if (!env_closing) {
+    napi_release_threadsafe_function(c->mb.tsfn, napi_tsfn_abort);
+  }
 }
 
 static client_t *unwrap_client(napi_env env, napi_callback_info info,
@@ -550,8 +571,9 @@ static napi_value client_new(napi_env env, napi_callback_info info) {
   c->env = env;
   pthread_mutex_init(&c->mb.lock, NULL);
   napi_create_string_utf8(env, "prosody", NAPI_AUTO_LENGTH, &name);
-  if (napi_create_threadsafe_function(env, NULL, NULL, name, 0, 1, NULL, NULL,
-                                      c, call_js, &c->mb.tsfn) != napi_ok) {
+  if (napi_create_threadsafe_function(env, NULL, NULL, name, 0, 1, c,
+                                      tsfn_finalize, c, call_js,
+                                      &c->mb.tsfn) != napi_ok) {
     prosody_client_destroy(c->client);
     free(c);
     throw_last(env);
@@ -1066,6 +1088,7 @@ static napi_value init(napi_env env, napi_value exports) {
        NULL},
   };
   napi_value cls;
+  napi_add_env_cleanup_hook(env, mark_closing, NULL);
   napi_define_class(env, "NativeClient", NAPI_AUTO_LENGTH, client_new, NULL,
                     sizeof(client_props) / sizeof(client_props[0]),
                     client_props, &cls);
