@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the test tiers for `make test`: unit and mock-cluster tests (C, then
-# the Python package's suite), then the real tier (C, then Python) against
+# the Python and Node packages' suites), then the real tier (C, Python,
+# Node) against
 # Apache Kafka on localhost:9094 and Apache Cassandra on localhost:9042 (each started here unless it already runs, and stopped
 # again if started here; logs stay in
 # ${PROSODY_SERVICES_RUN:-/tmp/prosody-services}/<service>/logs).
@@ -34,6 +35,16 @@ else
   echo "run-tests: the Python package did not build" >&2
   rc=1
 fi
+node=0 # the same for the Node package
+if "$root/scripts/node-tests.sh" install; then
+  node=1
+  if [ "$tier" = all ]; then
+    "$root/scripts/node-tests.sh" mock || rc=1
+  fi
+else
+  echo "run-tests: the Node package did not build" >&2
+  rc=1
+fi
 
 ensure() { # ensure SERVICE: start it unless it already answers
   if ! "$root/scripts/services/$1" status >/dev/null 2>&1; then
@@ -50,6 +61,9 @@ ensure() { # ensure SERVICE: start it unless it already answers
 ctest --test-dir "$build" --output-on-failure -j "$jobs" -L real || rc=1
 if [ "$py" = 1 ]; then
   "$root/scripts/python-tests.sh" real || rc=1
+fi
+if [ "$node" = 1 ]; then
+  "$root/scripts/node-tests.sh" real || rc=1
 fi
 
 echo "run-tests: finished in $(( $(date +%s) - t0 )) s, $([ $rc = 0 ] && echo PASSED || echo FAILED)"

@@ -157,7 +157,7 @@ typedef struct client {
   napi_ref dispatch; /* the JS function receiving each batch */
   int subscribed;    /* subscribe started and not yet unsubscribed */
   int has_timer;
-  int pending;       /* work that keeps the loop alive (JS thread) */
+  int pending; /* work that keeps the loop alive (JS thread) */
   int destroyed;
   int wrap_gone, tsfn_gone; /* c is freed by the later of the two */
   napi_env env;
@@ -168,7 +168,7 @@ typedef struct event {
   item_t cancel_item; /* IT_CANCEL, pushed by the cancel callback */
   client_t *c;
   prosody_context_t *ctx;
-  uint32_t id; /* names the event in the JS layer */
+  uint32_t id;                  /* names the event in the JS layer */
   const prosody_message_t *msg; /* or NULL for a timer */
   const prosody_timer_t *timer;
   atomic_int cancel_fired; /* written under the context's lock */
@@ -373,8 +373,7 @@ static void op_settle(napi_env env, op_t *op) {
 /* The threadsafe function's JS-thread callback: one per batch. Events and
  * cancellations go to the JS dispatcher as one array; results settle their
  * promises here. */
-static void call_js(napi_env env, napi_value js_cb, void *context,
-                    void *data) {
+static void call_js(napi_env env, napi_value js_cb, void *context, void *data) {
   client_t *c = context;
   item_t *it;
   napi_value batch, cancels, fn, undef;
@@ -388,8 +387,7 @@ static void call_js(napi_env env, napi_value js_cb, void *context,
     item_t *next = it->next;
     switch (it->kind) {
     case IT_EVENT:
-      napi_set_element(env, batch, n++,
-                       event_object(env, (event_t *)it));
+      napi_set_element(env, batch, n++, event_object(env, (event_t *)it));
       break;
     case IT_CANCEL: {
       event_t *ev = (event_t *)((char *)it - offsetof(event_t, cancel_item));

@@ -1,0 +1,167 @@
+// Types of @prosody-events/prosody.
+
+export type JSONValue = null | boolean | number | string | JSONValue[] | { [key: string]: JSONValue };
+
+export declare const Mode: {
+  readonly Pipeline: 'pipeline';
+  readonly LowLatency: 'low-latency';
+  readonly BestEffort: 'best-effort';
+};
+export type Mode = (typeof Mode)[keyof typeof Mode];
+
+export declare const ConsumerState: {
+  readonly Unconfigured: 'unconfigured';
+  readonly Configured: 'configured';
+  readonly Running: 'running';
+  readonly ConfigurationFailed: 'configuration-failed';
+};
+export type ConsumerState = (typeof ConsumerState)[keyof typeof ConsumerState];
+
+/** Options: every option of the configuration reference, camelCase; durations in milliseconds
+ * (`...Ms`; `idempotenceTtlS` and `cassandraRetentionSeconds` in seconds) or as text ("5m").
+ * `null`/`undefined` leaves an option unset (it falls back to its PROSODY_* variable);
+ * `probePort: null` disables the probe server. */
+export interface Configuration {
+  bootstrapServers?: string | string[] | null;
+  groupId?: string | null;
+  subscribedTopics?: string | string[] | null;
+  allowedEvents?: string | string[] | null;
+  sourceSystem?: string | null;
+  mock?: boolean | null;
+  mode?: Mode | null;
+  maxConcurrency?: number | null;
+  maxUncommitted?: number | null;
+  timeoutMs?: number | string | null;
+  commitIntervalMs?: number | string | null;
+  pollIntervalMs?: number | string | null;
+  shutdownTimeoutMs?: number | string | null;
+  stallThresholdMs?: number | string | null;
+  probePort?: number | null;
+  failureTopic?: string | null;
+  idempotenceCacheSize?: number | null;
+  idempotenceVersion?: string | null;
+  idempotenceTtlS?: number | string | null;
+  slabSizeMs?: number | string | null;
+  messageSpans?: 'child' | 'follows_from' | null;
+  timerSpans?: 'child' | 'follows_from' | null;
+  sendTimeoutMs?: number | string | null;
+  maxRetries?: number | null;
+  retryBaseMs?: number | string | null;
+  maxRetryDelayMs?: number | string | null;
+  deferEnabled?: boolean | null;
+  deferBaseMs?: number | string | null;
+  deferMaxDelayMs?: number | string | null;
+  deferFailureThreshold?: number | null;
+  deferFailureWindowMs?: number | string | null;
+  deferCacheSize?: number | null;
+  deferStoreCacheSize?: number | null;
+  deferSeekTimeoutMs?: number | string | null;
+  deferDiscardThreshold?: number | null;
+  monopolizationEnabled?: boolean | null;
+  monopolizationThreshold?: number | null;
+  monopolizationWindowMs?: number | string | null;
+  monopolizationCacheSize?: number | null;
+  schedulerFailureWeight?: number | null;
+  schedulerMaxWaitMs?: number | string | null;
+  schedulerWaitWeight?: number | null;
+  schedulerCacheSize?: number | null;
+  telemetryTopic?: string | null;
+  telemetryEnabled?: boolean | null;
+  cassandraNodes?: string | string[] | null;
+  cassandraKeyspace?: string | null;
+  cassandraUser?: string | null;
+  cassandraPassword?: string | null;
+  cassandraDatacenter?: string | null;
+  cassandraRack?: string | null;
+  cassandraRetentionSeconds?: number | string | null;
+  topicPartitions?: number | null;
+  topicReplicationFactor?: number | null;
+  topicCleanupPolicy?: string | null;
+  topicRetentionMs?: number | string | null;
+  log?: string | null;
+}
+
+export interface Message<P = any> {
+  readonly topic: string;
+  readonly partition: number;
+  readonly offset: number;
+  readonly timestamp: Date;
+  readonly key: string;
+  readonly payload: P;
+}
+
+export interface Timer {
+  readonly key: string;
+  readonly time: Date;
+}
+
+export declare class Context {
+  /** True once the event should stop (timeout, revoke, shutdown) or its handler finished. */
+  readonly shouldCancel: boolean;
+  /** Resolves when the event is cancelled or its handler has finished. */
+  onCancel(): Promise<void>;
+  schedule(time: Date): Promise<void>;
+  clearAndSchedule(time: Date): Promise<void>;
+  unschedule(time: Date): Promise<void>;
+  clearScheduled(): Promise<void>;
+  scheduled(): Promise<Date[]>;
+}
+
+export interface EventHandler {
+  onMessage?: (context: Context, message: Message, signal: AbortSignal) => Promise<void> | void;
+  onTimer?: (context: Context, timer: Timer, signal: AbortSignal) => Promise<void> | void;
+}
+
+export declare class ProsodyClient {
+  constructor(config?: Configuration);
+  readonly sourceSystem: string;
+  /** The probe server's port while subscribed, or null. */
+  readonly probePort: number | null;
+  send(topic: string, key: string, payload: any, signal?: AbortSignal): Promise<void>;
+  subscribe(eventHandler: EventHandler): Promise<void>;
+  unsubscribe(): Promise<void>;
+  consumerState(): Promise<ConsumerState>;
+  assignedPartitionCount(): Promise<number>;
+  isStalled(): Promise<boolean>;
+}
+
+export interface TopicOptions {
+  partitionCount?: number;
+  replicationFactor?: number;
+  cleanupPolicy?: string;
+  /** Milliseconds. */
+  retention?: number;
+}
+
+export declare class AdminClient {
+  constructor(config: string | Configuration);
+  createTopic(name: string, partitionCount?: number, replicationFactor?: number): Promise<void>;
+  createTopic(name: string, options: TopicOptions): Promise<void>;
+  deleteTopic(name: string): Promise<void>;
+}
+
+export declare class EventHandlerError extends Error {
+  constructor(message?: string, options?: { cause?: unknown });
+  readonly isPermanent: boolean;
+}
+export declare class TransientError extends EventHandlerError {}
+export declare class PermanentError extends EventHandlerError {}
+export declare class ProsodyError extends Error {
+  constructor(message: string, code: string);
+  readonly code: string;
+}
+export declare class ProsodyTransientError extends TransientError {
+  readonly code: string;
+}
+export declare class ProsodyPermanentError extends PermanentError {
+  readonly code: string;
+}
+
+type ErrorClass = abstract new (...args: any[]) => Error;
+type Method = (this: any, ...args: any[]) => any;
+/** Classifies the listed error classes (all, when none is listed) thrown by the decorated
+ * method as permanent: a TC39 (2023-05) method decorator, also usable as a plain wrapper. */
+export declare function permanent(...errors: ErrorClass[]): <F extends Method>(fn: F, context?: ClassMethodDecoratorContext) => F;
+export declare function transient(...errors: ErrorClass[]): <F extends Method>(fn: F, context?: ClassMethodDecoratorContext) => F;
+
+export declare function libraryVersion(): string;
