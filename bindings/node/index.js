@@ -119,6 +119,7 @@ const permanent = (...types) => classifier(PermanentError, types);
 const transient = (...types) => classifier(TransientError, types);
 
 const RESULT = { success: 0, transient: 1, permanent: 2 };
+const STRIDE = 12; // slots per event in a batch from the addon
 
 function outcome(e) {
   const permanentFailure = e instanceof EventHandlerError
@@ -223,8 +224,17 @@ try {
   otel = null;
 }
 
+// Tracing costs about a tenth of the handler path: it is done only when an
+// SDK has registered a tracer provider (the API alone traces nothing).
+const NOOP_PROVIDER = otel ? new otel.ProxyTracerProvider().getDelegate() : null;
+function tracing() {
+  if (!otel) return false;
+  const p = otel.trace.getTracerProvider();
+  return (typeof p.getDelegate === 'function' ? p.getDelegate() : p) !== NOOP_PROVIDER;
+}
+
 function traceHeaders() {
-  if (!otel) return [undefined, undefined, undefined];
+  if (!tracing()) return [undefined, undefined, undefined];
   const carrier = {};
   otel.propagation.inject(otel.context.active(), carrier);
   return [carrier.traceparent, carrier.tracestate, carrier.baggage];
@@ -289,7 +299,13 @@ class Context {
 
   // Resolves when the event is cancelled or its handler has finished.
   onCancel() {
-    return this._state.cancelPromise;
+    const s = this._state;
+    if (!s.cancelPromise) {
+      s.cancelPromise = s.done || s.cancelled
+        ? Promise.resolve()
+        : new Promise((resolve) => { s.resolveCancel = resolve; });
+    }
+    return s.cancelPromise;
   }
 
   _op(kind, time, method) {
@@ -333,6 +349,12 @@ class ProsodyClient {
     };
     this._follows = { message: spans('messageSpans', 'child'), timer: spans('timerSpans', 'follows_from') };
     this._inflight = new Map(); // event id -> state
+    this._results = []; // [ev, result, text, ...] not yet reported
+    this._flush = () => {
+      const r = this._results;
+      this._results = [];
+      this._native.completeMany(r);
+    };
     this._handler = null;
     this._subscribing = null;
   }
@@ -413,57 +435,81 @@ class ProsodyClient {
     this._handler = null;
   }
 
+  // One call per batch from the addon: STRIDE slots per event (see
+  // src/addon.c): [kind, id, ev, ...]; kind 0 message, 1 timer, 2 cancel.
   _dispatch(batch) {
-    for (const rec of batch) {
-      if (rec.kind === 'cancel') {
-        const s = this._inflight.get(rec.id);
+    this._tracing = tracing();
+    for (let i = 0; i < batch.length; i += STRIDE) {
+      const kind = batch[i];
+      if (kind === 2) {
+        const s = this._inflight.get(batch[i + 1]);
         if (s && !s.cancelled) {
           s.cancelled = true;
-          s.controller.abort(new ProsodyError('the event was cancelled (timeout, shutdown or revoke)',
-                                              'PROSODY_CANCELLED'));
-          s.resolveCancel();
+          if (s.controller) {
+            s.controller.abort(new ProsodyError('the event was cancelled (timeout, shutdown or revoke)',
+                                                'PROSODY_CANCELLED'));
+          }
+          if (s.resolveCancel) s.resolveCancel();
         }
         continue;
       }
-      this._start(rec);
+      this._start(batch, i, kind);
     }
   }
 
-  _start(rec) {
+  _start(b, i, kind) {
+    const id = b[i + 1];
     const controller = new AbortController();
-    const state = { ev: rec.ev, controller, done: false, cancelled: false, resolveCancel: null };
-    state.cancelPromise = new Promise((resolve) => { state.resolveCancel = resolve; });
-    this._inflight.set(rec.id, state);
+    const state = { ev: b[i + 2], controller, done: false, cancelled: false, resolveCancel: null,
+                    cancelPromise: null };
+    this._inflight.set(id, state);
     const context = new Context(this, state);
     const handler = this._handler;
     let event;
     let method;
-    if (rec.kind === 'message') {
-      event = {
-        topic: rec.topic, partition: rec.partition, offset: rec.offset,
-        timestamp: new Date(rec.timestamp), key: rec.key, payload: rec.payload,
-      };
+    let rec;
+    if (kind === 0) {
+      let payload;
+      try {
+        payload = JSON.parse(b[i + 8]);
+      } catch (e) {
+        payload = null; // libprosody only delivers valid JSON
+      }
+      event = { topic: b[i + 3], partition: b[i + 4], offset: b[i + 5], timestamp: new Date(b[i + 6]),
+                key: b[i + 7], payload };
       method = handler && handler.onMessage;
+      if (this._tracing) {
+        rec = { kind: 'message', topic: event.topic, partition: event.partition, offset: event.offset,
+                key: event.key, traceparent: b[i + 9], tracestate: b[i + 10], baggage: b[i + 11] };
+      }
     } else {
-      event = { key: rec.key, time: new Date(rec.time) };
+      event = { key: b[i + 3], time: new Date(b[i + 4]) };
       method = handler && handler.onTimer;
+      if (this._tracing) rec = { kind: 'timer', key: event.key };
     }
     let span = null;
     const finish = (result, text) => {
       if (state.done) return;
       state.done = true;
-      this._inflight.delete(rec.id);
+      this._inflight.delete(id);
       if (span) {
         if (result !== RESULT.success) span.setStatus({ code: otel.SpanStatusCode.ERROR, message: text });
         span.end();
       }
-      this._native.complete(rec.ev, result, text);
-      state.resolveCancel();
+      // Results of one turn go to libprosody together (one engine wake-up).
+      const pending = this._results;
+      if (pending.length === 0) queueMicrotask(this._flush);
+      pending.push(state.ev, result, text);
+      if (state.resolveCancel) state.resolveCancel();
     };
     let promise;
     try {
-      [promise, span] = withSpan(rec, this._follows[rec.kind],
-                                 () => method.call(handler, context, event, controller.signal));
+      if (this._tracing) {
+        [promise, span] = withSpan(rec, this._follows[rec.kind],
+                                   () => method.call(handler, context, event, controller.signal));
+      } else {
+        promise = method.call(handler, context, event, controller.signal);
+      }
     } catch (e) {
       finish(...outcome(e));
       return;
