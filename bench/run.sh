@@ -26,6 +26,16 @@ for mode in pipeline low-latency best-effort; do
   BENCH_POISON=$mode "$build/bench/bench_consume" 200000 3 uniform | tee -a "$lines"
 done
 
+# The Node package on the same workload as consume-noop-uniform (async
+# no-op onMessage), against the C figure of this run.
+echo "== node-consume: the Node package, async no-op onMessage, 200 000 records, 1 000 keys (uniform; embedded mock cluster) =="
+if "$here/../scripts/node-tests.sh" install >/dev/null 2>&1; then
+  c=$(awk '$2 == "consume-noop-uniform" {print $3}' "$lines")
+  BENCH_C_RATE="$c" node "$here/node/bench_consume.js" 200000 3 | grep '^bench' | tee -a "$lines"
+else
+  echo "== node-consume: skipped (the Node package did not build: scripts/node-tests.sh install) =="
+fi
+
 # Latency at half the measured no-op throughput, against a raw consumer
 # reading the same kind of stream.
 noop=$(awk '$2 == "consume-noop-uniform" {print int($3)}' "$lines")
