@@ -1,9 +1,15 @@
 'use strict';
-// The native module's exports (the original package's layout has them here):
-// the public AdminClient and ProsodyClient (defined in index.js over the
-// addon), plus the raw addon as `native`.
+// The native module's exports, as the original package's layout has them:
+// ProsodyClient and AdminClient (the public classes, defined in index.js
+// over the addon) and the raw addon as `native`.
 const native = require('./build/Release/prosody.node');
 
 module.exports = { native };
-// index.js adds ProsodyClient and AdminClient once defined (it requires
-// this file first); require order keeps both modules complete for users.
+// index.js requires this file first and sets the two classes here once it
+// has defined them; requiring this file first works too.
+const index = require('./index');
+
+if (index.ProsodyClient) {
+  module.exports.ProsodyClient = index.ProsodyClient;
+  module.exports.AdminClient = index.AdminClient;
+}

@@ -65,3 +65,13 @@ test('index.d.ts type-checks the spec examples (tsc --noEmit)', (t) => {
   }
   execFileSync(tsc, ['-p', path.join(__dirname, 'types', 'tsconfig.json')], { stdio: 'pipe' });
 });
+
+test('bindings.js exports the clients whichever file is required first', () => {
+  const r = runScript(`
+    const b = require('@prosody-events/prosody/bindings');
+    const i = require('@prosody-events/prosody');
+    console.log(typeof b.AdminClient, typeof b.ProsodyClient, b.ProsodyClient === i.ProsodyClient);
+  `);
+  assert.strictEqual(r.status, 0, r.stderr);
+  assert.strictEqual(r.stdout.trim(), 'function function true');
+});
