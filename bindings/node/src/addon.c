@@ -679,6 +679,12 @@ static void work_complete(napi_env env, napi_status status, void *data) {
     if (w->kind == 1 || w->err) {
       hold(w->c, -1); /* the subscription no longer keeps the loop up */
       w->c->subscribed = 0;
+      /* The dispatcher closes over the JS client: keeping it would keep
+       * the client (and this struct) alive for ever. */
+      if (w->c->dispatch) {
+        napi_delete_reference(env, w->c->dispatch);
+        w->c->dispatch = NULL;
+      }
     }
   }
   if (w->err) {
