@@ -75,3 +75,38 @@ test('bindings.js exports the clients whichever file is required first', () => {
   assert.strictEqual(r.status, 0, r.stderr);
   assert.strictEqual(r.stdout.trim(), 'function function true');
 });
+
+test('@permanent as TypeScript 5 emits a decorator classifies at run time', (t) => {
+  let ts;
+  try {
+    ts = require('typescript');
+  } catch (e) {
+    t.skip('typescript is not installed (npm install installs the dev dependencies)');
+    return;
+  }
+  const source = `
+    import { permanent, PermanentError, TransientError } from '@prosody-events/prosody';
+    class Handler {
+      @permanent(TypeError)
+      async onMessage(ctx: unknown, msg: { payload: { fail: string } }): Promise<void> {
+        if (msg.payload.fail === 'type') throw new TypeError('bad shape');
+        throw new Error('flaky');
+      }
+    }
+    (async () => {
+      const h = new Handler();
+      const kinds: string[] = [];
+      for (const fail of ['type', 'other']) {
+        try { await h.onMessage(null, { payload: { fail } }); } catch (e) {
+          kinds.push(e instanceof PermanentError ? 'permanent' : e instanceof TransientError ? 'transient' : 'plain');
+        }
+      }
+      console.log(kinds.join(','));
+    })();
+  `;
+  const js = ts.transpileModule(source, { compilerOptions: { target: ts.ScriptTarget.ES2022,
+    module: ts.ModuleKind.CommonJS } }).outputText;
+  const r = runScript(js);
+  assert.strictEqual(r.status, 0, r.stderr);
+  assert.strictEqual(r.stdout.trim(), 'permanent,plain');
+});
