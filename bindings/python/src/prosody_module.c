@@ -156,6 +156,12 @@ static int to_ms(PyObject *dt, const char *what, int64_t *out) {
   Py_DECREF(off);
   if (!(delta = PyNumber_Subtract(dt, Epoch)))
     return -1;
+  if (!PyDelta_Check(delta)) { /* a subclass's __sub__ */
+    PyErr_Format(PyExc_TypeError, "%s: %.100s - datetime is not a timedelta",
+                 what, Py_TYPE(dt)->tp_name);
+    Py_DECREF(delta);
+    return -1;
+  }
   *out = (int64_t)PyDateTime_DELTA_GET_DAYS(delta) * 86400000 +
          (int64_t)PyDateTime_DELTA_GET_SECONDS(delta) * 1000 +
          PyDateTime_DELTA_GET_MICROSECONDS(delta) / 1000;
@@ -268,9 +274,13 @@ static PyObject *option_text(const prosody_option_info_t *o, PyObject *v,
     return Py_NewRef(v);
   if (!strcmp(t, "duration")) {
     if (PyDelta_Check(v)) {
-      long long us = (long long)PyDateTime_DELTA_GET_DAYS(v) * 86400000000LL +
-                     (long long)PyDateTime_DELTA_GET_SECONDS(v) * 1000000LL +
-                     PyDateTime_DELTA_GET_MICROSECONDS(v);
+      long long us, d = PyDateTime_DELTA_GET_DAYS(v);
+      if (d > 100000000 || d < -100000000) /* too many us for long long */
+        return PyUnicode_FromFormat(
+            "%llds", d * 86400 + PyDateTime_DELTA_GET_SECONDS(v));
+      us = d * 86400000000LL +
+           (long long)PyDateTime_DELTA_GET_SECONDS(v) * 1000000LL +
+           PyDateTime_DELTA_GET_MICROSECONDS(v);
       return PyUnicode_FromFormat("%lldus", us);
     }
     if (PyBool_Check(v))
@@ -526,6 +536,11 @@ static ContextObject *context_new(ClientObject *c, prosody_context_t *ctx) {
 }
 
 static void context_dealloc(ContextObject *cx) {
+  /* Dropped unfinished (e.g. its task's done callback was discarded by a
+   * closed loop): nobody else can complete it; libprosody would wait. */
+  if (!cx->finished && cx->client && cx->client->pid == getpid())
+    prosody_complete(cx->ctx, PROSODY_TRANSIENT,
+                     "the handler's context was dropped before it finished");
   Py_XDECREF(cx->cancel_fut);
   Py_XDECREF(cx->span);
   Py_XDECREF(cx->client);
@@ -540,6 +555,8 @@ static void end_span(ContextObject *cx, PyObject *exc) {
   cx->span = NULL;
   if (exc) {
     r = PyObject_CallMethodObjArgs(span, S_record_exception, exc, NULL);
+    if (!r)
+      PyErr_WriteUnraisable(span);
     Py_XDECREF(r);
   }
   r = PyObject_CallMethodObjArgs(span, S_end, NULL);
@@ -935,8 +952,10 @@ static PyObject *trace_context(ClientObject *c, ContextObject *cx,
     attrs = Py_BuildValue("{s:s,s:s}", "messaging.system", "kafka",
                           "prosody.timer.key", prosody_timer_key(t));
   }
-  if (!attrs)
+  if (!attrs) {
+    PyErr_WriteUnraisable(FnHandlerContext);
     return NULL;
+  }
   res = PyObject_CallFunction(FnHandlerContext, "zzzOsO", tp, ts, bg,
                               follows ? Py_True : Py_False, name, attrs);
   Py_DECREF(attrs);
@@ -1133,8 +1152,15 @@ static void client_dealloc(ClientObject *c) {
     item_t *it = bridge_take(c->bridge);
     while (it) { /* left when the loop stopped before draining */
       item_t *next = it->next;
-      if (it->kind == IT_MESSAGE || it->kind == IT_TIMER)
+      if (it->kind == IT_MESSAGE || it->kind == IT_TIMER) {
         free(it);
+      } else if (it->kind == IT_OP) { /* a result nobody will await now */
+        pyop_t *op = it->obj;
+        Py_DECREF(op->fut);
+        free(op->errstr);
+        free(op->times);
+        free(op);
+      }
       it = next;
     }
     bridge_free(c->bridge);
