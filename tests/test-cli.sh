@@ -74,6 +74,11 @@ expect 2 'invalid --messages "1000abc"' "demo refuses a count with trailing text
 expect 2 'invalid --messages "99999999999999999999": expected a whole number from 1 to 10000000' "demo refuses an overflowing count" -- "$cli" demo --messages 99999999999999999999
 expect 2 'invalid --keys "0"' "demo refuses zero keys" -- "$cli" demo --keys 0
 expect 2 'prosody broker: unexpected argument "extra-arg"' "broker refuses arguments" -- "$cli" broker extra-arg
+start=$(date +%s)
+expect 1 "no Kafka broker answers at 127.0.0.1:1 (" "topic delete with nothing listening fails at once" -- \
+  "$cli" --set bootstrap_servers=127.0.0.1:1 topic delete cli-nowhere
+also "Connection refused" "it quotes librdkafka's reason"
+[ $(( $(date +%s) - start )) -lt 15 ] || { echo "FAIL: topic delete on a refused port took $(( $(date +%s) - start )) s"; fails=$((fails + 1)); }
 
 # broker: prints its address and serves clients until SIGTERM.
 log=$(mktemp)
@@ -87,6 +92,13 @@ if [ -n "$addr" ] && env -i PATH="$PATH" "${sanenv[@]}" "$cli" --set bootstrap_s
 else
   echo "FAIL: broker at '$addr'"; cat "$log" "$out"; fails=$((fails + 1))
 fi
+# topic create against another process's mock cluster: says at once why it
+# cannot work (it waited 30 s for a controller before).
+start=$(date +%s)
+expect 1 "names no controller among its brokers" "topic create on prosody broker fails at once" -- \
+  "$cli" --set bootstrap_servers="$addr" topic create cli-on-broker
+also "creates a topic on first use, with 4 partitions" "it says what the mock does instead"
+[ $(( $(date +%s) - start )) -lt 15 ] || { echo "FAIL: topic create on prosody broker took $(( $(date +%s) - start )) s"; fails=$((fails + 1)); }
 # tail: prints what arrives, from the beginning, until SIGINT.
 env -i PATH="$PATH" "${sanenv[@]}" timeout -s INT 10 "$cli" \
   --set bootstrap_servers="$addr" --set log=off tail via-broker >"$out" 2>&1

@@ -14,6 +14,8 @@
  * A prosody_admin_t is used from one thread at a time per call; its fields
  * are immutable after prosody_admin_new().
  */
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -28,7 +30,24 @@ struct prosody_admin {
   pr__settings_t st;      /* resolved at _new, read-only */
   int mock;               /* use the mock cluster's API */
   rd_kafka_t *rk;         /* admin + metadata handle */
+  char *bootstrap;        /* for messages */
+  /* Written by error_cb, on the thread calling rd_kafka_poll(): */
+  atomic_int all_down;      /* every bootstrap broker is unreachable */
+  pthread_mutex_t err_lock; /* guards last_error */
+  char last_error[256];     /* the latest error-callback text */
 };
+
+static void admin_error_cb(rd_kafka_t *rk, int err, const char *reason,
+                           void *opaque) {
+  prosody_admin_t *admin = opaque;
+  if (err == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN) {
+    atomic_store(&admin->all_down, 1);
+    return; /* "1/1 brokers are down": the error before it says why */
+  }
+  pthread_mutex_lock(&admin->err_lock);
+  snprintf(admin->last_error, sizeof(admin->last_error), "%s", reason);
+  pthread_mutex_unlock(&admin->err_lock);
+}
 
 PROSODY_EXPORT prosody_admin_t *
 prosody_admin_new(prosody_config_t *conf, char *errstr, size_t errstr_size) {
@@ -67,19 +86,24 @@ prosody_admin_new(prosody_config_t *conf, char *errstr, size_t errstr_size) {
     goto fail_mock;
   }
   kconf = pr__kafka_conf_new(bootstrap, admin->mock, errstr, errstr_size);
-  free(bootstrap);
+  admin->bootstrap = bootstrap;
   if (!kconf)
     goto fail_mock;
+  pthread_mutex_init(&admin->err_lock, NULL);
+  rd_kafka_conf_set_error_cb(kconf, admin_error_cb);
+  rd_kafka_conf_set_opaque(kconf, admin);
   admin->rk = rd_kafka_new(RD_KAFKA_PRODUCER, kconf, why, sizeof(why));
   if (!admin->rk) {
     rd_kafka_conf_destroy(kconf);
     pr__errf(errstr, errstr_size, "could not create the admin handle: %s", why);
+    pthread_mutex_destroy(&admin->err_lock);
     goto fail_mock;
   }
   admin->conf = conf;
   return admin;
 
 fail_mock:
+  free(admin->bootstrap);
   if (admin->mock)
     pr__mock_release();
 fail:
@@ -94,9 +118,78 @@ PROSODY_EXPORT void prosody_admin_destroy(prosody_admin_t *admin) {
   pr__kafka_destroy_bounded(admin->rk, 30000, "admin");
   if (admin->mock)
     pr__mock_release();
+  pthread_mutex_destroy(&admin->err_lock);
+  free(admin->bootstrap);
   pr__settings_fini(&admin->st);
   prosody_config_destroy(admin->conf);
   free(admin);
+}
+
+/* How long a cluster that answers metadata may go without naming a
+ * controller before we conclude it has none (a librdkafka mock cluster:
+ * `prosody broker`). A real cluster names one in its first answer. */
+#define NO_CONTROLLER_MS 3000
+
+/*
+ * Before a create or delete (real clusters only): waits until the cluster
+ * names a controller, so that what cannot work fails at once with the
+ * reason instead of at the end of the request's timeout. Errors: no broker
+ * answers at the bootstrap address (TRANSIENT), or the cluster answers but
+ * has no controller (UNSUPPORTED). Returns OK at the deadline too: the
+ * request then reports its own timeout.
+ */
+static prosody_err_t reach_cluster(prosody_admin_t *admin, const char *what,
+                                   const char *name, int64_t deadline,
+                                   char *errstr, size_t errstr_size) {
+  int64_t answered_at = 0;
+  int32_t ctrl = -1;
+  atomic_store(&admin->all_down, 0);
+  while (pr__now_ns() < deadline) {
+    const rd_kafka_metadata_t *md = NULL;
+    if (rd_kafka_metadata(admin->rk, 0, NULL, &md, 200) ==
+            RD_KAFKA_RESP_ERR_NO_ERROR &&
+        md->broker_cnt > 0) {
+      /* The controller must be one of the brokers: the mock names id 0
+       * while its broker is 1, and requests then wait for it for ever. */
+      ctrl = rd_kafka_controllerid(admin->rk, 0);
+      for (int i = 0; ctrl >= 0 && i < md->broker_cnt; i++) {
+        if (md->brokers[i].id == ctrl) {
+          rd_kafka_metadata_destroy(md);
+          return PROSODY_OK;
+        }
+      }
+      if (!answered_at)
+        answered_at = pr__now_ns();
+    }
+    if (md)
+      rd_kafka_metadata_destroy(md);
+    rd_kafka_poll(admin->rk, 0); /* serves admin_error_cb */
+    if (atomic_load(&admin->all_down)) {
+      char last[256];
+      pthread_mutex_lock(&admin->err_lock);
+      memcpy(last, admin->last_error, sizeof(last));
+      pthread_mutex_unlock(&admin->err_lock);
+      pr__errf(errstr, errstr_size,
+               "%s topic \"%s\": no Kafka broker answers at %s (%s)", what,
+               name, admin->bootstrap, last);
+      return PROSODY_ERR_TRANSIENT;
+    }
+    if (answered_at &&
+        pr__now_ns() - answered_at > NO_CONTROLLER_MS * INT64_C(1000000)) {
+      pr__errf(errstr, errstr_size,
+               "%s topic \"%s\": the cluster at %s answers but names no "
+               "controller among its brokers (controller id %d), so it "
+               "cannot create or delete topics; a librdkafka mock cluster "
+               "(such as `prosody broker`) creates a topic on first use, "
+               "with %d partitions (in the same process, mock=true creates "
+               "and deletes topics through the mock's own API)",
+               what, name, admin->bootstrap, (int)ctrl,
+               pr__mock_default_partitions());
+      return PROSODY_ERR_UNSUPPORTED;
+    }
+    usleep(50000);
+  }
+  return PROSODY_OK;
 }
 
 /* Partitions with a leader for `topic` in all-topics metadata: -1 when the
@@ -287,6 +380,9 @@ PROSODY_EXPORT prosody_err_t prosody_admin_create_topic(
     pr__errf(errstr, errstr_size, "could not set topic configs");
     return PROSODY_ERR_NOMEM;
   }
+  err = reach_cluster(admin, "creating", name, deadline, errstr, errstr_size);
+  if (err)
+    goto done;
   err = admin_options(admin, RD_KAFKA_ADMIN_OP_CREATETOPICS, (int)o.timeout_ms,
                       &aopts, errstr, errstr_size);
   if (err)
@@ -369,6 +465,9 @@ PROSODY_EXPORT prosody_err_t prosody_admin_delete_topic(prosody_admin_t *admin,
     return pr__mock_delete_topic(name, errstr, errstr_size);
   }
 
+  err = reach_cluster(admin, "deleting", name, deadline, errstr, errstr_size);
+  if (err)
+    return err;
   err = admin_options(admin, RD_KAFKA_ADMIN_OP_DELETETOPICS, DEFAULT_TIMEOUT_MS,
                       &aopts, errstr, errstr_size);
   if (err)

@@ -52,6 +52,9 @@ void pr__mock_release(void);
 prosody_err_t pr__mock_ensure_topic(const char *topic, char *errstr,
                                     size_t errstr_size);
 /* Admin operations on the mock cluster (no CreateTopics/DeleteTopics). */
+/* Partitions of a topic the mock creates on first use (ours and librdkafka's
+ * own auto-creation agree). */
+int pr__mock_default_partitions(void);
 prosody_err_t pr__mock_create_topic(const char *topic, int partitions,
                                     char *errstr, size_t errstr_size);
 prosody_err_t pr__mock_delete_topic(const char *topic, char *errstr,

@@ -232,3 +232,5 @@ PROSODY_EXPORT prosody_err_t prosody_mock_bootstrap_servers(
   pthread_mutex_unlock(&lock);
   return err;
 }
+
+int pr__mock_default_partitions(void) { return MOCK_DEFAULT_PARTITIONS; }
