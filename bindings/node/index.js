@@ -357,6 +357,7 @@ class ProsodyClient {
     };
     this._handler = null;
     this._subscribing = null;
+    this._unsubscribing = null;
   }
 
   get sourceSystem() {
@@ -418,14 +419,28 @@ class ProsodyClient {
     if (!handler || typeof handler.onMessage !== 'function') {
       throw new TypeError('subscribe() needs a handler with an onMessage method');
     }
-    this._handler = handler;
     const hasTimer = typeof handler.onTimer === 'function';
+    // The handler is set once the native call accepted: it throws when
+    // already subscribed, and the running subscription keeps its handler.
+    // (No batch can arrive before this method returns.)
     this._subscribing = this._native.subscribe((batch) => this._dispatch(batch), hasTimer)
       .catch(rethrow);
+    this._handler = handler;
     return this._subscribing;
   }
 
-  async unsubscribe() {
+  unsubscribe() {
+    // Concurrent calls share the one in flight: a second native unsubscribe
+    // would return at once (nothing left to stop) and drop the dispatcher
+    // while the first still waits for the running handlers, whose
+    // cancellations would then never reach them.
+    if (!this._unsubscribing) {
+      this._unsubscribing = this._unsubscribe().finally(() => { this._unsubscribing = null; });
+    }
+    return this._unsubscribing;
+  }
+
+  async _unsubscribe() {
     if (this._subscribing) {
       // A subscribe still starting on libuv's pool goes first.
       await this._subscribing.catch(() => {});

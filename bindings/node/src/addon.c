@@ -159,6 +159,9 @@ typedef struct client {
   int pending; /* work that keeps the loop alive (JS thread) */
   int destroyed;
   int wrap_gone, tsfn_gone; /* c is freed by the later of the two */
+  int env_closing;          /* set by this client's env cleanup hook */
+  napi_ref self; /* the JS object: strong while pending, so an unsettled
+                    send keeps its client (weak otherwise) */
   napi_env env;
 } client_t;
 
@@ -187,14 +190,21 @@ typedef struct op {
   size_t n;
 } op_t;
 
-/* Keeps the loop alive while something is pending (JS thread). */
+/* Keeps the loop and the JS client alive while something is pending (JS
+ * thread): a client dropped with a send in flight must not be finalised
+ * (its promise would never settle). */
 static void hold(client_t *c, int delta) {
   int before = c->pending;
   c->pending += delta;
-  if (before == 0 && c->pending > 0)
+  if (before == 0 && c->pending > 0) {
     napi_ref_threadsafe_function(c->env, c->mb.tsfn);
-  else if (before > 0 && c->pending == 0)
+    if (c->self)
+      napi_reference_ref(c->env, c->self, NULL);
+  } else if (before > 0 && c->pending == 0) {
     napi_unref_threadsafe_function(c->env, c->mb.tsfn);
+    if (c->self)
+      napi_reference_unref(c->env, c->self, NULL);
+  }
 }
 
 static void event_free_maybe(event_t *ev) {
@@ -422,11 +432,11 @@ static void client_free(client_t *c) {
   }
 }
 
-/* Set by the environment's cleanup hook: the environment then closes every
- * threadsafe function itself, and releasing one would abort. */
-static int env_closing;
-
-static void mark_closing(void *arg) { env_closing = 1; }
+/* The client's environment cleanup hook: the environment then closes every
+ * threadsafe function itself, and releasing one would abort. Per client,
+ * not per process: a worker thread's teardown must not stop the main
+ * thread's clients from releasing theirs. */
+static void mark_closing(void *arg) { ((client_t *)arg)->env_closing = 1; }
 
 static void tsfn_finalize(napi_env env, void *data, void *hint) {
   client_t *c = data;
@@ -455,11 +465,16 @@ static void client_finalize(napi_env env, void *data, void *hint) {
   if (c->dispatch)
     napi_delete_reference(env, c->dispatch);
   c->dispatch = NULL;
+  if (c->self)
+    napi_delete_reference(env, c->self);
+  c->self = NULL;
+  if (!c->env_closing)
+    napi_remove_env_cleanup_hook(env, mark_closing, c);
   c->wrap_gone = 1;
   if (c->tsfn_gone) {
     pthread_mutex_destroy(&c->mb.lock);
     free(c);
-  } else if (!env_closing) {
+  } else if (!c->env_closing) {
     napi_release_threadsafe_function(c->mb.tsfn, napi_tsfn_abort);
   }
 }
@@ -560,11 +575,13 @@ static napi_value client_new(napi_env env, napi_callback_info info) {
   }
   /* Nothing pending yet: the client alone never keeps the process up. */
   napi_unref_threadsafe_function(env, c->mb.tsfn);
+  napi_add_env_cleanup_hook(env, mark_closing, c);
   if (napi_wrap(env, self, c, client_finalize, NULL, NULL) != napi_ok) {
     client_finalize(env, c, NULL);
     throw_last(env);
     return NULL;
   }
+  napi_create_reference(env, self, 0, &c->self);
   return self;
 }
 
@@ -674,10 +691,11 @@ static void work_execute(napi_env env, void *data) {
 static void work_complete(napi_env env, napi_status status, void *data) {
   work_t *w = data;
   if (w->c && (w->kind == 0 || w->kind == 1)) {
-    if (w->kind == 0 && w->err)
-      w->c->subscribed = 0;
     if (w->kind == 1 || w->err) {
-      hold(w->c, -1); /* the subscription no longer keeps the loop up */
+      /* The subscription no longer keeps the loop up; once only, though
+       * two unsubscribe() calls may both have been queued. */
+      if (w->c->subscribed)
+        hold(w->c, -1);
       w->c->subscribed = 0;
       /* The dispatcher closes over the JS client: keeping it would keep
        * the client (and this struct) alive for ever. */
@@ -1094,7 +1112,6 @@ static napi_value init(napi_env env, napi_value exports) {
        NULL},
   };
   napi_value cls;
-  napi_add_env_cleanup_hook(env, mark_closing, NULL);
   napi_define_class(env, "NativeClient", NAPI_AUTO_LENGTH, client_new, NULL,
                     sizeof(client_props) / sizeof(client_props[0]),
                     client_props, &cls);
