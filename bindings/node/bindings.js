@@ -9,7 +9,9 @@ module.exports = { native };
 // has defined them; requiring this file first works too.
 const index = require('./index');
 
-if (index.ProsodyClient) {
+// (hasOwnProperty: reading a missing export of a module still loading makes
+// Node warn about the circular dependency.)
+if (Object.prototype.hasOwnProperty.call(index, 'ProsodyClient')) {
   module.exports.ProsodyClient = index.ProsodyClient;
   module.exports.AdminClient = index.AdminClient;
 }

@@ -349,6 +349,7 @@ class ProsodyClient {
     };
     this._follows = { message: spans('messageSpans', 'child'), timer: spans('timerSpans', 'follows_from') };
     this._inflight = new Map(); // event id -> state
+    this._earlyCancels = new Set(); // ids cancelled before their event arrived
     this._results = []; // [ev, result, text, ...] not yet reported
     this._flush = () => {
       const r = this._results;
@@ -458,14 +459,10 @@ class ProsodyClient {
       const kind = batch[i];
       if (kind === 2) {
         const s = this._inflight.get(batch[i + 1]);
-        if (s && !s.cancelled) {
-          s.cancelled = true;
-          if (s.controller) {
-            s.controller.abort(new ProsodyError('the event was cancelled (timeout, shutdown or revoke)',
-                                                'PROSODY_CANCELLED'));
-          }
-          if (s.resolveCancel) s.resolveCancel();
-        }
+        if (s) cancelState(s);
+        // An event cancelled before the hand-over can see its cancellation
+        // arrive in the batch before its own: applied when it starts.
+        else this._earlyCancels.add(batch[i + 1]);
         continue;
       }
       this._start(batch, i, kind);
@@ -478,6 +475,7 @@ class ProsodyClient {
     const state = { ev: b[i + 2], controller, done: false, cancelled: false, resolveCancel: null,
                     cancelPromise: null };
     this._inflight.set(id, state);
+    if (this._earlyCancels.size && this._earlyCancels.delete(id)) cancelState(state);
     const context = new Context(this, state);
     const handler = this._handler;
     let event;
@@ -535,6 +533,16 @@ class ProsodyClient {
     }
     promise.then(() => finish(RESULT.success), (e) => finish(...outcome(e)));
   }
+}
+
+function cancelState(s) {
+  if (s.cancelled) return;
+  s.cancelled = true;
+  if (s.controller) {
+    s.controller.abort(new ProsodyError('the event was cancelled (timeout, shutdown or revoke)',
+                                        'PROSODY_CANCELLED'));
+  }
+  if (s.resolveCancel) s.resolveCancel();
 }
 
 function abortError(signal) {
