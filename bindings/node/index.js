@@ -200,7 +200,7 @@ function convertOptions(config, what) {
   return out;
 }
 
-function wrapConfigError(e, config) {
+function wrapConfigError(e) {
   // libprosody names the snake_case option; add the JavaScript name.
   if (e && e.code === 'PROSODY_ERR_CONFIG' && typeof e.message === 'string') {
     for (const [jsName, [name]] of JS_NAMES) {
@@ -341,13 +341,11 @@ class ProsodyClient {
     try {
       this._native = new native.NativeClient(opts);
     } catch (e) {
-      throw wrapConfigError(e, config);
+      throw wrapConfigError(e);
     }
-    const spans = (name, dflt) => {
-      const v = (config && config[name]) || process.env[`PROSODY_${name === 'messageSpans' ? 'MESSAGE' : 'TIMER'}_SPANS`] || dflt;
-      return v === 'follows_from';
-    };
-    this._follows = { message: spans('messageSpans', 'child'), timer: spans('timerSpans', 'follows_from') };
+    // message_spans / timer_spans as libprosody resolved them (set, env, default).
+    const [message, timer] = this._native.followsFrom();
+    this._follows = { message, timer };
     this._inflight = new Map(); // event id -> state
     this._earlyCancels = new Set(); // ids cancelled before their event arrived
     this._results = []; // [ev, result, text, ...] not yet reported
@@ -564,7 +562,7 @@ class AdminClient {
     try {
       this._native = new native.NativeAdmin(opts);
     } catch (e) {
-      throw wrapConfigError(e, config);
+      throw wrapConfigError(e);
     }
   }
 

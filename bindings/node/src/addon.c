@@ -160,6 +160,7 @@ typedef struct client {
   int destroyed;
   int wrap_gone, tsfn_gone; /* c is freed by the later of the two */
   int env_closing;          /* set by this client's env cleanup hook */
+  int follows_from[2];      /* message_spans / timer_spans, resolved */
   napi_ref self; /* the JS object: strong while pending, so an unsettled
                     send keeps its client (weak otherwise) */
   napi_env env;
@@ -557,6 +558,14 @@ static napi_value client_new(napi_env env, napi_callback_info info) {
     napi_throw_error(env, NULL, "out of memory");
     return NULL;
   }
+  /* Resolved by the option table (set value, environment, default) before
+   * the client takes the configuration. */
+  for (int i = 0; i < 2; i++) {
+    char val[32];
+    if (!prosody_config_get(conf, i ? "timer_spans" : "message_spans", val,
+                            sizeof(val), NULL, NULL, 0))
+      c->follows_from[i] = !strcmp(val, "follows_from");
+  }
   if (!(c->client = prosody_client_new(conf, err, sizeof(err)))) {
     prosody_config_destroy(conf);
     free(c);
@@ -899,6 +908,21 @@ static napi_value client_should_cancel(napi_env env, napi_callback_info info) {
   return r;
 }
 
+/* followsFrom() -> [message_spans, timer_spans] are follows_from */
+static napi_value client_follows_from(napi_env env, napi_callback_info info) {
+  size_t argc = 0;
+  napi_value r, b;
+  client_t *c = unwrap_client(env, info, &argc, NULL);
+  if (!c)
+    return NULL;
+  napi_create_array_with_length(env, 2, &r);
+  for (uint32_t i = 0; i < 2; i++) {
+    napi_get_boolean(env, c->follows_from[i], &b);
+    napi_set_element(env, r, i, b);
+  }
+  return r;
+}
+
 static napi_value client_state(napi_env env, napi_callback_info info) {
   size_t argc = 0;
   napi_value r;
@@ -949,20 +973,6 @@ static napi_value client_probe_port(napi_env env, napi_callback_info info) {
     return NULL;
   napi_create_int32(env, prosody_probe_port(c->client), &r);
   return r;
-}
-
-/* close(): destroys the C client now (after unsubscribe). */
-static napi_value client_close(napi_env env, napi_callback_info info) {
-  size_t argc = 0;
-  client_t *c = unwrap_client(env, info, &argc, NULL);
-  if (!c)
-    return NULL;
-  if (c->subscribed) {
-    napi_throw_error(env, NULL, "close() needs unsubscribe() first");
-    return NULL;
-  }
-  client_free(c);
-  return NULL;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1100,7 +1110,8 @@ static napi_value init(napi_env env, napi_value exports) {
        napi_default, NULL},
       {"probePort", NULL, client_probe_port, NULL, NULL, NULL, napi_default,
        NULL},
-      {"close", NULL, client_close, NULL, NULL, NULL, napi_default, NULL},
+      {"followsFrom", NULL, client_follows_from, NULL, NULL, NULL, napi_default,
+       NULL},
   };
   napi_property_descriptor admin_props[] = {
       {"createTopic", NULL, admin_create, NULL, NULL, NULL, napi_default, NULL},

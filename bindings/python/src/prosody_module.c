@@ -61,7 +61,7 @@ static inline PyObject *Py_NewRef(PyObject *o) {
 /* ------------------------------------------------------------------------ */
 
 static PyObject *ErrProsody, *ErrTransient, *ErrPermanent; /* prosody.errors */
-static PyObject *ClsPermanentError, *ClsEventHandlerError;
+static PyObject *ClsEventHandlerError;
 static PyObject *ClsMessage, *ClsTimer;      /* prosody.message/.timer */
 static PyObject *ClsConsumerState, *FnReady; /* prosody._support */
 static PyObject *FnTraceHeaders, *FnHandlerContext, *FnRunAfter;
@@ -1889,7 +1889,6 @@ PyMODINIT_FUNC PyInit_prosody(void) {
   if (!(ErrProsody = attr_of("prosody.errors", "ProsodyError")) ||
       !(ErrTransient = attr_of("prosody.errors", "ProsodyTransientError")) ||
       !(ErrPermanent = attr_of("prosody.errors", "ProsodyPermanentError")) ||
-      !(ClsPermanentError = attr_of("prosody.errors", "PermanentError")) ||
       !(ClsEventHandlerError =
             attr_of("prosody.errors", "EventHandlerError")) ||
       !(ClsMessage = attr_of("prosody.message", "Message")) ||
