@@ -2,14 +2,14 @@
  * admin.c - prosody_admin_*: create and delete topics.
  *
  * DESIGN: an admin handle owns one librdkafka producer-type handle used only
- * for the Admin API and metadata queries (never shared with a consumer,
- * LIBRDKAFKA.md rule 6). Against a real cluster, CreateTopics/DeleteTopics
- * results are awaited on a private queue; then metadata is polled until the
- * topic shows every partition with a leader (or is gone), so callers can
- * produce or subscribe at once. Against the mock cluster, which has no admin
- * protocol, topics are created with the mock's own API (mock.c). Metadata is
- * always requested for all topics: a request naming an unknown topic would
- * auto-create it on the mock.
+ * for the Admin API and metadata queries (never shared with a consumer:
+ * librdkafka rule 6, docs/ARCHITECTURE.md). Against a real cluster,
+ * CreateTopics/DeleteTopics results are awaited on a private queue; then
+ * metadata is polled until the topic shows every partition with a leader
+ * (or is gone), so callers can produce or subscribe at once. Against the
+ * mock cluster, which has no admin protocol, topics are created with the
+ * mock's own API (mock.c). Metadata is always requested for all topics: a
+ * request naming an unknown topic would auto-create it on the mock.
  *
  * A prosody_admin_t is used from one thread at a time per call; its fields
  * are immutable after prosody_admin_new().

@@ -16,8 +16,8 @@ static void log_cb(const rd_kafka_t *rk, int level, const char *fac,
                       : level == 4 ? PR_LOG_WARN
                       : level == 5 ? PR_LOG_INFO
                                    : PR_LOG_DEBUG;
-  /* A failed connection is transient (LIBRDKAFKA.md rule 8): a warning,
-   * whatever level librdkafka gives it. */
+  /* A failed connection is transient (librdkafka rule 8,
+   * docs/ARCHITECTURE.md): a warning, whatever level librdkafka gives it. */
   if (l == PR_LOG_ERROR && fac && !strcmp(fac, "FAIL"))
     l = PR_LOG_WARN;
   pr__log(l, "kafka", "%s: [%s] %s", rk ? rd_kafka_name(rk) : "-", fac, buf);

@@ -3,10 +3,11 @@
  * configuration and error classification, the process-wide mock cluster,
  * the producer and the admin operations.
  *
- * Rules from LIBRDKAFKA.md that shape this layer: one separate handle per
- * role (producer, admin, consumer); idempotent lz4 producer with Nagle off;
- * only __FATAL is fatal, every other error-callback error is transient;
- * handles are destroyed under a bounded wait that reports a hang loudly.
+ * The librdkafka rules (docs/ARCHITECTURE.md section 7) that shape this
+ * layer: one separate handle per role (producer, admin, consumer; rule 6);
+ * idempotent lz4 producer with Nagle off (rule 7); only __FATAL is fatal,
+ * every other error-callback error is transient (rule 8); handles are
+ * destroyed under a bounded wait that reports a hang loudly (rule 9).
  */
 #ifndef PR_KAFKA_H
 #define PR_KAFKA_H
@@ -33,7 +34,8 @@ int pr__kafka_conf_set(rd_kafka_conf_t *kconf, const char *name,
 prosody_err_t pr__kafka_classify(rd_kafka_resp_err_t err);
 /* Destroys a handle, waiting at most `timeout_ms`; when librdkafka does not
  * return in time the hang is logged as an error and the handle abandoned
- * (LIBRDKAFKA.md rule 9). Returns 0 if destroyed, -1 if abandoned. */
+ * (librdkafka rule 9, docs/ARCHITECTURE.md). Returns 0 if destroyed, -1 if
+ * abandoned. */
 int pr__kafka_destroy_bounded(rd_kafka_t *rk, int timeout_ms, const char *what);
 /* Joins a host:port list with commas into a new string. */
 char *pr__join_list(char **items, size_t n);

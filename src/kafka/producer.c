@@ -13,16 +13,16 @@
  * librdkafka's own delivery timeout (message.timeout.ms) is send_timeout,
  * so every queued record gets its report within that budget.
  *
- * Fatal errors (LIBRDKAFKA.md rule 7): an idempotent producer can hit a
- * fatal error (e.g. after in-flight requests time out on 2.0.2), after
- * which its handle accepts nothing. The error callback flags it; from then
- * on the delivery reports of failed records are kept instead of reported;
- * the poller purges the old handle, creates a new one from the same
- * configuration, swaps it in under `rk_lock`, and re-sends what was kept,
- * so each record's callback still fires exactly once. Senders that meet the
- * dead handle wait for the swap within their send budget. A re-sent record
- * gets a fresh delivery budget; one that was in flight may be written twice
- * (at-least-once, as any producer retry).
+ * Fatal errors (librdkafka rule 7, docs/ARCHITECTURE.md): an idempotent
+ * producer can hit a fatal error (e.g. after in-flight requests time out on
+ * 2.0.2), after which its handle accepts nothing. The error callback flags
+ * it; from then on the delivery reports of failed records are kept instead
+ * of reported; the poller purges the old handle, creates a new one from the
+ * same configuration, swaps it in under `rk_lock`, and re-sends what was
+ * kept, so each record's callback still fires exactly once. Senders that
+ * meet the dead handle wait for the swap within their send budget. A re-sent
+ * record gets a fresh delivery budget; one that was in flight may be written
+ * twice (at-least-once, as any producer retry).
  *
  * Topic warm-up: librdkafka 2.0.2 does not always ask for a new topic's
  * metadata when the first record for it is queued (when the bootstrap

@@ -2,8 +2,8 @@
  * test_producer_fatal.c - an idempotent producer's fatal error does not
  * lose records: the client replaces its librdkafka handle, re-sends what
  * was not acknowledged, and every accepted record's callback still fires
- * exactly once with success (LIBRDKAFKA.md rule 7). Sends made while the
- * handle is being replaced succeed too. Uses librdkafka's
+ * exactly once with success (librdkafka rule 7, docs/ARCHITECTURE.md).
+ * Sends made while the handle is being replaced succeed too. Uses librdkafka's
  * rd_kafka_test_fatal_error() on the client's handle.
  */
 #include <stdatomic.h>
