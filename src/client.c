@@ -183,10 +183,10 @@ PROSODY_EXPORT prosody_err_t prosody_subscribe(prosody_client_t *c,
              c->engine ? "already subscribed" : "still unsubscribing");
     err = PROSODY_ERR_STATE;
   } else {
-    c->engine = pr__engine_start(&c->st, c->bootstrap, c->producer, handler,
-                                 errstr, errstr_size);
-    if (!c->engine) {
-      err = PROSODY_ERR_TRANSIENT;
+    err = pr__engine_start(&c->st, c->bootstrap, c->producer, handler,
+                           &c->engine, errstr, errstr_size);
+    if (err) {
+      c->engine = NULL;
     } else if (probe_wanted(c)) {
       pr__probe_source_t src = {probe_assigned, probe_stalled, c->engine};
       c->probe = pr__probe_start((int)PR_CFG_INT(&c->st, PROBE_PORT), src,

@@ -708,8 +708,12 @@ prosody_err_t pr__settings_resolve(const prosody_config_t *conf,
       return err;
     }
   }
-
+  st->test = conf->test;
   return PROSODY_OK;
+}
+
+void pr__config_set_test(prosody_config_t *conf, const pr__test_opts_t *opts) {
+  conf->test = *opts;
 }
 
 /* ------------------------------------------------------------------------ */

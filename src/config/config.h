@@ -72,16 +72,30 @@ typedef struct pr__value {
   size_t list_n; /* number of list entries */
 } pr__value_t;
 
+/* Internal options, set only by white-box tests (pr__config_set_test),
+ * never read from the environment: a consumer in another process that
+ * joins the embedded mock cluster by address has no Cassandra and needs
+ * the mock's short session. */
+typedef struct pr__test_opts {
+  int memory_timers;          /* keep timers in memory although mock=false */
+  int64_t session_timeout_ms; /* session.timeout.ms, 0: librdkafka's */
+} pr__test_opts_t;
+
 /* A prosody_config_t: only what was set in code, as validated text. */
 struct prosody_config {
   char *set[PR_OPT__COUNT]; /* owned; NULL when not set in code */
+  pr__test_opts_t test;     /* pr__config_set_test(); zero otherwise */
 };
 
 /* Every option resolved: value plus where it came from. */
 typedef struct pr__settings {
   pr__value_t v[PR_OPT__COUNT];
   prosody_config_source_t src[PR_OPT__COUNT];
+  pr__test_opts_t test;
 } pr__settings_t;
+
+/* Sets the internal test options of `conf`. */
+void pr__config_set_test(prosody_config_t *conf, const pr__test_opts_t *opts);
 
 /* Index of option `name`, or -1. */
 int pr__opt_lookup(const char *name);

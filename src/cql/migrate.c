@@ -15,7 +15,10 @@
 
 #define LOCK_TTL_S 120
 
-/* FNV-1a 64 of the file as shipped, as 16 hex digits. */
+/* FNV-1a 64 of the file as shipped, as 16 hex digits. Not pr__fnv1a: the
+ * checksums of applied migrations are stored in Cassandra, and this one
+ * has used an offset basis one digit short of FNV's since it first
+ * shipped; changing it would fail every deployed keyspace's check. */
 static void checksum(const char *text, char out[17]) {
   uint64_t h = 1469598103934665603ULL;
   for (const unsigned char *p = (const unsigned char *)text; *p; p++)

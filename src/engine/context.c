@@ -5,8 +5,10 @@
  * slot's own lock guards its fields. Chunks are published once (atomic
  * pointers) and never freed, so a stale handle can always be checked.
  */
+#include <errno.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "../util/util.h"
 #include "context.h"
@@ -112,4 +114,75 @@ pr__ctx_t *pr__ctx_lock(const prosody_context_t *handle) {
     return NULL;
   }
   return slot;
+}
+PROSODY_EXPORT int prosody_should_cancel(const prosody_context_t *ctx) {
+  pr__ctx_t *slot = pr__ctx_lock(ctx);
+  int cancelled;
+  if (!slot)
+    return 1; /* stale: its invocation is over */
+  cancelled = slot->cancelled;
+  pthread_mutex_unlock(&slot->lock);
+  return cancelled;
+}
+
+PROSODY_EXPORT prosody_err_t prosody_context_on_cancel(prosody_context_t *ctx,
+                                                       prosody_cancel_cb cb,
+                                                       void *opaque) {
+  pr__ctx_t *slot;
+  if (!ctx)
+    return PROSODY_ERR_INVALID_ARG;
+  if (!(slot = pr__ctx_lock(ctx)))
+    return PROSODY_ERR_STATE;
+  if (slot->finished) {
+    pthread_mutex_unlock(&slot->lock);
+    return PROSODY_ERR_STATE;
+  }
+  slot->cancel_cb = NULL;
+  slot->cancel_opaque = NULL;
+  if (cb && slot->cancelled) {
+    cb(ctx, opaque); /* lock held, as pr__dispatch_cancel() calls it */
+  } else {
+    slot->cancel_cb = cb;
+    slot->cancel_opaque = opaque;
+  }
+  pthread_mutex_unlock(&slot->lock);
+  return PROSODY_OK;
+}
+
+PROSODY_EXPORT int prosody_wait_cancel(prosody_context_t *ctx,
+                                       int64_t timeout_ms) {
+  struct timespec ts;
+  pr__ctx_t *slot;
+  uint64_t gen;
+  int cancelled;
+  if (timeout_ms >= 0) /* capped at ~31 years so the ns cannot overflow */
+    pr__deadline_after(CLOCK_REALTIME,
+                       (timeout_ms < INT64_C(1000000000000)
+                            ? timeout_ms
+                            : INT64_C(1000000000000)) *
+                           1000000,
+                       &ts);
+  if (!(slot = pr__ctx_lock(ctx)))
+    return 1;
+  gen = slot->gen;
+  /* A release (new generation) ends the wait too: the invocation is over. */
+  while (!slot->cancelled && slot->gen == gen) {
+    if (timeout_ms < 0)
+      pthread_cond_wait(&slot->cond, &slot->lock);
+    else if (pthread_cond_timedwait(&slot->cond, &slot->lock, &ts) == ETIMEDOUT)
+      break;
+  }
+  cancelled = slot->cancelled || slot->gen != gen;
+  pthread_mutex_unlock(&slot->lock);
+  return cancelled;
+}
+
+PROSODY_EXPORT void prosody_context_set_error(prosody_context_t *ctx,
+                                              const char *message) {
+  pr__ctx_t *slot = pr__ctx_lock(ctx);
+  if (!slot)
+    return;
+  free(slot->error);
+  slot->error = message ? strdup(message) : NULL;
+  pthread_mutex_unlock(&slot->lock);
 }

@@ -11,11 +11,15 @@
 
 typedef struct pr__engine pr__engine_t;
 
-/* Creates the consumer and starts the engine thread. `st` and `producer`
- * must outlive the engine. NULL on error (errstr). */
-pr__engine_t *pr__engine_start(const pr__settings_t *st, const char *bootstrap,
+/* Opens the timer store, creates the consumer and starts the engine
+ * thread (*engine). `st` and `producer` must outlive the engine. Errors
+ * keep their class: PROSODY_ERR_CONFIG (e.g. cassandra_nodes missing, a
+ * Kafka setting refused), PROSODY_ERR_TRANSIENT (Cassandra unreachable),
+ * PROSODY_ERR_NOMEM. */
+prosody_err_t pr__engine_start(const pr__settings_t *st, const char *bootstrap,
                                pr__producer_t *producer,
-                               const prosody_handler_t *handler, char *errstr,
+                               const prosody_handler_t *handler,
+                               pr__engine_t **engine, char *errstr,
                                size_t errstr_size);
 /* Graceful shutdown (phases per shutdown_timeout), then frees the engine.
  * Blocks. */

@@ -40,6 +40,16 @@ int pr__kafka_destroy_bounded(rd_kafka_t *rk, int timeout_ms, const char *what);
 /* Joins a host:port list with commas into a new string. */
 char *pr__join_list(char **items, size_t n);
 
+/* ---- consumer.c ---- */
+
+/* The consumer's configuration (common settings plus group, offsets,
+ * assignment strategy and session) for the settings `st`; NULL on error
+ * (errstr). The caller adds its callbacks. */
+struct pr__settings;
+rd_kafka_conf_t *pr__kafka_consumer_conf(const struct pr__settings *st,
+                                         const char *bootstrap, char *errstr,
+                                         size_t errstr_size);
+
 /* ---- mock.c: the process-wide mock cluster ----
  * Owned by mock.c; every function is thread-safe (one mutex). The cluster is
  * created on first use and destroyed at process exit. */

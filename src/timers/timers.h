@@ -162,4 +162,18 @@ pr__tstore_t *pr__cqlstore_new(const struct pr__cql_conf *conf,
                                void (*wake)(void *), void *wake_arg,
                                char *errstr, size_t errstr_size);
 
+/* Opens the store the settings ask for: memory in mock mode, when the
+ * handler has no on_timer (`uses_timers` 0) or for a test that asks for
+ * it; else Cassandra, after migrating its keyspace (blocking). Errors:
+ * PROSODY_ERR_CONFIG (cassandra_nodes missing), PROSODY_ERR_TRANSIENT
+ * (Cassandra unreachable or failing), PROSODY_ERR_NOMEM. */
+struct pr__settings;
+prosody_err_t pr__tstore_open(const struct pr__settings *st, int uses_timers,
+                              int64_t slab_s, void (*wake)(void *),
+                              void *wake_arg, pr__tstore_t **out, char *errstr,
+                              size_t errstr_size);
+/* The Cassandra settings as the CQL client takes them (pointers into
+ * `st`). */
+struct pr__cql_conf pr__cql_conf_of(const struct pr__settings *st);
+
 #endif /* PR_TIMERS_H */

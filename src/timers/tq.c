@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../util/util.h"
 #include "timers.h"
 
 typedef struct tkey tkey_t;
@@ -32,13 +33,6 @@ struct pr__tq {
   entry_t **heap;
   size_t n, cap;
 };
-
-static uint64_t hash_str(const char *s) {
-  uint64_t h = 1469598103934665603ULL;
-  for (; *s; s++)
-    h = (h ^ (unsigned char)*s) * 1099511628211ULL;
-  return h;
-}
 
 pr__tq_t *pr__tq_new(void) {
   pr__tq_t *tq = calloc(1, sizeof(*tq));
@@ -79,7 +73,7 @@ size_t pr__tq_size(const pr__tq_t *tq) { return tq->n; }
 /* --- keys --------------------------------------------------------------- */
 
 static tkey_t *key_find(const pr__tq_t *tq, const char *key) {
-  tkey_t *k = tq->buckets[hash_str(key) % tq->nbuckets];
+  tkey_t *k = tq->buckets[pr__fnv1a_str(key) % tq->nbuckets];
   for (; k; k = k->next)
     if (!strcmp(k->key, key))
       return k;
@@ -94,7 +88,7 @@ static void key_grow(pr__tq_t *tq) {
   for (size_t i = 0; i < tq->nbuckets; i++) {
     tkey_t *k = tq->buckets[i], *kn;
     for (; k; k = kn) {
-      size_t h = hash_str(k->key) % n;
+      size_t h = pr__fnv1a_str(k->key) % n;
       kn = k->next;
       k->next = b[h];
       b[h] = k;
@@ -117,7 +111,7 @@ static tkey_t *key_get(pr__tq_t *tq, const char *key) {
     free(k);
     return NULL;
   }
-  h = hash_str(key) % tq->nbuckets;
+  h = pr__fnv1a_str(key) % tq->nbuckets;
   k->next = tq->buckets[h];
   tq->buckets[h] = k;
   tq->nkeys++;
@@ -128,7 +122,7 @@ static void key_drop_if_empty(pr__tq_t *tq, tkey_t *k) {
   tkey_t **pp;
   if (k->head)
     return;
-  pp = &tq->buckets[hash_str(k->key) % tq->nbuckets];
+  pp = &tq->buckets[pr__fnv1a_str(k->key) % tq->nbuckets];
   while (*pp && *pp != k)
     pp = &(*pp)->next;
   if (*pp)

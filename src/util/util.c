@@ -162,3 +162,31 @@ void pr__strset_clear(pr__strset_t *set) {
   set->v = NULL;
   set->n = 0;
 }
+
+char *pr__strndup(const void *p, size_t n) {
+  char *s = malloc(n + 1);
+  if (s) {
+    if (n)
+      memcpy(s, p, n);
+    s[n] = '\0';
+  }
+  return s;
+}
+
+#define FNV_OFFSET UINT64_C(14695981039346656037)
+#define FNV_PRIME UINT64_C(1099511628211)
+
+uint64_t pr__fnv1a(const void *p, size_t n) {
+  const unsigned char *b = p;
+  uint64_t h = FNV_OFFSET;
+  for (size_t i = 0; i < n; i++)
+    h = (h ^ b[i]) * FNV_PRIME;
+  return h;
+}
+
+uint64_t pr__fnv1a_str(const char *s) {
+  uint64_t h = FNV_OFFSET;
+  for (; *s; s++)
+    h = (h ^ (unsigned char)*s) * FNV_PRIME;
+  return h;
+}

@@ -22,6 +22,12 @@ void pr__errf(char *errstr, size_t errstr_size, const char *fmt, ...)
 
 /* strdup that returns NULL for NULL. */
 char *pr__strdup(const char *s);
+/* A NUL-terminated copy of `n` bytes at `p` (which need not be); NULL when
+ * out of memory. */
+char *pr__strndup(const void *p, size_t n);
+/* 64-bit FNV-1a of `n` bytes, and of a NUL-terminated string. */
+uint64_t pr__fnv1a(const void *p, size_t n);
+uint64_t pr__fnv1a_str(const char *s);
 
 /* 1 if the `len` bytes at `s` are valid UTF-8 (no overlongs, no surrogates,
  * nothing above U+10FFFF), 0 otherwise. */

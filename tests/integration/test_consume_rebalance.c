@@ -16,6 +16,7 @@
 #include <stdatomic.h>
 #include <sys/wait.h>
 
+#include "config/config.h"
 #include "harness.h"
 
 #define N 3000
@@ -86,8 +87,12 @@ static int child_main(const char *bootstrap, const char *topic,
     const char *nodes = getenv("PROSODY_TEST_CASSANDRA_NODES");
     t_set(conf, "cassandra_nodes", nodes && *nodes ? nodes : "127.0.0.1:9042");
     t_set(conf, "cassandra_keyspace", "prosody_test");
-  } else { /* joins the mock cluster by address: no Cassandra here */
-    setenv("PROSODY_TEST_MEMORY_TIMERS", "1", 1);
+  } else {
+    /* Joins the mock cluster by address (so mock is false): no Cassandra
+     * here, and the mock's short session like A and B (a dead member with
+     * Kafka's default 45 s session can stall the mock's group). */
+    pr__test_opts_t test = {.memory_timers = 1, .session_timeout_ms = 6000};
+    pr__config_set_test(conf, &test);
   }
   c = prosody_client_new(conf, err, sizeof(err));
   if (!c || prosody_subscribe(c, &h, err, sizeof(err)))
@@ -204,10 +209,6 @@ int main(int argc, char **argv) {
   CHECK(child >= 0, "fork");
   if (child == 0) {
     dup2(pipefd[1], STDOUT_FILENO);
-    /* On the mock, give C the mock's short session like A and B (a dead
-     * member with Kafka's default 45 s session can stall the mock's group). */
-    if (!t_real_bootstrap())
-      setenv("PROSODY_TEST_SESSION_TIMEOUT_MS", "6000", 1);
     close(pipefd[0]);
     execl(exe, exe, "--child", t_bootstrap(), topic, group, (char *)NULL);
     _exit(127);

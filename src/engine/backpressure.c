@@ -1,0 +1,46 @@
+/*
+ * backpressure.c - per-partition backpressure: when a partition stops
+ * being read and when it is read again.
+ *
+ * Threads: the engine thread (the predicates are pure).
+ */
+#include "internal.h"
+
+/* At the limit: max_uncommitted unfinished events (messages and timers),
+ * or the offset window full. */
+int pr__bp_over(int invs, size_t window, int max_uncommitted) {
+  return invs >= max_uncommitted ||
+         window >= (size_t)max_uncommitted * PR_WINDOW_FACTOR;
+}
+
+/* Back at half of both. */
+int pr__bp_under_half(int invs, size_t window, int max_uncommitted) {
+  return invs <= max_uncommitted / 2 &&
+         window <= (size_t)max_uncommitted * PR_WINDOW_FACTOR / 2;
+}
+
+/* Backpressure, per partition: at the limit the partition stops (its
+ * queue is not read, its timers do not fire); at half of it, it is read
+ * again. Other partitions are not affected: their records arrive on
+ * queues of their own. */
+void pr__bp_check(pr__engine_t *eng, part_t *part) {
+  if (!part->stopped &&
+      pr__bp_over(part->invs, part->tracker.len, eng->max_uncommitted)) {
+    part->stopped = 1;
+    PR_DEBUG("engine",
+             "backpressure: %s[%d] has %d unfinished events, %zu uncommitted "
+             "offsets",
+             part->topic, part->partition, part->invs, part->tracker.len);
+  } else if (part->stopped && pr__bp_under_half(part->invs, part->tracker.len,
+                                                eng->max_uncommitted)) {
+    part->stopped = 0;
+    PR_DEBUG("engine", "backpressure released: %s[%d]", part->topic,
+             part->partition);
+    /* Its queue holds records that no wake-up announces any more (the
+     * pipe is written only when a queue turns non-empty): read it. */
+    if (!eng->resumed) {
+      eng->resumed = 1;
+      uv_async_send(&eng->wake);
+    }
+  }
+}

@@ -1,0 +1,104 @@
+/*
+ * deadletter.c - sending a failed record to failure_topic with its
+ * source-* headers (low-latency mode), and what its delivery report does.
+ *
+ * Threads: the engine thread, except dlq_cb() (librdkafka's producer
+ * thread: it posts to the mailbox).
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "internal.h"
+
+void pr__dlq_rfc3339(int64_t ms, char *buf, size_t n) {
+  time_t s = (time_t)(ms / 1000);
+  struct tm tm;
+  char base[32];
+  gmtime_r(&s, &tm);
+  strftime(base, sizeof(base), "%Y-%m-%dT%H:%M:%S", &tm);
+  snprintf(buf, n, "%s.%03dZ", base, (int)(ms % 1000));
+}
+
+static void dlq_cb(prosody_err_t err, const char *errstr,
+                   const prosody_delivery_t *d, void *opaque) {
+  inv_t *inv = opaque;
+  (void)d;
+  inv->dlq_err = err;
+  free(inv->dlq_errstr);
+  inv->dlq_errstr = errstr ? strdup(errstr) : NULL;
+  inv->mail.kind = MAIL_DLQ;
+  pr__mail_post(inv->eng, &inv->mail);
+}
+
+/* Sends the record to failure_topic with the source-* headers. */
+void pr__dlq_send(inv_t *inv) {
+  pr__engine_t *eng = inv->eng;
+  rd_kafka_headers_t *h = rd_kafka_headers_new(8);
+  prosody_trace_t trace = {NULL, NULL, NULL};
+  char num[32], stamp[40], err[512];
+  const void *v;
+  size_t len;
+  char *tp = NULL, *ts = NULL, *bg = NULL;
+  prosody_err_t e;
+
+  inv->state = INV_DLQ;
+  inv->part->active++;
+  eng->dlq_inflight++;
+  rd_kafka_header_add(h, "source-kind", -1, "message", -1);
+  rd_kafka_header_add(h, "source-topic", -1, inv->msg.topic, -1);
+  snprintf(num, sizeof(num), "%d", inv->msg.partition);
+  rd_kafka_header_add(h, "source-partition", -1, num, -1);
+  snprintf(num, sizeof(num), "%lld", (long long)inv->msg.offset);
+  rd_kafka_header_add(h, "source-offset", -1, num, -1);
+  pr__dlq_rfc3339(inv->msg.timestamp >= 0 ? inv->msg.timestamp : pr__wall_ms(),
+                  stamp, sizeof(stamp));
+  rd_kafka_header_add(h, "source-timestamp", -1, stamp, -1);
+  rd_kafka_header_add(h, "source-group-id", -1, eng->group_id, -1);
+  rd_kafka_header_add(h, "source-error", -1,
+                      inv->result_error ? inv->result_error : "(no message)",
+                      -1);
+  if (inv->msg.headers) {
+    if (!rd_kafka_header_get_last(inv->msg.headers, "traceparent", &v, &len))
+      trace.traceparent = tp = pr__strndup(v, len);
+    if (!rd_kafka_header_get_last(inv->msg.headers, "tracestate", &v, &len))
+      trace.tracestate = ts = pr__strndup(v, len);
+    if (!rd_kafka_header_get_last(inv->msg.headers, "baggage", &v, &len))
+      trace.baggage = bg = pr__strndup(v, len);
+    if (tp && pr__traceparent_check(tp, err, sizeof(err)))
+      trace.traceparent = NULL; /* never fail a dead letter on a bad header */
+  }
+  e = pr__producer_send_async_ex(
+      eng->producer, PR_CFG_STR(eng->st, FAILURE_TOPIC), inv->msg.key,
+      inv->msg.payload, &trace, h, dlq_cb, inv, err, sizeof(err));
+  rd_kafka_headers_destroy(h);
+  free(tp);
+  free(ts);
+  free(bg);
+  if (e) /* not queued: report like a failed delivery */
+    dlq_cb(e, err, NULL, inv);
+}
+
+void pr__dlq_done(inv_t *inv) {
+  pr__engine_t *eng = inv->eng;
+  inv->part->active--;
+  eng->dlq_inflight--;
+  if (!inv->dlq_err) {
+    pr__outcome_finish(inv,
+                       1); /* committed only once the dead letter is written */
+    return;
+  }
+  if (eng->phase != PH_RUNNING || inv->part->revoking || inv->part->zombie) {
+    pr__outcome_finish(inv, 0);
+    return;
+  }
+  PR_ERROR("engine",
+           "%s[%d] offset %lld: could not write to failure topic %s: %s; "
+           "retrying",
+           inv->msg.topic, inv->msg.partition, (long long)inv->msg.offset,
+           PR_CFG_STR(eng->st, FAILURE_TOPIC),
+           inv->dlq_errstr ? inv->dlq_errstr : "");
+  /* Stay in the DLQ state: on_retry sends again. */
+  pr__outcome_arm_retry(inv, pr__outcome_backoff_ms(eng, ++inv->attempt));
+  inv->state = INV_DLQ;
+}

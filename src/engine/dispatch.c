@@ -1,0 +1,264 @@
+/*
+ * dispatch.c - from a key's queue to a handler and back: the limiter
+ * (max_concurrency), the hand-off to the worker pool (or the async
+ * handler), handler timeouts, cancellation and completion.
+ *
+ * Threads: the engine thread, except run_handler() (a worker, or the
+ * engine thread for an asynchronous handler) and complete_attempt() /
+ * prosody_complete() (any thread: they post to the mailbox).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* Cancels the running attempt's context (engine thread), and calls its
+ * prosody_context_on_cancel() callback once, with the slot's lock held. */
+void pr__dispatch_cancel(inv_t *inv) {
+  pr__ctx_t *slot = inv->cslot;
+  prosody_cancel_cb cb;
+  if (!slot)
+    return;
+  pthread_mutex_lock(&slot->lock);
+  slot->cancelled = 1;
+  cb = slot->cancel_cb; /* NULL once the attempt has finished */
+  slot->cancel_cb = NULL;
+  if (cb)
+    cb(inv->ctx, slot->cancel_opaque);
+  pthread_cond_broadcast(&slot->cond);
+  pthread_mutex_unlock(&slot->lock);
+}
+
+/* Records the attempt's result exactly once (any thread); -1 for a stale
+ * context or a second result. */
+static int complete_attempt(prosody_context_t *ctx, prosody_result_t result,
+                            const char *message) {
+  pr__ctx_t *slot = pr__ctx_lock(ctx);
+  inv_t *inv;
+  if (!slot)
+    return -1;
+  if (slot->finished) {
+    pthread_mutex_unlock(&slot->lock);
+    return -1;
+  }
+  slot->finished = 1;
+  slot->cancel_cb = NULL; /* finished: a later cancel is not reported */
+  inv = slot->owner;
+  if (result != PROSODY_SUCCESS && result != PROSODY_PERMANENT)
+    result = PROSODY_TRANSIENT; /* a failure without a class */
+  if (result == PROSODY_SUCCESS && inv->msg.json &&
+      !(inv->eng->handler.flags & PROSODY_HANDLER_ASYNC)) {
+    /* Not needed any more (a failure keeps it for the retry): a worker
+     * frees it here rather than the engine thread. An asynchronous
+     * handler's completing thread is the host's event loop: the engine
+     * frees it there instead (the tree was allocated on the engine thread,
+     * and freeing it on the loop cost the Python binding a quarter of its
+     * loop thread, mostly waiting on malloc's lock). */
+    json_decref(inv->msg.json);
+    inv->msg.json = NULL;
+  }
+  inv->result = result;
+  free(inv->result_error);
+  inv->result_error = message       ? strdup(message)
+                      : slot->error ? strdup(slot->error)
+                                    : NULL;
+  pthread_mutex_unlock(&slot->lock);
+  inv->mail.kind = MAIL_DONE;
+  pr__mail_post(inv->eng, &inv->mail);
+  return 0;
+}
+
+static void run_handler(void *arg) {
+  inv_t *inv = arg;
+  prosody_handler_t *h = &inv->eng->handler;
+  prosody_context_t *ctx = inv->ctx; /* inv may be gone once completed */
+  prosody_result_t r;
+  if (inv->unprepared)
+    pr__decode_prepare(inv);
+  if (inv->skip) {
+    r = PROSODY_SUCCESS; /* pr__outcome_handler_done commits past it */
+  } else if (!inv->is_timer) {
+    r = h->on_message(ctx, &inv->msg, h->opaque);
+  } else if (h->on_timer) {
+    r = h->on_timer(ctx, &inv->tmr, h->opaque);
+  } else {
+    PR_WARN("engine",
+            "timer of key \"%.64s\" at %lld fired but the handler has no "
+            "on_timer; dropping it",
+            inv->msg.key, (long long)inv->time_s);
+    r = PROSODY_SUCCESS;
+  }
+  if (r != PROSODY_PENDING)
+    complete_attempt(ctx, r, NULL);
+}
+
+/* Leaves the deadline list (engine thread). The loop timer stays armed for
+ * the old head: on_timeout re-arms it for the new one. */
+void pr__dispatch_untime(inv_t *inv) {
+  pr__engine_t *eng = inv->eng;
+  if (!inv->timed)
+    return;
+  if (inv->tprev)
+    inv->tprev->tnext = inv->tnext;
+  else
+    eng->tmo_head = inv->tnext;
+  if (inv->tnext)
+    inv->tnext->tprev = inv->tprev;
+  else
+    eng->tmo_tail = inv->tprev;
+  inv->tprev = inv->tnext = NULL;
+  inv->timed = 0;
+}
+
+static void on_timeout(uv_timer_t *t) {
+  pr__engine_t *eng = t->data;
+  int64_t now = pr__now_ns();
+  inv_t *inv;
+  char what[160];
+  while ((inv = eng->tmo_head) && inv->deadline_ns <= now) {
+    pr__dispatch_untime(inv);
+    PR_WARN("engine", "handler for %s exceeded its timeout; cancelling it",
+            pr__inv_describe(inv, what, sizeof(what)));
+    pr__dispatch_cancel(inv);
+  }
+  if (inv) /* ms, rounded up so the head has expired when it fires */
+    uv_timer_start(&eng->tmo, on_timeout,
+                   (uint64_t)((inv->deadline_ns - now + 999999) / 1000000), 0);
+}
+
+/* Joins the deadline list (engine thread). */
+static void tmo_link(inv_t *inv) {
+  pr__engine_t *eng = inv->eng;
+  inv->deadline_ns = pr__now_ns() + eng->timeout_ms * 1000000;
+  inv->tnext = NULL;
+  inv->tprev = eng->tmo_tail;
+  if (eng->tmo_tail)
+    eng->tmo_tail->tnext = inv;
+  else
+    eng->tmo_head = inv;
+  eng->tmo_tail = inv;
+  inv->timed = 1;
+  if (!uv_is_active((uv_handle_t *)&eng->tmo))
+    uv_timer_start(&eng->tmo, on_timeout, (uint64_t)eng->timeout_ms, 0);
+}
+
+static void start(inv_t *inv) {
+  pr__engine_t *eng = inv->eng;
+  inv->state = INV_RUNNING;
+  inv->attempt++;
+  inv->part->active++;
+  eng->running++;
+  /* Each attempt gets a fresh context: one kept from an earlier attempt
+   * is stale. */
+  if (inv->cslot)
+    pr__ctx_release(inv->cslot);
+  inv->ctx = pr__ctx_acquire(inv, &inv->cslot);
+  if (!inv->ctx) {
+    inv->cslot = NULL;
+    inv->result = PROSODY_TRANSIENT;
+    free(inv->result_error);
+    inv->result_error = strdup("out of memory (no handler context)");
+    inv->mail.kind = MAIL_DONE;
+    pr__mail_post(eng, &inv->mail);
+    return;
+  }
+  if (eng->timeout_ms > 0)
+    tmo_link(inv);
+  if (eng->pool) {
+    if (pr__pool_submit(eng->pool, run_handler, inv))
+      complete_attempt(inv->ctx, PROSODY_TRANSIENT, "out of memory");
+  } else {
+    run_handler(inv); /* async: must hand over and return quickly */
+  }
+}
+
+/* Starts the event when the limiter allows, else queues it as ready. A
+ * timer unscheduled while it waited is skipped. */
+void pr__dispatch_schedule(inv_t *inv) {
+  pr__engine_t *eng = inv->eng;
+  /* Iteratively: a key may have many dropped timers queued. */
+  while (inv->is_timer && inv->dropped)
+    if (!(inv = pr__outcome_finish_detach(inv, 0)))
+      return;
+  if (eng->running < eng->max_concurrency) {
+    start(inv);
+    return;
+  }
+  pr__inv_release_rkm(inv);
+  inv->state = INV_READY;
+  inv->rnext = NULL;
+  if (eng->ready_tail)
+    eng->ready_tail->rnext = inv;
+  else
+    eng->ready_head = inv;
+  eng->ready_tail = inv;
+}
+
+void pr__dispatch_start_ready(pr__engine_t *eng) {
+  while (eng->running < eng->max_concurrency && eng->ready_head) {
+    inv_t *inv = eng->ready_head;
+    eng->ready_head = inv->rnext;
+    if (!eng->ready_head)
+      eng->ready_tail = NULL;
+    if (inv->is_timer && inv->dropped)
+      pr__outcome_finish(inv, 0);
+    else
+      start(inv);
+  }
+}
+
+/* Removes every ready event of `part` (NULL: all) from the ready FIFO. */
+void pr__dispatch_ready_remove(pr__engine_t *eng, part_t *part) {
+  inv_t **pp = &eng->ready_head;
+  eng->ready_tail = NULL;
+  while (*pp) {
+    if (!part || (*pp)->part == part) {
+      (*pp)->state = INV_QUEUED;
+      *pp = (*pp)->rnext;
+    } else {
+      eng->ready_tail = *pp;
+      pp = &(*pp)->rnext;
+    }
+  }
+}
+
+/* Appends a new event (message or timer) to its key's FIFO, counting it
+ * against max_uncommitted (its partition stops at the limit), and starts
+ * it if it is the key's head. */
+void pr__dispatch_enqueue(inv_t *inv) {
+  pr__engine_t *eng = inv->eng;
+  part_t *part = inv->part;
+  kq_t *kq;
+  char ev[160];
+  part->invs++;
+  kq = inv->msg.key && (inv->is_timer || inv->msg.payload)
+           ? pr__kq_get(part, inv->msg.key, 1)
+           : NULL;
+  if (!kq) {
+    PR_ERROR("engine", "out of memory queueing %s",
+             pr__inv_describe(inv, ev, sizeof(ev)));
+    pr__outcome_finish(inv, 0);
+    return;
+  }
+  inv->kq = kq;
+  inv->state = INV_QUEUED;
+  if (kq->tail) {
+    pr__inv_release_rkm(inv);
+    kq->tail->next = inv;
+    kq->tail = inv;
+  } else {
+    kq->head = kq->tail = inv;
+    if (eng->phase == PH_RUNNING && !part->held)
+      pr__dispatch_schedule(inv);
+  }
+  pr__bp_check(eng, part);
+}
+
+PROSODY_EXPORT prosody_err_t prosody_complete(prosody_context_t *ctx,
+                                              prosody_result_t result,
+                                              const char *message) {
+  if (!ctx || result == PROSODY_PENDING)
+    return PROSODY_ERR_INVALID_ARG;
+  return complete_attempt(ctx, result, message) ? PROSODY_ERR_STATE
+                                                : PROSODY_OK;
+}

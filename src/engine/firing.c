@@ -1,0 +1,347 @@
+/*
+ * firing.c - durable timers on the engine side: loading each partition's
+ * slabs from the timer store, turning due timers into events in their
+ * key's queue, and deleting them from the store once handled.
+ *
+ * Threads: the engine thread only (the store answers through the mailbox).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+pr__tseg_t pr__firing_seg(const char *topic, int32_t partition) {
+  pr__tseg_t g = {topic, partition};
+  return g;
+}
+
+static void store_log_cb(void *arg, prosody_err_t err, const char *errstr) {
+  if (err)
+    PR_ERROR("timers", "%s: %s", (const char *)arg,
+             errstr ? errstr : prosody_err_name(err));
+}
+
+/* The firing event of (key, time) in `part`, or NULL. */
+inv_t *pr__firing_find(part_t *part, const char *key, int64_t time_s) {
+  kq_t *kq = pr__kq_get(part, key, 0);
+  for (inv_t *i = kq ? kq->head : NULL; i; i = i->next)
+    if (i->is_timer && i->time_s == time_s)
+      return i;
+  return NULL;
+}
+
+/* Deleted while the load that found it was in flight? */
+static int deleted_meanwhile(const part_t *part, const char *key,
+                             int64_t time_s) {
+  int64_t *keeps;
+  size_t n;
+  int gone = 0;
+  if (part->tombs && pr__tq_contains(part->tombs, key, time_s))
+    return 1;
+  if (!part->clears || pr__tq_key_times(part->clears, key, &keeps, &n))
+    return 0;
+  for (size_t i = 0; i < n; i++)
+    gone |= keeps[i] != time_s;
+  free(keeps);
+  return gone;
+}
+
+/* A stored timer was found by a load: queue it unless it is firing. */
+static void timer_loaded(part_t *part, const char *key, int64_t time_s) {
+  if (pr__firing_find(part, key, time_s))
+    return;
+  if (pr__tq_add(part->tq, key, time_s) < 0)
+    PR_ERROR("timers", "out of memory loading a timer of %s[%d]", part->topic,
+             part->partition);
+}
+
+/* A timer was written by a handler: queue it if its slab is loaded (or
+ * loading); a firing one of the same second is rearmed (or undropped). */
+void pr__firing_written(pr__engine_t *eng, part_t *part, const char *key,
+                        int64_t time_s) {
+  inv_t *f = pr__firing_find(part, key, time_s);
+  if (f) {
+    if (f->state == INV_QUEUED || f->state == INV_READY)
+      f->dropped = 0;
+    else
+      f->rearmed = 1;
+    return;
+  }
+  if (pr__slab_of(time_s, eng->slab_s) <= part->horizon)
+    timer_loaded(part, key, time_s);
+}
+
+/* Timers of `key` were deleted: (key, time_s), or all but `keep_s` when
+ * `time_s` is -1. */
+void pr__firing_deleted(part_t *part, const char *key, int64_t time_s,
+                        int64_t keep_s) {
+  kq_t *kq;
+  /* A load in flight may have read the store before this delete: remember
+   * it, so the load's result does not bring the timer back. */
+  if (part->loads > 0) {
+    pr__tq_t **set = time_s >= 0 ? &part->tombs : &part->clears;
+    if ((*set || (*set = pr__tq_new())) &&
+        pr__tq_add(*set, key, time_s >= 0 ? time_s : keep_s) < 0)
+      PR_ERROR("timers", "out of memory recording a deleted timer");
+  }
+  if (time_s >= 0)
+    pr__tq_remove(part->tq, key, time_s);
+  else
+    pr__tq_remove_key(part->tq, key, keep_s);
+  kq = pr__kq_get(part, key, 0);
+  for (inv_t *i = kq ? kq->head : NULL; i; i = i->next) {
+    if (!i->is_timer ||
+        (time_s >= 0 ? i->time_s != time_s : i->time_s == keep_s))
+      continue;
+    if (i->state == INV_QUEUED || i->state == INV_READY)
+      i->dropped = 1;
+    else
+      i->rearmed = 0;
+  }
+}
+
+/* A timer event ends (from pr__outcome_finish()). */
+void pr__firing_finished(inv_t *inv, int commit) {
+  pr__engine_t *eng = inv->eng;
+  part_t *part = inv->part;
+  pr__tseg_t seg = pr__firing_seg(part->topic, part->partition);
+  if (!commit || !eng->store)
+    return; /* aborted, or dropped (already deleted); or stopped: it fires
+               again on the next load */
+  if (inv->deleted)
+    return;
+  if (inv->rearmed) {
+    if (!part->revoking && !part->zombie &&
+        pr__tq_add(part->tq, inv->msg.key, inv->time_s) < 0)
+      PR_ERROR("timers", "out of memory re-queueing a timer of %s[%d]",
+               part->topic, part->partition);
+    return;
+  }
+  eng->store->ops->del(eng->store, &seg, inv->msg.key, inv->time_s,
+                       PR_TIMER_APPLICATION, store_log_cb,
+                       "could not delete a fired timer (it may fire again)");
+}
+
+static void timer_deleted_cb(void *arg, prosody_err_t err, const char *errstr) {
+  inv_t *inv = arg;
+  char ev[160];
+  inv->part->active--;
+  inv->eng->dlq_inflight--;
+  if (err)
+    PR_ERROR("timers",
+             "%s: could not delete the fired timer (it may fire "
+             "again): %s",
+             pr__inv_describe(inv, ev, sizeof(ev)),
+             errstr ? errstr : prosody_err_name(err));
+  inv->deleted = 1;
+  pr__outcome_finish(inv, 1);
+}
+
+/* A timer event is done: delete it from the store, then finish it, so the
+ * key's next event sees it gone. Counted as active (a drain waits for it)
+ * and as in flight (the engine is not freed under it). */
+void pr__firing_delete(inv_t *inv) {
+  pr__engine_t *eng = inv->eng;
+  pr__tseg_t seg = pr__firing_seg(inv->part->topic, inv->part->partition);
+  inv->state = INV_DLQ;
+  inv->part->active++;
+  eng->dlq_inflight++;
+  eng->store->ops->del(eng->store, &seg, inv->msg.key, inv->time_s,
+                       PR_TIMER_APPLICATION, timer_deleted_cb, inv);
+}
+
+/* Room for another timer event in `part`: not while the partition is
+ * stopped for backpressure (until it is released at half the limit), so
+ * that due timers cannot keep its budget full and starve the messages
+ * waiting in its queue. Every change of a partition's counts is followed
+ * by pr__bp_check(), so `stopped` says whether it is at the limit.
+ * Other partitions' timers fire meanwhile. */
+static int timer_room(const part_t *part) { return !part->stopped; }
+
+static void on_fire(uv_timer_t *t);
+
+/* Arms the loop's timer for the earliest loaded timer of the partitions
+ * with room. A stopped partition's timers wait for its release, which
+ * reads the queues and calls pr__firing_due(). */
+void pr__firing_arm(pr__engine_t *eng) {
+  int64_t next = -1, delay;
+  if (eng->phase == PH_RUNNING)
+    for (part_t *part = eng->parts; part; part = part->next) {
+      int64_t t = part->tq && !part->revoking && timer_room(part)
+                      ? pr__tq_next_time(part->tq)
+                      : -1;
+      if (t >= 0 && (next < 0 || t < next))
+        next = t;
+    }
+  if (next < 0) {
+    uv_timer_stop(&eng->tfire);
+    return;
+  }
+  delay = next * 1000 - pr__wall_ms();
+  uv_timer_start(&eng->tfire, on_fire, delay > 0 ? (uint64_t)delay : 0, 0);
+}
+
+/* Turns due timers into events, within max_uncommitted. */
+void pr__firing_due(pr__engine_t *eng) {
+  int64_t now_s = pr__wall_ms() / 1000;
+  if (eng->phase != PH_RUNNING)
+    return;
+  for (part_t *part = eng->parts; part; part = part->next) {
+    char *key;
+    int64_t t;
+    if (part->revoking || !part->tq)
+      continue;
+    while (timer_room(part) && pr__tq_pop_due(part->tq, now_s, &key, &t) > 0) {
+      inv_t *inv = calloc(1, sizeof(*inv));
+      if (!inv) {
+        (void)pr__tq_add(part->tq, key, t); /* try again later */
+        free(key);
+        break;
+      }
+      inv->eng = eng;
+      inv->part = part;
+      inv->is_timer = 1;
+      inv->time_s = t;
+      inv->msg.topic = part->topic;
+      inv->msg.partition = part->partition;
+      inv->msg.offset = -1;
+      inv->msg.timestamp = t * 1000;
+      inv->msg.key = key;
+      inv->tmr.key = key;
+      inv->tmr.time_ms = t * 1000;
+      pthread_mutex_init(&inv->msg.hdr_lock, NULL);
+      pr__dispatch_enqueue(inv);
+    }
+  }
+  pr__firing_arm(eng);
+}
+
+static void on_fire(uv_timer_t *t) { pr__firing_due(t->data); }
+
+typedef struct load_req {
+  pr__engine_t *eng;
+  uint64_t gen; /* the assignment it loads for */
+  int32_t partition;
+  char topic[];
+} load_req_t;
+
+static load_req_t *load_req(pr__engine_t *eng, const part_t *part) {
+  size_t n = strlen(part->topic) + 1;
+  load_req_t *r = malloc(sizeof(*r) + n);
+  if (r) {
+    r->eng = eng;
+    r->gen = part->gen;
+    r->partition = part->partition;
+    memcpy(r->topic, part->topic, n);
+  }
+  return r;
+}
+
+/* The partition a load was for, if it is still that assignment. */
+static part_t *load_part(const load_req_t *r) {
+  part_t *part = pr__part_find(r->eng, r->topic, r->partition);
+  return part && part->gen == r->gen ? part : NULL;
+}
+
+/* A listing or load finished: once none runs, forget the deletions. */
+static void load_done(part_t *part) {
+  if (part && --part->loads == 0) {
+    pr__tq_free(part->tombs);
+    pr__tq_free(part->clears);
+    part->tombs = part->clears = NULL;
+  }
+}
+
+static void slab_loaded(void *arg, prosody_err_t err, const char *errstr,
+                        const pr__trec_t *recs, size_t n) {
+  load_req_t *r = arg;
+  pr__engine_t *eng = r->eng;
+  part_t *part = load_part(r);
+  if (err)
+    PR_ERROR("timers",
+             "could not load timers of %s[%d]: %s; they fire after the "
+             "partition is next assigned",
+             r->topic, r->partition, errstr ? errstr : prosody_err_name(err));
+  else if (part && !part->revoking)
+    for (size_t i = 0; i < n; i++)
+      if (recs[i].type == PR_TIMER_APPLICATION &&
+          !deleted_meanwhile(part, recs[i].key, recs[i].time_s))
+        timer_loaded(part, recs[i].key, recs[i].time_s);
+  load_done(part);
+  free(r);
+  pr__firing_arm(eng);
+}
+
+/* Loads slab `slab` of `part` into its time queue. */
+static void load_slab(pr__engine_t *eng, part_t *part, int64_t slab) {
+  load_req_t *r = load_req(eng, part);
+  pr__tseg_t seg = pr__firing_seg(part->topic, part->partition);
+  if (!r) {
+    PR_ERROR("timers", "out of memory loading timers of %s[%d]", part->topic,
+             part->partition);
+    return;
+  }
+  part->loads++;
+  eng->store->ops->load_slab(eng->store, &seg, eng->slab_s, slab, slab_loaded,
+                             r);
+}
+
+static void slabs_listed(void *arg, prosody_err_t err, const char *errstr,
+                         const int64_t *slabs, size_t n) {
+  load_req_t *r = arg;
+  pr__engine_t *eng = r->eng;
+  part_t *part = load_part(r);
+  if (err)
+    PR_ERROR("timers",
+             "could not list the timers of %s[%d]: %s; they fire after the "
+             "partition is next assigned",
+             r->topic, r->partition, errstr ? errstr : prosody_err_name(err));
+  else if (part && !part->revoking)
+    for (size_t i = 0; i < n; i++) /* oldest first: overdue ones fire now */
+      if (slabs[i] <= part->horizon)
+        load_slab(eng, part, slabs[i]);
+  load_done(part);
+  free(r);
+}
+
+/* A partition was assigned: load every stored slab up to the horizon. */
+void pr__firing_assigned(pr__engine_t *eng, part_t *part) {
+  int64_t jitter = eng->slab_s / 10 + 1;
+  pr__tseg_t seg = pr__firing_seg(part->topic, part->partition);
+  load_req_t *r;
+  part->gen = ++eng->part_gen;
+  part->tq = pr__tq_new();
+  part->preload_s = eng->slab_s / 2 + (int64_t)(rand_r(&eng->seed) % jitter);
+  part->horizon =
+      pr__slab_of(pr__wall_ms() / 1000 + part->preload_s, eng->slab_s);
+  if (!part->tq || !(r = load_req(eng, part))) {
+    PR_ERROR("timers", "out of memory: timers of %s[%d] will not fire",
+             part->topic, part->partition);
+    part->horizon = -1;
+    return;
+  }
+  part->loads++; /* the listing counts as a load */
+  eng->store->ops->slabs(eng->store, &seg, eng->slab_s, slabs_listed, r);
+}
+
+/* Loads the slabs that came within the preload window (loop tick). */
+void pr__firing_advance(pr__engine_t *eng) {
+  int64_t now_s = pr__wall_ms() / 1000;
+  for (part_t *part = eng->parts; part; part = part->next) {
+    int64_t target;
+    if (!part->tq || part->revoking || part->horizon < 0)
+      continue;
+    target = pr__slab_of(now_s + part->preload_s, eng->slab_s);
+    while (part->horizon < target)
+      load_slab(eng, part, ++part->horizon);
+  }
+}
+
+/* A partition leaves: drop its loaded timers; the store decides what it
+ * keeps (the memory store forgets them). */
+void pr__firing_released(pr__engine_t *eng, part_t *part) {
+  pr__tseg_t seg = pr__firing_seg(part->topic, part->partition);
+  pr__tq_free(part->tq);
+  part->tq = NULL;
+  eng->store->ops->release(eng->store, &seg);
+}

@@ -1,0 +1,117 @@
+/*
+ * intake.c - from librdkafka's queues to a key queue: polls the consumer
+ * queue and each partition's own queue, checks the key, takes the offset
+ * and copies the record into a new invocation.
+ *
+ * Threads: the engine thread only.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+/* Takes the offset and finishes it at once (filtered or undecodable). */
+static void skip_record(part_t *part, int64_t offset) {
+  if (pr__tracker_take(&part->tracker, offset) == 0 &&
+      pr__tracker_complete(&part->tracker, offset) > 0)
+    part->dirty = 1;
+}
+
+static void intake(pr__engine_t *eng, rd_kafka_message_t *rkm) {
+  const char *topic = rd_kafka_topic_name(rkm->rkt);
+  part_t *part = pr__part_find(eng, topic, rkm->partition);
+  const char *why = NULL;
+  inv_t *inv;
+  int rc;
+
+  if (!part || part->revoking) {
+    rd_kafka_message_destroy(rkm);
+    return;
+  }
+  /* Key present and UTF-8 text, payload present; the payload's JSON and
+   * the filters are checked by pr__decode_prepare(). */
+  if (!rkm->key)
+    why = "no key";
+  else if (!pr__utf8_valid(rkm->key, rkm->key_len) ||
+           memchr(rkm->key, 0, rkm->key_len))
+    why = "key is not valid UTF-8 text";
+  else if (!rkm->payload)
+    why = "no payload";
+  if (why) {
+    PR_WARN("engine",
+            "skipping undecodable record %s[%d] offset %lld: %s; committing "
+            "past it",
+            topic, rkm->partition, (long long)rkm->offset, why);
+    skip_record(part, rkm->offset);
+    pr__bp_check(eng, part); /* behind a stuck record it widens the
+                                      offset window */
+    rd_kafka_message_destroy(rkm);
+    return;
+  }
+
+  rc = pr__tracker_take(&part->tracker, rkm->offset);
+  /* One allocation: the inv, then its key and payload (NUL-terminated). */
+  inv = rc == 0 ? calloc(1, sizeof(*inv) + rkm->key_len + rkm->len + 2) : NULL;
+  if (!inv) {
+    if (rc == 0)
+      PR_ERROR("engine", "out of memory taking %s[%d] offset %lld", topic,
+               rkm->partition, (long long)rkm->offset);
+    rd_kafka_message_destroy(rkm);
+    return;
+  }
+  inv->eng = eng;
+  inv->part = part;
+  inv->msg.topic = part->topic;
+  inv->msg.partition = rkm->partition;
+  inv->msg.offset = rkm->offset;
+  inv->msg.timestamp = rd_kafka_message_timestamp(rkm, NULL);
+  inv->inline_strings = 1;
+  inv->msg.key = (char *)(inv + 1);
+  memcpy(inv->msg.key, rkm->key, rkm->key_len);
+  inv->msg.key[rkm->key_len] = '\0';
+  inv->msg.payload = inv->msg.key + rkm->key_len + 1;
+  memcpy(inv->msg.payload, rkm->payload, rkm->len);
+  inv->msg.payload[rkm->len] = '\0';
+  inv->msg.payload_len = rkm->len;
+  inv->rkm = rkm;
+  inv->unprepared = 1;
+  pthread_mutex_init(&inv->msg.hdr_lock, NULL);
+  pr__dispatch_enqueue(inv);
+}
+
+/* Handles one record or error from a queue. */
+static void take(pr__engine_t *eng, rd_kafka_message_t *rkm) {
+  if (rkm->err) {
+    if (rkm->err != RD_KAFKA_RESP_ERR__PARTITION_EOF)
+      PR_WARN("engine", "consumer: %s", rd_kafka_message_errstr(rkm));
+    rd_kafka_message_destroy(rkm);
+    return;
+  }
+  intake(eng, rkm);
+}
+
+/* Serves the consumer queue (rebalances, errors: always, whatever the
+ * backpressure) and then every partition's own queue that is not stopped,
+ * each until it is empty or its partition reaches max_uncommitted. Every
+ * wake-up reads every queue to empty (the pipe is written only when a
+ * queue turns non-empty: librdkafka rule 4, docs/ARCHITECTURE.md), except
+ * a stopped one, which pr__bp_check() has read again once released. */
+void pr__intake_poll(pr__engine_t *eng) {
+  char buf[256];
+  rd_kafka_message_t *rkm;
+  while (read(eng->pipefd[0], buf, sizeof(buf)) > 0)
+    ;
+  eng->resumed = 0;
+  while ((rkm = rd_kafka_consumer_poll(eng->rk, 0)))
+    take(eng, rkm);
+  for (part_t *part = eng->parts; part; part = part->next) {
+    if (!part->rkq || part->revoking)
+      continue;
+    while (!part->stopped && (rkm = rd_kafka_consume_queue(part->rkq, 0)))
+      take(eng, rkm);
+  }
+  pr__mail_deliver(eng);
+  pr__part_store_offsets(eng, NULL);
+  pr__firing_due(eng);
+}

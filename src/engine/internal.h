@@ -1,0 +1,393 @@
+/*
+ * internal.h - the consumer engine's types and the functions its files
+ * share (private to src/engine/).
+ *
+ * The data path, one file per step (docs/ARCHITECTURE.md section 3):
+ *
+ *   intake.c      poll librdkafka's queues, check the key, take the offset
+ *   partition.c   partitions, key queues, offsets and commits, stalls
+ *   backpressure.c  when a partition stops and is read again
+ *   dispatch.c    limiter, worker hand-off, handler timeouts, completion
+ *   decode.c      JSON and filters, on the thread about to run the handler
+ *   mailbox.c     the one way into the engine thread from other threads
+ *   outcome.c     the mode's result layers, retries, finishing an event
+ *   deadletter.c  failure-topic sends (low-latency mode)
+ *   firing.c      durable timers: loading, firing, deleting once handled
+ *   timer_ops.c   the handler's timer calls (prosody_schedule & co.)
+ *   drain.c       shutdown and revoke: release, cancel, wait
+ *   rebalance.c   librdkafka's assign and revoke callbacks
+ *   message.c     invocations and the public message accessors
+ *   engine.c      start, stop, the loop's callbacks, shutdown
+ *
+ * Threads. One engine thread per subscribed client runs a libuv loop and
+ * owns every field marked "engine thread" below: it takes no locks for
+ * them. Other threads (workers running synchronous handlers, the host
+ * loop completing asynchronous ones, librdkafka's producer thread, the
+ * timer store's thread) reach the engine only through its mailbox
+ * (pr__mail_post: one lock, one wake-up) and read the atomics.
+ *
+ * Lifetimes. An inv (invocation) lives from intake until its event
+ * finishes or is released; its message and context are embedded in it.
+ * A part lives from assignment until revoke (or until its last inv ends,
+ * for a zombie).
+ */
+#ifndef PR_ENGINE_INTERNAL_H
+#define PR_ENGINE_INTERNAL_H
+
+#include <jansson.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "../config/config.h"
+#include "../kafka/kafka.h"
+#include "../timers/timers.h"
+#include "../util/util.h"
+#include "context.h"
+#include "engine.h"
+#include "pool.h"
+#include "prosody.h"
+#include "tracker.h"
+
+typedef struct part part_t;
+typedef struct kq kq_t;
+typedef struct inv inv_t;
+
+/* --- The mailbox: work for the engine thread from other threads -------- */
+
+enum mail_kind {
+  MAIL_DONE,  /* a handler attempt completed (inv) */
+  MAIL_DLQ,   /* a failure-topic send completed (inv) */
+  MAIL_OP,    /* a handler's timer operation (timer_ops.c) */
+  MAIL_STORE, /* the timer store has results to deliver */
+};
+
+/* A letter, embedded in what it carries. Linked under the mailbox lock. */
+typedef struct pr__mail {
+  struct pr__mail *next;
+  int kind; /* enum mail_kind */
+} pr__mail_t;
+
+#define PR_CONTAINER_OF(p, type, member)                                       \
+  ((type *)(void *)((char *)(p)-offsetof(type, member)))
+
+/* --- Messages, timers, invocations (engine thread unless marked) ------- */
+
+/* A header value copied out for prosody_message_header(). */
+typedef struct hdr_copy {
+  struct hdr_copy *next;
+  char *name, *value;
+} hdr_copy_t;
+
+/* What the handler sees. Written at intake (engine thread); read by the
+ * handler's thread while it runs; `json` set by decode (handler's thread)
+ * and freed by whichever thread holds the inv. */
+struct prosody_message {
+  const char *topic; /* the partition's topic string */
+  int32_t partition;
+  int64_t offset;
+  int64_t timestamp;           /* ms since epoch, -1 if none */
+  char *key;                   /* owned, NUL-terminated */
+  char *payload;               /* owned, NUL-terminated */
+  size_t payload_len;          /* bytes, without the NUL */
+  json_t *json;                /* owned */
+  rd_kafka_headers_t *headers; /* owned (detached), or NULL */
+  pthread_mutex_t hdr_lock;    /* guards hdr_copies */
+  hdr_copy_t *hdr_copies;      /* values handed out by _header() */
+};
+
+struct prosody_timer {
+  const char *key; /* the inv's msg.key */
+  int64_t time_ms;
+};
+
+enum inv_state {
+  INV_QUEUED,     /* in its key FIFO, not started */
+  INV_READY,      /* head of its key, waiting for the limiter */
+  INV_RUNNING,    /* handler invoked, result not processed yet */
+  INV_RETRY_WAIT, /* waiting on its retry timer */
+  INV_DLQ         /* being sent to the failure topic (or a fired timer
+                     being deleted from the store) */
+};
+
+/* One event (a record or a fired timer) from intake until it finishes.
+ * Engine thread, except: while RUNNING the handler's thread reads `msg`,
+ * `tmr` and the decode fields; the completing thread writes `result` and
+ * `result_error` before it posts `mail` (the post publishes them). */
+struct inv {
+  inv_t *next;  /* key FIFO link */
+  inv_t *rnext; /* ready FIFO link */
+  pr__mail_t mail;
+  pr__engine_t *eng;
+  part_t *part;
+  kq_t *kq;
+  prosody_message_t msg;    /* a timer: key, topic, partition; offset -1 */
+  struct prosody_timer tmr; /* is_timer: the fired timer */
+  pr__ctx_t *cslot;         /* the running attempt's context slot, or NULL */
+  prosody_context_t *ctx;   /* its handle */
+  int is_timer;             /* a timer firing, not a message */
+  int64_t time_s;           /* is_timer: the timer's time */
+  int rearmed;              /* is_timer: scheduled again while firing */
+  int dropped;              /* is_timer: unscheduled before it started */
+  int deleted;              /* is_timer: already deleted from the store */
+  int state;                /* enum inv_state */
+  int attempt;              /* attempts started so far */
+  prosody_result_t result;  /* set by the completer before posting */
+  char *result_error;       /* owned; set by the completer */
+  prosody_err_t dlq_err;    /* failure-topic send result */
+  char *dlq_errstr;         /* owned */
+  uv_timer_t *timer;        /* retry / failure-topic retry timer, or NULL */
+  inv_t *tprev, *tnext;     /* deadline list links */
+  int64_t deadline_ns;      /* RUNNING with a timeout: when it expires */
+  int timed;                /* in the deadline list */
+  rd_kafka_message_t *rkm;  /* the record, until its headers are detached
+                               (owned), else NULL; see pr__inv_release_rkm */
+  int unprepared;           /* a message decode has not seen yet */
+  const char *skip;         /* set by decode: why the record is skipped */
+  int skip_warn;            /* ... and whether that is worth a warning */
+  int inline_strings;       /* msg.key/payload live in this allocation */
+};
+
+/* A key's FIFO within a partition (engine thread). */
+struct kq {
+  kq_t *next;         /* bucket chain */
+  char *key;          /* in the same allocation */
+  inv_t *head, *tail; /* FIFO; head is the only one that may run */
+};
+
+/* An assigned partition (engine thread). */
+struct part {
+  part_t *next;
+  char *topic;
+  int32_t partition;
+  rd_kafka_queue_t *rkq; /* its own fetch queue (not forwarded to the
+                            consumer queue), or NULL: records then arrive
+                            on the consumer queue */
+  int stopped;           /* backpressure: its queue is not read, its
+                            timers not fired, until the backlog halves */
+  pr__tracker_t tracker;
+  kq_t **buckets;
+  size_t nbuckets, nkeys;
+  int invs;              /* invs alive for this partition */
+  int active;            /* of which RUNNING or DLQ */
+  int revoking;          /* no new starts; being released */
+  int zombie;            /* released while a handler still runs */
+  int held;              /* a zombie of the same partition still runs: queue,
+                            don't start (per-key exclusivity) */
+  int dirty;             /* watermark advanced since last store */
+  int64_t head_off;      /* oldest pending offset seen by the stall check */
+  int64_t head_since_ns; /* since when it has been the oldest */
+  pr__tq_t *tq;          /* loaded pending timers (not yet firing) */
+  uint64_t gen;          /* this assignment (loads of an earlier one differ) */
+  int loads;             /* slab listings and loads in flight */
+  pr__tq_t *tombs;       /* while loads run: (key, time) deleted meanwhile */
+  pr__tq_t *clears;      /* ... and (key, kept time or -1) cleared */
+  int64_t horizon;       /* last slab loaded or being loaded; -1: none */
+  int64_t preload_s;     /* how far ahead of now slabs are loaded */
+};
+
+enum phase { PH_RUNNING, PH_DRAINING };
+
+struct pr__engine {
+  /* Immutable after start. */
+  const pr__settings_t *st;
+  pr__producer_t *producer;
+  prosody_handler_t handler;
+  const char *group_id;
+  int mode;
+  int max_concurrency, max_uncommitted;
+  int64_t timeout_ms;  /* handler timeout, 0: none */
+  int64_t shutdown_ms; /* shutdown_timeout */
+  int64_t stall_ns;
+  rd_kafka_t *rk;
+  rd_kafka_queue_t *cq; /* the consumer queue (IO-event fd enabled) */
+  int pipefd[2];
+  pr__pool_t *pool; /* NULL for async handlers */
+  pthread_t thread;
+
+  /* The mailbox (mailbox.c): guarded by `lock`. */
+  pthread_mutex_t lock;
+  pthread_cond_t cond;   /* signalled on a post while `draining` */
+  pr__mail_t *mail_head; /* letters in posting order */
+  pr__mail_t *mail_tail;
+  int mail_closed;         /* timer operations are refused */
+  int draining;            /* the engine waits on `cond` (drain) */
+  pr__mail_t store_mail;   /* the store's letter, posted at most once ... */
+  atomic_int store_posted; /* ... while this is set */
+
+  /* Cross-thread atomics. */
+  atomic_int pushers; /* threads inside pr__mail_post(): the engine is not
+                         freed until none is left */
+  atomic_int stop_requested;
+  atomic_int assigned;
+  atomic_int stalled;
+
+  /* Engine thread only. */
+  uv_loop_t loop;
+  uv_poll_t kpoll;
+  uv_timer_t tick;
+  uv_async_t wake;
+  part_t *parts;
+  part_t *zombies; /* released partitions with handlers still running */
+
+  int resumed;      /* a partition left backpressure: read queues */
+  int running;      /* handlers started, not completed */
+  int dlq_inflight; /* failure-topic sends and fired-timer deletes in flight */
+  inv_t *ready_head, *ready_tail;
+  int phase;
+  int stopping; /* shutdown has begun */
+  unsigned seed;
+  pr__tstore_t *store; /* the timer store */
+  uint64_t part_gen;   /* last partition assignment generation */
+  int64_t slab_s;      /* slab_size in seconds */
+  uv_timer_t tfire;    /* wakes the loop when the next timer is due */
+  /* Running handlers with a timeout, in start order; all have the same
+   * timeout, so that is deadline order too, and one loop timer (tmo,
+   * armed for the head) serves them all. */
+  inv_t *tmo_head, *tmo_tail;
+  uv_timer_t tmo;
+};
+
+/* --- engine.c --------------------------------------------------------- */
+
+/* The engine whose loop runs on the calling thread, or NULL. */
+pr__engine_t *pr__engine_current(void);
+
+/* --- mailbox.c (any thread unless marked) ------------------------------ */
+
+/* Posts a letter and wakes the engine. A timer operation is refused (-1)
+ * once the mailbox is closed; anything else is always taken. */
+int pr__mail_post(pr__engine_t *eng, pr__mail_t *mail);
+/* Posts the store's letter unless it is already waiting. */
+void pr__mail_post_store(pr__engine_t *eng);
+/* Handles every letter posted so far, in posting order (engine thread). */
+void pr__mail_deliver(pr__engine_t *eng);
+/* Waits until a letter arrives or `deadline` (CLOCK_REALTIME) passes
+ * (engine thread, outside the loop). */
+void pr__mail_wait(pr__engine_t *eng, const struct timespec *deadline);
+/* Refuses further timer operations and delivers what is queued (engine
+ * thread). */
+void pr__mail_close(pr__engine_t *eng);
+
+/* --- message.c -------------------------------------------------------- */
+
+void pr__inv_free(inv_t *inv);
+/* "topic[p] offset N key "k"" or "topic[p] timer T key "k"", for logs. */
+const char *pr__inv_describe(const inv_t *inv, char *buf, size_t n);
+void pr__inv_release_rkm(inv_t *inv);
+void pr__inv_timer_close(uv_timer_t **t);
+
+/* --- partition.c ------------------------------------------------------ */
+
+part_t *pr__part_find(pr__engine_t *eng, const char *topic, int32_t p);
+/* A new partition with its tracker and own queue; NULL when out of
+ * memory. */
+part_t *pr__part_new(pr__engine_t *eng, const char *topic, int32_t p);
+void pr__part_free(part_t *part);
+part_t *pr__part_zombie_find(pr__engine_t *eng, const char *topic, int32_t p);
+void pr__part_zombie_done(pr__engine_t *eng, part_t *zombie);
+void pr__part_store_offsets(pr__engine_t *eng, part_t *only);
+void pr__part_queue_open(pr__engine_t *eng, part_t *part);
+void pr__part_queue_close(part_t *part);
+void pr__part_release(pr__engine_t *eng, part_t *part);
+void pr__part_count(pr__engine_t *eng);
+void pr__part_check_stalls(pr__engine_t *eng);
+/* The key's queue in `part`, created if `create`; NULL if absent or out
+ * of memory. */
+kq_t *pr__kq_get(part_t *part, const char *key, int create);
+void pr__kq_remove(part_t *part, kq_t *kq);
+/* Detaches a finished or released event from its key and partition;
+ * returns the key's next event. */
+inv_t *pr__kq_detach(inv_t *inv);
+
+/* --- backpressure.c ---------------------------------------------------- */
+
+/* How far a partition's committed offset may lag behind what it has
+ * taken, in records, per max_uncommitted. */
+#define PR_WINDOW_FACTOR 64
+int pr__bp_over(int invs, size_t window, int max_uncommitted);
+int pr__bp_under_half(int invs, size_t window, int max_uncommitted);
+void pr__bp_check(pr__engine_t *eng, part_t *part);
+
+/* --- intake.c --------------------------------------------------------- */
+
+/* Reads the consumer queue and every partition queue that is not stopped,
+ * then delivers the mailbox, stores offsets and fires due timers. */
+void pr__intake_poll(pr__engine_t *eng);
+
+/* --- decode.c (the handler's thread) ----------------------------------- */
+
+void pr__decode_prepare(inv_t *inv);
+/* Does `json` pass allowed_events (a list of type prefixes)? */
+int pr__decode_allowed(const pr__value_t *allowed_events, json_t *json);
+
+/* --- dispatch.c ------------------------------------------------------- */
+
+void pr__dispatch_enqueue(inv_t *inv);
+void pr__dispatch_schedule(inv_t *inv);
+void pr__dispatch_start_ready(pr__engine_t *eng);
+void pr__dispatch_ready_remove(pr__engine_t *eng, part_t *part);
+void pr__dispatch_cancel(inv_t *inv);
+void pr__dispatch_untime(inv_t *inv);
+
+/* --- outcome.c -------------------------------------------------------- */
+
+/* What the mode's layers decide about a finished attempt. */
+typedef enum pr__verdict {
+  V_NEXT,   /* no decision: the next layer out decides */
+  V_COMMIT, /* done: complete the offset */
+  V_ABORT,  /* done without commit: redelivered later */
+  V_RETRY,  /* run the handler again after a backoff */
+  V_DEAD    /* send to failure_topic, commit once written */
+} pr__verdict_t;
+
+pr__verdict_t pr__outcome_decide(inv_t *inv);
+void pr__outcome_handler_done(inv_t *inv);
+inv_t *pr__outcome_finish_detach(inv_t *inv, int commit);
+void pr__outcome_finish(inv_t *inv, int commit);
+/* Runs the inv again (handler, or failure-topic send when its state is
+ * INV_DLQ) after `ms`. */
+void pr__outcome_arm_retry(inv_t *inv, uint64_t ms);
+/* Full jitter: uniform in [0, min(2^n * retry_base, max_retry_delay)). */
+uint64_t pr__outcome_backoff_ms(pr__engine_t *eng, int n);
+
+/* --- deadletter.c ----------------------------------------------------- */
+
+void pr__dlq_send(inv_t *inv);
+void pr__dlq_done(inv_t *inv);
+void pr__dlq_rfc3339(int64_t ms, char *buf, size_t n);
+
+/* --- firing.c --------------------------------------------------------- */
+
+pr__tseg_t pr__firing_seg(const char *topic, int32_t partition);
+inv_t *pr__firing_find(part_t *part, const char *key, int64_t time_s);
+void pr__firing_written(pr__engine_t *eng, part_t *part, const char *key,
+                        int64_t time_s);
+void pr__firing_deleted(part_t *part, const char *key, int64_t time_s,
+                        int64_t keep_s);
+void pr__firing_finished(inv_t *inv, int commit);
+void pr__firing_delete(inv_t *inv);
+void pr__firing_arm(pr__engine_t *eng);
+void pr__firing_due(pr__engine_t *eng);
+void pr__firing_assigned(pr__engine_t *eng, part_t *part);
+void pr__firing_advance(pr__engine_t *eng);
+void pr__firing_released(pr__engine_t *eng, part_t *part);
+
+/* --- timer_ops.c ------------------------------------------------------ */
+
+/* Runs a posted timer operation (engine thread). */
+void pr__tops_run_mail(pr__engine_t *eng, pr__mail_t *mail);
+
+/* --- drain.c ---------------------------------------------------------- */
+
+void pr__drain_release_idle(pr__engine_t *eng, part_t *only);
+void pr__drain_wait(pr__engine_t *eng, int revoking_only);
+
+/* --- rebalance.c ------------------------------------------------------ */
+
+void pr__rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
+                      rd_kafka_topic_partition_list_t *list, void *opaque);
+
+#endif /* PR_ENGINE_INTERNAL_H */

@@ -1,0 +1,242 @@
+/*
+ * outcome.c - what happens after an attempt: the mode's result layers
+ * (retry with backoff, failure topic, log and skip), the retry timer, and
+ * finishing an event (commit its offset, free it, start the key's next).
+ *
+ * Threads: the engine thread only.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* The event is done: commit its offset when `commit`, free it; returns the
+ * key's next event if it may start now (pr__outcome_finish() starts it). */
+inv_t *pr__outcome_finish_detach(inv_t *inv, int commit) {
+  pr__engine_t *eng = inv->eng;
+  part_t *part = inv->part;
+  inv_t *next;
+  if (inv->is_timer)
+    pr__firing_finished(inv, commit);
+  else if (commit && pr__tracker_complete(&part->tracker, inv->msg.offset) > 0)
+    part->dirty = 1;
+  next = pr__kq_detach(inv);
+  pr__inv_free(inv);
+  if (part->zombie) {
+    if (part->invs == 0)
+      pr__part_zombie_done(eng, part);
+    return NULL;
+  }
+  pr__bp_check(eng, part);
+  return next && !part->revoking && !part->held && eng->phase == PH_RUNNING
+             ? next
+             : NULL;
+}
+
+void pr__outcome_finish(inv_t *inv, int commit) {
+  inv_t *next = pr__outcome_finish_detach(inv, commit);
+  if (next)
+    pr__dispatch_schedule(next);
+}
+
+/* Full jitter: uniform in [0, min(2^n * base, max)). */
+uint64_t pr__outcome_backoff_ms(pr__engine_t *eng, int n) {
+  int64_t base = PR_CFG_MS(eng->st, RETRY_BASE);
+  int64_t cap = PR_CFG_MS(eng->st, MAX_RETRY_DELAY);
+  int64_t ceil = base;
+  if (base <= 0)
+    return 0;
+  for (int i = 0; i < n && ceil < cap; i++)
+    ceil *= 2;
+  if (ceil > cap)
+    ceil = cap;
+  if (ceil <= 0)
+    return 0;
+  return (uint64_t)(((uint64_t)rand_r(&eng->seed) << 16 ^
+                     (uint64_t)rand_r(&eng->seed)) %
+                    (uint64_t)ceil);
+}
+
+static void on_retry(uv_timer_t *t);
+
+void pr__outcome_arm_retry(inv_t *inv, uint64_t ms) {
+  pr__inv_timer_close(&inv->timer);
+  inv->timer = malloc(sizeof(uv_timer_t));
+  if (!inv->timer) { /* no timer: try again at once */
+    if (inv->state == INV_DLQ)
+      pr__dlq_send(inv);
+    else
+      pr__dispatch_schedule(inv);
+    return;
+  }
+  uv_timer_init(&inv->eng->loop, inv->timer);
+  inv->timer->data = inv;
+  uv_timer_start(inv->timer, on_retry, ms, 0);
+}
+
+static void on_retry(uv_timer_t *t) {
+  inv_t *inv = t->data;
+  if (inv->eng->phase != PH_RUNNING || inv->part->revoking) {
+    pr__outcome_finish(inv, 0); /* released: redelivered later */
+    return;
+  }
+  if (inv->state == INV_DLQ)
+    pr__dlq_send(inv);
+  else
+    pr__dispatch_schedule(inv);
+}
+
+static const char *mode_name(int mode) {
+  return mode == PR_MODE_LOW_LATENCY   ? "low-latency"
+         : mode == PR_MODE_BEST_EFFORT ? "best-effort"
+                                       : "pipeline";
+}
+
+static void log_failure(inv_t *inv, const char *what) {
+  char ev[160];
+  PR_WARN("engine", "%s: %s handler failure (attempt %d, %s mode): %s; %s",
+          pr__inv_describe(inv, ev, sizeof(ev)),
+          inv->result == PROSODY_PERMANENT ? "permanent" : "transient",
+          inv->attempt, mode_name(inv->eng->mode),
+          inv->result_error ? inv->result_error : "(no message)", what);
+}
+
+/*
+ * Result layers (docs/ARCHITECTURE.md section 3e). A mode is a list of
+ * small layers, from the handler outwards; on the way out each layer sees
+ * the attempt's result and either passes it on (V_NEXT) or decides. The
+ * invocation side (limiter, timeout, handler) is dispatch.c's; dedup,
+ * defer, monopolization and telemetry join these lists as further layers.
+ */
+typedef struct layer {
+  const char *name;
+  pr__verdict_t (*complete)(inv_t *inv);
+} layer_t;
+
+/* Success is final in every mode. */
+static pr__verdict_t l_success(inv_t *inv) {
+  return inv->result == PROSODY_SUCCESS ? V_COMMIT : V_NEXT;
+}
+
+/* Shutdown, revoke or a released partition make any failure terminal. */
+static pr__verdict_t l_terminal(inv_t *inv) {
+  char ev[160];
+  if (inv->eng->phase == PH_RUNNING && !inv->part->revoking &&
+      !inv->part->zombie)
+    return V_NEXT;
+  PR_DEBUG("engine", "%s aborted by shutdown/revoke",
+           pr__inv_describe(inv, ev, sizeof(ev)));
+  return V_ABORT;
+}
+
+/* low-latency: transient failures retried up to max_retries. */
+static pr__verdict_t l_retry_capped(inv_t *inv) {
+  if (inv->result == PROSODY_TRANSIENT &&
+      inv->attempt <= PR_CFG_INT(inv->eng->st, MAX_RETRIES))
+    return V_RETRY;
+  return V_NEXT;
+}
+
+/* low-latency: what is still failing goes to the failure topic; a timer
+ * never does: it is dropped. */
+static pr__verdict_t l_failure_topic(inv_t *inv) {
+  if (inv->is_timer) {
+    log_failure(inv, "dropping the timer");
+    return V_COMMIT;
+  }
+  log_failure(inv, "sending it to the failure topic");
+  return V_DEAD;
+}
+
+/* pipeline: transient failures retried without limit; permanent ones are
+ * logged and committed past. */
+static pr__verdict_t l_retry_unbounded(inv_t *inv) {
+  if (inv->result == PROSODY_PERMANENT) {
+    log_failure(inv, "skipping it");
+    return V_COMMIT;
+  }
+  if (inv->attempt == 1 || inv->attempt % 10 == 0)
+    log_failure(inv, "retrying");
+  return V_RETRY;
+}
+
+/* best-effort: any failure is logged and committed past. */
+static pr__verdict_t l_log_skip(inv_t *inv) {
+  log_failure(inv, "skipping it");
+  return V_COMMIT;
+}
+
+#define LAYER(fn)                                                              \
+  { #fn, fn }
+static const layer_t pipeline_layers[] = {
+    LAYER(l_success), LAYER(l_terminal), LAYER(l_retry_unbounded), {0, 0}};
+static const layer_t low_latency_layers[] = {LAYER(l_success),
+                                             LAYER(l_terminal),
+                                             LAYER(l_retry_capped),
+                                             LAYER(l_failure_topic),
+                                             {0, 0}};
+static const layer_t best_effort_layers[] = {
+    LAYER(l_success), LAYER(l_terminal), LAYER(l_log_skip), {0, 0}};
+
+static const layer_t *mode_layers(int mode) {
+  return mode == PR_MODE_LOW_LATENCY   ? low_latency_layers
+         : mode == PR_MODE_BEST_EFFORT ? best_effort_layers
+                                       : pipeline_layers;
+}
+
+/* What the mode's layers decide about the attempt's result (V_COMMIT when
+ * none decides). Logs, but changes nothing. */
+pr__verdict_t pr__outcome_decide(inv_t *inv) {
+  pr__verdict_t v = V_COMMIT;
+  for (const layer_t *l = mode_layers(inv->eng->mode); l->complete; l++)
+    if ((v = l->complete(inv)) != V_NEXT)
+      break;
+  return v == V_NEXT ? V_COMMIT : v;
+}
+
+/* A handler attempt finished (engine thread): free its slot, then let the
+ * mode's layers decide. */
+void pr__outcome_handler_done(inv_t *inv) {
+  pr__engine_t *eng = inv->eng;
+
+  eng->running--;
+  inv->part->active--;
+  pr__dispatch_untime(inv);
+  if (inv->cslot) { /* the attempt is over: its context goes stale */
+    pr__ctx_release(inv->cslot);
+    inv->cslot = NULL;
+  }
+  pr__dispatch_start_ready(eng);
+
+  if (inv->skip) {
+    char what[160];
+    if (inv->skip_warn)
+      PR_WARN("engine",
+              "skipping undecodable record %s: %s; committing past it",
+              pr__inv_describe(inv, what, sizeof(what)), inv->skip);
+    else
+      PR_DEBUG("engine", "skipping %s: %s",
+               pr__inv_describe(inv, what, sizeof(what)), inv->skip);
+    pr__outcome_finish(inv, 1);
+    return;
+  }
+  switch (pr__outcome_decide(inv)) {
+  case V_RETRY:
+    inv->state = INV_RETRY_WAIT;
+    pr__outcome_arm_retry(inv, pr__outcome_backoff_ms(eng, inv->attempt));
+    return;
+  case V_DEAD:
+    pr__dlq_send(inv);
+    return;
+  case V_ABORT:
+    pr__outcome_finish(inv, 0);
+    return;
+  default:
+    if (inv->is_timer && !inv->rearmed && eng->store) {
+      pr__firing_delete(inv); /* finishes once the store has deleted it */
+      return;
+    }
+    pr__outcome_finish(inv, 1);
+    return;
+  }
+}

@@ -1,0 +1,80 @@
+/*
+ * open.c - picks and opens the timer store a consumer's settings ask for:
+ * memory in mock mode (or when the handler cannot use timers), else
+ * Cassandra, whose keyspace is migrated first.
+ *
+ * Threads: the subscribing thread (blocking: the migration runs on a
+ * private loop).
+ */
+#include <string.h>
+
+#include "../config/config.h"
+#include "../cql/cql.h"
+#include "../util/util.h"
+#include "timers.h"
+
+pr__cql_conf_t pr__cql_conf_of(const pr__settings_t *st) {
+  pr__cql_conf_t c;
+  memset(&c, 0, sizeof(c));
+  c.nodes = PR_CFG(st, CASSANDRA_NODES).list;
+  c.nnodes = PR_CFG(st, CASSANDRA_NODES).list_n;
+  c.user = PR_CFG_STR(st, CASSANDRA_USER);
+  c.password = PR_CFG_STR(st, CASSANDRA_PASSWORD);
+  c.datacenter = PR_CFG_STR(st, CASSANDRA_DATACENTER);
+  c.rack = PR_CFG_STR(st, CASSANDRA_RACK);
+  return c;
+}
+
+/* Cassandra is required, and its keyspace is migrated before the
+ * consumer starts. */
+static prosody_err_t migrate(const pr__settings_t *st, char *errstr,
+                             size_t errstr_size) {
+  pr__cql_conf_t c = pr__cql_conf_of(st);
+  pr__cql_sync_t *y;
+  char why[1024];
+  prosody_err_t err;
+  if (!PR_CFG_SET(st, CASSANDRA_NODES) || !c.nnodes) {
+    pr__errf(errstr, errstr_size,
+             "cassandra_nodes (PROSODY_CASSANDRA_NODES) is required to consume "
+             "unless mock is true: timers are stored in Cassandra; give "
+             "host:port[,host:port...]");
+    return PROSODY_ERR_CONFIG;
+  }
+  if (!(y = pr__cql_sync_new(&c, why, sizeof(why)))) {
+    pr__errf(errstr, errstr_size, "Cassandra: %s", why);
+    return PROSODY_ERR_TRANSIENT;
+  }
+  err = pr__cql_migrate(y, PR_CFG_STR(st, CASSANDRA_KEYSPACE), 60000, NULL, why,
+                        sizeof(why));
+  pr__cql_sync_free(y);
+  if (err) {
+    pr__errf(errstr, errstr_size, "Cassandra (cassandra_nodes %s): %s",
+             PR_CFG(st, CASSANDRA_NODES).list[0], why);
+    return err == PROSODY_ERR_CONFIG ? err : PROSODY_ERR_TRANSIENT;
+  }
+  return PROSODY_OK;
+}
+
+prosody_err_t pr__tstore_open(const pr__settings_t *st, int uses_timers,
+                              int64_t slab_s, void (*wake)(void *),
+                              void *wake_arg, pr__tstore_t **out, char *errstr,
+                              size_t errstr_size) {
+  pr__cql_conf_t c;
+  prosody_err_t err;
+  *out = NULL;
+  if (PR_CFG_BOOL(st, MOCK) || !uses_timers || st->test.memory_timers) {
+    if (!(*out = pr__memstore_new())) {
+      pr__errf(errstr, errstr_size, "out of memory");
+      return PROSODY_ERR_NOMEM;
+    }
+    return PROSODY_OK;
+  }
+  if ((err = migrate(st, errstr, errstr_size)))
+    return err;
+  c = pr__cql_conf_of(st);
+  *out = pr__cqlstore_new(&c, PR_CFG_STR(st, CASSANDRA_KEYSPACE),
+                          PR_CFG_STR(st, GROUP_ID), slab_s,
+                          PR_CFG_NS(st, CASSANDRA_RETENTION) / 1000000000, wake,
+                          wake_arg, errstr, errstr_size);
+  return *out ? PROSODY_OK : PROSODY_ERR_TRANSIENT;
+}
