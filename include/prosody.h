@@ -488,8 +488,12 @@ PROSODY_EXPORT int64_t prosody_timer_time(const prosody_timer_t *timer);
  * Starts consuming `subscribed_topics` as member of `group_id` with
  * `handler` (copied). Needs both options (PROSODY_ERR_CONFIG otherwise).
  * Returns once the consumer runs; partitions arrive asynchronously.
- * Errors: PROSODY_ERR_STATE (already subscribed), PROSODY_ERR_CONFIG,
- * PROSODY_ERR_INVALID_ARG (no on_message).
+ * Outside mock mode a handler with on_timer needs Cassandra: its keyspace
+ * is migrated first (blocking). Errors: PROSODY_ERR_STATE (already
+ * subscribed), PROSODY_ERR_CONFIG (a missing or invalid option, e.g. no
+ * cassandra_nodes), PROSODY_ERR_TRANSIENT (Cassandra unreachable or
+ * failing: worth retrying), PROSODY_ERR_NOMEM, PROSODY_ERR_INVALID_ARG (no
+ * on_message).
  */
 PROSODY_EXPORT prosody_err_t prosody_subscribe(prosody_client_t *client,
                                                const prosody_handler_t *handler,

@@ -79,6 +79,8 @@ typedef struct pr__value {
 typedef struct pr__test_opts {
   int memory_timers;          /* keep timers in memory although mock=false */
   int64_t session_timeout_ms; /* session.timeout.ms, 0: librdkafka's */
+  int fail_part_new;          /* the next N partitions taken fail to
+                                 allocate, as when out of memory */
 } pr__test_opts_t;
 
 /* A prosody_config_t: only what was set in code, as validated text. */

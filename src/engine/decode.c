@@ -10,8 +10,7 @@
 
 #include "internal.h"
 
-static int allowed(pr__engine_t *eng, json_t *json) {
-  const pr__value_t *list = &PR_CFG(eng->st, ALLOWED_EVENTS);
+int pr__decode_allowed(const pr__value_t *list, json_t *json) {
   json_t *type;
   const char *t;
   if (!list->isset || list->list_n == 0)
@@ -49,7 +48,8 @@ void pr__decode_prepare(inv_t *inv) {
              !rd_kafka_header_get_last(hdrs, "source-system", &v, &len) &&
              len == strlen(eng->group_id) && !memcmp(v, eng->group_id, len)) {
     inv->skip = "our own output";
-  } else if (!allowed(eng, inv->msg.json)) {
+  } else if (!pr__decode_allowed(&PR_CFG(eng->st, ALLOWED_EVENTS),
+                                 inv->msg.json)) {
     inv->skip = "event type not allowed";
   }
 }

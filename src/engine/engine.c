@@ -60,6 +60,10 @@ static void shutdown_engine(pr__engine_t *eng) {
   /* Leaves the group; the revoke callback stores and releases what is
    * left, and librdkafka commits the stored offsets. */
   rd_kafka_consumer_close(eng->rk);
+  if (eng->assign_retry) { /* never taken: nothing of it was read */
+    rd_kafka_topic_partition_list_destroy(eng->assign_retry);
+    eng->assign_retry = NULL;
+  }
   while (eng->parts)
     pr__part_release(eng, eng->parts);
   pr__mail_close(eng);
@@ -86,6 +90,7 @@ static void on_kafka(uv_poll_t *h, int status, int events) {
 
 static void on_tick(uv_timer_t *t) {
   pr__engine_t *eng = t->data;
+  pr__rebalance_retry(eng);
   pr__firing_advance(eng);
   pr__intake_poll(eng);
   pr__part_check_stalls(eng);
@@ -216,6 +221,7 @@ prosody_err_t pr__engine_start(const pr__settings_t *st, const char *bootstrap,
                                             : eng->stall_ns / 1000000 * 8 / 10;
   eng->shutdown_ms = PR_CFG_MS(st, SHUTDOWN_TIMEOUT);
   eng->seed = (unsigned)pr__now_ns();
+  eng->fail_part_new = st->test.fail_part_new;
   eng->slab_s = PR_CFG_NS(st, SLAB_SIZE) / 1000000000;
   if (eng->slab_s < 1)
     eng->slab_s = 1;

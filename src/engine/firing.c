@@ -310,11 +310,10 @@ void pr__firing_assigned(pr__engine_t *eng, part_t *part) {
   pr__tseg_t seg = pr__firing_seg(part->topic, part->partition);
   load_req_t *r;
   part->gen = ++eng->part_gen;
-  part->tq = pr__tq_new();
   part->preload_s = eng->slab_s / 2 + (int64_t)(rand_r(&eng->seed) % jitter);
   part->horizon =
       pr__slab_of(pr__wall_ms() / 1000 + part->preload_s, eng->slab_s);
-  if (!part->tq || !(r = load_req(eng, part))) {
+  if (!(r = load_req(eng, part))) {
     PR_ERROR("timers", "out of memory: timers of %s[%d] will not fire",
              part->topic, part->partition);
     part->horizon = -1;

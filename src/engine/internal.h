@@ -241,8 +241,12 @@ struct pr__engine {
   unsigned seed;
   pr__tstore_t *store; /* the timer store */
   uint64_t part_gen;   /* last partition assignment generation */
-  int64_t slab_s;      /* slab_size in seconds */
-  uv_timer_t tfire;    /* wakes the loop when the next timer is due */
+  /* An assignment that could not be allocated, retried on the tick. */
+  rd_kafka_topic_partition_list_t *assign_retry;
+  int assign_coop;   /* ... and whether it is an incremental one */
+  int fail_part_new; /* test option: partitions that fail to allocate */
+  int64_t slab_s;    /* slab_size in seconds */
+  uv_timer_t tfire;  /* wakes the loop when the next timer is due */
   /* Running handlers with a timeout, in start order; all have the same
    * timeout, so that is deadline order too, and one loop timer (tmo,
    * armed for the head) serves them all. */
@@ -389,5 +393,7 @@ void pr__drain_wait(pr__engine_t *eng, int revoking_only);
 
 void pr__rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
                       rd_kafka_topic_partition_list_t *list, void *opaque);
+/* Retries an assignment that did not fit in memory (loop tick). */
+void pr__rebalance_retry(pr__engine_t *eng);
 
 #endif /* PR_ENGINE_INTERNAL_H */

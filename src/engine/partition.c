@@ -72,6 +72,26 @@ void pr__kq_remove(part_t *part, kq_t *kq) {
   free(kq);
 }
 
+part_t *pr__part_new(pr__engine_t *eng, const char *topic, int32_t p) {
+  part_t *part;
+  if (eng->fail_part_new > 0) { /* test option: as if out of memory */
+    eng->fail_part_new--;
+    return NULL;
+  }
+  if (!(part = calloc(1, sizeof(*part))))
+    return NULL;
+  if (!(part->topic = strdup(topic)) || !(part->tq = pr__tq_new())) {
+    free(part->topic);
+    free(part);
+    return NULL;
+  }
+  part->partition = p;
+  pr__tracker_init(&part->tracker);
+  part->head_off = -1;
+  part->horizon = -1;
+  return part;
+}
+
 void pr__part_free(part_t *part) {
   for (size_t i = 0; part->buckets && i < part->nbuckets; i++) {
     kq_t *k = part->buckets[i], *next;

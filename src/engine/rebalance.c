@@ -7,31 +7,78 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "internal.h"
 
-static void on_assign(pr__engine_t *eng, rd_kafka_topic_partition_list_t *list,
-                      int coop) {
-  rd_kafka_error_t *error = NULL;
-
+/* Takes the partitions of `list` that are new: all or none. Returns -1
+ * (nothing taken) when one of them cannot be allocated. */
+static int take_partitions(pr__engine_t *eng,
+                           rd_kafka_topic_partition_list_t *list) {
+  part_t *fresh = NULL, *part;
   for (int i = 0; i < list->cnt; i++) {
     rd_kafka_topic_partition_t *tp = &list->elems[i];
-    part_t *part;
     if (pr__part_find(eng, tp->topic, tp->partition))
       continue;
-    part = calloc(1, sizeof(*part));
-    if (!part || !(part->topic = strdup(tp->topic))) {
-      free(part);
-      continue;
+    if (!(part = pr__part_new(eng, tp->topic, tp->partition))) {
+      while ((part = fresh)) {
+        fresh = part->next;
+        pr__part_free(part);
+      }
+      return -1;
     }
-    part->partition = tp->partition;
-    pr__tracker_init(&part->tracker);
-    part->head_off = -1;
-    part->held = pr__part_zombie_find(eng, tp->topic, tp->partition) != NULL;
+    part->next = fresh;
+    fresh = part;
+  }
+  while ((part = fresh)) {
+    fresh = part->next;
+    part->held =
+        pr__part_zombie_find(eng, part->topic, part->partition) != NULL;
     part->next = eng->parts;
     eng->parts = part;
     pr__part_queue_open(eng, part);
     pr__firing_assigned(eng, part);
+  }
+  return 0;
+}
+
+/* Remembers `list` for pr__rebalance_retry(). */
+static void retry_later(pr__engine_t *eng,
+                        rd_kafka_topic_partition_list_t *list, int coop) {
+  rd_kafka_topic_partition_list_t *copy;
+  if (eng->assign_retry) { /* a cooperative increment on top of one */
+    for (int i = 0; i < list->cnt; i++)
+      if (!rd_kafka_topic_partition_list_find(eng->assign_retry,
+                                              list->elems[i].topic,
+                                              list->elems[i].partition))
+        rd_kafka_topic_partition_list_add(
+            eng->assign_retry, list->elems[i].topic, list->elems[i].partition)
+            ->offset = list->elems[i].offset;
+    return;
+  }
+  /* Without memory the engine can do nothing useful: wait for it rather
+   * than lose the assignment. */
+  while (!(copy = rd_kafka_topic_partition_list_copy(list)))
+    usleep(100000);
+  eng->assign_retry = copy;
+  eng->assign_coop = coop;
+}
+
+/* Partitions assigned: taken in full, then handed to librdkafka. When one
+ * cannot be allocated none is taken nor assigned (so no record of them is
+ * read, let alone dropped): the assignment is retried every poll_interval
+ * until it fits. */
+static void on_assign(pr__engine_t *eng, rd_kafka_topic_partition_list_t *list,
+                      int coop) {
+  rd_kafka_error_t *error = NULL;
+
+  if (take_partitions(eng, list)) {
+    PR_ERROR("engine",
+             "out of memory taking %d assigned partition(s): not assigned "
+             "yet; retrying every poll_interval",
+             list->cnt);
+    retry_later(eng, list, coop);
+    return;
   }
   if (coop)
     error = rd_kafka_incremental_assign(eng->rk, list);
@@ -48,9 +95,34 @@ static void on_assign(pr__engine_t *eng, rd_kafka_topic_partition_list_t *list,
           atomic_load(&eng->assigned));
 }
 
+void pr__rebalance_retry(pr__engine_t *eng) {
+  rd_kafka_topic_partition_list_t *list = eng->assign_retry;
+  if (!list || eng->stopping)
+    return;
+  eng->assign_retry = NULL;
+  on_assign(eng, list, eng->assign_coop);
+  rd_kafka_topic_partition_list_destroy(list);
+}
+
+/* Revoked partitions are no longer waiting for a retried assignment. */
+static void forget_retry(pr__engine_t *eng,
+                         rd_kafka_topic_partition_list_t *list, int coop) {
+  if (!eng->assign_retry)
+    return;
+  if (coop)
+    for (int i = 0; i < list->cnt; i++)
+      rd_kafka_topic_partition_list_del(eng->assign_retry, list->elems[i].topic,
+                                        list->elems[i].partition);
+  if (!coop || eng->assign_retry->cnt == 0) {
+    rd_kafka_topic_partition_list_destroy(eng->assign_retry);
+    eng->assign_retry = NULL;
+  }
+}
+
 static void on_revoke(pr__engine_t *eng, rd_kafka_topic_partition_list_t *list,
                       int coop) {
   rd_kafka_error_t *error = NULL;
+  forget_retry(eng, list, coop);
   for (int i = 0; i < list->cnt; i++) {
     part_t *part =
         pr__part_find(eng, list->elems[i].topic, list->elems[i].partition);

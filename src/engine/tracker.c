@@ -85,10 +85,6 @@ int pr__tracker_complete(pr__tracker_t *t, int64_t offset) {
   return advanced;
 }
 
-size_t pr__tracker_pending(const pr__tracker_t *t) {
-  return t->len - t->completed;
-}
-
 int64_t pr__tracker_oldest(const pr__tracker_t *t) {
   for (size_t i = 0; i < t->len; i++)
     if (!t->done[slot(t, i)])

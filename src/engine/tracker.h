@@ -29,8 +29,6 @@ int pr__tracker_take(pr__tracker_t *t, int64_t offset);
 /* Completes a taken offset. Returns 1 if the commit position advanced, 0 if
  * not, -1 if the offset is not pending. */
 int pr__tracker_complete(pr__tracker_t *t, int64_t offset);
-/* Taken but not completed. */
-size_t pr__tracker_pending(const pr__tracker_t *t);
 /* The oldest pending offset, or -1. */
 int64_t pr__tracker_oldest(const pr__tracker_t *t);
 

@@ -1,7 +1,8 @@
 /*
  * test_bad_bootstrap.c - an unreachable broker gives a clear, transient
  * error within the configured budget, never a hang: for a blocking send, an
- * async send, admin topic creation, and client destruction.
+ * async send, admin topic creation, and client destruction; and consuming
+ * without Cassandra outside mock mode is a configuration error.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -15,6 +16,22 @@ static void on_delivery(prosody_err_t err, const char *errstr,
                         const prosody_delivery_t *d, void *opaque) {
   atomic_store(&async_err, (int)err);
   atomic_fetch_add(&async_calls, 1);
+}
+
+static prosody_result_t on_message(prosody_context_t *ctx,
+                                   const prosody_message_t *m, void *op) {
+  (void)ctx;
+  (void)m;
+  (void)op;
+  return PROSODY_SUCCESS;
+}
+
+static prosody_result_t on_timer(prosody_context_t *ctx,
+                                 const prosody_timer_t *t, void *op) {
+  (void)ctx;
+  (void)t;
+  (void)op;
+  return PROSODY_SUCCESS;
 }
 
 int main(void) {
@@ -84,6 +101,30 @@ int main(void) {
             strstr(err, "host:port"),
         "bad address: %s", err);
   prosody_config_destroy(conf);
+
+  /* Consuming with timers outside mock mode needs Cassandra: without
+   * cassandra_nodes, subscribe fails at once with a configuration error
+   * naming the option (it is not worth retrying). */
+  conf = prosody_config_new();
+  t_set(conf, "bootstrap_servers", "127.0.0.1:1");
+  t_set(conf, "group_id", "no-cassandra");
+  t_set(conf, "subscribed_topics", "orders");
+  t_set(conf, "probe_port", "none");
+  t_set(conf, "log", "off");
+  client = prosody_client_new(conf, err, sizeof(err));
+  CHECK(client, "%s", err);
+  {
+    prosody_handler_t h = {on_message, on_timer, NULL, 0};
+    t0 = t_now();
+    e = prosody_subscribe(client, &h, err, sizeof(err));
+    took = t_now() - t0;
+  }
+  CHECK(e == PROSODY_ERR_CONFIG && strstr(err, "cassandra_nodes") &&
+            strstr(err, "host:port"),
+        "subscribe without cassandra_nodes: %s (%s)", prosody_err_name(e), err);
+  CHECK(took < 2.0, "the configuration error took %.2f s", took);
+  CHECK(prosody_assigned_partition_count(client) == 0, "assigned");
+  prosody_client_destroy(client);
   printf("ok\n");
   return 0;
 }

@@ -1,0 +1,371 @@
+/*
+ * test_engine.c - the consumer engine's logic, file by file, without a
+ * broker: backpressure thresholds (backpressure.c), key queues and the
+ * offset tracker (partition.c, tracker.c), the mode's result layers and
+ * the retry backoff (outcome.c), decoding and filters (decode.c), and the
+ * mailbox (mailbox.c).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "engine/internal.h"
+
+/* --- backpressure.c ---------------------------------------------------- */
+
+static void test_backpressure_limits(void **state) {
+  (void)state;
+  /* max_uncommitted 64: stops at 64 unfinished events ... */
+  assert_false(pr__bp_over(63, 0, 64));
+  assert_true(pr__bp_over(64, 0, 64));
+  /* ... or a full offset window (64 x 64 records behind the commit) */
+  assert_false(pr__bp_over(1, 64 * 64 - 1, 64));
+  assert_true(pr__bp_over(1, 64 * 64, 64));
+  /* read again only when both are at half */
+  assert_true(pr__bp_under_half(32, 64 * 32, 64));
+  assert_false(pr__bp_under_half(33, 0, 64));
+  assert_false(pr__bp_under_half(0, 64 * 32 + 1, 64));
+  /* max_uncommitted 1: one event stops it, none releases it */
+  assert_true(pr__bp_over(1, 0, 1));
+  assert_true(pr__bp_under_half(0, 0, 1));
+  assert_false(pr__bp_under_half(1, 0, 1));
+}
+
+/* --- partition.c: key queues, tracker ---------------------------------- */
+
+static void test_key_queues(void **state) {
+  part_t part;
+  kq_t *a, *b;
+  char key[32];
+  (void)state;
+  memset(&part, 0, sizeof(part));
+  assert_null(pr__kq_get(&part, "a", 0)); /* absent, not created */
+  a = pr__kq_get(&part, "a", 1);
+  assert_non_null(a);
+  assert_string_equal(a->key, "a");
+  assert_ptr_equal(pr__kq_get(&part, "a", 1), a); /* found, not duplicated */
+  assert_int_equal(part.nkeys, 1);
+  /* growing the table keeps every key findable */
+  for (int i = 0; i < 5000; i++) {
+    snprintf(key, sizeof(key), "key-%d", i);
+    assert_non_null(pr__kq_get(&part, key, 1));
+  }
+  assert_int_equal(part.nkeys, 5001);
+  assert_true(part.nbuckets > 64);
+  assert_ptr_equal(pr__kq_get(&part, "a", 0), a);
+  b = pr__kq_get(&part, "key-4999", 0);
+  assert_non_null(b);
+  assert_string_equal(b->key, "key-4999");
+  pr__kq_remove(&part, b);
+  assert_null(pr__kq_get(&part, "key-4999", 0));
+  assert_int_equal(part.nkeys, 5000);
+  for (int i = 0; i < 4999; i++) {
+    snprintf(key, sizeof(key), "key-%d", i);
+    pr__kq_remove(&part, pr__kq_get(&part, key, 0));
+  }
+  pr__kq_remove(&part, a);
+  assert_int_equal(part.nkeys, 0);
+  free(part.buckets);
+}
+
+/* Detaching the head hands over the key's next event; the last one
+ * removes the key's queue. */
+static void test_key_fifo_detach(void **state) {
+  part_t part;
+  inv_t i1, i2;
+  kq_t *kq;
+  (void)state;
+  memset(&part, 0, sizeof(part));
+  memset(&i1, 0, sizeof(i1));
+  memset(&i2, 0, sizeof(i2));
+  kq = pr__kq_get(&part, "k", 1);
+  i1.part = i2.part = &part;
+  i1.kq = i2.kq = kq;
+  kq->head = &i1;
+  i1.next = &i2;
+  kq->tail = &i2;
+  part.invs = 2;
+  assert_ptr_equal(pr__kq_detach(&i1), &i2);
+  assert_ptr_equal(kq->head, &i2);
+  assert_int_equal(part.invs, 1);
+  assert_null(pr__kq_detach(&i2));
+  assert_null(pr__kq_get(&part, "k", 0));
+  assert_int_equal(part.invs, 0);
+  free(part.buckets);
+}
+
+/* Offsets complete in any order; the commit position is watermark + 1. */
+static void test_tracker(void **state) {
+  pr__tracker_t t;
+  (void)state;
+  pr__tracker_init(&t);
+  for (int64_t o = 10; o < 15; o++)
+    assert_int_equal(pr__tracker_take(&t, o), 0);
+  assert_int_equal(pr__tracker_take(&t, 12), 1); /* redelivery: ignored */
+  assert_int_equal(pr__tracker_oldest(&t), 10);
+  assert_int_equal(pr__tracker_complete(&t, 12), 0); /* 10 still pending */
+  assert_int_equal(pr__tracker_complete(&t, 10), 1);
+  assert_int_equal(t.commit, 11);
+  assert_int_equal(pr__tracker_complete(&t, 11), 1);
+  assert_int_equal(t.commit, 13); /* 12 was done already */
+  assert_int_equal(pr__tracker_oldest(&t), 13);
+  assert_int_equal(pr__tracker_complete(&t, 99), -1);
+  assert_int_equal(pr__tracker_complete(&t, 14), 0);
+  assert_int_equal(pr__tracker_complete(&t, 13), 1);
+  assert_int_equal(t.commit, 15);
+  assert_int_equal(pr__tracker_oldest(&t), -1);
+  /* a long run wraps the ring and grows it */
+  for (int64_t o = 100; o < 10100; o++)
+    assert_int_equal(pr__tracker_take(&t, o), 0);
+  for (int64_t o = 10099; o > 100; o--)
+    assert_int_equal(pr__tracker_complete(&t, o), 0);
+  assert_int_equal(pr__tracker_complete(&t, 100), 1);
+  assert_int_equal(t.commit, 10100);
+  pr__tracker_fini(&t);
+}
+
+/* --- outcome.c --------------------------------------------------------- */
+
+typedef struct fixture {
+  prosody_config_t *conf;
+  pr__settings_t st;
+  pr__engine_t eng;
+  part_t part;
+  inv_t inv;
+} fixture_t;
+
+static fixture_t *fixture(const char *mode, const char *max_retries) {
+  fixture_t *f = calloc(1, sizeof(*f));
+  char err[512];
+  assert_non_null(f);
+  f->conf = prosody_config_new();
+  assert_int_equal(prosody_config_set(f->conf, "mode", mode, err, sizeof(err)),
+                   PROSODY_OK);
+  assert_int_equal(
+      prosody_config_set(f->conf, "max_retries", max_retries, err, sizeof(err)),
+      PROSODY_OK);
+  assert_int_equal(prosody_config_set(f->conf, "allowed_events",
+                                      "order.,user.created", err, sizeof(err)),
+                   PROSODY_OK);
+  assert_int_equal(
+      prosody_config_set(f->conf, "retry_base", "100ms", err, sizeof(err)),
+      PROSODY_OK);
+  assert_int_equal(
+      prosody_config_set(f->conf, "max_retry_delay", "1s", err, sizeof(err)),
+      PROSODY_OK);
+  assert_int_equal(pr__settings_resolve(f->conf, &f->st, err, sizeof(err)),
+                   PROSODY_OK);
+  f->eng.st = &f->st;
+  f->eng.mode = PR_CFG_ENUM(&f->st, MODE);
+  f->eng.group_id = "g";
+  f->eng.phase = PH_RUNNING;
+  f->eng.seed = 42;
+  f->part.topic = "t";
+  f->inv.eng = &f->eng;
+  f->inv.part = &f->part;
+  f->inv.msg.topic = "t";
+  f->inv.msg.key = "k";
+  return f;
+}
+
+static void fixture_free(fixture_t *f) {
+  pr__settings_fini(&f->st);
+  prosody_config_destroy(f->conf);
+  free(f);
+}
+
+static pr__verdict_t decide(fixture_t *f, prosody_result_t r, int attempt) {
+  f->inv.result = r;
+  f->inv.attempt = attempt;
+  return pr__outcome_decide(&f->inv);
+}
+
+static void test_outcome_pipeline(void **state) {
+  fixture_t *f = fixture("pipeline", "3");
+  (void)state;
+  assert_int_equal(decide(f, PROSODY_SUCCESS, 1), V_COMMIT);
+  assert_int_equal(decide(f, PROSODY_TRANSIENT, 1), V_RETRY);
+  assert_int_equal(decide(f, PROSODY_TRANSIENT, 1000), V_RETRY); /* for ever */
+  assert_int_equal(decide(f, PROSODY_PERMANENT, 1), V_COMMIT);   /* skipped */
+  f->inv.is_timer = 1; /* the same for a timer */
+  assert_int_equal(decide(f, PROSODY_TRANSIENT, 7), V_RETRY);
+  f->part.revoking = 1; /* revoke: any failure ends without commit */
+  assert_int_equal(decide(f, PROSODY_TRANSIENT, 1), V_ABORT);
+  assert_int_equal(decide(f, PROSODY_SUCCESS, 1), V_COMMIT);
+  f->part.revoking = 0;
+  f->eng.phase = PH_DRAINING; /* shutdown: likewise */
+  assert_int_equal(decide(f, PROSODY_PERMANENT, 1), V_ABORT);
+  fixture_free(f);
+}
+
+static void test_outcome_low_latency(void **state) {
+  fixture_t *f = fixture("low-latency", "2");
+  (void)state;
+  assert_int_equal(decide(f, PROSODY_SUCCESS, 3), V_COMMIT);
+  assert_int_equal(decide(f, PROSODY_TRANSIENT, 1), V_RETRY);
+  assert_int_equal(decide(f, PROSODY_TRANSIENT, 2), V_RETRY);
+  assert_int_equal(decide(f, PROSODY_TRANSIENT, 3), V_DEAD); /* 2 retries */
+  assert_int_equal(decide(f, PROSODY_PERMANENT, 1), V_DEAD); /* no retry */
+  f->inv.is_timer = 1; /* a timer is dropped, never dead-lettered */
+  assert_int_equal(decide(f, PROSODY_TRANSIENT, 3), V_COMMIT);
+  f->part.zombie = 1;
+  assert_int_equal(decide(f, PROSODY_TRANSIENT, 1), V_ABORT);
+  fixture_free(f);
+}
+
+static void test_outcome_best_effort(void **state) {
+  fixture_t *f = fixture("best-effort", "3");
+  (void)state;
+  assert_int_equal(decide(f, PROSODY_SUCCESS, 1), V_COMMIT);
+  assert_int_equal(decide(f, PROSODY_TRANSIENT, 1), V_COMMIT);
+  assert_int_equal(decide(f, PROSODY_PERMANENT, 1), V_COMMIT);
+  fixture_free(f);
+}
+
+/* Full jitter: uniform in [0, min(2^n * base, max)). */
+static void test_backoff(void **state) {
+  fixture_t *f = fixture("pipeline", "3");
+  uint64_t max_seen[12] = {0};
+  (void)state;
+  for (int round = 0; round < 2000; round++)
+    for (int n = 0; n < 12; n++) {
+      uint64_t ms = pr__outcome_backoff_ms(&f->eng, n);
+      uint64_t ceil = (uint64_t)100 << n;
+      if (ceil > 1000)
+        ceil = 1000;
+      assert_true(ms < ceil);
+      if (ms > max_seen[n])
+        max_seen[n] = ms;
+    }
+  /* the draws spread over the range (not stuck near 0) */
+  assert_true(max_seen[0] >= 80);
+  assert_true(max_seen[11] >= 900);
+  fixture_free(f);
+}
+
+/* --- decode.c ---------------------------------------------------------- */
+
+static void prepare_payload(fixture_t *f, const char *payload) {
+  if (f->inv.msg.json)
+    json_decref(f->inv.msg.json);
+  f->inv.msg.json = NULL;
+  f->inv.skip = NULL;
+  f->inv.skip_warn = 0;
+  f->inv.msg.payload = (char *)payload;
+  f->inv.msg.payload_len = strlen(payload);
+  pr__decode_prepare(&f->inv);
+}
+
+static void test_decode(void **state) {
+  fixture_t *f = fixture("pipeline", "3");
+  (void)state;
+  prepare_payload(f, "{\"type\":\"order.placed\",\"n\":1}");
+  assert_null(f->inv.skip);
+  assert_non_null(f->inv.msg.json);
+  assert_int_equal(json_integer_value(json_object_get(f->inv.msg.json, "n")),
+                   1);
+  prepare_payload(f, "{\"type\":\"user.created\"}"); /* prefix matches */
+  assert_null(f->inv.skip);
+  prepare_payload(f, "{\"type\":\"user.deleted\"}"); /* filtered */
+  assert_string_equal(f->inv.skip, "event type not allowed");
+  assert_false(f->inv.skip_warn);
+  prepare_payload(f, "[1,2,3]"); /* not an object: no type, processed */
+  assert_null(f->inv.skip);
+  prepare_payload(f, "\"text\""); /* any JSON value */
+  assert_null(f->inv.skip);
+  prepare_payload(f, "{\"type\":"); /* not JSON: skipped with a warning */
+  assert_string_equal(f->inv.skip, "payload is not valid JSON");
+  assert_true(f->inv.skip_warn);
+  /* our own output (source-system = group id) is skipped */
+  f->inv.msg.headers = rd_kafka_headers_new(1);
+  rd_kafka_header_add(f->inv.msg.headers, "source-system", -1, "g", -1);
+  prepare_payload(f, "{\"type\":\"order.placed\"}");
+  assert_string_equal(f->inv.skip, "our own output");
+  rd_kafka_headers_destroy(f->inv.msg.headers);
+  f->inv.msg.headers = rd_kafka_headers_new(1);
+  rd_kafka_header_add(f->inv.msg.headers, "source-system", -1, "other", -1);
+  prepare_payload(f, "{\"type\":\"order.placed\"}");
+  assert_null(f->inv.skip);
+  rd_kafka_headers_destroy(f->inv.msg.headers);
+  f->inv.msg.headers = NULL;
+  if (f->inv.msg.json)
+    json_decref(f->inv.msg.json);
+  fixture_free(f);
+}
+
+/* --- mailbox.c --------------------------------------------------------- */
+
+static int polls;
+static void count_poll(pr__tstore_t *s) {
+  (void)s;
+  polls++;
+}
+
+static void test_mailbox(void **state) {
+  pr__engine_t eng;
+  pr__tstore_ops_t ops;
+  pr__tstore_t store;
+  pr__mail_t op = {NULL, MAIL_OP};
+  (void)state;
+  memset(&eng, 0, sizeof(eng));
+  memset(&ops, 0, sizeof(ops));
+  ops.poll = count_poll;
+  store.ops = &ops;
+  store.sync = 0;
+  eng.store = &store;
+  eng.store_mail.kind = MAIL_STORE;
+  pthread_mutex_init(&eng.lock, NULL);
+  pthread_cond_init(&eng.cond, NULL);
+  uv_loop_init(&eng.loop);
+  uv_async_init(&eng.loop, &eng.wake, NULL);
+  /* the store's letter is posted once however often its thread wakes us */
+  pr__mail_post_store(&eng);
+  pr__mail_post_store(&eng);
+  assert_ptr_equal(eng.mail_head, &eng.store_mail);
+  assert_ptr_equal(eng.mail_tail, &eng.store_mail);
+  pr__mail_deliver(&eng);
+  assert_int_equal(polls, 1);
+  assert_null(eng.mail_head);
+  /* after delivery it is posted anew */
+  pr__mail_post_store(&eng);
+  pr__mail_deliver(&eng);
+  assert_int_equal(polls, 2);
+  /* closed: timer operations are refused, the rest still taken */
+  eng.store = NULL;
+  pr__mail_close(&eng);
+  assert_int_equal(pr__mail_post(&eng, &op), -1);
+  assert_null(eng.mail_head);
+  pr__mail_post_store(&eng);
+  assert_ptr_equal(eng.mail_head, &eng.store_mail);
+  pr__mail_deliver(&eng); /* no store any more: nothing polled */
+  assert_int_equal(polls, 2);
+  assert_int_equal(atomic_load(&eng.pushers), 0);
+  uv_close((uv_handle_t *)&eng.wake, NULL);
+  uv_run(&eng.loop, UV_RUN_DEFAULT);
+  uv_loop_close(&eng.loop);
+  pthread_mutex_destroy(&eng.lock);
+  pthread_cond_destroy(&eng.cond);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_backpressure_limits),
+      cmocka_unit_test(test_key_queues),
+      cmocka_unit_test(test_key_fifo_detach),
+      cmocka_unit_test(test_tracker),
+      cmocka_unit_test(test_outcome_pipeline),
+      cmocka_unit_test(test_outcome_low_latency),
+      cmocka_unit_test(test_outcome_best_effort),
+      cmocka_unit_test(test_backoff),
+      cmocka_unit_test(test_decode),
+      cmocka_unit_test(test_mailbox),
+  };
+  pr__log_set_level(PR_LOG_OFF);
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
