@@ -354,7 +354,10 @@ PROSODY_EXPORT const char *prosody_message_key(const prosody_message_t *m);
 /* The payload's JSON text, NUL-terminated; its length in bytes. */
 PROSODY_EXPORT const char *prosody_message_payload(const prosody_message_t *m);
 PROSODY_EXPORT size_t prosody_message_payload_len(const prosody_message_t *m);
-/* The parsed payload as a jansson value (include <jansson.h>); borrowed. */
+/* The parsed payload as a jansson value (include <jansson.h>); borrowed,
+ * valid while the handler runs. Built on the first call (the payload was
+ * validated before the handler started): a handler that reads the text
+ * itself never pays for the tree. NULL only when out of memory. */
 struct json_t;
 PROSODY_EXPORT const struct json_t *
 prosody_message_json(const prosody_message_t *m);

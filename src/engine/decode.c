@@ -33,23 +33,32 @@ int pr__decode_allowed(const pr__value_t *list, json_t *json) {
 void pr__decode_prepare(inv_t *inv) {
   pr__engine_t *eng = inv->eng;
   rd_kafka_headers_t *hdrs;
+  const pr__value_t *allowed = &PR_CFG(eng->st, ALLOWED_EVENTS);
   json_error_t jerr;
+  int valid;
   const void *v;
   size_t len;
   inv->unprepared = 0;
   pr__inv_release_rkm(inv);
   hdrs = inv->msg.headers;
-  inv->msg.json = json_loadb(inv->msg.payload, inv->msg.payload_len,
-                             JSON_DECODE_ANY, &jerr);
-  if (!inv->msg.json) {
+  if (allowed->isset && allowed->list_n > 0) {
+    /* The filter reads the payload's "type": parse it now. */
+    inv->msg.json = json_loadb(inv->msg.payload, inv->msg.payload_len,
+                               JSON_DECODE_ANY, &jerr);
+    valid = inv->msg.json != NULL;
+  } else {
+    /* Validated only: the tree is built if the handler asks for it
+     * (prosody_message_json), at several times the cost. */
+    valid = pr__json_valid(inv->msg.payload, inv->msg.payload_len);
+  }
+  if (!valid) {
     inv->skip = "payload is not valid JSON";
     inv->skip_warn = 1;
   } else if (hdrs &&
              !rd_kafka_header_get_last(hdrs, "source-system", &v, &len) &&
              len == strlen(eng->group_id) && !memcmp(v, eng->group_id, len)) {
     inv->skip = "our own output";
-  } else if (!pr__decode_allowed(&PR_CFG(eng->st, ALLOWED_EVENTS),
-                                 inv->msg.json)) {
+  } else if (!pr__decode_allowed(allowed, inv->msg.json)) {
     inv->skip = "event type not allowed";
   }
 }

@@ -82,8 +82,9 @@ typedef struct hdr_copy {
 } hdr_copy_t;
 
 /* What the handler sees. Written at intake (engine thread); read by the
- * handler's thread while it runs; `json` set by decode (handler's thread)
- * and freed by whichever thread holds the inv. */
+ * handler's thread while it runs; `json` set by decode when a filter
+ * needs it, else on first prosody_message_json() (atomically: any thread
+ * of the handler's), and freed by whichever thread holds the inv. */
 struct prosody_message {
   const char *topic; /* the partition's topic string */
   int32_t partition;
@@ -92,7 +93,7 @@ struct prosody_message {
   char *key;                   /* owned, NUL-terminated */
   char *payload;               /* owned, NUL-terminated */
   size_t payload_len;          /* bytes, without the NUL */
-  json_t *json;                /* owned */
+  json_t *json;                /* owned, or NULL until asked for */
   rd_kafka_headers_t *headers; /* owned (detached), or NULL */
   pthread_mutex_t hdr_lock;    /* guards hdr_copies */
   hdr_copy_t *hdr_copies;      /* values handed out by _header() */

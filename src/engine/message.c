@@ -102,9 +102,25 @@ PROSODY_EXPORT size_t prosody_message_payload_len(const prosody_message_t *m) {
   return m->payload_len;
 }
 
+/* The tree is built on first use (the payload was validated at decode),
+ * on the asking thread; concurrent first calls agree on one tree. */
 PROSODY_EXPORT const struct json_t *
 prosody_message_json(const prosody_message_t *m) {
-  return m->json;
+  prosody_message_t *mm = (prosody_message_t *)m;
+  json_t *j, *none = NULL;
+  if (!m)
+    return NULL;
+  j = __atomic_load_n(&mm->json, __ATOMIC_ACQUIRE);
+  if (j || !m->payload)
+    return j;
+  if (!(j = json_loadb(m->payload, m->payload_len, JSON_DECODE_ANY, NULL)))
+    return NULL;
+  if (!__atomic_compare_exchange_n(&mm->json, &none, j, 0, __ATOMIC_ACQ_REL,
+                                   __ATOMIC_ACQUIRE)) {
+    json_decref(j);
+    j = none;
+  }
+  return j;
 }
 
 PROSODY_EXPORT const char *prosody_message_header(const prosody_message_t *m,

@@ -539,15 +539,17 @@ static prosody_err_t check_record(const char *topic, const char *key,
     pr__errf(errstr, errstr_size, "payload for topic \"%s\" is NULL", topic);
     return PROSODY_ERR_INVALID_PAYLOAD;
   }
-  doc = json_loads(json, JSON_DECODE_ANY, &jerr);
-  if (!doc) {
+  /* Validated without building a tree; jansson says where it is wrong. */
+  if (!pr__json_valid(json, strlen(json))) {
+    doc = json_loads(json, JSON_DECODE_ANY, &jerr);
+    json_decref(doc);
     pr__errf(errstr, errstr_size,
              "payload for topic \"%s\" (key \"%.64s\") is not valid JSON: %s "
              "at line %d, column %d",
-             topic, key, jerr.text, jerr.line, jerr.column);
+             topic, key, doc ? "not accepted" : jerr.text, doc ? 1 : jerr.line,
+             doc ? 1 : jerr.column);
     return PROSODY_ERR_INVALID_PAYLOAD;
   }
-  json_decref(doc);
   if (trace && trace->traceparent &&
       pr__traceparent_check(trace->traceparent, why, sizeof(why))) {
     pr__errf(errstr, errstr_size, "%s", why);

@@ -25,6 +25,9 @@ char *pr__strdup(const char *s);
 /* A NUL-terminated copy of `n` bytes at `p` (which need not be); NULL when
  * out of memory. */
 char *pr__strndup(const void *p, size_t n);
+/* 1 if `len` bytes at `text` are one JSON value (any type) that
+ * json_loadb(JSON_DECODE_ANY) would accept; builds nothing (jsonv.c). */
+int pr__json_valid(const char *text, size_t len);
 /* 64-bit FNV-1a of `n` bytes, and of a NUL-terminated string. */
 uint64_t pr__fnv1a(const void *p, size_t n);
 uint64_t pr__fnv1a_str(const char *s);

@@ -2,8 +2,8 @@
  * test_engine.c - the consumer engine's logic, file by file, without a
  * broker: backpressure thresholds (backpressure.c), key queues and the
  * offset tracker (partition.c, tracker.c), the mode's result layers and
- * the retry backoff (outcome.c), decoding and filters (decode.c), and the
- * mailbox (mailbox.c).
+ * the retry backoff (outcome.c), decoding, filters and the JSON validator
+ * (decode.c, util/jsonv.c), and the mailbox (mailbox.c).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -299,6 +299,116 @@ static void test_decode(void **state) {
   fixture_free(f);
 }
 
+/* Without allowed_events the payload is only validated; the tree is built
+ * on the first prosody_message_json() and kept. */
+static void test_decode_lazy(void **state) {
+  fixture_t *f = fixture("pipeline", "3");
+  const json_t *j;
+  (void)state;
+  pr__value_fini(PR_OPT_ALLOWED_EVENTS, &f->st.v[PR_OPT_ALLOWED_EVENTS]);
+  prepare_payload(f, "{\"type\":\"user.deleted\",\"n\":2}");
+  assert_null(f->inv.skip);
+  assert_null(f->inv.msg.json);
+  j = prosody_message_json(&f->inv.msg);
+  assert_non_null(j);
+  assert_int_equal(json_integer_value(json_object_get(j, "n")), 2);
+  assert_ptr_equal(prosody_message_json(&f->inv.msg), j);
+  prepare_payload(f, "{\"n\":"); /* invalid: skipped, nothing built */
+  assert_string_equal(f->inv.skip, "payload is not valid JSON");
+  assert_null(f->inv.msg.json);
+  fixture_free(f);
+}
+
+/* The validator agrees with jansson at its edges (the fuzz target
+ * tests/fuzz/fuzz_json_valid.c compares them on random inputs). */
+static int jansson_accepts(const char *s, size_t n) {
+  json_t *j = json_loadb(s, n, JSON_DECODE_ANY, NULL);
+  json_decref(j);
+  return j != NULL;
+}
+
+static void check_valid(const char *s) {
+  size_t n = strlen(s);
+  int v = pr__json_valid(s, n);
+  if (v != jansson_accepts(s, n))
+    fail_msg("validator %d, jansson %d: %.80s", v, !v, s);
+}
+
+static void test_json_valid(void **state) {
+  static const char *cases[] = {"{}",
+                                "[]",
+                                "0",
+                                "-0",
+                                "-",
+                                "01",
+                                "1.",
+                                ".5",
+                                "1e",
+                                "1e+",
+                                "1E-7",
+                                "9223372036854775807",
+                                "9223372036854775808",
+                                "-9223372036854775808",
+                                "-9223372036854775809",
+                                "1e308",
+                                "1e309",
+                                "-1e309",
+                                "1e-400",
+                                "123456789012345678901234567890.5",
+                                "true",
+                                "truex",
+                                "nul",
+                                "null ",
+                                " \t\r\n[1 , 2 ]\n",
+                                "[1,]",
+                                "[,1]",
+                                "{\"a\":1,}",
+                                "{\"a\" 1}",
+                                "{1:2}",
+                                "{\"a\":1}{",
+                                "\"\\u0000\"",
+                                "\"\\u00e9\"",
+                                "\"\\ud83d\\ude00\"",
+                                "\"\\ud83d\"",
+                                "\"\\ude00\"",
+                                "\"\\ud83dx\"",
+                                "\"\\uZZZZ\"",
+                                "\"\\x\"",
+                                "\"a\tb\"",
+                                "\"caf\xc3\xa9\"",
+                                "\"\xc3\"",
+                                "\"\xed\xa0\x80\"",
+                                "\"\xf4\x90\x80\x80\"",
+                                "\"\xc0\xaf\"",
+                                "[\"a\"]]",
+                                "",
+                                " ",
+                                "[[]",
+                                "\"abc",
+                                "{\"a\":[{\"b\":null}],\"c\":{}}"};
+  char *deep;
+  (void)state;
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+    check_valid(cases[i]);
+  /* nesting: every value counts, up to JSON_PARSER_MAX_DEPTH */
+  deep = malloc(2 * 2100 + 2);
+  assert_non_null(deep);
+  for (int depth = 2046; depth <= 2050; depth++) {
+    memset(deep, '[', (size_t)depth);
+    memset(deep + depth, ']', (size_t)depth);
+    deep[2 * depth] = '\0';
+    check_valid(deep); /* empty innermost array */
+    memset(deep, '[', (size_t)depth);
+    deep[depth] = '1';
+    memset(deep + depth + 1, ']', (size_t)depth);
+    deep[2 * depth + 1] = '\0';
+    check_valid(deep); /* a scalar one level deeper */
+  }
+  free(deep);
+  assert_false(pr__json_valid("1\0", 2)); /* NUL: never valid here */
+  assert_true(pr__json_valid("{\"type\":\"a\"}", 12));
+}
+
 /* --- mailbox.c --------------------------------------------------------- */
 
 static int polls;
@@ -364,6 +474,8 @@ int main(void) {
       cmocka_unit_test(test_outcome_best_effort),
       cmocka_unit_test(test_backoff),
       cmocka_unit_test(test_decode),
+      cmocka_unit_test(test_decode_lazy),
+      cmocka_unit_test(test_json_valid),
       cmocka_unit_test(test_mailbox),
   };
   pr__log_set_level(PR_LOG_OFF);

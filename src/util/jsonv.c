@@ -1,0 +1,259 @@
+/*
+ * jsonv.c - a JSON validator that builds nothing: accepts exactly what
+ * jansson's json_loadb(JSON_DECODE_ANY) accepts (checked by the
+ * differential fuzz target tests/fuzz/fuzz_json_valid.c), at a fraction
+ * of its cost, so that a record's payload can be checked at intake and
+ * parsed into a tree only when the handler asks for one.
+ *
+ * What jansson rejects beyond the grammar of RFC 8259, and so does this:
+ * invalid UTF-8 anywhere; "\u0000" and unpaired surrogate escapes in
+ * strings; integers outside int64; reals that overflow a double; values
+ * nested deeper than JSON_PARSER_MAX_DEPTH (every value counts, a scalar
+ * too). One deliberate difference: a NUL byte is never valid here, while
+ * jansson drops one that directly follows a number or a literal ("1\0").
+ *
+ * Threads: any (pure).
+ */
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util.h"
+
+typedef struct scan {
+  const unsigned char *p, *end;
+} scan_t;
+
+static void skip_ws(scan_t *s) {
+  while (s->p < s->end &&
+         (*s->p == ' ' || *s->p == '\t' || *s->p == '\n' || *s->p == '\r'))
+    s->p++;
+}
+
+static int hex4(const unsigned char *p, unsigned *out) {
+  unsigned v = 0;
+  for (int i = 0; i < 4; i++) {
+    unsigned c = p[i], d;
+    if (c >= '0' && c <= '9')
+      d = c - '0';
+    else if (c >= 'a' && c <= 'f')
+      d = c - 'a' + 10;
+    else if (c >= 'A' && c <= 'F')
+      d = c - 'A' + 10;
+    else
+      return -1;
+    v = v << 4 | d;
+  }
+  *out = v;
+  return 0;
+}
+
+/* A string, the opening quote consumed. UTF-8 is checked for the whole
+ * input beforehand. */
+static int string(scan_t *s) {
+  while (s->p < s->end) {
+    unsigned c = *s->p++;
+    if (c == '"')
+      return 0;
+    if (c < 0x20)
+      return -1;
+    if (c != '\\')
+      continue;
+    if (s->p >= s->end)
+      return -1;
+    c = *s->p++;
+    if (c == 'u') {
+      unsigned v, lo;
+      if (s->end - s->p < 4 || hex4(s->p, &v))
+        return -1;
+      s->p += 4;
+      if (v == 0 || (v >= 0xDC00 && v <= 0xDFFF))
+        return -1;
+      if (v >= 0xD800 && v <= 0xDBFF) { /* must pair with a low one */
+        if (s->end - s->p < 6 || s->p[0] != '\\' || s->p[1] != 'u' ||
+            hex4(s->p + 2, &lo) || lo < 0xDC00 || lo > 0xDFFF)
+          return -1;
+        s->p += 6;
+      }
+    } else if (!strchr("\"\\/bfnrt", (int)c) || c == 0) {
+      return -1;
+    }
+  }
+  return -1;
+}
+
+static int digit(const scan_t *s) {
+  return s->p < s->end && *s->p >= '0' && *s->p <= '9';
+}
+
+/* A number, within int64 when it is an integer, within a double's range
+ * when it is not. */
+static int number(scan_t *s) {
+  const unsigned char *start = s->p;
+  int real = 0;
+  if (s->p < s->end && *s->p == '-')
+    s->p++;
+  if (!digit(s))
+    return -1;
+  if (*s->p == '0') {
+    s->p++;
+    if (digit(s))
+      return -1;
+  } else {
+    while (digit(s))
+      s->p++;
+  }
+  if (s->p < s->end && *s->p == '.') {
+    s->p++;
+    if (!digit(s))
+      return -1;
+    while (digit(s))
+      s->p++;
+    real = 1;
+  }
+  if (s->p < s->end && (*s->p == 'e' || *s->p == 'E')) {
+    s->p++;
+    if (s->p < s->end && (*s->p == '+' || *s->p == '-'))
+      s->p++;
+    if (!digit(s))
+      return -1;
+    while (digit(s))
+      s->p++;
+    real = 1;
+  }
+  {
+    char buf[64], *copy = buf, *end;
+    size_t n = (size_t)(s->p - start);
+    int bad;
+    if (!real && n < 18) /* fits in int64 whatever the digits */
+      return 0;
+    if (n >= sizeof(buf) && !(copy = malloc(n + 1)))
+      return -1;
+    memcpy(copy, start, n);
+    copy[n] = '\0';
+    errno = 0;
+    if (real) {
+      double d = strtod(copy, &end);
+      bad = errno == ERANGE && (d == HUGE_VAL || d == -HUGE_VAL);
+    } else {
+      (void)strtoll(copy, &end, 10);
+      bad = errno == ERANGE;
+    }
+    if (copy != buf)
+      free(copy);
+    return bad ? -1 : 0;
+  }
+}
+
+static int literal(scan_t *s, const char *word) {
+  size_t n = strlen(word);
+  if ((size_t)(s->end - s->p) < n || memcmp(s->p, word, n))
+    return -1;
+  s->p += n;
+  /* jansson reads a run of letters as one token ("truex" is no word) */
+  if (s->p < s->end &&
+      ((*s->p >= 'a' && *s->p <= 'z') || (*s->p >= 'A' && *s->p <= 'Z')))
+    return -1;
+  return 0;
+}
+
+/* Values iteratively: `stack` holds the open containers ('[' or '{'). */
+int pr__json_valid(const char *text, size_t len) {
+  scan_t s = {(const unsigned char *)text, (const unsigned char *)text + len};
+  char small[64], *stack = small;
+  size_t depth = 0, cap = sizeof(small);
+  int ok = 0;
+
+  if (!pr__utf8_valid(text, len))
+    return 0;
+  for (;;) {
+    /* A value is expected. */
+    skip_ws(&s);
+    if (depth + 1 > JSON_PARSER_MAX_DEPTH || s.p >= s.end)
+      goto out;
+    switch (*s.p) {
+    case '[':
+    case '{':
+      if (depth == cap) {
+        char *bigger = malloc(cap * 2);
+        if (!bigger)
+          goto out;
+        memcpy(bigger, stack, cap);
+        if (stack != small)
+          free(stack);
+        stack = bigger;
+        cap *= 2;
+      }
+      stack[depth++] = (char)*s.p++;
+      skip_ws(&s);
+      if (s.p < s.end && *s.p == (stack[depth - 1] == '[' ? ']' : '}')) {
+        s.p++;
+        depth--;
+        break; /* an empty container is a complete value */
+      }
+      if (stack[depth - 1] == '{') { /* a key, then ':' */
+        if (s.p >= s.end || *s.p++ != '"' || string(&s))
+          goto out;
+        skip_ws(&s);
+        if (s.p >= s.end || *s.p++ != ':')
+          goto out;
+      }
+      continue; /* the first element */
+    case '"':
+      s.p++;
+      if (string(&s))
+        goto out;
+      break;
+    case 't':
+      if (literal(&s, "true"))
+        goto out;
+      break;
+    case 'f':
+      if (literal(&s, "false"))
+        goto out;
+      break;
+    case 'n':
+      if (literal(&s, "null"))
+        goto out;
+      break;
+    default:
+      if (number(&s))
+        goto out;
+      break;
+    }
+    /* A value is complete: close containers, or go on to the next
+     * element. */
+    for (;;) {
+      skip_ws(&s);
+      if (depth == 0) {
+        ok = s.p == s.end;
+        goto out;
+      }
+      if (s.p >= s.end)
+        goto out;
+      if (*s.p == (stack[depth - 1] == '[' ? ']' : '}')) {
+        s.p++;
+        depth--;
+        continue;
+      }
+      if (*s.p++ != ',')
+        goto out;
+      if (stack[depth - 1] == '{') {
+        skip_ws(&s);
+        if (s.p >= s.end || *s.p++ != '"' || string(&s))
+          goto out;
+        skip_ws(&s);
+        if (s.p >= s.end || *s.p++ != ':')
+          goto out;
+      }
+      break; /* the next element */
+    }
+  }
+out:
+  if (stack != small)
+    free(stack);
+  return ok;
+}
