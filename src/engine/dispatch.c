@@ -29,10 +29,12 @@ void pr__dispatch_cancel(inv_t *inv) {
   pthread_mutex_unlock(&slot->lock);
 }
 
-/* Records the attempt's result exactly once (any thread); -1 for a stale
- * context or a second result. */
+/* Records the attempt's result exactly once (any thread) and posts it;
+ * -1 for a stale context or a second result (nothing posted). `run_end`:
+ * the worker will not go on with the key's next claimed event (see
+ * run_handler()). */
 static int complete_attempt(prosody_context_t *ctx, prosody_result_t result,
-                            const char *message) {
+                            const char *message, int run_end) {
   pr__ctx_t *slot = pr__ctx_lock(ctx);
   inv_t *inv;
   if (!slot)
@@ -58,6 +60,7 @@ static int complete_attempt(prosody_context_t *ctx, prosody_result_t result,
     inv->msg.json = NULL;
   }
   inv->result = result;
+  inv->run_end = run_end;
   free(inv->result_error);
   inv->result_error = message       ? strdup(message)
                       : slot->error ? strdup(slot->error)
@@ -68,28 +71,49 @@ static int complete_attempt(prosody_context_t *ctx, prosody_result_t result,
   return 0;
 }
 
+/* Runs the handler for `inv` (a worker, or the engine thread for an
+ * asynchronous handler), then, while each result is a success, the key's
+ * next events the engine claimed for this run (chain_next): a hot key's
+ * events run back to back without a round trip through the engine. The
+ * run ends at the first failure, a result given later (PENDING), or a
+ * claimed event that is cancelled or released; that result is posted
+ * with run_end set and the engine puts the unrun events back. An inv may
+ * be freed as soon as its result is posted: everything needed afterwards
+ * is read before. */
 static void run_handler(void *arg) {
   inv_t *inv = arg;
   prosody_handler_t *h = &inv->eng->handler;
-  prosody_context_t *ctx = inv->ctx; /* inv may be gone once completed */
-  prosody_result_t r;
-  if (inv->unprepared)
-    pr__decode_prepare(inv);
-  if (inv->skip) {
-    r = PROSODY_SUCCESS; /* pr__outcome_handler_done commits past it */
-  } else if (!inv->is_timer) {
-    r = h->on_message(ctx, &inv->msg, h->opaque);
-  } else if (h->on_timer) {
-    r = h->on_timer(ctx, &inv->tmr, h->opaque);
-  } else {
-    PR_WARN("engine",
-            "timer of key \"%.64s\" at %lld fired but the handler has no "
-            "on_timer; dropping it",
-            inv->msg.key, (long long)inv->time_s);
-    r = PROSODY_SUCCESS;
+  for (;;) {
+    prosody_context_t *ctx = inv->ctx;
+    inv_t *next = inv->chain_next;
+    prosody_context_t *next_ctx = next ? next->ctx : NULL;
+    prosody_result_t r;
+    int go_on;
+    if (inv->unprepared)
+      pr__decode_prepare(inv);
+    if (inv->skip) {
+      r = PROSODY_SUCCESS; /* pr__outcome_handler_done commits past it */
+    } else if (!inv->is_timer) {
+      r = h->on_message(ctx, &inv->msg, h->opaque);
+    } else if (h->on_timer) {
+      r = h->on_timer(ctx, &inv->tmr, h->opaque);
+    } else {
+      PR_WARN("engine",
+              "timer of key \"%.64s\" at %lld fired but the handler has no "
+              "on_timer; dropping it",
+              inv->msg.key, (long long)inv->time_s);
+      r = PROSODY_SUCCESS;
+    }
+    if (r == PROSODY_PENDING) /* completed later, with run_end set */
+      return;
+    go_on = r == PROSODY_SUCCESS && next && !atomic_load(&next->released) &&
+            !prosody_should_cancel(next_ctx);
+    /* Refused when the handler completed the context itself: that result
+     * ended the run. */
+    if (complete_attempt(ctx, r, NULL, !go_on) || !go_on)
+      return;
+    inv = next;
   }
-  if (r != PROSODY_PENDING)
-    complete_attempt(ctx, r, NULL);
 }
 
 /* Leaves the deadline list (engine thread). The loop timer stays armed for
@@ -127,7 +151,7 @@ static void on_timeout(uv_timer_t *t) {
 }
 
 /* Joins the deadline list (engine thread). */
-static void tmo_link(inv_t *inv) {
+void pr__dispatch_time(inv_t *inv) {
   pr__engine_t *eng = inv->eng;
   inv->deadline_ns = pr__now_ns() + eng->timeout_ms * 1000000;
   inv->tnext = NULL;
@@ -140,6 +164,63 @@ static void tmo_link(inv_t *inv) {
   inv->timed = 1;
   if (!uv_is_active((uv_handle_t *)&eng->tmo))
     uv_timer_start(&eng->tmo, on_timeout, (uint64_t)eng->timeout_ms, 0);
+}
+
+/* The most events of one key a run takes. */
+#define RUN_MAX 32
+
+/* Claims the key's queued messages behind `head` for the same run: each
+ * is started (context, attempt, active) but runs on head's worker after
+ * head succeeds. Only with a worker pool, only messages: a timer's event
+ * must be deleted from the store before the key's next event starts. */
+static void claim_followers(inv_t *head) {
+  inv_t *prev = head, *f;
+  int n = 1;
+  head->chain_next = NULL;
+  if (!head->eng->pool || head->is_timer)
+    return;
+  for (f = head->next; f && n < RUN_MAX; f = f->next, n++) {
+    if (f->is_timer || f->state != INV_QUEUED)
+      break;
+    if (!(f->ctx = pr__ctx_acquire(f, &f->cslot))) {
+      f->cslot = NULL;
+      break;
+    }
+    f->state = INV_RUNNING;
+    f->attempt++;
+    f->part->active++;
+    f->chain_next = NULL;
+    prev->chain_next = f;
+    prev = f;
+  }
+}
+
+void pr__dispatch_run_ended(inv_t *inv) {
+  part_t *part = inv->part;
+  inv_t *f = inv->chain_next, *g;
+  kq_t *kq = inv->kq;
+  inv->chain_next = NULL;
+  for (; f; f = g) { /* claimed, never started: queued again */
+    g = f->chain_next;
+    f->chain_next = NULL;
+    f->state = INV_QUEUED;
+    f->attempt--;
+    part->active--;
+    pr__ctx_release(f->cslot);
+    f->cslot = NULL;
+    f->ctx = NULL;
+  }
+  if (part->revoking || part->zombie || inv->eng->phase != PH_RUNNING) {
+    /* Released meanwhile: what waits behind inv goes, as release_idle()
+     * would have let it go had it not been claimed. */
+    while (kq && (f = inv->next)) {
+      inv->next = f->next;
+      part->invs--;
+      pr__inv_free(f);
+    }
+    if (kq)
+      kq->tail = inv;
+  }
 }
 
 static void start(inv_t *inv) {
@@ -155,6 +236,8 @@ static void start(inv_t *inv) {
   inv->ctx = pr__ctx_acquire(inv, &inv->cslot);
   if (!inv->ctx) {
     inv->cslot = NULL;
+    inv->chain_next = NULL;
+    inv->run_end = 1;
     inv->result = PROSODY_TRANSIENT;
     free(inv->result_error);
     inv->result_error = strdup("out of memory (no handler context)");
@@ -163,10 +246,11 @@ static void start(inv_t *inv) {
     return;
   }
   if (eng->timeout_ms > 0)
-    tmo_link(inv);
+    pr__dispatch_time(inv);
+  claim_followers(inv);
   if (eng->pool) {
     if (pr__pool_submit(eng->pool, run_handler, inv))
-      complete_attempt(inv->ctx, PROSODY_TRANSIENT, "out of memory");
+      complete_attempt(inv->ctx, PROSODY_TRANSIENT, "out of memory", 1);
   } else {
     run_handler(inv); /* async: must hand over and return quickly */
   }
@@ -259,6 +343,6 @@ PROSODY_EXPORT prosody_err_t prosody_complete(prosody_context_t *ctx,
                                               const char *message) {
   if (!ctx || result == PROSODY_PENDING)
     return PROSODY_ERR_INVALID_ARG;
-  return complete_attempt(ctx, result, message) ? PROSODY_ERR_STATE
-                                                : PROSODY_OK;
+  return complete_attempt(ctx, result, message, 1) ? PROSODY_ERR_STATE
+                                                   : PROSODY_OK;
 }

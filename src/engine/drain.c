@@ -21,12 +21,17 @@ void pr__drain_release_idle(pr__engine_t *eng, part_t *only) {
       while (kq) {
         kq_t *knext = kq->next;
         inv_t *inv = kq->head, *keep = NULL;
-        /* The head may be running (or in a DLQ send); everything behind
-         * it, and an idle head, is released without commit. */
+        /* The head may be running (or in a DLQ send), and the events its
+         * run claimed behind it belong to the run's worker; everything
+         * else is released without commit. */
         if (inv && (inv->state == INV_RUNNING ||
                     (inv->state == INV_DLQ && !inv->timer))) {
           keep = inv;
-          inv = inv->next;
+          while (keep->next && keep->next->state == INV_RUNNING) {
+            keep = keep->next; /* the run does not start it any more */
+            atomic_store(&keep->released, 1);
+          }
+          inv = keep->next;
           keep->next = NULL;
           kq->tail = keep;
         } else {
@@ -52,8 +57,9 @@ static void cancel_running(pr__engine_t *eng, int revoking_only) {
       continue;
     for (size_t b = 0; part->buckets && b < part->nbuckets; b++)
       for (kq_t *kq = part->buckets[b]; kq; kq = kq->next)
-        if (kq->head && kq->head->state == INV_RUNNING)
-          pr__dispatch_cancel(kq->head);
+        for (inv_t *inv = kq->head; inv && inv->state == INV_RUNNING;
+             inv = inv->next) /* the head and what its run claimed */
+          pr__dispatch_cancel(inv);
   }
 }
 

@@ -118,8 +118,15 @@ enum inv_state {
  * `tmr` and the decode fields; the completing thread writes `result` and
  * `result_error` before it posts `mail` (the post publishes them). */
 struct inv {
-  inv_t *next;  /* key FIFO link */
-  inv_t *rnext; /* ready FIFO link */
+  inv_t *next;         /* key FIFO link */
+  inv_t *rnext;        /* ready FIFO link */
+  inv_t *chain_next;   /* the key's next event claimed for the same run
+                          (set by the engine before the run starts; read by
+                          the run's worker) */
+  int run_end;         /* the worker stops the run after this event (set
+                          with the result) */
+  atomic_int released; /* claimed, and its partition is being released:
+                          the run must not start it */
   pr__mail_t mail;
   pr__engine_t *eng;
   part_t *part;
@@ -336,6 +343,11 @@ void pr__dispatch_start_ready(pr__engine_t *eng);
 void pr__dispatch_ready_remove(pr__engine_t *eng, part_t *part);
 void pr__dispatch_cancel(inv_t *inv);
 void pr__dispatch_untime(inv_t *inv);
+/* Joins the deadline list (a claimed event that has just started). */
+void pr__dispatch_time(inv_t *inv);
+/* The run that ended with `inv` gives its unrun claimed events back to
+ * their key queue (freed instead when the partition is released). */
+void pr__dispatch_run_ended(inv_t *inv);
 
 /* --- outcome.c -------------------------------------------------------- */
 

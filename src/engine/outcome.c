@@ -35,8 +35,12 @@ inv_t *pr__outcome_finish_detach(inv_t *inv, int commit) {
 
 void pr__outcome_finish(inv_t *inv, int commit) {
   inv_t *next = pr__outcome_finish_detach(inv, commit);
-  if (next)
+  if (!next)
+    return;
+  if (next->state == INV_QUEUED)
     pr__dispatch_schedule(next);
+  else if (next->state == INV_RUNNING && next->eng->timeout_ms > 0)
+    pr__dispatch_time(next); /* claimed by the run: it runs now */
 }
 
 /* Full jitter: uniform in [0, min(2^n * base, max)). */
@@ -199,14 +203,17 @@ pr__verdict_t pr__outcome_decide(inv_t *inv) {
 void pr__outcome_handler_done(inv_t *inv) {
   pr__engine_t *eng = inv->eng;
 
-  eng->running--;
   inv->part->active--;
   pr__dispatch_untime(inv);
   if (inv->cslot) { /* the attempt is over: its context goes stale */
     pr__ctx_release(inv->cslot);
     inv->cslot = NULL;
   }
-  pr__dispatch_start_ready(eng);
+  if (inv->run_end) { /* its worker is free: one run, one limiter slot */
+    eng->running--;
+    pr__dispatch_run_ended(inv);
+    pr__dispatch_start_ready(eng);
+  }
 
   if (inv->skip) {
     char what[160];
