@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -36,6 +37,19 @@ static double now_s(void) {
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
+
+/* CPU time (user + system) of the whole process so far, in seconds: the
+ * client, librdkafka and the in-process mock cluster alike. */
+static double cpu_s(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
+
+/* CPU per record of the last run (us), from the first record to the
+ * last. */
+static double last_cpu_us;
 
 static atomic_long produced_ok;
 static void on_sent(prosody_err_t err, const char *errstr,
@@ -131,7 +145,7 @@ static double run_raw(const char *bootstrap, const char *topic, long n,
   char group[64];
   rd_kafka_t *rk;
   long got = 0;
-  double first = 0, last = 0;
+  double first = 0, last = 0, cpu0 = 0;
   snprintf(group, sizeof(group), "bench-raw-%s-%d", topic, rep);
   rk = bench_raw_consumer(bootstrap, group, topic);
   while (got < n) {
@@ -139,27 +153,32 @@ static double run_raw(const char *bootstrap, const char *topic, long n,
     if (!m)
       continue;
     if (!m->err) {
-      if (!got)
+      if (!got) {
         first = now_s();
+        cpu0 = cpu_s();
+      }
       got++;
       last = now_s();
       rd_kafka_offset_store(m->rkt, m->partition, m->offset);
     }
     rd_kafka_message_destroy(m);
   }
+  last_cpu_us = (cpu_s() - cpu0) * 1e6 / (double)n;
   rd_kafka_consumer_close(rk);
   rd_kafka_destroy(rk);
   return (double)n / (last - first);
 }
 
 static atomic_long pr_got;
-static _Atomic double pr_first, pr_last;
+static _Atomic double pr_first, pr_last, pr_cpu0;
 static prosody_result_t noop(prosody_context_t *ctx, const prosody_message_t *m,
                              void *op) {
   long n = atomic_fetch_add(&pr_got, 1);
   double t = now_s();
-  if (n == 0)
+  if (n == 0) {
     atomic_store(&pr_first, t);
+    atomic_store(&pr_cpu0, cpu_s());
+  }
   atomic_store(&pr_last, t);
   return PROSODY_SUCCESS;
 }
@@ -312,6 +331,7 @@ static double run_prosody(const char *topic, long n, int rep) {
   }
   while (atomic_load(&pr_got) < n)
     usleep(1000);
+  last_cpu_us = (cpu_s() - atomic_load(&pr_cpu0)) * 1e6 / (double)n;
   prosody_client_destroy(c); /* unsubscribes: commits what finished */
   verify_committed(bench_bootstrap, topic, group);
   return (double)n / (atomic_load(&pr_last) - atomic_load(&pr_first));
@@ -321,7 +341,7 @@ int main(int argc, char **argv) {
   long n = argc > 1 ? atol(argv[1]) : 200000;
   int reps = argc > 2 ? atoi(argv[2]) : 3;
   char bootstrap[256], err[512], topic[64];
-  double raw[16], pr[16];
+  double raw[16], pr[16], raw_cpu[16], pr_cpu[16];
   if (reps < 1 || reps > 16 || n < 1)
     return 2;
   const char *dist = argc > 3 ? argv[3] : "uniform";
@@ -352,18 +372,27 @@ int main(int argc, char **argv) {
   for (int r = 0; r < reps; r++) {
     if (getenv("BENCH_SKIP_RAW")) {
       raw[r] = pr[r] = run_prosody(topic, n, r);
+      raw_cpu[r] = pr_cpu[r] = last_cpu_us;
     } else if (r % 2) {
       pr[r] = run_prosody(topic, n, r);
+      pr_cpu[r] = last_cpu_us;
       raw[r] = run_raw(bootstrap, topic, n, r);
+      raw_cpu[r] = last_cpu_us;
     } else {
       raw[r] = run_raw(bootstrap, topic, n, r);
+      raw_cpu[r] = last_cpu_us;
       pr[r] = run_prosody(topic, n, r);
+      pr_cpu[r] = last_cpu_us;
     }
-    fprintf(stderr, "  run %d: raw %.0f msg/s, prosody %.0f msg/s\n", r, raw[r],
-            pr[r]);
+    fprintf(stderr,
+            "  run %d: raw %.0f msg/s (%.2f us CPU/record), prosody %.0f msg/s "
+            "(%.2f us)\n",
+            r, raw[r], raw_cpu[r], pr[r], pr_cpu[r]);
   }
   qsort(raw, (size_t)reps, sizeof(double), bench_cmp_double);
   qsort(pr, (size_t)reps, sizeof(double), bench_cmp_double);
+  qsort(raw_cpu, (size_t)reps, sizeof(double), bench_cmp_double);
+  qsort(pr_cpu, (size_t)reps, sizeof(double), bench_cmp_double);
   if (real_bootstrap)
     topic_admin(topic, 0);
   if (poison_mode) { /* the raw rate is a note: its row is the no-op's */
@@ -372,11 +401,12 @@ int main(int argc, char **argv) {
            poison_mode, where, dist, pr[reps / 2], pr[reps / 2] / raw[reps / 2],
            raw[reps / 2]);
   } else {
-    printf("bench consume-raw-%s%s %.0f msg/s ratio=1.000\n", where, dist,
-           raw[reps / 2]);
+    printf("bench consume-raw-%s%s %.0f msg/s ratio=1.000 cpu=%.2fus/record\n",
+           where, dist, raw[reps / 2], raw_cpu[reps / 2]);
     printf("bench consume-noop-%s%s %.0f msg/s ratio=%.3f "
-           "committed=verified\n",
-           where, dist, pr[reps / 2], pr[reps / 2] / raw[reps / 2]);
+           "committed=verified cpu=%.2fus/record\n",
+           where, dist, pr[reps / 2], pr[reps / 2] / raw[reps / 2],
+           pr_cpu[reps / 2]);
   }
   fprintf(stderr,
           "consume: %ld records x %d runs (median); prosody no-op handler "

@@ -51,8 +51,33 @@ static int hex4(const unsigned char *p, unsigned *out) {
   return 0;
 }
 
-/* A string, the opening quote consumed. UTF-8 is checked for the whole
- * input beforehand. */
+/* One UTF-8 sequence of 2 to 4 bytes whose first byte `c` was consumed:
+ * no overlong form, no surrogate, nothing above U+10FFFF. */
+static int utf8_tail(scan_t *s, unsigned c) {
+  unsigned n, cp, min;
+  if (c >= 0xC2 && c <= 0xDF)
+    n = 1, cp = c & 0x1F, min = 0x80;
+  else if (c >= 0xE0 && c <= 0xEF)
+    n = 2, cp = c & 0x0F, min = 0x800;
+  else if (c >= 0xF0 && c <= 0xF4)
+    n = 3, cp = c & 0x07, min = 0x10000;
+  else
+    return -1;
+  if ((size_t)(s->end - s->p) < n)
+    return -1;
+  for (unsigned i = 0; i < n; i++) {
+    if ((s->p[i] & 0xC0) != 0x80)
+      return -1;
+    cp = cp << 6 | (s->p[i] & 0x3F);
+  }
+  if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+    return -1;
+  s->p += n;
+  return 0;
+}
+
+/* A string, the opening quote consumed. Outside strings any byte above
+ * 0x7F breaks the grammar, so UTF-8 is checked here only. */
 static int string(scan_t *s) {
   while (s->p < s->end) {
     unsigned c = *s->p++;
@@ -60,6 +85,11 @@ static int string(scan_t *s) {
       return 0;
     if (c < 0x20)
       return -1;
+    if (c >= 0x80) {
+      if (utf8_tail(s, c))
+        return -1;
+      continue;
+    }
     if (c != '\\')
       continue;
     if (s->p >= s->end)
@@ -92,12 +122,15 @@ static int digit(const scan_t *s) {
 /* A number, within int64 when it is an integer, within a double's range
  * when it is not. */
 static int number(scan_t *s) {
-  const unsigned char *start = s->p;
-  int real = 0;
+  const unsigned char *start = s->p, *int_start;
+  int real = 0, exp_sign = 1;
+  size_t int_digits;
+  long exp = 0;
   if (s->p < s->end && *s->p == '-')
     s->p++;
   if (!digit(s))
     return -1;
+  int_start = s->p;
   if (*s->p == '0') {
     s->p++;
     if (digit(s))
@@ -106,6 +139,7 @@ static int number(scan_t *s) {
     while (digit(s))
       s->p++;
   }
+  int_digits = (size_t)(s->p - int_start);
   if (s->p < s->end && *s->p == '.') {
     s->p++;
     if (!digit(s))
@@ -117,13 +151,19 @@ static int number(scan_t *s) {
   if (s->p < s->end && (*s->p == 'e' || *s->p == 'E')) {
     s->p++;
     if (s->p < s->end && (*s->p == '+' || *s->p == '-'))
-      s->p++;
+      exp_sign = *s->p++ == '-' ? -1 : 1;
     if (!digit(s))
       return -1;
-    while (digit(s))
+    while (digit(s)) {
+      if (exp < 100000)
+        exp = exp * 10 + (*s->p - '0');
       s->p++;
+    }
     real = 1;
   }
+  /* Below 1e300 in magnitude a double cannot overflow: no strtod. */
+  if (real && (long)int_digits + exp_sign * exp < 300)
+    return 0;
   {
     char buf[64], *copy = buf, *end;
     size_t n = (size_t)(s->p - start);
@@ -167,8 +207,6 @@ int pr__json_valid(const char *text, size_t len) {
   size_t depth = 0, cap = sizeof(small);
   int ok = 0;
 
-  if (!pr__utf8_valid(text, len))
-    return 0;
   for (;;) {
     /* A value is expected. */
     skip_ws(&s);
