@@ -111,6 +111,7 @@ static void topic_admin(const char *topic, int create) {
   prosody_config_t *conf = prosody_config_new();
   prosody_topic_options_t o = PROSODY_TOPIC_OPTIONS_INIT;
   prosody_admin_t *a;
+  o.partitions = 4; /* as the mock's topics: the broker's default is 1 */
   target(conf);
   if (!(a = prosody_admin_new(conf, err, sizeof(err))) ||
       (create ? prosody_admin_create_topic(a, topic, &o, err, sizeof(err))
