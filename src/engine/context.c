@@ -120,7 +120,9 @@ PROSODY_EXPORT int prosody_should_cancel(const prosody_context_t *ctx) {
   int cancelled;
   if (!slot)
     return 1; /* stale: its invocation is over */
-  cancelled = slot->cancelled;
+  /* Finished counts as over too: the engine may not have released the
+   * slot yet (a worker can be running the key's next event already). */
+  cancelled = slot->cancelled || slot->finished;
   pthread_mutex_unlock(&slot->lock);
   return cancelled;
 }
@@ -165,14 +167,15 @@ PROSODY_EXPORT int prosody_wait_cancel(prosody_context_t *ctx,
   if (!(slot = pr__ctx_lock(ctx)))
     return 1;
   gen = slot->gen;
-  /* A release (new generation) ends the wait too: the invocation is over. */
-  while (!slot->cancelled && slot->gen == gen) {
+  /* A result or a release (new generation) ends the wait too: the
+   * invocation is over. */
+  while (!slot->cancelled && !slot->finished && slot->gen == gen) {
     if (timeout_ms < 0)
       pthread_cond_wait(&slot->cond, &slot->lock);
     else if (pthread_cond_timedwait(&slot->cond, &slot->lock, &ts) == ETIMEDOUT)
       break;
   }
-  cancelled = slot->cancelled || slot->gen != gen;
+  cancelled = slot->cancelled || slot->finished || slot->gen != gen;
   pthread_mutex_unlock(&slot->lock);
   return cancelled;
 }

@@ -45,6 +45,7 @@ static int complete_attempt(prosody_context_t *ctx, prosody_result_t result,
   }
   slot->finished = 1;
   slot->cancel_cb = NULL; /* finished: a later cancel is not reported */
+  pthread_cond_broadcast(&slot->cond); /* prosody_wait_cancel: it is over */
   inv = slot->owner;
   if (result != PROSODY_SUCCESS && result != PROSODY_PERMANENT)
     result = PROSODY_TRANSIENT; /* a failure without a class */
@@ -249,7 +250,8 @@ static void start(inv_t *inv) {
     pr__dispatch_time(inv);
   claim_followers(inv);
   if (eng->pool) {
-    if (pr__pool_submit(eng->pool, run_handler, inv))
+    /* Woken once per loop iteration (engine.c's check handle). */
+    if (pr__pool_submit_quiet(eng->pool, run_handler, inv))
       complete_attempt(inv->ctx, PROSODY_TRANSIENT, "out of memory", 1);
   } else {
     run_handler(inv); /* async: must hand over and return quickly */

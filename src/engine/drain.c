@@ -101,5 +101,7 @@ void pr__drain_wait(pr__engine_t *eng, int revoking_only) {
     /* Completions, store results (e.g. fired timers' deletes) and timer
      * operations: refused for what drains, served for the rest. */
     pr__mail_deliver(eng);
+    if (eng->pool) /* outside the loop: no check handle runs */
+      pr__pool_kick(eng->pool);
   }
 }

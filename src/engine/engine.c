@@ -80,6 +80,7 @@ static void shutdown_engine(pr__engine_t *eng) {
   uv_close((uv_handle_t *)&eng->tfire, NULL);
   uv_close((uv_handle_t *)&eng->tmo, NULL);
   uv_close((uv_handle_t *)&eng->wake, NULL);
+  uv_close((uv_handle_t *)&eng->kick, NULL);
 }
 
 static void on_kafka(uv_poll_t *h, int status, int events) {
@@ -106,6 +107,13 @@ static void on_wake(uv_async_t *a) {
     pr__intake_poll(eng); /* fires due timers too */
   else
     pr__firing_due(eng);
+}
+
+/* The jobs this iteration handed to the pool get one wake-up. */
+static void on_check(uv_check_t *h) {
+  pr__engine_t *eng = h->data;
+  if (eng->pool)
+    pr__pool_kick(eng->pool);
 }
 
 static void *engine_main(void *arg) {
@@ -141,6 +149,7 @@ static void loop_abandon(pr__engine_t *eng) {
   uv_close((uv_handle_t *)&eng->tfire, NULL);
   uv_close((uv_handle_t *)&eng->tmo, NULL);
   uv_close((uv_handle_t *)&eng->wake, NULL);
+  uv_close((uv_handle_t *)&eng->kick, NULL);
   uv_run(&eng->loop, UV_RUN_DEFAULT);
   uv_loop_close(&eng->loop);
 }
@@ -244,6 +253,9 @@ prosody_err_t pr__engine_start(const pr__settings_t *st, const char *bootstrap,
   eng->tfire.data = eng;
   uv_timer_init(&eng->loop, &eng->tmo);
   eng->tmo.data = eng;
+  uv_check_init(&eng->loop, &eng->kick);
+  eng->kick.data = eng;
+  uv_check_start(&eng->kick, on_check);
 
   /* The timer store first: outside mock mode it needs Cassandra, and a
    * missing or unreachable one is said before anything joins the group. */

@@ -237,6 +237,8 @@ struct pr__engine {
   uv_poll_t kpoll;
   uv_timer_t tick;
   uv_async_t wake;
+  uv_check_t kick; /* after each loop iteration: wake a worker for the
+                      jobs it queued (pr__pool_kick) */
   part_t *parts;
   part_t *zombies; /* released partitions with handlers still running */
 

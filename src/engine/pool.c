@@ -12,6 +12,10 @@
  * per job ahead of them), while short handlers are run back to back by
  * the few workers already awake, with no wake-up at all.
  *
+ * A submitter that hands over jobs in bursts (the engine, once per loop
+ * iteration) submits them quietly and kicks once at the end: one wake-up
+ * for the burst, the woken worker waking more as above.
+ *
  * (Spinning before sleeping was tried and measured: on two cores it only
  * takes CPU from the engine thread, the pipeline's serial stage.)
  *
@@ -142,7 +146,7 @@ pr__pool_t *pr__pool_new(int threads) {
   return pool;
 }
 
-int pr__pool_submit(pr__pool_t *pool, pr__job_fn fn, void *arg) {
+static int submit(pr__pool_t *pool, pr__job_fn fn, void *arg, int may_wake) {
   worker_t *wake = NULL;
   job_t *j;
   pthread_mutex_lock(&pool->lock);
@@ -164,12 +168,30 @@ int pr__pool_submit(pr__pool_t *pool, pr__job_fn fn, void *arg) {
   else
     pool->head = j;
   pool->tail = j;
-  if (pool->free == 0)
+  if (may_wake && pool->free == 0)
     wake = take_sleeper(pool);
   pthread_mutex_unlock(&pool->lock);
   if (wake)
     pthread_cond_signal(&wake->cond);
   return 0;
+}
+
+int pr__pool_submit(pr__pool_t *pool, pr__job_fn fn, void *arg) {
+  return submit(pool, fn, arg, 1);
+}
+
+int pr__pool_submit_quiet(pr__pool_t *pool, pr__job_fn fn, void *arg) {
+  return submit(pool, fn, arg, 0);
+}
+
+void pr__pool_kick(pr__pool_t *pool) {
+  worker_t *wake = NULL;
+  pthread_mutex_lock(&pool->lock);
+  if (pool->head && pool->free == 0)
+    wake = take_sleeper(pool);
+  pthread_mutex_unlock(&pool->lock);
+  if (wake)
+    pthread_cond_signal(&wake->cond);
 }
 
 void pr__pool_destroy(pr__pool_t *pool) {

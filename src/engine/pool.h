@@ -15,6 +15,11 @@ typedef void (*pr__job_fn)(void *arg);
 pr__pool_t *pr__pool_new(int threads);
 /* Queues a job; 0 on success. Thread-safe. */
 int pr__pool_submit(pr__pool_t *pool, pr__job_fn fn, void *arg);
+/* Queues a job without waking anyone; pr__pool_kick() does, once. */
+int pr__pool_submit_quiet(pr__pool_t *pool, pr__job_fn fn, void *arg);
+/* Wakes a sleeping worker if jobs are queued and no awake worker is free
+ * to take them. Thread-safe. */
+void pr__pool_kick(pr__pool_t *pool);
 /* Runs the queued jobs, then joins the workers and frees the pool. */
 void pr__pool_destroy(pr__pool_t *pool);
 

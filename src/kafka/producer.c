@@ -93,14 +93,9 @@ static int keep_for_resend(pr__producer_t *prod, const rd_kafka_message_t *m,
                            send_req_t *req) {
   resend_t *r;
   rd_kafka_headers_t *h = NULL;
-  if (prod->resend_n == prod->resend_cap) {
-    size_t cap = prod->resend_cap ? prod->resend_cap * 2 : 64;
-    resend_t *grown = realloc(prod->resend, cap * sizeof(*grown));
-    if (!grown)
-      return -1;
-    prod->resend = grown;
-    prod->resend_cap = cap;
-  }
+  if (pr__grow(&prod->resend, &prod->resend_cap, prod->resend_n,
+               sizeof(*prod->resend), 64))
+    return -1;
   r = &prod->resend[prod->resend_n];
   r->req = req;
   r->key_len = m->key_len;

@@ -109,14 +109,8 @@ typedef struct collect {
 } collect_t;
 
 static int push_i64(collect_t *c, int64_t x) {
-  if (c->n == c->cap) {
-    size_t cap = c->cap ? c->cap * 2 : 16;
-    int64_t *v = realloc(c->v, cap * sizeof(*v));
-    if (!v)
-      return -1;
-    c->v = v;
-    c->cap = cap;
-  }
+  if (pr__grow(&c->v, &c->cap, c->n, sizeof(*c->v), 16))
+    return -1;
   c->v[c->n++] = x;
   return 0;
 }
@@ -159,15 +153,9 @@ static void m_slabs(pr__tstore_t *s, const pr__tseg_t *seg, int64_t slab_s,
 
 static void add_rec(void *arg, const char *key, int64_t time_s) {
   collect_t *c = arg;
-  if (c->nrecs == c->caprecs) {
-    size_t cap = c->caprecs ? c->caprecs * 2 : 16;
-    pr__trec_t *r = realloc(c->recs, cap * sizeof(*r));
-    if (!r) {
-      c->oom = 1;
-      return;
-    }
-    c->recs = r;
-    c->caprecs = cap;
+  if (pr__grow(&c->recs, &c->caprecs, c->nrecs, sizeof(*c->recs), 16)) {
+    c->oom = 1;
+    return;
   }
   c->recs[c->nrecs].key = key; /* valid while the store is untouched */
   c->recs[c->nrecs].time_s = time_s;

@@ -190,14 +190,8 @@ static void heap_remove(pr__tq_t *tq, entry_t *e) {
 int pr__tq_add(pr__tq_t *tq, const char *key, int64_t time_s) {
   tkey_t *k;
   entry_t *e, **pp;
-  if (tq->n == tq->cap) {
-    size_t cap = tq->cap ? tq->cap * 2 : 64;
-    entry_t **h = realloc(tq->heap, cap * sizeof(*h));
-    if (!h)
-      return -1;
-    tq->heap = h;
-    tq->cap = cap;
-  }
+  if (pr__grow(&tq->heap, &tq->cap, tq->n, sizeof(*tq->heap), 64))
+    return -1;
   if (!(k = key_get(tq, key)))
     return -1;
   for (pp = &k->head; *pp && (*pp)->time_s < time_s; pp = &(*pp)->next)

@@ -190,3 +190,20 @@ uint64_t pr__fnv1a_str(const char *s) {
     h = (h ^ (unsigned char)*s) * FNV_PRIME;
   return h;
 }
+
+int pr__grow(void *p, size_t *cap, size_t n, size_t size, size_t first) {
+  void *arr, *grown;
+  size_t want;
+  if (n < *cap)
+    return 0;
+  want = *cap ? *cap * 2 : first;
+  if (want < *cap || want > SIZE_MAX / size)
+    return -1;
+  /* `p` points at a typed pointer (int64_t **, ...): copied, not punned */
+  memcpy(&arr, p, sizeof(arr));
+  if (!(grown = realloc(arr, want * size)))
+    return -1;
+  memcpy(p, &grown, sizeof(grown));
+  *cap = want;
+  return 0;
+}

@@ -28,6 +28,10 @@ char *pr__strndup(const void *p, size_t n);
 /* 1 if `len` bytes at `text` are one JSON value (any type) that
  * json_loadb(JSON_DECODE_ANY) would accept; builds nothing (jsonv.c). */
 int pr__json_valid(const char *text, size_t len);
+/* Makes room for one more element in the growable array *p of *cap
+ * elements of `size` bytes holding `n` (doubling, from `first`); 0, or
+ * -1 when out of memory (the array is left as it was). */
+int pr__grow(void *p, size_t *cap, size_t n, size_t size, size_t first);
 /* 64-bit FNV-1a of `n` bytes, and of a NUL-terminated string. */
 uint64_t pr__fnv1a(const void *p, size_t n);
 uint64_t pr__fnv1a_str(const char *s);
