@@ -49,16 +49,16 @@ static int complete_attempt(prosody_context_t *ctx, prosody_result_t result,
   inv = slot->owner;
   if (result != PROSODY_SUCCESS && result != PROSODY_PERMANENT)
     result = PROSODY_TRANSIENT; /* a failure without a class */
-  if (result == PROSODY_SUCCESS && inv->msg.json &&
+  if (result == PROSODY_SUCCESS &&
       !(inv->eng->handler.flags & PROSODY_HANDLER_ASYNC)) {
-    /* Not needed any more (a failure keeps it for the retry): a worker
-     * frees it here rather than the engine thread. An asynchronous
-     * handler's completing thread is the host's event loop: the engine
-     * frees it there instead (the tree was allocated on the engine thread,
-     * and freeing it on the loop cost the Python binding a quarter of its
-     * loop thread, mostly waiting on malloc's lock). */
-    json_decref(inv->msg.json);
-    inv->msg.json = NULL;
+    /* What only the handler needed (a failure keeps it for the retry or
+     * the failure topic's trace headers): a worker frees it here rather
+     * than the engine thread, the pipeline's serial stage. An
+     * asynchronous handler's completing thread is the host's event loop:
+     * the engine frees it there instead (freeing on the loop cost the
+     * Python binding a quarter of its loop thread, mostly waiting on
+     * malloc's lock). */
+    pr__inv_shed(inv);
   }
   inv->result = result;
   inv->run_end = run_end;

@@ -288,6 +288,9 @@ void pr__mail_close(pr__engine_t *eng);
 /* --- message.c -------------------------------------------------------- */
 
 void pr__inv_free(inv_t *inv);
+/* Frees what only the handler needed (JSON tree, headers, header copies):
+ * on success, by the worker that ran it, so the engine thread does not. */
+void pr__inv_shed(inv_t *inv);
 /* "topic[p] offset N key "k"" or "topic[p] timer T key "k"", for logs. */
 const char *pr__inv_describe(const inv_t *inv, char *buf, size_t n);
 void pr__inv_release_rkm(inv_t *inv);

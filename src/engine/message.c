@@ -20,8 +20,24 @@ void pr__inv_timer_close(uv_timer_t **t) {
   }
 }
 
-void pr__inv_free(inv_t *inv) {
+void pr__inv_shed(inv_t *inv) {
   hdr_copy_t *h, *next;
+  if (inv->msg.json)
+    json_decref(inv->msg.json);
+  inv->msg.json = NULL;
+  if (inv->msg.headers)
+    rd_kafka_headers_destroy(inv->msg.headers);
+  inv->msg.headers = NULL;
+  for (h = inv->msg.hdr_copies; h; h = next) {
+    next = h->next;
+    free(h->name);
+    free(h->value);
+    free(h);
+  }
+  inv->msg.hdr_copies = NULL;
+}
+
+void pr__inv_free(inv_t *inv) {
   pr__dispatch_untime(inv);
   pr__inv_timer_close(&inv->timer);
   if (!inv->inline_strings) {
@@ -30,16 +46,7 @@ void pr__inv_free(inv_t *inv) {
   }
   if (inv->rkm)
     rd_kafka_message_destroy(inv->rkm);
-  if (inv->msg.json)
-    json_decref(inv->msg.json);
-  if (inv->msg.headers)
-    rd_kafka_headers_destroy(inv->msg.headers);
-  for (h = inv->msg.hdr_copies; h; h = next) {
-    next = h->next;
-    free(h->name);
-    free(h->value);
-    free(h);
-  }
+  pr__inv_shed(inv);
   pthread_mutex_destroy(&inv->msg.hdr_lock);
   if (inv->cslot)
     pr__ctx_release(inv->cslot);
