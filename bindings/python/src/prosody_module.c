@@ -871,6 +871,10 @@ static prosody_result_t push_event(bridge_t *b, int kind,
 static prosody_result_t c_on_message(prosody_context_t *ctx,
                                      const prosody_message_t *msg,
                                      void *opaque) {
+  /* Parse the payload here, on the engine thread, which has time to
+   * spare: the event loop thread, where build_message() reads the tree,
+   * is the binding's bottleneck. */
+  (void)prosody_message_json(msg);
   return push_event(opaque, IT_MESSAGE, ctx, msg);
 }
 
