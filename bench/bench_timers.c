@@ -7,7 +7,10 @@
  * lateness p50/p99 (firing time minus the timer's second), and the process's
  * peak RSS growth per 100 000 pending timers. Memory store (mock mode) unless
  * BENCH_CASSANDRA=host:port is set (then the Cassandra store, the mock
- * cluster for Kafka via its address).
+ * cluster for Kafka via its address). Each handler schedules its timers
+ * one blocking prosody_schedule() call at a time, so at most
+ * max_concurrency (32) are in flight; with BENCH_TIMER_ASYNC=1 it issues
+ * them all with prosody_timer_async() and then waits for them.
  *
  *   bench_timers [timers] [keys] [window_s]
  * Prints "bench timers_scheduled N timers/s", "bench timers_fired ...",
@@ -56,10 +59,36 @@ static long peak_rss_kb(void) {
   return kb;
 }
 
+/* BENCH_TIMER_ASYNC: a handler's timers are scheduled together
+ * (prosody_timer_async), then it waits for all of them. */
+static int async_mode;
+typedef struct waiter {
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  long left;
+} waiter_t;
+
+static void on_scheduled(prosody_err_t err, const char *errstr,
+                         const int64_t *times, size_t n, void *opaque) {
+  waiter_t *w = opaque;
+  (void)errstr;
+  (void)times;
+  (void)n;
+  if (err)
+    atomic_fetch_add(&schedule_errors, 1);
+  else
+    atomic_fetch_add(&scheduled, 1);
+  pthread_mutex_lock(&w->lock);
+  if (--w->left == 0)
+    pthread_cond_signal(&w->cond);
+  pthread_mutex_unlock(&w->lock);
+}
+
 static prosody_result_t on_message(prosody_context_t *ctx,
                                    const prosody_message_t *m, void *op) {
   char err[256];
   double t = now_s();
+  waiter_t w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
   (void)m;
   (void)op;
   if (atomic_load(&sched_first) == 0)
@@ -68,11 +97,27 @@ static prosody_result_t on_message(prosody_context_t *ctx,
   for (long i = 0; i < per_key; i++) {
     int64_t at = base_ms + 1000 * (1 + (i * window_s) / per_key) +
                  (i % 1000); /* sub-second parts round */
-    if (prosody_schedule(ctx, at, err, sizeof(err)))
+    if (async_mode) {
+      pthread_mutex_lock(&w.lock);
+      w.left++;
+      pthread_mutex_unlock(&w.lock);
+      if (prosody_timer_async(ctx, PROSODY_TIMER_SCHEDULE, at, on_scheduled, &w,
+                              err, sizeof(err))) {
+        atomic_fetch_add(&schedule_errors, 1);
+        pthread_mutex_lock(&w.lock);
+        w.left--;
+        pthread_mutex_unlock(&w.lock);
+      }
+    } else if (prosody_schedule(ctx, at, err, sizeof(err))) {
       atomic_fetch_add(&schedule_errors, 1);
-    else
+    } else {
       atomic_fetch_add(&scheduled, 1);
+    }
   }
+  pthread_mutex_lock(&w.lock);
+  while (w.left > 0)
+    pthread_cond_wait(&w.cond, &w.lock);
+  pthread_mutex_unlock(&w.lock);
   atomic_store(&sched_last, now_s());
   return PROSODY_SUCCESS;
 }
@@ -116,6 +161,8 @@ int main(int argc, char **argv) {
   long rss0, rss1;
   double deadline, span;
   window_s = argc > 3 ? atol(argv[3]) : 10;
+  async_mode = getenv("BENCH_TIMER_ASYNC") && *getenv("BENCH_TIMER_ASYNC") &&
+               strcmp(getenv("BENCH_TIMER_ASYNC"), "0");
   per_key = timers / keys;
   total = per_key * keys;
   if (per_key < 1 || per_key > window_s) {
@@ -200,8 +247,9 @@ int main(int argc, char **argv) {
   }
   qsort(late_ms, (size_t)total, sizeof(double), bench_cmp_double);
   span = atomic_load(&sched_last) - atomic_load(&sched_first);
-  printf("bench timers_scheduled %.0f timers/s store=%s\n",
-         span > 0 ? (double)total / span : 0, cass ? "cassandra" : "memory");
+  printf("bench timers_scheduled %.0f timers/s store=%s calls=%s\n",
+         span > 0 ? (double)total / span : 0, cass ? "cassandra" : "memory",
+         async_mode ? "async" : "blocking");
   span = atomic_load(&fire_last) - atomic_load(&fire_first);
   printf("bench timers_fired %.0f timers/s over_window_s=%ld\n",
          span > 0 ? (double)total / span : 0, window_s);

@@ -808,7 +808,7 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf) {
   }
   c->rlen += (size_t)n;
   for (;;) {
-    pr__cql_header_t h;
+    pr__cql_header_t h, body_h;
     int rc = pr__cql_header_parse(c->rbuf + off, c->rlen - off, &h, err,
                                   sizeof(err));
     if (rc < 0) {
@@ -817,7 +817,21 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf) {
     }
     if (rc == 0 || c->rlen - off - PR_CQL_HEADER < h.length)
       break;
-    handle_response(c, &h, c->rbuf + off + PR_CQL_HEADER);
+    {
+      /* Tracing id, warnings, custom payload: skipped (warnings logged). */
+      char warn[256];
+      long start = pr__cql_body_start(&h, c->rbuf + off + PR_CQL_HEADER, warn,
+                                      sizeof(warn), err, sizeof(err));
+      if (start < 0) {
+        conn_fail(c, err);
+        return;
+      }
+      if (warn[0])
+        PR_DEBUG("cql", "warning from %s:%d: %s", c->host, c->port, warn);
+      body_h = h;
+      body_h.length -= (uint32_t)start;
+      handle_response(c, &body_h, c->rbuf + off + PR_CQL_HEADER + start);
+    }
     if (c->state == C_DOWN)
       return; /* the handler failed the connection */
     off += PR_CQL_HEADER + h.length;

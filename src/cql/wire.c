@@ -356,6 +356,38 @@ int pr__cql_header_parse(const uint8_t *p, size_t n, pr__cql_header_t *h,
   return 1;
 }
 
+long pr__cql_body_start(const pr__cql_header_t *h, const uint8_t *body,
+                        char *warn, size_t warn_size, char *errstr,
+                        size_t errstr_size) {
+  pr__crd_t r;
+  pr__crd_init(&r, body, h->length);
+  if (warn && warn_size)
+    warn[0] = '\0';
+  if (h->flags & 0x02) /* tracing id: [uuid] */
+    pr__crd_take(&r, 16);
+  if (h->flags & 0x08) { /* warnings: [string list] */
+    uint16_t n = pr__crd_u16(&r);
+    for (uint16_t i = 0; i < n && !r.bad; i++)
+      pr__crd_string(&r, i == 0 ? warn : NULL, i == 0 && warn ? warn_size : 0);
+  }
+  if (h->flags & 0x04) { /* custom payload: [bytes map] */
+    uint16_t n = pr__crd_u16(&r);
+    for (uint16_t i = 0; i < n && !r.bad; i++) {
+      const uint8_t *v;
+      pr__crd_string(&r, NULL, 0);
+      pr__crd_bytes(&r, &v);
+    }
+  }
+  if (r.bad) {
+    pr__errf(errstr, errstr_size,
+             "malformed CQL response: flags 0x%02x announce more than its "
+             "%u-byte body",
+             h->flags, h->length);
+    return -1;
+  }
+  return (long)r.off;
+}
+
 const char *pr__cql_error_name(int32_t code) {
   switch (code) {
   case PR_CQL_E_SERVER:

@@ -193,6 +193,17 @@ typedef struct pr__cql_header {
 int pr__cql_header_parse(const uint8_t *p, size_t n, pr__cql_header_t *h,
                          char *errstr, size_t errstr_size);
 
+/* What a response's header flags put before its message, in the order
+ * Cassandra writes them: tracing id (0x02), warnings (0x08), custom payload
+ * (0x04). Returns the message's offset in `body` (0 without those flags)
+ * and copies the first warning, if any, into `warn` (may be NULL); -1
+ * (errstr) when they run past the body. A response with warnings (e.g. an
+ * unlogged batch across many partitions, a large batch) is otherwise a
+ * normal answer. */
+long pr__cql_body_start(const pr__cql_header_t *h, const uint8_t *body,
+                        char *warn, size_t warn_size, char *errstr,
+                        size_t errstr_size);
+
 /* A server ERROR body. */
 typedef struct pr__cql_error {
   int32_t code;

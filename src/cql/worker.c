@@ -24,6 +24,8 @@ struct pr__cqlw {
   int stopping;
   void (*wake)(void *);
   void *wake_arg;
+  void (*round)(void *arg, int stopping); /* pr__cqlw_on_round */
+  void *round_arg;
 };
 
 static void q_push(pr__cqlw_job_t **head, pr__cqlw_job_t **tail,
@@ -89,6 +91,8 @@ static void on_async(uv_async_t *a) {
     j->start(j);
     j = next;
   }
+  if (w->round && w->cql)
+    w->round(w->round_arg, stopping);
   if (stopping && w->cql) {
     pr__cql_free(w->cql); /* fails what is pending */
     w->cql = NULL;
@@ -133,6 +137,12 @@ int pr__cqlw_start(pr__cqlw_t *w, char *errstr, size_t errstr_size) {
   return 0;
 }
 
+void pr__cqlw_on_round(pr__cqlw_t *w, void (*fn)(void *arg, int stopping),
+                       void *arg) {
+  w->round = fn;
+  w->round_arg = arg;
+}
+
 pr__cql_t *pr__cqlw_cql(pr__cqlw_t *w) { return w->cql; }
 
 void pr__cqlw_free(pr__cqlw_t *w) {
@@ -145,6 +155,8 @@ void pr__cqlw_free(pr__cqlw_t *w) {
     uv_async_send(&w->async);
     pthread_join(w->thread, NULL);
   } else { /* never ran: close here */
+    if (w->round && w->cql)
+      w->round(w->round_arg, 1);
     pr__cql_free(w->cql);
     w->cql = NULL;
     uv_close((uv_handle_t *)&w->async, NULL);

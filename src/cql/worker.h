@@ -28,6 +28,12 @@ struct pr__cqlw_job {
 pr__cqlw_t *pr__cqlw_new(const pr__cql_conf_t *conf, void (*wake)(void *),
                          void *wake_arg, char *errstr, size_t errstr_size);
 int pr__cqlw_start(pr__cqlw_t *w, char *errstr, size_t errstr_size);
+/* Before start: `fn` runs on the worker thread after each round of posted
+ * jobs has been started (a store may queue what its jobs wrote and send it
+ * there as one request), and once more with `stopping` set right before
+ * the session closes (it must then complete what it still holds). */
+void pr__cqlw_on_round(pr__cqlw_t *w, void (*fn)(void *arg, int stopping),
+                       void *arg);
 /* The session: before start, or on the worker thread. */
 pr__cql_t *pr__cqlw_cql(pr__cqlw_t *w);
 /* Owner thread: queue a job (w set by the caller). */

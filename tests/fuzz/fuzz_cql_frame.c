@@ -32,8 +32,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   pr__cql_header_t h;
   pr__cql_result_t r;
   pr__cql_error_t e;
-  char err[256];
+  char err[256], warn[64];
   uint8_t *body;
+  long start;
   if (pr__cql_header_parse(data, size, &h, err, sizeof(err)) != 1 ||
       h.length > size - PR_CQL_HEADER)
     return 0;
@@ -42,9 +43,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (!body)
     return 0;
   memcpy(body, data + PR_CQL_HEADER, h.length);
+  start = pr__cql_body_start(&h, body, warn, sizeof(warn), err, sizeof(err));
+  if (start < 0) {
+    free(body);
+    return 0;
+  }
   if (h.opcode == PR_CQL_ERROR) {
-    (void)pr__cql_parse_error(body, h.length, &e, err, sizeof(err));
-  } else if (pr__cql_parse_result(body, h.length, &r, err, sizeof(err)) == 0) {
+    (void)pr__cql_parse_error(body + start, h.length - (size_t)start, &e, err,
+                              sizeof(err));
+  } else if (pr__cql_parse_result(body + start, h.length - (size_t)start, &r,
+                                  err, sizeof(err)) == 0) {
     read_cells(&r);
     pr__cql_result_free(&r);
   }

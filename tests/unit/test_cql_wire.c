@@ -85,6 +85,52 @@ static void test_header(void **state) {
   free(f.p);
 }
 
+/* A response whose flags announce a tracing id, warnings and a custom
+ * payload (a server warning comes with e.g. an unlogged batch across many
+ * partitions): the message starts after them; truncations fail. */
+static void test_body_start(void **state) {
+  static const uint8_t body[] = {/* tracing id */
+                                 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14,
+                                 15, 16,
+                                 /* warnings: 2 strings */
+                                 0, 2, 0, 4, 'w', 'a', 'r', 'n', 0, 1, 'x',
+                                 /* custom payload: 1 entry, "k" -> 2 bytes */
+                                 0, 1, 0, 1, 'k', 0, 0, 0, 2, 0xaa, 0xbb,
+                                 /* the message: RESULT Void */
+                                 0, 0, 0, 1};
+  pr__cql_header_t h = {0x84, 0x02 | 0x04 | 0x08, PR_CQL_RESULT, 3,
+                        sizeof(body)};
+  pr__cql_result_t r;
+  char err[256], warn[64];
+  long start;
+  (void)state;
+  start = pr__cql_body_start(&h, body, warn, sizeof(warn), err, sizeof(err));
+  assert_int_equal(start, sizeof(body) - 4);
+  assert_string_equal(warn, "warn");
+  assert_int_equal(pr__cql_parse_result(body + start, 4, &r, err, sizeof(err)),
+                   0);
+  assert_int_equal(r.kind, PR_CQL_RESULT_VOID);
+  pr__cql_result_free(&r);
+  h.flags = 0x08; /* warnings only: they start the body */
+  h.length = 15;
+  assert_int_equal(pr__cql_body_start(&h, body + 16, NULL, 0, err, sizeof(err)),
+                   11);
+  h.flags = 0;
+  assert_int_equal(
+      pr__cql_body_start(&h, body, warn, sizeof(warn), err, sizeof(err)), 0);
+  assert_string_equal(warn, "");
+  h.flags = 0x02 | 0x04 | 0x08;
+  for (uint32_t n = 0; n < sizeof(body) - 4; n++) {
+    uint8_t *copy = malloc(n ? n : 1); /* exact size: ASan sees over-reads */
+    memcpy(copy, body, n);
+    h.length = n;
+    assert_int_equal(
+        pr__cql_body_start(&h, copy, warn, sizeof(warn), err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "flags"));
+    free(copy);
+  }
+}
+
 static void test_rows_types(void **state) {
   blob_t f = load("rows_types"), b = body_of(&f);
   pr__cql_result_t r;
@@ -400,6 +446,7 @@ int main(void) {
       cmocka_unit_test(test_nulls_and_paging),
       cmocka_unit_test(test_prepared_void_schema),
       cmocka_unit_test(test_errors),
+      cmocka_unit_test(test_body_start),
       cmocka_unit_test(test_truncations),
       cmocka_unit_test(test_oversized_counts),
       cmocka_unit_test(test_encoding),

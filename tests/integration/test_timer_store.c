@@ -1,0 +1,306 @@
+/*
+ * test_timer_store.c - the Cassandra timer store (src/timers/cqlstore.c)
+ * directly, against real Cassandra (real tier): thousands of puts issued
+ * at once (coalesced into groups) are all acknowledged and all seen by
+ * slabs(), load_slab() and key_times(); a put and a delete of the same
+ * timer issued back to back resolve in the order they were issued (either
+ * way round); many deletes at once; del_key keeps the one asked for; puts
+ * against an unreachable node report their error, and a store destroyed
+ * with operations queued or in flight answers every one of them.
+ */
+#include <pthread.h>
+
+#include "cql/cql.h"
+#include "harness.h"
+#include "timers/timers.h"
+#include "util/util.h"
+
+#define SLAB_S 60
+#define KEYS 300
+#define PER_KEY 10 /* timers per key, one per slab third: 3 slabs */
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t cond = PTHREAD_COND_INITIALIZER;
+static int woken; /* guarded by lock */
+
+static void wake(void *arg) {
+  (void)arg;
+  pthread_mutex_lock(&lock);
+  woken = 1;
+  pthread_cond_signal(&cond);
+  pthread_mutex_unlock(&lock);
+}
+
+/* Answers, filled by the callbacks (this thread, inside poll()). */
+static int answered, failed;
+static prosody_err_t last_err;
+static char last_errstr[512];
+
+static void on_done(void *arg, prosody_err_t err, const char *errstr) {
+  (void)arg;
+  answered++;
+  if (err) {
+    failed++;
+    last_err = err;
+    snprintf(last_errstr, sizeof(last_errstr), "%s", errstr ? errstr : "");
+  }
+}
+
+typedef struct got {
+  int done;
+  prosody_err_t err;
+  char errstr[512];
+  int64_t *times;
+  size_t n;
+  pr__trec_t *recs;
+} got_t;
+
+static void on_times(void *arg, prosody_err_t err, const char *errstr,
+                     const int64_t *times, size_t n) {
+  got_t *g = arg;
+  g->done = 1;
+  g->err = err;
+  snprintf(g->errstr, sizeof(g->errstr), "%s", errstr ? errstr : "");
+  g->n = n;
+  if (n) {
+    g->times = malloc(n * sizeof(*times));
+    memcpy(g->times, times, n * sizeof(*times));
+  }
+}
+
+static void on_recs(void *arg, prosody_err_t err, const char *errstr,
+                    const pr__trec_t *recs, size_t n) {
+  got_t *g = arg;
+  g->done = 1;
+  g->err = err;
+  snprintf(g->errstr, sizeof(g->errstr), "%s", errstr ? errstr : "");
+  g->n = n;
+  if (n) {
+    g->recs = calloc(n, sizeof(*recs));
+    for (size_t i = 0; i < n; i++) {
+      g->recs[i] = recs[i];
+      g->recs[i].key = strdup(recs[i].key);
+    }
+  }
+}
+
+static void got_free(got_t *g) {
+  for (size_t i = 0; g->recs && i < g->n; i++)
+    free((char *)g->recs[i].key);
+  free(g->recs);
+  free(g->times);
+  memset(g, 0, sizeof(*g));
+}
+
+/* Polls until `*v` reaches `want` (callbacks run here). */
+static void await_n(pr__tstore_t *s, const int *v, int want, double seconds) {
+  double deadline = t_now() + seconds;
+  while (*v < want && t_now() < deadline) {
+    struct timespec ts;
+    pthread_mutex_lock(&lock);
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 100 * 1000 * 1000;
+    if (ts.tv_nsec >= 1000000000) {
+      ts.tv_sec++;
+      ts.tv_nsec -= 1000000000;
+    }
+    while (!woken)
+      if (pthread_cond_timedwait(&cond, &lock, &ts))
+        break;
+    woken = 0;
+    pthread_mutex_unlock(&lock);
+    s->ops->poll(s);
+  }
+  CHECK(*v >= want, "%d of %d answers within %.0f s", *v, want, seconds);
+}
+
+static void await_got(pr__tstore_t *s, got_t *g) {
+  await_n(s, &g->done, 1, 30);
+  CHECK(g->err == PROSODY_OK, "%s: %s", prosody_err_name(g->err), g->errstr);
+}
+
+static int64_t base_s; /* slab-aligned, a day ahead */
+
+static int64_t time_of(int k, int i) {
+  return base_s + (int64_t)i * (SLAB_S * 3 / PER_KEY) + k % 7;
+}
+
+static void test_many(pr__tstore_t *s, const pr__tseg_t *segs, int nsegs) {
+  char key[32];
+  got_t g = {0};
+  int want = 0;
+  answered = failed = 0;
+  /* Every put at once: the store holds them all in its queue. */
+  for (int sg = 0; sg < nsegs; sg++)
+    for (int k = 0; k < KEYS; k++)
+      for (int i = 0; i < PER_KEY; i++) {
+        snprintf(key, sizeof(key), "key-%03d", k);
+        s->ops->put(s, &segs[sg], key, time_of(k, i), PR_TIMER_APPLICATION,
+                    on_done, NULL);
+        want++;
+      }
+  await_n(s, &answered, want, 60);
+  CHECK(!failed, "%d puts failed: %s", failed, last_errstr);
+  for (int sg = 0; sg < nsegs; sg++) {
+    size_t total = 0;
+    int64_t first = pr__slab_of(base_s, SLAB_S);
+    s->ops->slabs(s, &segs[sg], SLAB_S, on_times, &g);
+    await_got(s, &g);
+    CHECK(g.n == 3 && g.times[0] == first && g.times[2] == first + 2,
+          "slabs of %s: %zu listed", segs[sg].topic, g.n);
+    got_free(&g);
+    for (int64_t slab = first; slab < first + 3; slab++) {
+      s->ops->load_slab(s, &segs[sg], SLAB_S, slab, on_recs, &g);
+      await_got(s, &g);
+      for (size_t i = 0; i < g.n; i++)
+        CHECK(pr__slab_of(g.recs[i].time_s, SLAB_S) == slab &&
+                  g.recs[i].type == PR_TIMER_APPLICATION,
+              "a timer of slab %lld in slab %lld",
+              (long long)pr__slab_of(g.recs[i].time_s, SLAB_S),
+              (long long)slab);
+      total += g.n;
+      got_free(&g);
+    }
+    CHECK(total == KEYS * PER_KEY, "%s: %zu of %d timers loaded",
+          segs[sg].topic, total, KEYS * PER_KEY);
+  }
+  for (int k = 0; k < KEYS; k += 37) {
+    snprintf(key, sizeof(key), "key-%03d", k);
+    s->ops->key_times(s, &segs[0], key, PR_TIMER_APPLICATION, on_times, &g);
+    await_got(s, &g);
+    CHECK(g.n == PER_KEY, "%s: %zu of %d times", key, g.n, PER_KEY);
+    for (int i = 0; i < PER_KEY; i++)
+      CHECK(g.times[i] == time_of(k, i), "%s: time %d is %lld", key, i,
+            (long long)g.times[i]);
+    got_free(&g);
+  }
+  /* Deleting them all at once. */
+  answered = failed = want = 0;
+  for (int k = 0; k < KEYS; k++)
+    for (int i = 0; i < PER_KEY; i++) {
+      snprintf(key, sizeof(key), "key-%03d", k);
+      s->ops->del(s, &segs[1], key, time_of(k, i), PR_TIMER_APPLICATION,
+                  on_done, NULL);
+      want++;
+    }
+  await_n(s, &answered, want, 60);
+  CHECK(!failed, "%d deletes failed: %s", failed, last_errstr);
+  for (int64_t slab = pr__slab_of(base_s, SLAB_S);
+       slab < pr__slab_of(base_s, SLAB_S) + 3; slab++) {
+    s->ops->load_slab(s, &segs[1], SLAB_S, slab, on_recs, &g);
+    await_got(s, &g);
+    CHECK(g.n == 0, "%zu timers left in slab %lld after deleting all", g.n,
+          (long long)slab);
+    got_free(&g);
+  }
+}
+
+/* A put and a delete of one timer, issued back to back, land in that
+ * order; so do puts and deletes queued behind other writes. */
+static void test_order(pr__tstore_t *s, const pr__tseg_t *seg) {
+  got_t g = {0};
+  int64_t t = base_s + 5;
+  answered = failed = 0;
+  for (int round = 0; round < 20; round++) {
+    char key[32];
+    snprintf(key, sizeof(key), "order-%d", round);
+    /* Other writes in the same round, so the pairs share groups. */
+    for (int i = 0; i < 20; i++)
+      s->ops->put(s, seg, "noise", base_s + 100 + round * 20 + i,
+                  PR_TIMER_APPLICATION, on_done, NULL);
+    s->ops->put(s, seg, key, t, PR_TIMER_APPLICATION, on_done, NULL);
+    s->ops->del(s, seg, key, t, PR_TIMER_APPLICATION, on_done, NULL);
+    s->ops->del(s, seg, key, t + 1, PR_TIMER_APPLICATION, on_done, NULL);
+    s->ops->put(s, seg, key, t + 1, PR_TIMER_APPLICATION, on_done, NULL);
+    s->ops->put(s, seg, key, t + 2, PR_TIMER_APPLICATION, on_done, NULL);
+    s->ops->del(s, seg, key, t + 2, PR_TIMER_APPLICATION, on_done, NULL);
+    s->ops->put(s, seg, key, t + 2, PR_TIMER_APPLICATION, on_done, NULL);
+    /* A read queued behind them sees them. */
+    s->ops->key_times(s, seg, key, PR_TIMER_APPLICATION, on_times, &g);
+    await_got(s, &g);
+    CHECK(g.n == 2 && g.times[0] == t + 1 && g.times[1] == t + 2,
+          "%s: %zu times after put/del, del/put, put/del/put", key, g.n);
+    got_free(&g);
+  }
+  await_n(s, &answered, 20 * 27, 30);
+  CHECK(!failed, "%d writes failed: %s", failed, last_errstr);
+  s->ops->load_slab(s, seg, SLAB_S, pr__slab_of(t, SLAB_S), on_recs, &g);
+  await_got(s, &g);
+  for (size_t i = 0; i < g.n; i++)
+    CHECK(strncmp(g.recs[i].key, "order-", 6) || g.recs[i].time_s != t,
+          "%s at the deleted time is loaded", g.recs[i].key);
+  got_free(&g);
+  /* del_key keeps the one asked for. */
+  answered = failed = 0;
+  s->ops->del_key(s, seg, "order-0", PR_TIMER_APPLICATION, t + 2, on_done,
+                  NULL);
+  await_n(s, &answered, 1, 30);
+  CHECK(!failed, "del_key: %s", last_errstr);
+  s->ops->key_times(s, seg, "order-0", PR_TIMER_APPLICATION, on_times, &g);
+  await_got(s, &g);
+  CHECK(g.n == 1 && g.times[0] == t + 2, "%zu times after del_key", g.n);
+  got_free(&g);
+}
+
+/* No Cassandra: every put reports an error, none is lost. */
+static void test_unreachable(void) {
+  char err[1024], *nodes[1] = {"127.0.0.1:1"};
+  pr__cql_conf_t conf;
+  pr__tseg_t seg = {"t", 0};
+  pr__tstore_t *s;
+  memset(&conf, 0, sizeof(conf));
+  conf.nodes = nodes;
+  conf.nnodes = 1;
+  conf.connect_timeout_ms = 300;
+  conf.request_timeout_ms = 1000;
+  s = pr__cqlstore_new(&conf, "prosody_test", "nobody", SLAB_S, 3600, wake,
+                       NULL, err, sizeof(err));
+  CHECK(s, "%s", err);
+  answered = failed = 0;
+  for (int i = 0; i < 50; i++)
+    s->ops->put(s, &seg, "k", base_s + i, PR_TIMER_APPLICATION, on_done, NULL);
+  s->ops->del(s, &seg, "k", base_s, PR_TIMER_APPLICATION, on_done, NULL);
+  await_n(s, &answered, 51, 30);
+  CHECK(failed == 51, "%d of 51 writes failed without Cassandra", failed);
+  CHECK(last_err != PROSODY_OK && last_errstr[0], "no error message");
+  /* Destroyed with writes queued and in flight: each is answered. */
+  answered = failed = 0;
+  for (int i = 0; i < 50; i++)
+    s->ops->put(s, &seg, "k", base_s + i, PR_TIMER_APPLICATION, on_done, NULL);
+  s->ops->destroy(s);
+  CHECK(answered == 50 && failed == 50, "%d answered, %d failed at destroy",
+        answered, failed);
+}
+
+int main(void) {
+  char err[1024], *nodes[1], group[64], topic2[64];
+  const char *n = getenv("PROSODY_TEST_CASSANDRA_NODES");
+  pr__cql_conf_t conf;
+  pr__cql_sync_t *y;
+  pr__tstore_t *s;
+  pr__tseg_t segs[2];
+  CHECK(t_real_bootstrap(), "needs the real tier (Cassandra)");
+  nodes[0] = (char *)(n && *n ? n : "127.0.0.1:9042");
+  memset(&conf, 0, sizeof(conf));
+  conf.nodes = nodes;
+  conf.nnodes = 1;
+  y = pr__cql_sync_new(&conf, err, sizeof(err));
+  CHECK(y, "%s", err);
+  CHECK_OK(pr__cql_migrate(y, "prosody_test", 60000, NULL, err, sizeof(err)),
+           err);
+  pr__cql_sync_free(y);
+  base_s = (pr__wall_ms() / 1000 / SLAB_S + 1440) * SLAB_S;
+  snprintf(group, sizeof(group), "tstore-%d", (int)getpid());
+  snprintf(topic2, sizeof(topic2), "other");
+  segs[0] = (pr__tseg_t){"topic", 3};
+  segs[1] = (pr__tseg_t){topic2, 0};
+  s = pr__cqlstore_new(&conf, "prosody_test", group, SLAB_S, 3600, wake, NULL,
+                       err, sizeof(err));
+  CHECK(s, "%s", err);
+  test_many(s, segs, 2);
+  test_order(s, &segs[0]);
+  s->ops->destroy(s);
+  test_unreachable();
+  printf("ok: timer store\n");
+  return 0;
+}
