@@ -87,9 +87,12 @@ if python3 "$here/../scripts/services/cql_check.py" --timeout 3 >/dev/null 2>&1;
   fi
   ours=$("$build/bench/bench_store" 127.0.0.1:9042 prosody_bench 20000 64)
   theirs=$("$venv/bin/python" "$here/bench_store.py" 127.0.0.1 9042 prosody_bench 20000 64)
-    echo "== timers on the Cassandra store (same scenario) =="
+  echo "== timers on the Cassandra store (same scenario; blocking prosody_schedule from 32 handler threads) =="
   BENCH_CASSANDRA=127.0.0.1:9042 "$build/bench/bench_timers" 100000 10000 10 |
     sed 's/^bench timers_/bench timers_cassandra_/' | tee -a "$lines"
+  echo "== timers on the Cassandra store, scheduled with prosody_timer_async (same scenario) =="
+  BENCH_TIMER_ASYNC=1 BENCH_CASSANDRA=127.0.0.1:9042 "$build/bench/bench_timers" 100000 10000 10 |
+    sed 's/^bench timers_/bench timers_cassandra_async_/' | tee -a "$lines"
   for op in insert select; do
     o=$(echo "$ours" | awk -v k="${op}_ops_s" '$1 == k {print $2}')
     t=$(echo "$theirs" | awk -v k="${op}_ops_s" '$1 == k {print $2}')

@@ -1119,13 +1119,6 @@ void pr__cql_batch_run(pr__cql_t *s, uint8_t type, const pr__cql_bstmt_t *b,
   submit(s, r, NULL);
 }
 
-int pr__cql_up(const pr__cql_t *s) {
-  int n = 0;
-  for (size_t i = 0; i < s->nconns; i++)
-    n += s->conns[i]->state == C_UP;
-  return n;
-}
-
 /* ---- blocking ----------------------------------------------------------- */
 
 /*

@@ -72,8 +72,6 @@ typedef struct pr__cql_bstmt {
 void pr__cql_batch_run(pr__cql_t *s, uint8_t type, const pr__cql_bstmt_t *b,
                        uint16_t n, pr__cql_cb cb, void *arg);
 
-/* Connections up now. */
-int pr__cql_up(const pr__cql_t *s);
 /* The known nodes, "host:port dc/rack state; ...", into buf (for logs and
  * tests); the length it wanted. */
 size_t pr__cql_describe(const pr__cql_t *s, char *buf, size_t size);

@@ -171,10 +171,6 @@ void pr__cql_startup(pr__cbuf_t *b, int16_t stream) {
   end(b, at);
 }
 
-void pr__cql_options(pr__cbuf_t *b, int16_t stream) {
-  end(b, begin(b, stream, PR_CQL_OPTIONS));
-}
-
 void pr__cql_auth_response(pr__cbuf_t *b, int16_t stream, const char *user,
                            const char *password) {
   size_t at = begin(b, stream, PR_CQL_AUTH_RESPONSE);

@@ -147,7 +147,6 @@ typedef struct pr__cql_batch_stmt {
 
 /* Request frames, appended to `b`. */
 void pr__cql_startup(pr__cbuf_t *b, int16_t stream);
-void pr__cql_options(pr__cbuf_t *b, int16_t stream);
 void pr__cql_auth_response(pr__cbuf_t *b, int16_t stream, const char *user,
                            const char *password);
 void pr__cql_query(pr__cbuf_t *b, int16_t stream, const char *query,
