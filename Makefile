@@ -8,7 +8,8 @@
 #   make test-quick     unit + mock-cluster tests only
 #   make test-sanitize  unit + mock tests under ASan+UBSan, then TSan
 #   make bench          optimised build, benchmarks (bench/results/latest.json)
-#   make fuzz           the libFuzzer targets (CQL decoder, JSON validator),
+#   make fuzz           the libFuzzer targets (CQL decoder, JSON validator,
+#                       option values),
 #                       FUZZ_SECONDS (600) each
 #   make install        install into PREFIX (default /usr/local)
 #   make docs           regenerate docs/CONFIGURATION.md from the option table

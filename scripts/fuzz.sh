@@ -3,6 +3,8 @@
 # bounded time. Usage: scripts/fuzz.sh [seconds per target, default 60]
 #   cql_frame   the CQL frame decoder (seeds: recorded frames, tests/data/cql/)
 #   json_valid  the payload validator against jansson (seeds: tests/data/json/)
+#   options     every option's value parser and the duration parser: accepted
+#               values print as text that parses back the same
 # New inputs libFuzzer finds stay in build-fuzz/corpus/ between runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,7 +13,7 @@ out=build-fuzz
 cc=(clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
     -Iinclude -Isrc)
 
-mkdir -p "$out/corpus/cql_frame" "$out/corpus/json_valid"
+mkdir -p "$out/corpus/cql_frame" "$out/corpus/json_valid" "$out/corpus/options"
 for hex in tests/data/cql/*.hex; do
   python3 -c 'import sys; open(sys.argv[2], "wb").write(bytes.fromhex(open(sys.argv[1]).read().strip()))' \
     "$hex" "$out/corpus/cql_frame/$(basename "$hex" .hex)"
@@ -23,7 +25,10 @@ cp tests/data/json/* "$out/corpus/json_valid/"
 "${cc[@]}" tests/fuzz/fuzz_json_valid.c src/util/jsonv.c src/util/util.c \
   $(pkg-config --cflags --libs jansson) -lpthread -o "$out/fuzz_json_valid"
 
-for target in cql_frame json_valid; do
+"${cc[@]}" tests/fuzz/fuzz_options.c src/config/config.c src/config/duration.c \
+  src/util/util.c src/error.c -lpthread -lm -o "$out/fuzz_options"
+
+for target in cql_frame json_valid options; do
   echo "fuzz: $target for ${secs}s"
   "$out/fuzz_$target" -max_total_time="$secs" -max_len=4096 -timeout=10 \
     -print_final_stats=1 "$out/corpus/$target" 2>&1 | tail -n 12

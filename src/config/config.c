@@ -633,6 +633,11 @@ void pr__opt_format(pr__opt_id_t id, const pr__value_t *v, char *buf,
     for (size_t i = 0; i < v->list_n && off < n; i++)
       off += (size_t)snprintf(buf + off, n - off, "%s%s", i ? "," : "",
                               v->list[i]);
+    /* A lone item "none" would read back as unset: "none," keeps it a
+     * list (found by tests/fuzz/fuzz_options.c). */
+    if (v->list_n == 1 && (d->flags & PR_F_OPTIONAL) &&
+        !strcasecmp(v->list[0], "none") && off + 1 < n)
+      snprintf(buf + off, n - off, ",");
     break;
   case PR_T_BOOL:
     snprintf(buf, n, "%s", v->u.b ? "true" : "false");

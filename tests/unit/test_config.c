@@ -580,6 +580,40 @@ static void test_errors_table(void **state) {
   assert_int_equal(prosody_err_is_transient((prosody_err_t)-1), 0);
 }
 
+/* Every accepted value prints as text that parses back to the same value
+ * (tests/fuzz/fuzz_options.c checks it on random input); a list of the
+ * one item "none" must not read back as unset. */
+static void test_format_round_trip(void **state) {
+  static const struct {
+    pr__opt_id_t id;
+    const char *text, *canon;
+  } cases[] = {
+      {PR_OPT_ALLOWED_EVENTS, "nonE,", "nonE,"},
+      {PR_OPT_ALLOWED_EVENTS, " a , b ", "a,b"},
+      {PR_OPT_ALLOWED_EVENTS, "none,x", "none,x"},
+      {PR_OPT_MAX_CONCURRENCY, "32", "32"},
+  };
+  char err[512], canon[256], again[256];
+  (void)state;
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    pr__value_t v, w;
+    memset(&v, 0, sizeof(v));
+    memset(&w, 0, sizeof(w));
+    assert_int_equal(
+        pr__opt_parse(cases[i].id, cases[i].text, 0, &v, err, sizeof(err)),
+        PROSODY_OK);
+    pr__opt_format(cases[i].id, &v, canon, sizeof(canon));
+    assert_string_equal(canon, cases[i].canon);
+    assert_int_equal(pr__opt_parse(cases[i].id, canon, 0, &w, err, sizeof(err)),
+                     PROSODY_OK);
+    assert_int_equal(w.isset, 1);
+    pr__opt_format(cases[i].id, &w, again, sizeof(again));
+    assert_string_equal(again, canon);
+    pr__value_fini(cases[i].id, &v);
+    pr__value_fini(cases[i].id, &w);
+  }
+}
+
 static void test_version(void **state) {
   char want[32];
   (void)state;
@@ -607,6 +641,7 @@ int main(void) {
       cmocka_unit_test(test_cross_checks),
       cmocka_unit_test(test_errors_table),
       cmocka_unit_test(test_version),
+      cmocka_unit_test(test_format_round_trip),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
