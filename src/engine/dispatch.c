@@ -250,8 +250,9 @@ static void start(inv_t *inv) {
     pr__dispatch_time(inv);
   claim_followers(inv);
   if (eng->pool) {
-    /* Woken once per loop iteration (engine.c's check handle). */
-    if (pr__pool_submit_quiet(eng->pool, run_handler, inv))
+    /* At most one wake-up per loop iteration (engine.c's check handle
+     * ends the burst). */
+    if (pr__pool_submit_burst(eng->pool, run_handler, inv, &eng->may_wake))
       complete_attempt(inv->ctx, PROSODY_TRANSIENT, "out of memory", 1);
   } else {
     run_handler(inv); /* async: must hand over and return quickly */

@@ -101,7 +101,8 @@ void pr__drain_wait(pr__engine_t *eng, int revoking_only) {
     /* Completions, store results (e.g. fired timers' deletes) and timer
      * operations: refused for what drains, served for the rest. */
     pr__mail_deliver(eng);
-    if (eng->pool) /* outside the loop: no check handle runs */
+    eng->may_wake = 1; /* outside the loop: no check handle runs */
+    if (eng->pool)
       pr__pool_kick(eng->pool);
   }
 }

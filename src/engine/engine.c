@@ -112,6 +112,7 @@ static void on_wake(uv_async_t *a) {
 /* The jobs this iteration handed to the pool get one wake-up. */
 static void on_check(uv_check_t *h) {
   pr__engine_t *eng = h->data;
+  eng->may_wake = 1;
   if (eng->pool)
     pr__pool_kick(eng->pool);
 }
@@ -231,6 +232,7 @@ prosody_err_t pr__engine_start(const pr__settings_t *st, const char *bootstrap,
   eng->shutdown_ms = PR_CFG_MS(st, SHUTDOWN_TIMEOUT);
   eng->seed = (unsigned)pr__now_ns();
   eng->fail_part_new = st->test.fail_part_new;
+  eng->may_wake = 1;
   eng->slab_s = PR_CFG_NS(st, SLAB_SIZE) / 1000000000;
   if (eng->slab_s < 1)
     eng->slab_s = 1;

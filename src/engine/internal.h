@@ -239,6 +239,7 @@ struct pr__engine {
   uv_async_t wake;
   uv_check_t kick; /* after each loop iteration: wake a worker for the
                       jobs it queued (pr__pool_kick) */
+  int may_wake;    /* this iteration has not woken a worker yet */
   part_t *parts;
   part_t *zombies; /* released partitions with handlers still running */
 

@@ -12,9 +12,10 @@
  * per job ahead of them), while short handlers are run back to back by
  * the few workers already awake, with no wake-up at all.
  *
- * A submitter that hands over jobs in bursts (the engine, once per loop
- * iteration) submits them quietly and kicks once at the end: one wake-up
- * for the burst, the woken worker waking more as above.
+ * A submitter that hands over jobs in bursts (the engine, in each loop
+ * iteration) wakes at most one sleeper for the burst, at its first job (so
+ * that job does not wait for the rest of the burst), and kicks once at
+ * the end; the woken worker wakes more as above.
  *
  * (Spinning before sleeping was tried and measured: on two cores it only
  * takes CPU from the engine thread, the pipeline's serial stage.)
@@ -146,7 +147,7 @@ pr__pool_t *pr__pool_new(int threads) {
   return pool;
 }
 
-static int submit(pr__pool_t *pool, pr__job_fn fn, void *arg, int may_wake) {
+static int submit(pr__pool_t *pool, pr__job_fn fn, void *arg, int *may_wake) {
   worker_t *wake = NULL;
   job_t *j;
   pthread_mutex_lock(&pool->lock);
@@ -168,8 +169,8 @@ static int submit(pr__pool_t *pool, pr__job_fn fn, void *arg, int may_wake) {
   else
     pool->head = j;
   pool->tail = j;
-  if (may_wake && pool->free == 0)
-    wake = take_sleeper(pool);
+  if (*may_wake && pool->free == 0 && (wake = take_sleeper(pool)))
+    *may_wake = 0;
   pthread_mutex_unlock(&pool->lock);
   if (wake)
     pthread_cond_signal(&wake->cond);
@@ -177,11 +178,13 @@ static int submit(pr__pool_t *pool, pr__job_fn fn, void *arg, int may_wake) {
 }
 
 int pr__pool_submit(pr__pool_t *pool, pr__job_fn fn, void *arg) {
-  return submit(pool, fn, arg, 1);
+  int may_wake = 1;
+  return submit(pool, fn, arg, &may_wake);
 }
 
-int pr__pool_submit_quiet(pr__pool_t *pool, pr__job_fn fn, void *arg) {
-  return submit(pool, fn, arg, 0);
+int pr__pool_submit_burst(pr__pool_t *pool, pr__job_fn fn, void *arg,
+                          int *may_wake) {
+  return submit(pool, fn, arg, may_wake);
 }
 
 void pr__pool_kick(pr__pool_t *pool) {

@@ -15,8 +15,11 @@ typedef void (*pr__job_fn)(void *arg);
 pr__pool_t *pr__pool_new(int threads);
 /* Queues a job; 0 on success. Thread-safe. */
 int pr__pool_submit(pr__pool_t *pool, pr__job_fn fn, void *arg);
-/* Queues a job without waking anyone; pr__pool_kick() does, once. */
-int pr__pool_submit_quiet(pr__pool_t *pool, pr__job_fn fn, void *arg);
+/* Queues one job of a burst: wakes a sleeper (if no awake worker is free)
+ * only while *may_wake is set, and clears it when it does; the submitter
+ * sets it again, and calls pr__pool_kick(), when the burst ends. */
+int pr__pool_submit_burst(pr__pool_t *pool, pr__job_fn fn, void *arg,
+                          int *may_wake);
 /* Wakes a sleeping worker if jobs are queued and no awake worker is free
  * to take them. Thread-safe. */
 void pr__pool_kick(pr__pool_t *pool);
