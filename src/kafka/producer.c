@@ -11,7 +11,9 @@
  * that gives up can never be freed under a late delivery report.
  *
  * librdkafka's own delivery timeout (message.timeout.ms) is send_timeout,
- * so every queued record gets its report within that budget.
+ * so every queued record gets its report about that budget later (its
+ * timeout scan runs every second, so up to a second late); a blocking
+ * send returns at send_timeout whatever librdkafka's report does.
  *
  * Fatal errors (librdkafka rule 7, docs/ARCHITECTURE.md): an idempotent
  * producer can hit a fatal error (e.g. after in-flight requests time out on
@@ -717,9 +719,11 @@ prosody_err_t pr__producer_send(pr__producer_t *prod, const char *topic,
   struct timespec deadline;
   prosody_err_t err;
   waiter_t *w;
-  /* librdkafka reports every record within send_timeout of queueing it;
-   * the grace covers the poller's latency and a fatal-error recovery. */
-  int wait_ms = prod->send_timeout_ms + 5000;
+  /* librdkafka times records out on a 1 s scan, so its report of a
+   * 1 s send_timeout can come after 2 s: the caller waits send_timeout
+   * (plus the poller's latency) and no longer; a report after that is
+   * dropped with the waiter's last reference. */
+  int wait_ms = prod->send_timeout_ms + 50;
 
   if (in_callback_thread) {
     pr__errf(errstr, errstr_size,
@@ -758,10 +762,17 @@ prosody_err_t pr__producer_send(pr__producer_t *prod, const char *topic,
     if (err)
       pr__errf(errstr, errstr_size, "%s", w->errstr);
   } else {
+    char last[256], budget[32];
     err = PROSODY_ERR_TIMEOUT;
+    pthread_mutex_lock(&prod->err_lock);
+    memcpy(last, prod->last_error, sizeof(last));
+    pthread_mutex_unlock(&prod->err_lock);
+    pr__duration_format((int64_t)prod->send_timeout_ms * 1000000, budget,
+                        sizeof(budget));
     pr__errf(errstr, errstr_size,
-             "no delivery report for topic \"%s\" within %d ms", topic,
-             wait_ms);
+             "record for topic \"%s\" (key \"%.64s\") was not acknowledged "
+             "within send_timeout %s%s%s",
+             topic, key, budget, *last ? "; last broker error: " : "", last);
   }
   waiter_unref_locked(w);
   return err;

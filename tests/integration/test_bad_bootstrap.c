@@ -46,7 +46,7 @@ int main(void) {
   /* Port 1 on loopback: nothing listens, connections are refused. */
   t_set(conf, "bootstrap_servers", "127.0.0.1:1");
   t_set(conf, "source_system", "unreachable");
-  t_set(conf, "send_timeout", "2s");
+  t_set(conf, "send_timeout", "1s");
   t_set(conf, "log", "off");
   client = prosody_client_new(conf, err, sizeof(err));
   CHECK(client, "creating a client must not need the broker: %s", err);
@@ -56,9 +56,10 @@ int main(void) {
   took = t_now() - t0;
   CHECK(e == PROSODY_ERR_TIMEOUT, "got %s (%s)", prosody_err_name(e), err);
   CHECK(prosody_err_is_transient(e), "timeout must be transient");
-  CHECK(took >= 1.9 && took < 5.0, "send took %.2f s with send_timeout 2s",
+  /* exactly the budget: librdkafka's own report can come a second late */
+  CHECK(took >= 0.95 && took < 1.4, "send took %.2f s with send_timeout 1s",
         took);
-  CHECK(strstr(err, "orders") && strstr(err, "send_timeout 2s"),
+  CHECK(strstr(err, "orders") && strstr(err, "send_timeout 1s"),
         "message \"%s\" should name the topic and the budget", err);
   CHECK(strstr(err, "127.0.0.1:1"),
         "message \"%s\" should quote the broker error", err);
