@@ -31,5 +31,6 @@ cp tests/data/json/* "$out/corpus/json_valid/"
 for target in cql_frame json_valid options; do
   echo "fuzz: $target for ${secs}s"
   "$out/fuzz_$target" -max_total_time="$secs" -max_len=4096 -timeout=10 \
+    -artifact_prefix="$out/" \
     -print_final_stats=1 "$out/corpus/$target" 2>&1 | tail -n 12
 done
