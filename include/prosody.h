@@ -369,7 +369,8 @@ PROSODY_EXPORT const char *prosody_message_header(const prosody_message_t *m,
 /* 1 once the invocation should stop (handler timeout, shutdown, revoke). */
 PROSODY_EXPORT int prosody_should_cancel(const prosody_context_t *ctx);
 /* Blocks until cancellation or `timeout_ms` (-1: no limit). Returns 1 if
- * cancelled, 0 on timeout. For synchronous handlers (worker threads). */
+ * cancelled (or the invocation has finished), 0 on timeout. For
+ * synchronous handlers (worker threads). */
 PROSODY_EXPORT int prosody_wait_cancel(prosody_context_t *ctx,
                                        int64_t timeout_ms);
 /* Attaches an error message to a failing result (copied; the last one

@@ -29,12 +29,16 @@ void pr__dispatch_cancel(inv_t *inv) {
   pthread_mutex_unlock(&slot->lock);
 }
 
-/* Records the attempt's result exactly once (any thread) and posts it;
- * -1 for a stale context or a second result (nothing posted). `run_end`:
- * the worker will not go on with the key's next claimed event (see
- * run_handler()). */
+/* Records the attempt's result exactly once (any thread) and posts it.
+ * `next`: the run's next claimed event the worker would go on with (see
+ * run_handler()), or NULL. Returns 1 when the run goes on with `next`, 0
+ * when the result ends the run (posted with run_end), -1 for a stale
+ * context or a second result (nothing posted). `next` is read only here,
+ * under this attempt's slot lock and after it is known unfinished: until
+ * this attempt's result is posted nothing can free it. */
 static int complete_attempt(prosody_context_t *ctx, prosody_result_t result,
-                            const char *message, int run_end) {
+                            const char *message, inv_t *next) {
+  int go_on;
   pr__ctx_t *slot = pr__ctx_lock(ctx);
   inv_t *inv;
   if (!slot)
@@ -61,7 +65,8 @@ static int complete_attempt(prosody_context_t *ctx, prosody_result_t result,
     pr__inv_shed(inv);
   }
   inv->result = result;
-  inv->run_end = run_end;
+  go_on = next && result == PROSODY_SUCCESS && !atomic_load(&next->released);
+  inv->run_end = !go_on;
   free(inv->result_error);
   inv->result_error = message       ? strdup(message)
                       : slot->error ? strdup(slot->error)
@@ -69,7 +74,7 @@ static int complete_attempt(prosody_context_t *ctx, prosody_result_t result,
   pthread_mutex_unlock(&slot->lock);
   inv->mail.kind = MAIL_DONE;
   pr__mail_post(inv->eng, &inv->mail);
-  return 0;
+  return go_on;
 }
 
 /* Runs the handler for `inv` (a worker, or the engine thread for an
@@ -107,11 +112,12 @@ static void run_handler(void *arg) {
     }
     if (r == PROSODY_PENDING) /* completed later, with run_end set */
       return;
-    go_on = r == PROSODY_SUCCESS && next && !atomic_load(&next->released) &&
-            !prosody_should_cancel(next_ctx);
-    /* Refused when the handler completed the context itself: that result
-     * ended the run. */
-    if (complete_attempt(ctx, r, NULL, !go_on) || !go_on)
+    /* next->ctx is a handle: safe to ask even if next were gone. next
+     * itself is read only by complete_attempt(), under this attempt's
+     * lock; refused (-1) when the handler completed the context itself,
+     * whose result then ended the run. */
+    go_on = r == PROSODY_SUCCESS && next && !prosody_should_cancel(next_ctx);
+    if (complete_attempt(ctx, r, NULL, go_on ? next : NULL) != 1)
       return;
     inv = next;
   }
@@ -253,7 +259,7 @@ static void start(inv_t *inv) {
     /* At most one wake-up per loop iteration (engine.c's check handle
      * ends the burst). */
     if (pr__pool_submit_burst(eng->pool, run_handler, inv, &eng->may_wake))
-      complete_attempt(inv->ctx, PROSODY_TRANSIENT, "out of memory", 1);
+      complete_attempt(inv->ctx, PROSODY_TRANSIENT, "out of memory", NULL);
   } else {
     run_handler(inv); /* async: must hand over and return quickly */
   }
@@ -346,6 +352,6 @@ PROSODY_EXPORT prosody_err_t prosody_complete(prosody_context_t *ctx,
                                               const char *message) {
   if (!ctx || result == PROSODY_PENDING)
     return PROSODY_ERR_INVALID_ARG;
-  return complete_attempt(ctx, result, message, 1) ? PROSODY_ERR_STATE
-                                                   : PROSODY_OK;
+  return complete_attempt(ctx, result, message, NULL) < 0 ? PROSODY_ERR_STATE
+                                                          : PROSODY_OK;
 }

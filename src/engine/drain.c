@@ -72,6 +72,10 @@ void pr__drain_wait(pr__engine_t *eng, int revoking_only) {
   int64_t end = start + eng->shutdown_ms * 1000000;
   int cancelled = 0;
 
+  /* Outside the loop: its prepare/check handles do not run here. */
+  eng->may_wake = 1;
+  if (eng->pool)
+    pr__pool_kick(eng->pool);
   for (;;) {
     int64_t now = pr__now_ns(), wake_at;
     struct timespec ts;

@@ -81,6 +81,7 @@ static void shutdown_engine(pr__engine_t *eng) {
   uv_close((uv_handle_t *)&eng->tmo, NULL);
   uv_close((uv_handle_t *)&eng->wake, NULL);
   uv_close((uv_handle_t *)&eng->kick, NULL);
+  uv_close((uv_handle_t *)&eng->kick_pre, NULL);
 }
 
 static void on_kafka(uv_poll_t *h, int status, int events) {
@@ -109,13 +110,18 @@ static void on_wake(uv_async_t *a) {
     pr__firing_due(eng);
 }
 
-/* The jobs this iteration handed to the pool get one wake-up. */
-static void on_check(uv_check_t *h) {
-  pr__engine_t *eng = h->data;
+/* Ends a burst of jobs handed to the pool: a worker is woken if jobs wait
+ * and none is free. Runs before the loop blocks in poll (prepare: after
+ * the timer callbacks) and after the poll callbacks (check), so no job
+ * waits for the next wake-up of the loop. */
+static void end_burst(pr__engine_t *eng) {
   eng->may_wake = 1;
   if (eng->pool)
     pr__pool_kick(eng->pool);
 }
+
+static void on_prepare(uv_prepare_t *h) { end_burst(h->data); }
+static void on_check(uv_check_t *h) { end_burst(h->data); }
 
 static void *engine_main(void *arg) {
   pr__engine_t *eng = arg;
@@ -151,6 +157,7 @@ static void loop_abandon(pr__engine_t *eng) {
   uv_close((uv_handle_t *)&eng->tmo, NULL);
   uv_close((uv_handle_t *)&eng->wake, NULL);
   uv_close((uv_handle_t *)&eng->kick, NULL);
+  uv_close((uv_handle_t *)&eng->kick_pre, NULL);
   uv_run(&eng->loop, UV_RUN_DEFAULT);
   uv_loop_close(&eng->loop);
 }
@@ -258,6 +265,9 @@ prosody_err_t pr__engine_start(const pr__settings_t *st, const char *bootstrap,
   uv_check_init(&eng->loop, &eng->kick);
   eng->kick.data = eng;
   uv_check_start(&eng->kick, on_check);
+  uv_prepare_init(&eng->loop, &eng->kick_pre);
+  eng->kick_pre.data = eng;
+  uv_prepare_start(&eng->kick_pre, on_prepare);
 
   /* The timer store first: outside mock mode it needs Cassandra, and a
    * missing or unreachable one is said before anything joins the group. */

@@ -237,9 +237,10 @@ struct pr__engine {
   uv_poll_t kpoll;
   uv_timer_t tick;
   uv_async_t wake;
-  uv_check_t kick; /* after each loop iteration: wake a worker for the
-                      jobs it queued (pr__pool_kick) */
-  int may_wake;    /* this iteration has not woken a worker yet */
+  uv_check_t kick;       /* after the poll callbacks, and ... */
+  uv_prepare_t kick_pre; /* ... before the poll: wake a worker for the jobs
+                            queued meanwhile (pr__pool_kick) */
+  int may_wake;          /* this iteration has not woken a worker yet */
   part_t *parts;
   part_t *zombies; /* released partitions with handlers still running */
 
