@@ -256,8 +256,8 @@ static void start(inv_t *inv) {
     pr__dispatch_time(inv);
   claim_followers(inv);
   if (eng->pool) {
-    /* At most one wake-up per loop iteration (engine.c's check handle
-     * ends the burst). */
+    /* At most one wake-up per burst (engine.c's prepare and check
+     * handles end each burst). */
     if (pr__pool_submit_burst(eng->pool, run_handler, inv, &eng->may_wake))
       complete_attempt(inv->ctx, PROSODY_TRANSIENT, "out of memory", NULL);
   } else {
