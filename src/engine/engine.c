@@ -47,6 +47,18 @@ static void error_cb(rd_kafka_t *rk, int err, const char *reason,
             rd_kafka_err2name((rd_kafka_resp_err_t)err));
 }
 
+/* Closes (and so stops) the loop's handles; the loop's last run finishes
+ * closing them. */
+static void close_handles(pr__engine_t *eng) {
+  uv_close((uv_handle_t *)&eng->kpoll, NULL);
+  uv_close((uv_handle_t *)&eng->tick, NULL);
+  uv_close((uv_handle_t *)&eng->tfire, NULL);
+  uv_close((uv_handle_t *)&eng->tmo, NULL);
+  uv_close((uv_handle_t *)&eng->wake, NULL);
+  uv_close((uv_handle_t *)&eng->kick, NULL);
+  uv_close((uv_handle_t *)&eng->kick_pre, NULL);
+}
+
 static void shutdown_engine(pr__engine_t *eng) {
   int64_t t0 = pr__now_ns();
   if (eng->stopping)
@@ -73,15 +85,7 @@ static void shutdown_engine(pr__engine_t *eng) {
   pr__part_count(eng);
   PR_INFO("engine", "consumer stopped in %lld ms",
           (long long)((pr__now_ns() - t0) / 1000000));
-  uv_poll_stop(&eng->kpoll);
-  uv_close((uv_handle_t *)&eng->kpoll, NULL);
-  uv_timer_stop(&eng->tick);
-  uv_close((uv_handle_t *)&eng->tick, NULL);
-  uv_close((uv_handle_t *)&eng->tfire, NULL);
-  uv_close((uv_handle_t *)&eng->tmo, NULL);
-  uv_close((uv_handle_t *)&eng->wake, NULL);
-  uv_close((uv_handle_t *)&eng->kick, NULL);
-  uv_close((uv_handle_t *)&eng->kick_pre, NULL);
+  close_handles(eng);
 }
 
 static void on_kafka(uv_poll_t *h, int status, int events) {
@@ -151,13 +155,7 @@ static void store_wake(void *arg) { pr__mail_post_store(arg); }
 
 /* Closes the loop's handles and the loop (start failed). */
 static void loop_abandon(pr__engine_t *eng) {
-  uv_close((uv_handle_t *)&eng->kpoll, NULL);
-  uv_close((uv_handle_t *)&eng->tick, NULL);
-  uv_close((uv_handle_t *)&eng->tfire, NULL);
-  uv_close((uv_handle_t *)&eng->tmo, NULL);
-  uv_close((uv_handle_t *)&eng->wake, NULL);
-  uv_close((uv_handle_t *)&eng->kick, NULL);
-  uv_close((uv_handle_t *)&eng->kick_pre, NULL);
+  close_handles(eng);
   uv_run(&eng->loop, UV_RUN_DEFAULT);
   uv_loop_close(&eng->loop);
 }

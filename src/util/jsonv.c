@@ -200,6 +200,15 @@ static int literal(scan_t *s, const char *word) {
   return 0;
 }
 
+/* An object's key and its ':', leading whitespace included. */
+static int key(scan_t *s) {
+  skip_ws(s);
+  if (s->p >= s->end || *s->p++ != '"' || string(s))
+    return -1;
+  skip_ws(s);
+  return s->p < s->end && *s->p++ == ':' ? 0 : -1;
+}
+
 /* Values iteratively: `stack` holds the open containers ('[' or '{'). */
 int pr__json_valid(const char *text, size_t len) {
   scan_t s = {(const unsigned char *)text, (const unsigned char *)text + len};
@@ -232,13 +241,8 @@ int pr__json_valid(const char *text, size_t len) {
         depth--;
         break; /* an empty container is a complete value */
       }
-      if (stack[depth - 1] == '{') { /* a key, then ':' */
-        if (s.p >= s.end || *s.p++ != '"' || string(&s))
-          goto out;
-        skip_ws(&s);
-        if (s.p >= s.end || *s.p++ != ':')
-          goto out;
-      }
+      if (stack[depth - 1] == '{' && key(&s))
+        goto out;
       continue; /* the first element */
     case '"':
       s.p++;
@@ -277,16 +281,8 @@ int pr__json_valid(const char *text, size_t len) {
         depth--;
         continue;
       }
-      if (*s.p++ != ',')
+      if (*s.p++ != ',' || (stack[depth - 1] == '{' && key(&s)))
         goto out;
-      if (stack[depth - 1] == '{') {
-        skip_ws(&s);
-        if (s.p >= s.end || *s.p++ != '"' || string(&s))
-          goto out;
-        skip_ws(&s);
-        if (s.p >= s.end || *s.p++ != ':')
-          goto out;
-      }
       break; /* the next element */
     }
   }
