@@ -115,6 +115,15 @@ pr__ctx_t *pr__ctx_lock(const prosody_context_t *handle) {
   }
   return slot;
 }
+
+pr__ctx_t *pr__ctx_lock_live(const prosody_context_t *handle) {
+  pr__ctx_t *slot = pr__ctx_lock(handle);
+  if (slot && slot->finished) {
+    pthread_mutex_unlock(&slot->lock);
+    slot = NULL;
+  }
+  return slot;
+}
 PROSODY_EXPORT int prosody_should_cancel(const prosody_context_t *ctx) {
   pr__ctx_t *slot = pr__ctx_lock(ctx);
   int cancelled;
@@ -133,12 +142,8 @@ PROSODY_EXPORT prosody_err_t prosody_context_on_cancel(prosody_context_t *ctx,
   pr__ctx_t *slot;
   if (!ctx)
     return PROSODY_ERR_INVALID_ARG;
-  if (!(slot = pr__ctx_lock(ctx)))
+  if (!(slot = pr__ctx_lock_live(ctx)))
     return PROSODY_ERR_STATE;
-  if (slot->finished) {
-    pthread_mutex_unlock(&slot->lock);
-    return PROSODY_ERR_STATE;
-  }
   slot->cancel_cb = NULL;
   slot->cancel_opaque = NULL;
   if (cb && slot->cancelled) {

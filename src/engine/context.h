@@ -39,5 +39,8 @@ void pr__ctx_release(pr__ctx_t *slot);
 /* The handle's slot, locked, if the handle is current; NULL (nothing
  * locked) if stale or invalid. */
 pr__ctx_t *pr__ctx_lock(const prosody_context_t *handle);
+/* The same, but also NULL (nothing locked) once the attempt has its
+ * result: the slot of an attempt still running. */
+pr__ctx_t *pr__ctx_lock_live(const prosody_context_t *handle);
 
 #endif /* PR_CONTEXT_H */

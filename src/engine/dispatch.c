@@ -39,14 +39,10 @@ void pr__dispatch_cancel(inv_t *inv) {
 static int complete_attempt(prosody_context_t *ctx, prosody_result_t result,
                             const char *message, inv_t *next) {
   int go_on;
-  pr__ctx_t *slot = pr__ctx_lock(ctx);
+  pr__ctx_t *slot = pr__ctx_lock_live(ctx);
   inv_t *inv;
   if (!slot)
     return -1;
-  if (slot->finished) {
-    pthread_mutex_unlock(&slot->lock);
-    return -1;
-  }
   slot->finished = 1;
   slot->cancel_cb = NULL; /* finished: a later cancel is not reported */
   pthread_cond_broadcast(&slot->cond); /* prosody_wait_cancel: it is over */

@@ -137,17 +137,13 @@ static void top_listed(void *arg, prosody_err_t err, const char *errstr,
 
 /* Runs a handler's timer operation (engine thread). */
 static void run_op(pr__engine_t *eng, top_t *op) {
-  pr__ctx_t *slot = pr__ctx_lock(op->ctx);
+  pr__ctx_t *slot = pr__ctx_lock_live(op->ctx);
   char why[256];
   inv_t *inv;
   part_t *part;
   pr__tseg_t seg;
   pr__tstore_t *st = eng->store;
 
-  if (slot && slot->finished) {
-    pthread_mutex_unlock(&slot->lock);
-    slot = NULL;
-  }
   if (!slot) {
     top_done(op, PROSODY_ERR_STATE,
              "the context is stale: its handler has already finished");
@@ -205,13 +201,9 @@ static void run_op(pr__engine_t *eng, top_t *op) {
  * way top_done() reports it, possibly before this returns. A stale context
  * is refused here (PROSODY_ERR_STATE, `op` untouched). */
 static prosody_err_t top_submit(top_t *op, char *errstr, size_t errstr_size) {
-  pr__ctx_t *slot = pr__ctx_lock(op->ctx);
+  pr__ctx_t *slot = pr__ctx_lock_live(op->ctx);
   pr__engine_t *eng;
 
-  if (slot && slot->finished) {
-    pthread_mutex_unlock(&slot->lock);
-    slot = NULL;
-  }
   if (!slot) {
     pr__errf(errstr, errstr_size,
              "the context is stale: its handler has already finished");
