@@ -61,6 +61,7 @@ static int complete_attempt(prosody_context_t *ctx, prosody_result_t result,
     pr__inv_shed(inv);
   }
   inv->result = result;
+  inv->run_ns = inv->started_ns ? pr__now_ns() - inv->started_ns : 0;
   go_on = next && result == PROSODY_SUCCESS && !atomic_load(&next->released);
   inv->run_end = !go_on;
   free(inv->result_error);
@@ -91,6 +92,7 @@ static void run_handler(void *arg) {
     prosody_context_t *next_ctx = next ? next->ctx : NULL;
     prosody_result_t r;
     int go_on;
+    inv->started_ns = pr__now_ns();
     if (inv->unprepared)
       pr__decode_prepare(inv);
     if (inv->skip) {
@@ -174,13 +176,16 @@ void pr__dispatch_time(inv_t *inv) {
 
 /* Claims the key's queued messages behind `head` for the same run: each
  * is started (context, attempt, active) but runs on head's worker after
- * head succeeds. Only with a worker pool, only messages: a timer's event
- * must be deleted from the store before the key's next event starts. */
+ * head succeeds. Only with a worker pool, only messages (a timer's event
+ * must be deleted from the store before the key's next event starts), and
+ * only while no other event waits for a slot: under contention the
+ * scheduler, not the run, decides what runs next. */
 static void claim_followers(inv_t *head) {
   inv_t *prev = head, *f;
   int n = 1;
   head->chain_next = NULL;
-  if (!head->eng->pool || head->is_timer)
+  if (!head->eng->pool || head->is_timer ||
+      pr__sched_waiting(&head->eng->sched))
     return;
   for (f = head->next; f && n < RUN_MAX; f = f->next, n++) {
     if (f->is_timer || f->state != INV_QUEUED)
@@ -231,6 +236,7 @@ static void start(inv_t *inv) {
   inv->state = INV_RUNNING;
   inv->attempt++;
   inv->part->active++;
+  inv->started_ns = 0; /* set when the handler starts */
   eng->running++;
   /* Each attempt gets a fresh context: one kept from an earlier attempt
    * is stale. */
@@ -261,8 +267,9 @@ static void start(inv_t *inv) {
   }
 }
 
-/* Starts the event when the limiter allows, else queues it as ready. A
- * timer unscheduled while it waited is skipped. */
+/* Starts the event when a slot is free, else it waits in the scheduler
+ * (normal class for a first attempt, failure class for a retry). A timer
+ * unscheduled while it waited is skipped. */
 void pr__dispatch_schedule(inv_t *inv) {
   pr__engine_t *eng = inv->eng;
   /* Iteratively: a key may have many dropped timers queued. */
@@ -274,21 +281,22 @@ void pr__dispatch_schedule(inv_t *inv) {
     return;
   }
   pr__inv_release_rkm(inv);
+  inv->sched.key = inv->kq->sk;
+  inv->sched.cls = inv->attempt > 0 ? PR_SCHED_FAILURE : PR_SCHED_NORMAL;
+  if (pr__sched_push(&eng->sched, &inv->sched, pr__now_ns())) {
+    start(inv); /* no room to wait: over the limit rather than stuck */
+    return;
+  }
   inv->state = INV_READY;
-  inv->rnext = NULL;
-  if (eng->ready_tail)
-    eng->ready_tail->rnext = inv;
-  else
-    eng->ready_head = inv;
-  eng->ready_tail = inv;
 }
 
 void pr__dispatch_start_ready(pr__engine_t *eng) {
-  while (eng->running < eng->max_concurrency && eng->ready_head) {
-    inv_t *inv = eng->ready_head;
-    eng->ready_head = inv->rnext;
-    if (!eng->ready_head)
-      eng->ready_tail = NULL;
+  pr__sched_task_t *t;
+  int64_t now = 0;
+  while (eng->running < eng->max_concurrency &&
+         pr__sched_waiting(&eng->sched) &&
+         (t = pr__sched_pop(&eng->sched, now ? now : (now = pr__now_ns())))) {
+    inv_t *inv = PR_CONTAINER_OF(t, inv_t, sched);
     if (inv->is_timer && inv->dropped)
       pr__outcome_finish(inv, 0);
     else
@@ -296,19 +304,17 @@ void pr__dispatch_start_ready(pr__engine_t *eng) {
   }
 }
 
-/* Removes every ready event of `part` (NULL: all) from the ready FIFO. */
+static int ready_of(pr__sched_task_t *t, void *arg) {
+  inv_t *inv = PR_CONTAINER_OF(t, inv_t, sched);
+  if (arg && inv->part != arg)
+    return 0;
+  inv->state = INV_QUEUED;
+  return 1;
+}
+
+/* Takes every waiting event of `part` (NULL: all) out of the scheduler. */
 void pr__dispatch_ready_remove(pr__engine_t *eng, part_t *part) {
-  inv_t **pp = &eng->ready_head;
-  eng->ready_tail = NULL;
-  while (*pp) {
-    if (!part || (*pp)->part == part) {
-      (*pp)->state = INV_QUEUED;
-      *pp = (*pp)->rnext;
-    } else {
-      eng->ready_tail = *pp;
-      pp = &(*pp)->rnext;
-    }
-  }
+  pr__sched_remove_if(&eng->sched, ready_of, part);
 }
 
 /* Appends a new event (message or timer) to its key's FIFO, counting it

@@ -145,6 +145,7 @@ static void engine_free(pr__engine_t *eng) {
     close(eng->pipefd[1]);
   if (eng->store)
     eng->store->ops->destroy(eng->store);
+  pr__sched_fini(&eng->sched);
   pthread_mutex_destroy(&eng->lock);
   pthread_cond_destroy(&eng->cond);
   free(eng);
@@ -236,6 +237,10 @@ prosody_err_t pr__engine_start(const pr__settings_t *st, const char *bootstrap,
                                             : eng->stall_ns / 1000000 * 8 / 10;
   eng->shutdown_ms = PR_CFG_MS(st, SHUTDOWN_TIMEOUT);
   eng->seed = (unsigned)pr__now_ns();
+  pr__sched_init(&eng->sched, PR_CFG_FLOAT(st, SCHEDULER_FAILURE_WEIGHT),
+                 (double)PR_CFG_NS(st, SCHEDULER_MAX_WAIT) / 1e9,
+                 PR_CFG_FLOAT(st, SCHEDULER_WAIT_WEIGHT),
+                 (size_t)PR_CFG_INT(st, SCHEDULER_CACHE_SIZE));
   eng->fail_part_new = st->test.fail_part_new;
   eng->may_wake = 1;
   eng->slab_s = PR_CFG_NS(st, SLAB_SIZE) / 1000000000;

@@ -8,6 +8,7 @@
  *   partition.c   partitions, key queues, offsets and commits, stalls
  *   backpressure.c  when a partition stops and is read again
  *   dispatch.c    limiter, worker hand-off, handler timeouts, completion
+ *   scheduler.c   the fair scheduler: which waiting event runs next
  *   decode.c      JSON and filters, on the thread about to run the handler
  *   mailbox.c     the one way into the engine thread from other threads
  *   outcome.c     the mode's result layers, retries, finishing an event
@@ -49,6 +50,7 @@
 #include "engine.h"
 #include "pool.h"
 #include "prosody.h"
+#include "scheduler.h"
 #include "tracker.h"
 
 typedef struct part part_t;
@@ -106,7 +108,7 @@ struct prosody_timer {
 
 enum inv_state {
   INV_QUEUED,     /* in its key FIFO, not started */
-  INV_READY,      /* head of its key, waiting for the limiter */
+  INV_READY,      /* head of its key, waiting in the scheduler */
   INV_RUNNING,    /* handler invoked, result not processed yet */
   INV_RETRY_WAIT, /* waiting on its retry timer */
   INV_DLQ         /* being sent to the failure topic (or a fired timer
@@ -119,7 +121,6 @@ enum inv_state {
  * `result_error` before it posts `mail` (the post publishes them). */
 struct inv {
   inv_t *next;         /* key FIFO link */
-  inv_t *rnext;        /* ready FIFO link */
   inv_t *chain_next;   /* the key's next event claimed for the same run
                           (set by the engine before the run starts; read by
                           the run's worker) */
@@ -128,6 +129,11 @@ struct inv {
   atomic_int released; /* claimed, and its partition is being released:
                           the run must not start it */
   pr__mail_t mail;
+  pr__sched_task_t sched; /* INV_READY: its place in the scheduler */
+  int64_t started_ns;     /* when its handler started (the thread running
+                             it; published by the result's post) */
+  int64_t run_ns;         /* the attempt's handler time (set with the
+                             result) */
   pr__engine_t *eng;
   part_t *part;
   kq_t *kq;
@@ -160,14 +166,16 @@ struct inv {
 
 /* A key's FIFO within a partition (engine thread). */
 struct kq {
-  kq_t *next;         /* bucket chain */
-  char *key;          /* in the same allocation */
-  inv_t *head, *tail; /* FIFO; head is the only one that may run */
+  kq_t *next;          /* bucket chain */
+  char *key;           /* in the same allocation */
+  pr__sched_key_t *sk; /* its scheduler state, pinned while the queue lives */
+  inv_t *head, *tail;  /* FIFO; head is the only one that may run */
 };
 
 /* An assigned partition (engine thread). */
 struct part {
   part_t *next;
+  pr__engine_t *eng;
   char *topic;
   int32_t partition;
   rd_kafka_queue_t *rkq; /* its own fetch queue (not forwarded to the
@@ -244,10 +252,10 @@ struct pr__engine {
   part_t *parts;
   part_t *zombies; /* released partitions with handlers still running */
 
-  int resumed;      /* a partition left backpressure: read queues */
-  int running;      /* handlers started, not completed */
-  int dlq_inflight; /* failure-topic sends and fired-timer deletes in flight */
-  inv_t *ready_head, *ready_tail;
+  int resumed;       /* a partition left backpressure: read queues */
+  int running;       /* handlers started, not completed */
+  int dlq_inflight;  /* failure-topic sends and fired-timer deletes in flight */
+  pr__sched_t sched; /* events waiting for a handler slot */
   int phase;
   int stopping; /* shutdown has begun */
   unsigned seed;

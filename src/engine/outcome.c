@@ -205,6 +205,10 @@ void pr__outcome_handler_done(inv_t *inv) {
 
   inv->part->active--;
   pr__dispatch_untime(inv);
+  if (inv->kq) /* its handler time counts against its key and class */
+    pr__sched_charge(&eng->sched, inv->kq->sk,
+                     inv->attempt > 1 ? PR_SCHED_FAILURE : PR_SCHED_NORMAL,
+                     inv->run_ns, pr__now_ns());
   if (inv->cslot) { /* the attempt is over: its context goes stale */
     pr__ctx_release(inv->cslot);
     inv->cslot = NULL;

@@ -56,6 +56,11 @@ kq_t *pr__kq_get(part_t *part, const char *key, int create) {
     kq->key = (char *)(kq + 1);
     memcpy(kq->key, key, len + 1);
   }
+  if (!(kq->sk = pr__sched_pin(&part->eng->sched, part->topic, part->partition,
+                               key))) {
+    free(kq);
+    return NULL;
+  }
   kq->next = part->buckets[h % part->nbuckets];
   part->buckets[h % part->nbuckets] = kq;
   part->nkeys++;
@@ -69,6 +74,7 @@ void pr__kq_remove(part_t *part, kq_t *kq) {
   if (*pp)
     *pp = kq->next;
   part->nkeys--;
+  pr__sched_unpin(&part->eng->sched, kq->sk);
   free(kq);
 }
 
@@ -86,6 +92,7 @@ part_t *pr__part_new(pr__engine_t *eng, const char *topic, int32_t p) {
     return NULL;
   }
   part->partition = p;
+  part->eng = eng;
   pr__tracker_init(&part->tracker);
   part->head_off = -1;
   part->horizon = -1;
@@ -97,6 +104,7 @@ void pr__part_free(part_t *part) {
     kq_t *k = part->buckets[i], *next;
     for (; k; k = next) {
       next = k->next;
+      pr__sched_unpin(&part->eng->sched, k->sk);
       free(k);
     }
   }

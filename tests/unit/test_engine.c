@@ -39,18 +39,30 @@ static void test_backpressure_limits(void **state) {
 
 /* --- partition.c: key queues, tracker ---------------------------------- */
 
+/* A partition of an engine that has just its scheduler (key queues pin
+ * their key's scheduler state). */
+static void part_init(part_t *part, pr__engine_t *eng) {
+  memset(eng, 0, sizeof(*eng));
+  memset(part, 0, sizeof(*part));
+  pr__sched_init(&eng->sched, 0.3, 120, 200, 8192);
+  part->eng = eng;
+  part->topic = "t";
+}
+
 static void test_key_queues(void **state) {
+  pr__engine_t eng;
   part_t part;
   kq_t *a, *b;
   char key[32];
   (void)state;
-  memset(&part, 0, sizeof(part));
+  part_init(&part, &eng);
   assert_null(pr__kq_get(&part, "a", 0)); /* absent, not created */
   a = pr__kq_get(&part, "a", 1);
   assert_non_null(a);
   assert_string_equal(a->key, "a");
   assert_ptr_equal(pr__kq_get(&part, "a", 1), a); /* found, not duplicated */
   assert_int_equal(part.nkeys, 1);
+  assert_int_equal(pr__sched_keys(&eng.sched), 1); /* pinned in the scheduler */
   /* growing the table keeps every key findable */
   for (int i = 0; i < 5000; i++) {
     snprintf(key, sizeof(key), "key-%d", i);
@@ -71,17 +83,21 @@ static void test_key_queues(void **state) {
   }
   pr__kq_remove(&part, a);
   assert_int_equal(part.nkeys, 0);
+  /* unpinned: kept (LRU) up to scheduler_cache_size */
+  assert_int_equal(pr__sched_keys(&eng.sched), 5001);
   free(part.buckets);
+  pr__sched_fini(&eng.sched);
 }
 
 /* Detaching the head hands over the key's next event; the last one
  * removes the key's queue. */
 static void test_key_fifo_detach(void **state) {
+  pr__engine_t eng;
   part_t part;
   inv_t i1, i2;
   kq_t *kq;
   (void)state;
-  memset(&part, 0, sizeof(part));
+  part_init(&part, &eng);
   memset(&i1, 0, sizeof(i1));
   memset(&i2, 0, sizeof(i2));
   kq = pr__kq_get(&part, "k", 1);
@@ -98,6 +114,7 @@ static void test_key_fifo_detach(void **state) {
   assert_null(pr__kq_get(&part, "k", 0));
   assert_int_equal(part.invs, 0);
   free(part.buckets);
+  pr__sched_fini(&eng.sched);
 }
 
 /* Offsets complete in any order; the commit position is watermark + 1. */
