@@ -81,6 +81,9 @@ typedef struct pr__test_opts {
   int64_t session_timeout_ms; /* session.timeout.ms, 0: librdkafka's */
   int fail_part_new;          /* the next N partitions taken fail to
                                  allocate, as when out of memory */
+  int sched_fifo;             /* waiting events run in arrival order (the
+                                 limiter before the fair scheduler), for
+                                 benchmarks that show what it buys */
 } pr__test_opts_t;
 
 /* A prosody_config_t: only what was set in code, as validated text. */

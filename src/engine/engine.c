@@ -241,6 +241,7 @@ prosody_err_t pr__engine_start(const pr__settings_t *st, const char *bootstrap,
                  (double)PR_CFG_NS(st, SCHEDULER_MAX_WAIT) / 1e9,
                  PR_CFG_FLOAT(st, SCHEDULER_WAIT_WEIGHT),
                  (size_t)PR_CFG_INT(st, SCHEDULER_CACHE_SIZE));
+  eng->sched.fifo = st->test.sched_fifo;
   eng->fail_part_new = st->test.fail_part_new;
   eng->may_wake = 1;
   eng->slab_s = PR_CFG_NS(st, SLAB_SIZE) / 1000000000;

@@ -191,6 +191,8 @@ double pr__sched_priority(const pr__sched_t *s, double vt_s, double waited_s) {
 
 static double task_priority(const pr__sched_t *s, const pr__sched_task_t *t,
                             int64_t now_ns) {
+  if (s->fifo)
+    return 0;
   return pr__sched_priority(s, pr__sched_vt(t->key, now_ns),
                             (double)(now_ns - t->ready_ns) / 1e9);
 }
@@ -260,7 +262,9 @@ pr__sched_task_t *pr__sched_pop(pr__sched_t *s, int64_t now_ns) {
     return NULL;
   if (now_ns - s->rekey_ns >= PR_SCHED_REKEY_NS)
     rekey(s, now_ns);
-  if (s->pool[0].n && s->pool[1].n) {
+  if (s->pool[0].n && s->pool[1].n && s->fifo) {
+    h = s->pool[0].v[0]->seq < s->pool[1].v[0]->seq ? &s->pool[0] : &s->pool[1];
+  } else if (s->pool[0].n && s->pool[1].n) {
     double fw = s->failure_weight;
     h = pr__sched_class_time(s, PR_SCHED_NORMAL, now_ns) / (1 - fw) <=
                 pr__sched_class_time(s, PR_SCHED_FAILURE, now_ns) / fw

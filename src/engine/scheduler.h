@@ -63,6 +63,7 @@ typedef struct pr__sched {
   double max_wait_s;     /* > 0 */
   double wait_weight;    /* >= 0 */
   size_t cache_size;     /* >= 1 */
+  int fifo;              /* arrival order only (benchmarks' baseline) */
 
   pr__sched_heap_t pool[2];
   double cls_time[2]; /* decayed handler seconds per class ... */
@@ -91,7 +92,8 @@ void pr__sched_charge(pr__sched_t *s, pr__sched_key_t *k, int cls,
 double pr__sched_vt(const pr__sched_key_t *k, int64_t now_ns);
 /* A class's decayed handler seconds at `now_ns`. */
 double pr__sched_class_time(const pr__sched_t *s, int cls, int64_t now_ns);
-/* The priority formula (lower runs first). */
+/* The priority formula (lower runs first). With `fifo` set (after init)
+ * every priority is 0 and both classes share one order: arrival. */
 double pr__sched_priority(const pr__sched_t *s, double vt_s, double waited_s);
 
 /* Makes `t` (key and cls set by the caller) wait; 0, or -1 when out of

@@ -278,6 +278,28 @@ static void test_heap_order(void **state) {
   done(s);
 }
 
+/* The benchmarks' baseline: arrival order, whatever the VTs and classes. */
+static void test_fifo(void **state) {
+  pr__sched_t *s = sched(0.3, 120, 200, 16);
+  pr__sched_key_t *hot = pr__sched_pin(s, "t", 0, "hot");
+  pr__sched_key_t *cold = pr__sched_pin(s, "t", 0, "cold");
+  pr__sched_task_t a = task(hot, PR_SCHED_FAILURE);
+  pr__sched_task_t b = task(cold, PR_SCHED_NORMAL);
+  pr__sched_task_t c = task(hot, PR_SCHED_NORMAL);
+  (void)state;
+  s->fifo = 1;
+  pr__sched_charge(s, hot, PR_SCHED_NORMAL, S(100), T0);
+  assert_int_equal(pr__sched_push(s, &a, T0), 0);
+  assert_int_equal(pr__sched_push(s, &b, T0 + 1), 0);
+  assert_int_equal(pr__sched_push(s, &c, T0 + 2), 0);
+  assert_ptr_equal(pr__sched_pop(s, T0 + S(1)), &a);
+  assert_ptr_equal(pr__sched_pop(s, T0 + S(1)), &b);
+  assert_ptr_equal(pr__sched_pop(s, T0 + S(1)), &c);
+  pr__sched_unpin(s, hot);
+  pr__sched_unpin(s, cold);
+  done(s);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_vt_decay),
@@ -288,6 +310,7 @@ int main(void) {
       cmocka_unit_test(test_lru_eviction),
       cmocka_unit_test(test_remove_if),
       cmocka_unit_test(test_heap_order),
+      cmocka_unit_test(test_fifo),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
