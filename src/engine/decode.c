@@ -49,7 +49,9 @@ void pr__decode_prepare(inv_t *inv) {
   } else {
     /* Validated only: the tree is built if the handler asks for it
      * (prosody_message_json), at several times the cost. */
-    valid = pr__json_valid(inv->msg.payload, inv->msg.payload_len);
+    valid = inv->json_state
+                ? inv->json_state > 0
+                : pr__json_valid(inv->msg.payload, inv->msg.payload_len);
   }
   if (!valid) {
     inv->skip = "payload is not valid JSON";

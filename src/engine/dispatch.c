@@ -188,7 +188,8 @@ static void claim_followers(inv_t *head) {
       pr__sched_waiting(&head->eng->sched))
     return;
   for (f = head->next; f && n < RUN_MAX; f = f->next, n++) {
-    if (f->is_timer || f->state != INV_QUEUED)
+    if (f->is_timer || f->state != INV_QUEUED ||
+        (f->eng->dd_on && !pr__dd_claimable(head, f)))
       break;
     if (!(f->ctx = pr__ctx_acquire(f, &f->cslot))) {
       f->cslot = NULL;
@@ -272,10 +273,26 @@ static void start(inv_t *inv) {
  * unscheduled while it waited is skipped. */
 void pr__dispatch_schedule(inv_t *inv) {
   pr__engine_t *eng = inv->eng;
-  /* Iteratively: a key may have many dropped timers queued. */
-  while (inv->is_timer && inv->dropped)
-    if (!(inv = pr__outcome_finish_detach(inv, 0)))
+  /* Iteratively: a key may have many dropped timers or duplicates
+   * queued. */
+  for (;;) {
+    int gate = inv->is_timer && inv->dropped ? DD_SKIP
+               : inv->dd != DD_OFF           ? pr__dd_gate(inv)
+                                             : DD_RUN;
+    if (gate == DD_RUN)
+      break;
+    if (gate == DD_WAIT)
       return;
+    if (!inv->is_timer) {
+      char ev[160];
+      PR_DEBUG("engine", "%s: a duplicate of one already handled; skipping it",
+               pr__inv_describe(inv, ev, sizeof(ev)));
+    }
+    if (!(inv = pr__outcome_finish_detach(inv, !inv->is_timer)))
+      return;
+    if (inv->state != INV_QUEUED) /* claimed by a run meanwhile: not ours */
+      return;
+  }
   if (eng->running < eng->max_concurrency) {
     start(inv);
     return;
@@ -337,6 +354,8 @@ void pr__dispatch_enqueue(inv_t *inv) {
   }
   inv->kq = kq;
   inv->state = INV_QUEUED;
+  if (eng->dd_on && !inv->is_timer)
+    pr__dd_intake(inv);
   if (kq->tail) {
     pr__inv_release_rkm(inv);
     kq->tail->next = inv;

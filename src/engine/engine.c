@@ -145,6 +145,7 @@ static void engine_free(pr__engine_t *eng) {
     close(eng->pipefd[1]);
   if (eng->store)
     eng->store->ops->destroy(eng->store);
+  pr__dd_close(eng);
   pr__sched_fini(&eng->sched);
   pthread_mutex_destroy(&eng->lock);
   pthread_cond_destroy(&eng->cond);
@@ -278,6 +279,8 @@ prosody_err_t pr__engine_start(const pr__settings_t *st, const char *bootstrap,
   if ((err =
            pr__tstore_open(st, handler->on_timer != NULL, eng->slab_s,
                            store_wake, eng, &eng->store, errstr, errstr_size)))
+    goto fail;
+  if ((err = pr__dd_open(eng, store_wake, errstr, errstr_size)))
     goto fail;
   if (!(handler->flags & PROSODY_HANDLER_ASYNC) &&
       !(eng->pool = pr__pool_new(eng->max_concurrency))) {

@@ -10,6 +10,7 @@
  *   dispatch.c    limiter, worker hand-off, handler timeouts, completion
  *   scheduler.c   the fair scheduler: which waiting event runs next
  *   decode.c      JSON and filters, on the thread about to run the handler
+ *   dedup.c       deduplication: ids of handled messages, cache and store
  *   mailbox.c     the one way into the engine thread from other threads
  *   outcome.c     the mode's result layers, retries, finishing an event
  *   deadletter.c  failure-topic sends (low-latency mode)
@@ -44,6 +45,7 @@
 
 #include "../config/config.h"
 #include "../kafka/kafka.h"
+#include "../stores/stores.h"
 #include "../timers/timers.h"
 #include "../util/util.h"
 #include "context.h"
@@ -162,6 +164,14 @@ struct inv {
   const char *skip;         /* set by decode: why the record is skipped */
   int skip_warn;            /* ... and whether that is worth a warning */
   int inline_strings;       /* msg.key/payload live in this allocation */
+  int json_state;           /* payload checked at intake: 1 valid, -1 not;
+                               0 unchecked (decode checks it) */
+  /* Deduplication (dedup.c). */
+  int dd;                    /* enum dd_state */
+  int dd_waiting;            /* at its key's head, waiting for the lookup */
+  int dd_tries;              /* failed lookups in a row */
+  pr__did_t did;             /* its id (dd != DD_OFF) */
+  struct pr__dd_req *dd_req; /* the store lookup in flight, or NULL */
 };
 
 /* A key's FIFO within a partition (engine thread). */
@@ -256,6 +266,9 @@ struct pr__engine {
   int running;       /* handlers started, not completed */
   int dlq_inflight;  /* failure-topic sends and fired-timer deletes in flight */
   pr__sched_t sched; /* events waiting for a handler slot */
+  int dd_on;         /* deduplication: pipeline mode, cache size > 0 */
+  pr__dedup_t *dd_store; /* its Cassandra store, or NULL: memory */
+  int64_t dd_ttl_s;      /* idempotence_ttl */
   int phase;
   int stopping; /* shutdown has begun */
   unsigned seed;
@@ -363,6 +376,37 @@ void pr__dispatch_time(inv_t *inv);
 /* The run that ended with `inv` gives its unrun claimed events back to
  * their key queue (freed instead when the partition is released). */
 void pr__dispatch_run_ended(inv_t *inv);
+
+/* --- dedup.c ---------------------------------------------------------- */
+
+enum dd_state {
+  DD_OFF,     /* not deduplicated (layer off, or a timer) */
+  DD_PENDING, /* the store lookup is in flight */
+  DD_UNSEEN,  /* not handled before (as of intake) */
+  DD_SEEN,    /* handled before: skip it */
+  DD_ERROR    /* the lookup failed: ask again */
+};
+enum dd_gate { DD_RUN, DD_SKIP, DD_WAIT };
+
+pr__did_t pr__dd_id(const char *version, const char *group, const char *topic,
+                    int32_t partition, const char *key, const char *id,
+                    size_t id_len, int64_t offset);
+/* Puts the layer in place (pipeline mode, idempotence_cache_size > 0) with
+ * its store; `wake` is the stores' wake-up (subscribing thread). */
+prosody_err_t pr__dd_open(pr__engine_t *eng, void (*wake)(void *), char *errstr,
+                          size_t errstr_size);
+void pr__dd_close(pr__engine_t *eng);
+/* A message taken: its id, looked up in the cache and the store. */
+void pr__dd_intake(inv_t *inv);
+/* At the head of its key: run it, skip it (a duplicate: commit past it),
+ * or wait (pr__dispatch_schedule() is called again once known). */
+int pr__dd_gate(inv_t *inv);
+/* May the run that `head` starts take follower `f` (not a duplicate)? */
+int pr__dd_claimable(inv_t *head, inv_t *f);
+/* Its handler succeeded or failed permanently: remember its id. */
+void pr__dd_record(inv_t *inv);
+/* The inv goes: a lookup in flight must not reach it. */
+void pr__dd_forget(inv_t *inv);
 
 /* --- outcome.c -------------------------------------------------------- */
 

@@ -72,6 +72,8 @@ void pr__mail_deliver(pr__engine_t *eng) {
       atomic_store(&eng->store_posted, 0);
       if (eng->store)
         eng->store->ops->poll(eng->store);
+      if (eng->dd_store)
+        pr__dedup_poll(eng->dd_store);
       break;
     }
     m = next;

@@ -39,6 +39,7 @@ void pr__inv_shed(inv_t *inv) {
 
 void pr__inv_free(inv_t *inv) {
   pr__dispatch_untime(inv);
+  pr__dd_forget(inv);
   pr__inv_timer_close(&inv->timer);
   if (!inv->inline_strings) {
     free(inv->msg.key);

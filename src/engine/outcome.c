@@ -243,6 +243,9 @@ void pr__outcome_handler_done(inv_t *inv) {
     pr__outcome_finish(inv, 0);
     return;
   default:
+    if (inv->dd != DD_OFF &&
+        (inv->result == PROSODY_SUCCESS || inv->result == PROSODY_PERMANENT))
+      pr__dd_record(inv); /* handled: a duplicate is skipped from now on */
     if (inv->is_timer && !inv->rearmed && eng->store) {
       pr__firing_delete(inv); /* finishes once the store has deleted it */
       return;

@@ -10,6 +10,7 @@
 #ifndef PR_STORES_H
 #define PR_STORES_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "../cql/cql.h"
@@ -17,6 +18,29 @@
 
 typedef void (*pr__store_done_cb)(void *arg, prosody_err_t err,
                                   const char *errstr);
+
+/* ---- a bounded set of 128-bit ids (idset.c) ------------------------- */
+
+/* A dedup id (src/engine/dedup.c makes them). */
+typedef struct pr__did {
+  uint64_t hi, lo;
+} pr__did_t;
+
+/* At most `capacity` ids, the least recently used (added or found) evicted
+ * first; each expires at its own time (seconds, any clock the caller
+ * uses consistently). Not thread-safe. */
+typedef struct pr__idset pr__idset_t;
+pr__idset_t *pr__idset_new(size_t capacity);
+void pr__idset_free(pr__idset_t *s);
+/* Raises the capacity (never lowers it). */
+void pr__idset_reserve(pr__idset_t *s, size_t capacity);
+/* 1 if `id` is in the set and not expired at `now_s` (it becomes the most
+ * recently used), else 0 (an expired id is removed). */
+int pr__idset_has(pr__idset_t *s, pr__did_t id, int64_t now_s);
+/* Adds `id` (or renews it) until `expires_s`; 0, or -1 when out of
+ * memory. */
+int pr__idset_add(pr__idset_t *s, pr__did_t id, int64_t expires_s);
+size_t pr__idset_size(const pr__idset_t *s);
 
 /* ---- deduplication: ids already processed, per scope ------------------ */
 

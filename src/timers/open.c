@@ -27,8 +27,8 @@ pr__cql_conf_t pr__cql_conf_of(const pr__settings_t *st) {
 
 /* Cassandra is required, and its keyspace is migrated before the
  * consumer starts. */
-static prosody_err_t migrate(const pr__settings_t *st, char *errstr,
-                             size_t errstr_size) {
+prosody_err_t pr__cql_keyspace_ready(const pr__settings_t *st, char *errstr,
+                                     size_t errstr_size) {
   pr__cql_conf_t c = pr__cql_conf_of(st);
   pr__cql_sync_t *y;
   char why[1024];
@@ -69,7 +69,7 @@ prosody_err_t pr__tstore_open(const pr__settings_t *st, int uses_timers,
     }
     return PROSODY_OK;
   }
-  if ((err = migrate(st, errstr, errstr_size)))
+  if ((err = pr__cql_keyspace_ready(st, errstr, errstr_size)))
     return err;
   c = pr__cql_conf_of(st);
   *out = pr__cqlstore_new(&c, PR_CFG_STR(st, CASSANDRA_KEYSPACE),

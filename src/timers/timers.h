@@ -175,5 +175,10 @@ prosody_err_t pr__tstore_open(const struct pr__settings *st, int uses_timers,
 /* The Cassandra settings as the CQL client takes them (pointers into
  * `st`). */
 struct pr__cql_conf pr__cql_conf_of(const struct pr__settings *st);
+/* Checks that cassandra_nodes is set and migrates the keyspace (blocking):
+ * PROSODY_ERR_CONFIG when unset or the schema conflicts, TRANSIENT when
+ * Cassandra cannot be reached. */
+prosody_err_t pr__cql_keyspace_ready(const struct pr__settings *st,
+                                     char *errstr, size_t errstr_size);
 
 #endif /* PR_TIMERS_H */

@@ -200,21 +200,35 @@ static int literal(scan_t *s, const char *word) {
   return 0;
 }
 
-/* An object's key and its ':', leading whitespace included. */
-static int key(scan_t *s) {
+/* An object's key and its ':', leading whitespace included; *k is set
+ * to the key's first byte after the quote. */
+static int key(scan_t *s, const unsigned char **k) {
   skip_ws(s);
-  if (s->p >= s->end || *s->p++ != '"' || string(s))
+  if (s->p >= s->end || *s->p++ != '"')
+    return -1;
+  *k = s->p;
+  if (string(s))
     return -1;
   skip_ws(s);
   return s->p < s->end && *s->p++ == ':' ? 0 : -1;
 }
 
-/* Values iteratively: `stack` holds the open containers ('[' or '{'). */
 int pr__json_valid(const char *text, size_t len) {
+  return pr__json_scan(text, len, NULL, NULL, NULL);
+}
+
+/* Values iteratively: `stack` holds the open containers ('[' or '{'). */
+int pr__json_scan(const char *text, size_t len, const char *member,
+                  const char **value, size_t *value_len) {
   scan_t s = {(const unsigned char *)text, (const unsigned char *)text + len};
   char small[64], *stack = small;
   size_t depth = 0, cap = sizeof(small);
+  size_t mlen = member ? strlen(member) : 0;
+  const unsigned char *k = NULL; /* the last key read */
   int ok = 0;
+
+  if (value)
+    *value = NULL;
 
   for (;;) {
     /* A value is expected. */
@@ -241,11 +255,22 @@ int pr__json_valid(const char *text, size_t len) {
         depth--;
         break; /* an empty container is a complete value */
       }
-      if (stack[depth - 1] == '{' && key(&s))
+      if (stack[depth - 1] == '{' && key(&s, &k))
         goto out;
       continue; /* the first element */
     case '"':
       s.p++;
+      /* The top-level object's first `member` (its key compared as
+       * written, escapes and all) whose value is a string. */
+      if (member && value && !*value && depth == 1 && stack[0] == '{' &&
+          k + mlen + 1 <= s.p && !memcmp(k, member, mlen) && k[mlen] == '"') {
+        const unsigned char *v = s.p;
+        if (string(&s))
+          goto out;
+        *value = (const char *)v;
+        *value_len = (size_t)(s.p - 1 - v);
+        break;
+      }
       if (string(&s))
         goto out;
       break;
@@ -281,7 +306,7 @@ int pr__json_valid(const char *text, size_t len) {
         depth--;
         continue;
       }
-      if (*s.p++ != ',' || (stack[depth - 1] == '{' && key(&s)))
+      if (*s.p++ != ',' || (stack[depth - 1] == '{' && key(&s, &k)))
         goto out;
       break; /* the next element */
     }
@@ -290,4 +315,67 @@ out:
   if (stack != small)
     free(stack);
   return ok;
+}
+
+/* Appends code point `cp` as UTF-8. */
+static char *put_utf8(char *o, unsigned cp) {
+  if (cp < 0x80) {
+    *o++ = (char)cp;
+  } else if (cp < 0x800) {
+    *o++ = (char)(0xC0 | cp >> 6);
+    *o++ = (char)(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    *o++ = (char)(0xE0 | cp >> 12);
+    *o++ = (char)(0x80 | (cp >> 6 & 0x3F));
+    *o++ = (char)(0x80 | (cp & 0x3F));
+  } else {
+    *o++ = (char)(0xF0 | cp >> 18);
+    *o++ = (char)(0x80 | (cp >> 12 & 0x3F));
+    *o++ = (char)(0x80 | (cp >> 6 & 0x3F));
+    *o++ = (char)(0x80 | (cp & 0x3F));
+  }
+  return o;
+}
+
+size_t pr__json_unescape(const char *raw, size_t n, char *out) {
+  const unsigned char *p = (const unsigned char *)raw, *end = p + n;
+  char *o = out;
+  while (p < end) {
+    unsigned c = *p++, cp, lo;
+    if (c != '\\') {
+      *o++ = (char)c;
+      continue;
+    }
+    switch (c = *p++) {
+    case 'b':
+      *o++ = '\b';
+      break;
+    case 'f':
+      *o++ = '\f';
+      break;
+    case 'n':
+      *o++ = '\n';
+      break;
+    case 'r':
+      *o++ = '\r';
+      break;
+    case 't':
+      *o++ = '\t';
+      break;
+    case 'u':
+      hex4(p, &cp);
+      p += 4;
+      if (cp >= 0xD800 && cp <= 0xDBFF) { /* paired: the scan checked */
+        hex4(p + 2, &lo);
+        p += 6;
+        cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+      }
+      o = put_utf8(o, cp);
+      break;
+    default: /* " \ / */
+      *o++ = (char)c;
+      break;
+    }
+  }
+  return (size_t)(o - out);
 }

@@ -28,6 +28,16 @@ char *pr__strndup(const void *p, size_t n);
 /* 1 if `len` bytes at `text` are one JSON value (any type) that
  * json_loadb(JSON_DECODE_ANY) would accept; builds nothing (jsonv.c). */
 int pr__json_valid(const char *text, size_t len);
+/* pr__json_valid(), and: when the value is an object whose first member
+ * named `member` (compared as written, without unescaping) holds a
+ * string, *value and *value_len give that string's escaped text (between
+ * the quotes), else *value is NULL. */
+int pr__json_scan(const char *text, size_t len, const char *member,
+                  const char **value, size_t *value_len);
+/* Unescapes the text of a JSON string that pr__json_scan() accepted
+ * into `out` (at most `n` bytes: unescaping never lengthens); returns the
+ * length written (no NUL added). */
+size_t pr__json_unescape(const char *raw, size_t n, char *out);
 /* Makes room for one more element in the growable array *p of *cap
  * elements of `size` bytes holding `n` (doubling, from `first`); 0, or
  * -1 when out of memory (the array is left as it was). */
@@ -35,6 +45,11 @@ int pr__grow(void *p, size_t *cap, size_t n, size_t size, size_t first);
 /* 64-bit FNV-1a of `n` bytes, and of a NUL-terminated string. */
 uint64_t pr__fnv1a(const void *p, size_t n);
 uint64_t pr__fnv1a_str(const char *s);
+/* 128-bit FNV-1a: feeds `n` bytes into h (h[0] high, h[1] low half);
+ * start from PR_FNV128_INIT. */
+#define PR_FNV128_INIT                                                         \
+  { UINT64_C(0x6c62272e07bb0142), UINT64_C(0x62b821756295c58d) }
+void pr__fnv1a128(uint64_t h[2], const void *p, size_t n);
 
 /* 1 if the `len` bytes at `s` are valid UTF-8 (no overlongs, no surrogates,
  * nothing above U+10FFFF), 0 otherwise. */

@@ -3,7 +3,8 @@
  * broker: backpressure thresholds (backpressure.c), key queues and the
  * offset tracker (partition.c, tracker.c), the mode's result layers and
  * the retry backoff (outcome.c), decoding, filters and the JSON validator
- * (decode.c, util/jsonv.c), and the mailbox (mailbox.c).
+ * (decode.c, util/jsonv.c), deduplication ids and their cache (dedup.c,
+ * stores/idset.c), and the mailbox (mailbox.c).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -434,6 +435,118 @@ static void count_poll(pr__tstore_t *s) {
   polls++;
 }
 
+/* --- dedup.c, util/jsonv.c, stores/idset.c ----------------------------- */
+
+/* The payload's top-level string "id", as the dedup layer reads it. */
+static void test_json_member(void **state) {
+  const char *v;
+  size_t n;
+  char out[64];
+  (void)state;
+#define ID(json) pr__json_scan(json, strlen(json), "id", &v, &n)
+  assert_true(ID("{\"id\":\"abc\",\"n\":1}"));
+  assert_non_null(v);
+  assert_int_equal(n, 3);
+  assert_memory_equal(v, "abc", 3);
+  /* not the first member; whitespace; the first "id" wins */
+  assert_true(
+      ID(" { \"a\" : {\"id\":\"inner\"} , \"id\" : \"x\" , \"id\":\"y\"}"));
+  assert_int_equal(n, 1);
+  assert_memory_equal(v, "x", 1);
+  /* only at the top level, only a string, only the exact key */
+  assert_true(ID("{\"a\":{\"id\":\"inner\"}}"));
+  assert_null(v);
+  assert_true(ID("{\"id\":7}"));
+  assert_null(v);
+  assert_true(ID("[\"id\",\"x\"]"));
+  assert_null(v);
+  assert_true(ID("{\"idx\":\"x\",\"i\":\"y\"}"));
+  assert_null(v);
+  assert_true(ID("\"id\""));
+  assert_null(v);
+  /* invalid JSON: not valid, no id */
+  assert_false(ID("{\"id\":\"x\""));
+  assert_false(ID("{\"id\":\"x\",}"));
+  /* escapes are undone: "\u0078" is "x", a surrogate pair one code point */
+  assert_true(ID("{\"id\":\"a\\u0078\\n\\\"\\/\\ud83d\\ude00\"}"));
+  n = pr__json_unescape(v, n, out);
+  assert_int_equal(n, 1 + 1 + 1 + 1 + 1 + 4);
+  assert_memory_equal(out, "ax\n\"/\xf0\x9f\x98\x80", n);
+  assert_true(ID("{\"id\":\"\\u00e9\\u20ac\"}"));
+  n = pr__json_unescape(v, n, out);
+  assert_int_equal(n, 5);
+  assert_memory_equal(out, "\xc3\xa9\xe2\x82\xac", 5);
+#undef ID
+}
+
+/* Each input of the id matters, and an "id" is not an offset. */
+static void test_dedup_id(void **state) {
+  pr__did_t base = pr__dd_id("1", "g", "t", 0, "k", "x", 1, 5), d;
+  (void)state;
+  d = pr__dd_id("1", "g", "t", 0, "k", "x", 1, 99); /* offset unused */
+  assert_true(d.hi == base.hi && d.lo == base.lo);
+#define DIFFERS(...)                                                           \
+  d = pr__dd_id(__VA_ARGS__);                                                  \
+  assert_false(d.hi == base.hi && d.lo == base.lo)
+  DIFFERS("2", "g", "t", 0, "k", "x", 1, 5);
+  DIFFERS("1", "h", "t", 0, "k", "x", 1, 5);
+  DIFFERS("1", "g", "u", 0, "k", "x", 1, 5);
+  DIFFERS("1", "g", "t", 1, "k", "x", 1, 5);
+  DIFFERS("1", "g", "t", 0, "j", "x", 1, 5);
+  DIFFERS("1", "g", "t", 0, "k", "y", 1, 5);
+  DIFFERS("1", "g", "t", 0, "k", NULL, 0, 5);
+  /* fields do not run into each other */
+  DIFFERS("1", "gt", "", 0, "k", "x", 1, 5);
+#undef DIFFERS
+  base = pr__dd_id("1", "g", "t", 0, "k", NULL, 0, 5);
+  d = pr__dd_id("1", "g", "t", 0, "k", NULL, 0, 6);
+  assert_false(d.hi == base.hi && d.lo == base.lo);
+}
+
+/* The cache: least recently used out first; expired ids are gone. */
+static void test_idset(void **state) {
+  pr__idset_t *s = pr__idset_new(3);
+  pr__did_t id[5];
+  (void)state;
+  assert_non_null(s);
+  for (int i = 0; i < 5; i++) {
+    id[i].hi = (uint64_t)i * 7;
+    id[i].lo = (uint64_t)i;
+  }
+  for (int i = 0; i < 3; i++)
+    assert_int_equal(pr__idset_add(s, id[i], 100), 0);
+  assert_true(pr__idset_has(s, id[0], 50)); /* 0 is now the most recent */
+  assert_int_equal(pr__idset_add(s, id[3], 100), 0); /* evicts 1 */
+  assert_int_equal(pr__idset_size(s), 3);
+  assert_false(pr__idset_has(s, id[1], 50));
+  assert_true(pr__idset_has(s, id[0], 50));
+  assert_true(pr__idset_has(s, id[2], 50));
+  assert_true(pr__idset_has(s, id[3], 50));
+  /* expiry: at 100 an id added until 100 is gone */
+  assert_false(pr__idset_has(s, id[2], 100));
+  assert_int_equal(pr__idset_size(s), 2);
+  /* renewing keeps one entry */
+  assert_int_equal(pr__idset_add(s, id[0], 200), 0);
+  assert_int_equal(pr__idset_add(s, id[0], 300), 0);
+  assert_int_equal(pr__idset_size(s), 2);
+  assert_true(pr__idset_has(s, id[0], 250));
+  /* a larger capacity is kept; a smaller one is not taken */
+  pr__idset_reserve(s, 1);
+  assert_int_equal(pr__idset_add(s, id[4], 300), 0);
+  assert_int_equal(pr__idset_size(s), 3);
+  /* many ids: the table grows and finds them all */
+  pr__idset_reserve(s, 100000);
+  for (uint64_t i = 0; i < 50000; i++) {
+    pr__did_t x = {i * 0x9E3779B97F4A7C15ull, ~i};
+    assert_int_equal(pr__idset_add(s, x, 1000), 0);
+  }
+  for (uint64_t i = 0; i < 50000; i++) {
+    pr__did_t x = {i * 0x9E3779B97F4A7C15ull, ~i};
+    assert_true(pr__idset_has(s, x, 10));
+  }
+  pr__idset_free(s);
+}
+
 static void test_mailbox(void **state) {
   pr__engine_t eng;
   pr__tstore_ops_t ops;
@@ -493,6 +606,9 @@ int main(void) {
       cmocka_unit_test(test_decode),
       cmocka_unit_test(test_decode_lazy),
       cmocka_unit_test(test_json_valid),
+      cmocka_unit_test(test_json_member),
+      cmocka_unit_test(test_dedup_id),
+      cmocka_unit_test(test_idset),
       cmocka_unit_test(test_mailbox),
   };
   pr__log_set_level(PR_LOG_OFF);

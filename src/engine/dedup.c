@@ -1,0 +1,267 @@
+/*
+ * dedup.c - deduplication (pipeline mode, messages): an event whose id was
+ * recorded as handled is committed past without running the handler.
+ *
+ * The id is 128 bits of FNV-1a over (idempotence_version, group, topic,
+ * partition, key, and the payload's top-level string "id", or the offset
+ * when there is none). Each message is looked up at intake: first in a
+ * process-wide cache of ids (idempotence_cache_size, least recently used
+ * evicted), then in the store (Cassandra, or in mock mode a process-wide
+ * memory store of at most PR_DD_MEMORY_IDS ids), so lookups run ahead of
+ * the key's queue. An id is recorded, in the cache and the store with
+ * idempotence_ttl, only once its handler succeeded or failed permanently;
+ * the events queued behind it on its key with the same id (taken before
+ * it was recorded) are marked as duplicates then, and a run never takes
+ * a duplicate of an event it runs first.
+ * A failed store lookup is transient: the event waits and the lookup is
+ * retried with the retry backoff; the handler does not run meanwhile.
+ *
+ * Threads: the engine thread; the process-wide cache and memory store are
+ * shared by every client and guarded by g_lock.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "internal.h"
+
+/* The memory store's capacity (mock mode): about 80 MB at most. */
+#define PR_DD_MEMORY_IDS (1u << 20)
+
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static pr__idset_t *g_cache; /* guarded by g_lock; never freed */
+static pr__idset_t *g_mem;   /* guarded by g_lock; never freed */
+
+/* A store lookup in flight: `inv` is cleared when the event goes first. */
+struct pr__dd_req {
+  inv_t *inv;
+};
+
+static void feed(uint64_t h[2], const void *p, size_t n) {
+  uint32_t len = (uint32_t)n; /* length-prefixed: fields cannot run on */
+  pr__fnv1a128(h, &len, sizeof(len));
+  pr__fnv1a128(h, p, n);
+}
+
+pr__did_t pr__dd_id(const char *version, const char *group, const char *topic,
+                    int32_t partition, const char *key, const char *id,
+                    size_t id_len, int64_t offset) {
+  uint64_t h[2] = PR_FNV128_INIT;
+  pr__did_t d;
+  feed(h, version, strlen(version));
+  feed(h, group, strlen(group));
+  feed(h, topic, strlen(topic));
+  feed(h, &partition, sizeof(partition));
+  feed(h, key, strlen(key));
+  if (id) {
+    feed(h, "i", 1);
+    feed(h, id, id_len);
+  } else {
+    feed(h, "o", 1);
+    feed(h, &offset, sizeof(offset));
+  }
+  d.hi = h[0];
+  d.lo = h[1];
+  return d;
+}
+
+static int64_t now_s(void) { return (int64_t)time(NULL); }
+
+static void hex(pr__did_t d, char out[33]) {
+  snprintf(out, 33, "%016" PRIx64 "%016" PRIx64, d.hi, d.lo);
+}
+
+/* In the cache (or, without a Cassandra store, the memory store)? */
+static int known(pr__engine_t *eng, pr__did_t d) {
+  int hit;
+  int64_t now = now_s();
+  pthread_mutex_lock(&g_lock);
+  hit = pr__idset_has(g_cache, d, now) ||
+        (!eng->dd_store && pr__idset_has(g_mem, d, now));
+  pthread_mutex_unlock(&g_lock);
+  return hit;
+}
+
+prosody_err_t pr__dd_open(pr__engine_t *eng, void (*wake)(void *), char *errstr,
+                          size_t errstr_size) {
+  const pr__settings_t *st = eng->st;
+  size_t cap = (size_t)PR_CFG_INT(st, IDEMPOTENCE_CACHE_SIZE);
+  int memory = PR_CFG_BOOL(st, MOCK) || st->test.memory_timers ||
+               !PR_CFG_SET(st, CASSANDRA_NODES);
+  pr__cql_conf_t c;
+  prosody_err_t err;
+
+  if (eng->mode != PR_MODE_PIPELINE || cap == 0)
+    return PROSODY_OK; /* the layer is not in the list */
+  pthread_mutex_lock(&g_lock);
+  if (!g_cache)
+    g_cache = pr__idset_new(cap);
+  else
+    pr__idset_reserve(g_cache, cap); /* process-wide: the largest asked */
+  if (memory && !g_mem)
+    g_mem = pr__idset_new(PR_DD_MEMORY_IDS);
+  err = !g_cache || (memory && !g_mem) ? PROSODY_ERR_NOMEM : PROSODY_OK;
+  pthread_mutex_unlock(&g_lock);
+  if (err) {
+    pr__errf(errstr, errstr_size, "out of memory");
+    return err;
+  }
+  eng->dd_on = 1;
+  eng->dd_ttl_s = PR_CFG_NS(st, IDEMPOTENCE_TTL) / 1000000000;
+  if (memory)
+    return PROSODY_OK;
+  /* The timer store migrated the keyspace when it uses Cassandra. */
+  if (!eng->handler.on_timer &&
+      (err = pr__cql_keyspace_ready(st, errstr, errstr_size)))
+    return err;
+  c = pr__cql_conf_of(st);
+  eng->dd_store = pr__dedup_new(&c, PR_CFG_STR(st, CASSANDRA_KEYSPACE), wake,
+                                eng, errstr, errstr_size);
+  return eng->dd_store ? PROSODY_OK : PROSODY_ERR_TRANSIENT;
+}
+
+void pr__dd_close(pr__engine_t *eng) {
+  pr__dedup_free(eng->dd_store);
+  eng->dd_store = NULL;
+}
+
+static void on_seen(void *arg, prosody_err_t err, const char *errstr, int seen);
+
+static void lookup(inv_t *inv) {
+  pr__engine_t *eng = inv->eng;
+  struct pr__dd_req *req = malloc(sizeof(*req));
+  char id[33];
+  inv->dd = DD_PENDING;
+  if (!req) {
+    inv->dd = DD_ERROR; /* asked again at the head, with backoff */
+    return;
+  }
+  req->inv = inv;
+  inv->dd_req = req;
+  hex(inv->did, id);
+  pr__dedup_seen(eng->dd_store, eng->group_id, id, on_seen, req);
+}
+
+static void on_seen(void *arg, prosody_err_t err, const char *errstr,
+                    int seen) {
+  struct pr__dd_req *req = arg;
+  inv_t *inv = req ? req->inv : NULL;
+  char ev[160];
+  free(req);
+  if (!inv)
+    return; /* the event went first (released) */
+  inv->dd_req = NULL;
+  if (err) {
+    inv->dd = DD_ERROR;
+    PR_WARN("engine",
+            "%s: deduplication lookup failed: %s; the handler waits and the "
+            "lookup is retried",
+            pr__inv_describe(inv, ev, sizeof(ev)), errstr ? errstr : "error");
+    if (inv->dd_waiting) {
+      inv->dd_waiting = 0;
+      pr__outcome_arm_retry(inv,
+                            pr__outcome_backoff_ms(inv->eng, ++inv->dd_tries));
+    }
+    return;
+  }
+  inv->dd = seen ? DD_SEEN : DD_UNSEEN;
+  inv->dd_tries = 0;
+  if (inv->dd_waiting) {
+    inv->dd_waiting = 0;
+    pr__dispatch_schedule(inv);
+  }
+}
+
+void pr__dd_intake(inv_t *inv) {
+  pr__engine_t *eng = inv->eng;
+  const char *v = NULL;
+  char small[128], *id = NULL;
+  size_t vn = 0, idn = 0;
+  int valid =
+      pr__json_scan(inv->msg.payload, inv->msg.payload_len, "id", &v, &vn);
+  inv->json_state = valid ? 1 : -1; /* decode need not validate again */
+  if (v && (id = vn <= sizeof(small) ? small : malloc(vn)))
+    idn = pr__json_unescape(v, vn, id);
+  inv->did = pr__dd_id(PR_CFG_STR(eng->st, IDEMPOTENCE_VERSION), eng->group_id,
+                       inv->msg.topic, inv->msg.partition, inv->msg.key, id,
+                       idn, inv->msg.offset);
+  if (id && id != small)
+    free(id);
+  if (known(eng, inv->did))
+    inv->dd = DD_SEEN;
+  else if (!eng->dd_store)
+    inv->dd = DD_UNSEEN;
+  else
+    lookup(inv);
+}
+
+int pr__dd_gate(inv_t *inv) {
+  switch (inv->dd) {
+  case DD_OFF:
+    return DD_RUN;
+  case DD_SEEN:
+    return DD_SKIP;
+  case DD_ERROR:
+    lookup(inv);
+    if (inv->dd == DD_ERROR) { /* could not even ask: later */
+      pr__outcome_arm_retry(inv,
+                            pr__outcome_backoff_ms(inv->eng, ++inv->dd_tries));
+      return DD_WAIT;
+    }
+    /* fall through */
+  case DD_PENDING:
+    inv->dd_waiting = 1;
+    return DD_WAIT;
+  default: /* DD_UNSEEN (pr__dd_record marks later duplicates) */
+    return DD_RUN;
+  }
+}
+
+int pr__dd_claimable(inv_t *head, inv_t *f) {
+  if (f->dd == DD_OFF)
+    return 1;
+  if (f->dd != DD_UNSEEN)
+    return 0;
+  for (inv_t *i = head; i; i = i->chain_next)
+    if (i->dd != DD_OFF && i->did.hi == f->did.hi && i->did.lo == f->did.lo)
+      return 0; /* a duplicate of one the run handles first */
+  return 1;
+}
+
+static void on_recorded(void *arg, prosody_err_t err, const char *errstr) {
+  (void)arg;
+  if (err)
+    PR_WARN("engine",
+            "deduplication: recording a handled id failed: %s (the "
+            "process-wide cache still has it)",
+            errstr ? errstr : "error");
+}
+
+void pr__dd_record(inv_t *inv) {
+  pr__engine_t *eng = inv->eng;
+  int64_t expires = now_s() + eng->dd_ttl_s;
+  char id[33];
+  pthread_mutex_lock(&g_lock);
+  pr__idset_add(g_cache, inv->did, expires); /* a miss later costs a lookup */
+  if (!eng->dd_store)
+    pr__idset_add(g_mem, inv->did, expires);
+  pthread_mutex_unlock(&g_lock);
+  /* Taken before this was recorded, the same id behind it on its key. */
+  for (inv_t *i = inv->next; i; i = i->next)
+    if (i->dd != DD_OFF && i->did.hi == inv->did.hi &&
+        i->did.lo == inv->did.lo && i->state == INV_QUEUED)
+      i->dd = DD_SEEN;
+  if (eng->dd_store) {
+    hex(inv->did, id);
+    pr__dedup_record(eng->dd_store, eng->group_id, id, eng->dd_ttl_s,
+                     on_recorded, NULL);
+  }
+}
+
+void pr__dd_forget(inv_t *inv) {
+  if (inv->dd_req)
+    inv->dd_req->inv = NULL;
+  inv->dd_req = NULL;
+}
