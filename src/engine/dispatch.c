@@ -12,6 +12,10 @@
 
 #include "internal.h"
 
+/* The most events of one key a run takes, and how long it may go on. */
+#define RUN_MAX 32
+#define RUN_MAX_NS 2000000 /* 2 ms */
+
 /* Cancels the running attempt's context (engine thread), and calls its
  * prosody_context_on_cancel() callback once, with the slot's lock held. */
 void pr__dispatch_cancel(inv_t *inv) {
@@ -37,7 +41,7 @@ void pr__dispatch_cancel(inv_t *inv) {
  * under this attempt's slot lock and after it is known unfinished: until
  * this attempt's result is posted nothing can free it. */
 static int complete_attempt(prosody_context_t *ctx, prosody_result_t result,
-                            const char *message, inv_t *next) {
+                            const char *message, inv_t *next, int64_t end_ns) {
   int go_on;
   pr__ctx_t *slot = pr__ctx_lock_live(ctx);
   inv_t *inv;
@@ -61,7 +65,8 @@ static int complete_attempt(prosody_context_t *ctx, prosody_result_t result,
     pr__inv_shed(inv);
   }
   inv->result = result;
-  inv->run_ns = inv->started_ns ? pr__now_ns() - inv->started_ns : 0;
+  inv->run_ns =
+      inv->started_ns ? (end_ns ? end_ns : pr__now_ns()) - inv->started_ns : 0;
   go_on = next && result == PROSODY_SUCCESS && !atomic_load(&next->released);
   inv->run_end = !go_on;
   free(inv->result_error);
@@ -86,6 +91,7 @@ static int complete_attempt(prosody_context_t *ctx, prosody_result_t result,
 static void run_handler(void *arg) {
   inv_t *inv = arg;
   prosody_handler_t *h = &inv->eng->handler;
+  int64_t run_start = 0, end;
   for (;;) {
     prosody_context_t *ctx = inv->ctx;
     inv_t *next = inv->chain_next;
@@ -93,6 +99,8 @@ static void run_handler(void *arg) {
     prosody_result_t r;
     int go_on;
     inv->started_ns = pr__now_ns();
+    if (!run_start)
+      run_start = inv->started_ns;
     if (inv->unprepared)
       pr__decode_prepare(inv);
     if (inv->skip) {
@@ -114,8 +122,12 @@ static void run_handler(void *arg) {
      * itself is read only by complete_attempt(), under this attempt's
      * lock; refused (-1) when the handler completed the context itself,
      * whose result then ended the run. */
-    go_on = r == PROSODY_SUCCESS && next && !prosody_should_cancel(next_ctx);
-    if (complete_attempt(ctx, r, NULL, go_on ? next : NULL) != 1)
+    end = pr__now_ns();
+    /* A run is for short handlers, and only for a while: the scheduler and
+     * monopolization see a key between runs. */
+    go_on = r == PROSODY_SUCCESS && next && end - run_start < RUN_MAX_NS &&
+            !prosody_should_cancel(next_ctx);
+    if (complete_attempt(ctx, r, NULL, go_on ? next : NULL, end) != 1)
       return;
     inv = next;
   }
@@ -170,9 +182,6 @@ void pr__dispatch_time(inv_t *inv) {
   if (!uv_is_active((uv_handle_t *)&eng->tmo))
     uv_timer_start(&eng->tmo, on_timeout, (uint64_t)eng->timeout_ms, 0);
 }
-
-/* The most events of one key a run takes. */
-#define RUN_MAX 32
 
 /* Claims the key's queued messages behind `head` for the same run: each
  * is started (context, attempt, active) but runs on head's worker after
@@ -262,10 +271,30 @@ static void start(inv_t *inv) {
     /* At most one wake-up per burst (engine.c's prepare and check
      * handles end each burst). */
     if (pr__pool_submit_burst(eng->pool, run_handler, inv, &eng->may_wake))
-      complete_attempt(inv->ctx, PROSODY_TRANSIENT, "out of memory", NULL);
+      complete_attempt(inv->ctx, PROSODY_TRANSIENT, "out of memory", NULL, 0);
   } else {
     run_handler(inv); /* async: must hand over and return quickly */
   }
+}
+
+/* Monopolization (pipeline mode): an event whose key used more than
+ * monopolization_threshold of the last monopolization_window is refused
+ * with a transient error (retried after a backoff), so the partition's
+ * other keys get their turn. */
+static int monopolized(inv_t *inv) {
+  pr__engine_t *eng = inv->eng;
+  double share = pr__sched_share(&eng->sched, inv->kq->sk, pr__now_ns());
+  char why[256], window[32];
+  if (share <= eng->mono_threshold)
+    return 0;
+  pr__duration_format(PR_CFG_NS(eng->st, MONOPOLIZATION_WINDOW), window,
+                      sizeof(window));
+  snprintf(why, sizeof(why),
+           "key \"%.64s\" monopolizes its handlers: it used %.1f%% of the "
+           "last %s, above monopolization_threshold %.1f%%",
+           inv->msg.key, share * 100, window, eng->mono_threshold * 100);
+  pr__outcome_reject(inv, why);
+  return 1;
 }
 
 /* Starts the event when a slot is free, else it waits in the scheduler
@@ -279,8 +308,11 @@ void pr__dispatch_schedule(inv_t *inv) {
     int gate = inv->is_timer && inv->dropped ? DD_SKIP
                : inv->dd != DD_OFF           ? pr__dd_gate(inv)
                                              : DD_RUN;
-    if (gate == DD_RUN)
+    if (gate == DD_RUN) {
+      if (inv->eng->mono_threshold > 0 && monopolized(inv))
+        return; /* rejected: retried later */
       break;
+    }
     if (gate == DD_WAIT)
       return;
     if (!inv->is_timer) {
@@ -373,6 +405,6 @@ PROSODY_EXPORT prosody_err_t prosody_complete(prosody_context_t *ctx,
                                               const char *message) {
   if (!ctx || result == PROSODY_PENDING)
     return PROSODY_ERR_INVALID_ARG;
-  return complete_attempt(ctx, result, message, NULL) < 0 ? PROSODY_ERR_STATE
-                                                          : PROSODY_OK;
+  return complete_attempt(ctx, result, message, NULL, 0) < 0 ? PROSODY_ERR_STATE
+                                                             : PROSODY_OK;
 }

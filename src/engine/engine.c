@@ -238,10 +238,22 @@ prosody_err_t pr__engine_start(const pr__settings_t *st, const char *bootstrap,
                                             : eng->stall_ns / 1000000 * 8 / 10;
   eng->shutdown_ms = PR_CFG_MS(st, SHUTDOWN_TIMEOUT);
   eng->seed = (unsigned)pr__now_ns();
-  pr__sched_init(&eng->sched, PR_CFG_FLOAT(st, SCHEDULER_FAILURE_WEIGHT),
-                 (double)PR_CFG_NS(st, SCHEDULER_MAX_WAIT) / 1e9,
-                 PR_CFG_FLOAT(st, SCHEDULER_WAIT_WEIGHT),
-                 (size_t)PR_CFG_INT(st, SCHEDULER_CACHE_SIZE));
+  {
+    size_t keys = (size_t)PR_CFG_INT(st, SCHEDULER_CACHE_SIZE);
+    /* Monopolization (pipeline mode) keeps its per-key handler time in
+     * the scheduler's key states: the table holds the larger count. */
+    if (eng->mode == PR_MODE_PIPELINE &&
+        PR_CFG_BOOL(st, MONOPOLIZATION_ENABLED)) {
+      eng->mono_threshold = PR_CFG_FLOAT(st, MONOPOLIZATION_THRESHOLD);
+      if ((size_t)PR_CFG_INT(st, MONOPOLIZATION_CACHE_SIZE) > keys)
+        keys = (size_t)PR_CFG_INT(st, MONOPOLIZATION_CACHE_SIZE);
+    }
+    pr__sched_init(&eng->sched, PR_CFG_FLOAT(st, SCHEDULER_FAILURE_WEIGHT),
+                   (double)PR_CFG_NS(st, SCHEDULER_MAX_WAIT) / 1e9,
+                   PR_CFG_FLOAT(st, SCHEDULER_WAIT_WEIGHT), keys);
+    if (eng->mono_threshold > 0)
+      eng->sched.window_ns = PR_CFG_NS(st, MONOPOLIZATION_WINDOW);
+  }
   eng->sched.fifo = st->test.sched_fifo;
   eng->fail_part_new = st->test.fail_part_new;
   eng->may_wake = 1;

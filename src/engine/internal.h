@@ -266,7 +266,9 @@ struct pr__engine {
   int running;       /* handlers started, not completed */
   int dlq_inflight;  /* failure-topic sends and fired-timer deletes in flight */
   pr__sched_t sched; /* events waiting for a handler slot */
-  int dd_on;         /* deduplication: pipeline mode, cache size > 0 */
+  double mono_threshold; /* monopolization: the share that is rejected;
+                            0: the layer is off */
+  int dd_on;             /* deduplication: pipeline mode, cache size > 0 */
   pr__dedup_t *dd_store; /* its Cassandra store, or NULL: memory */
   int64_t dd_ttl_s;      /* idempotence_ttl */
   int phase;
@@ -423,6 +425,10 @@ pr__verdict_t pr__outcome_decide(inv_t *inv);
 void pr__outcome_handler_done(inv_t *inv);
 inv_t *pr__outcome_finish_detach(inv_t *inv, int commit);
 void pr__outcome_finish(inv_t *inv, int commit);
+/* Fails a queued event transiently without running its handler (a layer
+ * on the way in refused it): the mode's layers decide, as for a handler's
+ * transient failure. */
+void pr__outcome_reject(inv_t *inv, const char *why);
 /* Runs the inv again (handler, or failure-topic send when its state is
  * INV_DLQ) after `ms`. */
 void pr__outcome_arm_retry(inv_t *inv, uint64_t ms);

@@ -198,6 +198,16 @@ pr__verdict_t pr__outcome_decide(inv_t *inv) {
   return v == V_NEXT ? V_COMMIT : v;
 }
 
+static void decided(inv_t *inv, pr__verdict_t v);
+
+void pr__outcome_reject(inv_t *inv, const char *why) {
+  inv->attempt++;
+  inv->result = PROSODY_TRANSIENT;
+  free(inv->result_error);
+  inv->result_error = strdup(why);
+  decided(inv, pr__outcome_decide(inv));
+}
+
 /* A handler attempt finished (engine thread): free its slot, then let the
  * mode's layers decide. */
 void pr__outcome_handler_done(inv_t *inv) {
@@ -205,10 +215,13 @@ void pr__outcome_handler_done(inv_t *inv) {
 
   inv->part->active--;
   pr__dispatch_untime(inv);
-  if (inv->kq) /* its handler time counts against its key and class */
+  if (inv->kq) { /* its handler time counts against its key and class */
+    int64_t now = pr__now_ns();
     pr__sched_charge(&eng->sched, inv->kq->sk,
                      inv->attempt > 1 ? PR_SCHED_FAILURE : PR_SCHED_NORMAL,
-                     inv->run_ns, pr__now_ns());
+                     inv->run_ns, now);
+    pr__sched_busy(&eng->sched, inv->kq->sk, now - inv->run_ns, now);
+  }
   if (inv->cslot) { /* the attempt is over: its context goes stale */
     pr__ctx_release(inv->cslot);
     inv->cslot = NULL;
@@ -231,7 +244,13 @@ void pr__outcome_handler_done(inv_t *inv) {
     pr__outcome_finish(inv, 1);
     return;
   }
-  switch (pr__outcome_decide(inv)) {
+  decided(inv, pr__outcome_decide(inv));
+}
+
+/* Carries out the layers' verdict on an attempt's result. */
+static void decided(inv_t *inv, pr__verdict_t v) {
+  pr__engine_t *eng = inv->eng;
+  switch (v) {
   case V_RETRY:
     inv->state = INV_RETRY_WAIT;
     pr__outcome_arm_retry(inv, pr__outcome_backoff_ms(eng, inv->attempt));

@@ -21,6 +21,14 @@ struct pr__sched_key {
   int64_t vt_at; /* ... as of this time */
   char *topic;   /* topic and key: in the same allocation */
   char *key;
+  struct busy *busy; /* with window_ns: handler time per bucket, or NULL */
+};
+
+/* A key's handler time in the buckets of the last window: slot i holds
+ * bucket idx[i] (time / width) when idx[i] is recent. */
+struct busy {
+  int64_t idx[PR_SCHED_BUSY_SLOTS];
+  int64_t ns[PR_SCHED_BUSY_SLOTS];
 };
 
 /* 2^(-elapsed / half-life). */
@@ -44,6 +52,7 @@ void pr__sched_fini(pr__sched_t *s) {
     pr__sched_key_t *k = s->buckets[b], *next;
     for (; k; k = next) {
       next = k->hnext;
+      free(k->busy);
       free(k);
     }
   }
@@ -96,6 +105,7 @@ static void evict(pr__sched_t *s) {
     pr__sched_key_t *k = s->lru_tail;
     lru_unlink(s, k);
     table_unlink(s, k);
+    free(k->busy);
     free(k);
   }
 }
@@ -178,6 +188,51 @@ void pr__sched_charge(pr__sched_t *s, pr__sched_key_t *k, int cls,
   k->vt_at = now_ns;
   s->cls_time[cls] = pr__sched_class_time(s, cls, now_ns) + run_s;
   s->cls_at[cls] = now_ns;
+}
+
+const char *pr__sched_key_name(const pr__sched_key_t *k) { return k->key; }
+
+static int64_t bucket_ns(const pr__sched_t *s) {
+  int64_t w = s->window_ns / PR_SCHED_BUSY_SLOTS;
+  return w > 0 ? w : 1;
+}
+
+void pr__sched_busy(pr__sched_t *s, pr__sched_key_t *k, int64_t start_ns,
+                    int64_t end_ns) {
+  int64_t w = bucket_ns(s), t;
+  if (!s->window_ns || end_ns <= start_ns)
+    return;
+  if (!k->busy) {
+    if (!(k->busy = calloc(1, sizeof(*k->busy))))
+      return; /* not measured: never rejected */
+    for (int i = 0; i < PR_SCHED_BUSY_SLOTS; i++)
+      k->busy->idx[i] = -1;
+  }
+  if (end_ns - start_ns > s->window_ns)
+    start_ns = end_ns - s->window_ns;
+  for (t = start_ns; t < end_ns;) {
+    int64_t idx = t / w, upto = (idx + 1) * w;
+    int slot = (int)(idx % PR_SCHED_BUSY_SLOTS);
+    if (upto > end_ns)
+      upto = end_ns;
+    if (k->busy->idx[slot] != idx) {
+      k->busy->idx[slot] = idx;
+      k->busy->ns[slot] = 0;
+    }
+    k->busy->ns[slot] += upto - t;
+    t = upto;
+  }
+}
+
+double pr__sched_share(const pr__sched_t *s, const pr__sched_key_t *k,
+                       int64_t now_ns) {
+  int64_t w = bucket_ns(s), cur = now_ns / w, sum = 0;
+  if (!s->window_ns || !k->busy)
+    return 0;
+  for (int i = 0; i < PR_SCHED_BUSY_SLOTS; i++)
+    if (k->busy->idx[i] > cur - PR_SCHED_BUSY_SLOTS && k->busy->idx[i] <= cur)
+      sum += k->busy->ns[i];
+  return (double)sum / (double)s->window_ns;
 }
 
 double pr__sched_priority(const pr__sched_t *s, double vt_s, double waited_s) {

@@ -23,6 +23,11 @@
  * re-key; between re-keys an order can be stale by at most what a
  * priority moves in that time (under 0.04 at the defaults).
  *
+ * Monopolization (pipeline mode) reads the same key states: each key's
+ * handler time within the last `window_ns`, kept in PR_SCHED_BUSY_SLOTS
+ * buckets of window/PR_SCHED_BUSY_SLOTS, so its share of the window is
+ * known to within one bucket.
+ *
  * Key states live in a table of at most cache_size entries, least
  * recently used evicted first (an evicted key starts again at VT 0); a
  * key whose events are queued is pinned and never evicted.
@@ -38,6 +43,7 @@
 
 #define PR_SCHED_HALF_LIFE_S 120.0
 #define PR_SCHED_REKEY_NS 10000000 /* 10 ms */
+#define PR_SCHED_BUSY_SLOTS 32
 
 enum { PR_SCHED_NORMAL, PR_SCHED_FAILURE };
 
@@ -64,6 +70,7 @@ typedef struct pr__sched {
   double wait_weight;    /* >= 0 */
   size_t cache_size;     /* >= 1 */
   int fifo;              /* arrival order only (benchmarks' baseline) */
+  int64_t window_ns;     /* monopolization window; 0: busy time not kept */
 
   pr__sched_heap_t pool[2];
   double cls_time[2]; /* decayed handler seconds per class ... */
@@ -92,6 +99,17 @@ void pr__sched_charge(pr__sched_t *s, pr__sched_key_t *k, int cls,
 double pr__sched_vt(const pr__sched_key_t *k, int64_t now_ns);
 /* A class's decayed handler seconds at `now_ns`. */
 double pr__sched_class_time(const pr__sched_t *s, int cls, int64_t now_ns);
+/* Records that the key's handler ran from start_ns to end_ns (kept only
+ * with window_ns set). */
+void pr__sched_busy(pr__sched_t *s, pr__sched_key_t *k, int64_t start_ns,
+                    int64_t end_ns);
+/* The key's handler time within the window ending at now_ns, as a share
+ * of the window (0 without window_ns). */
+double pr__sched_share(const pr__sched_t *s, const pr__sched_key_t *k,
+                       int64_t now_ns);
+/* The key's name, for messages. */
+const char *pr__sched_key_name(const pr__sched_key_t *k);
+
 /* The priority formula (lower runs first). With `fifo` set (after init)
  * every priority is 0 and both classes share one order: arrival. */
 double pr__sched_priority(const pr__sched_t *s, double vt_s, double waited_s);

@@ -300,6 +300,38 @@ static void test_fifo(void **state) {
   done(s);
 }
 
+/* Monopolization's share: handler time within the window, in buckets of
+ * window/32 (here 32 s / 32 = 1 s). */
+static void test_busy_share(void **state) {
+  pr__sched_t *s = sched(0.3, 120, 200, 16);
+  pr__sched_key_t *k = pr__sched_pin(s, "t", 0, "k");
+  pr__sched_key_t *idle = pr__sched_pin(s, "t", 0, "idle");
+  (void)state;
+  assert_float_equal(pr__sched_share(s, k, T0), 0.0, 1e-12); /* off */
+  s->window_ns = S(32);
+  pr__sched_busy(s, k, T0, T0 + S(8)); /* 8 s of 32 */
+  assert_float_equal(pr__sched_share(s, k, T0 + S(8)), 0.25, 1e-9);
+  assert_float_equal(pr__sched_share(s, idle, T0 + S(8)), 0.0, 1e-12);
+  pr__sched_busy(s, k, T0 + S(10), T0 + S(10.5)); /* within one bucket */
+  assert_float_equal(pr__sched_share(s, k, T0 + S(11)), 8.5 / 32, 1e-9);
+  /* the window is the current bucket and the 31 before it: at 36 s the
+   * buckets from 5 s on (3 s of the first run, and the half second) */
+  assert_float_equal(pr__sched_share(s, k, T0 + S(36)), 3.5 / 32, 1e-9);
+  assert_float_equal(pr__sched_share(s, k, T0 + S(40)), 0.5 / 32, 1e-9);
+  assert_float_equal(pr__sched_share(s, k, T0 + S(43)), 0.0, 1e-12);
+  /* a run longer than the window counts as the whole window, once (as
+   * seen at a bucket's start: all but the bucket just begun) */
+  pr__sched_busy(s, k, T0 + S(50), T0 + S(150));
+  assert_float_equal(pr__sched_share(s, k, T0 + S(150)), 31.0 / 32, 1e-9);
+  assert_float_equal(pr__sched_share(s, k, T0 + S(149.5)), 1.0, 1e-9);
+  /* a slot reused by a later bucket starts from zero */
+  pr__sched_busy(s, k, T0 + S(200), T0 + S(201));
+  assert_float_equal(pr__sched_share(s, k, T0 + S(201)), 1.0 / 32, 1e-9);
+  pr__sched_unpin(s, k);
+  pr__sched_unpin(s, idle);
+  done(s);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_vt_decay),
@@ -311,6 +343,7 @@ int main(void) {
       cmocka_unit_test(test_remove_if),
       cmocka_unit_test(test_heap_order),
       cmocka_unit_test(test_fifo),
+      cmocka_unit_test(test_busy_share),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
