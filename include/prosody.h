@@ -524,8 +524,8 @@ prosody_assigned_partition_count(const prosody_client_t *client);
  * stall_threshold. */
 PROSODY_EXPORT int prosody_is_stalled(const prosody_client_t *client);
 
-/* The port of the probe server (/readyz, /livez) while subscribed, or -1
- * when it is not running (probe_port none, not subscribed, or mock mode
+/* The port of the probe server (/readyz, /livez, /metrics) while subscribed, or
+ * -1 when it is not running (probe_port none, not subscribed, or mock mode
  * without an explicit probe_port). */
 PROSODY_EXPORT int prosody_probe_port(const prosody_client_t *client);
 

@@ -31,6 +31,7 @@ struct prosody_client {
 
 static int probe_assigned(void *opaque) { return pr__engine_assigned(opaque); }
 static int probe_stalled(void *opaque) { return pr__engine_stalled(opaque); }
+static char *probe_metrics(void *opaque) { return pr__engine_metrics(opaque); }
 
 /* Probes run while subscribed, on probe_port unless it is none. In mock
  * mode they are off unless probe_port was given explicitly. */
@@ -188,7 +189,8 @@ PROSODY_EXPORT prosody_err_t prosody_subscribe(prosody_client_t *c,
     if (err) {
       c->engine = NULL;
     } else if (probe_wanted(c)) {
-      pr__probe_source_t src = {probe_assigned, probe_stalled, c->engine};
+      pr__probe_source_t src = {probe_assigned, probe_stalled, probe_metrics,
+                                c->engine};
       c->probe = pr__probe_start((int)PR_CFG_INT(&c->st, PROBE_PORT), src,
                                  errstr, errstr_size);
       if (!c->probe) {

@@ -46,6 +46,9 @@ class BuildWithLibprosody(build_ext):
         for ext in self.extensions:
             ext.extra_objects = [str(build / "libprosody.a")]
             ext.include_dirs.append(str(ROOT / "include"))
+        # build_ext compares the module's own sources only: relink whenever
+        # the library may have changed (one C file: cheap).
+        self.force = True
         super().run()
 
 

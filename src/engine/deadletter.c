@@ -84,6 +84,7 @@ void pr__dlq_done(inv_t *inv) {
   inv->part->active--;
   eng->dlq_inflight--;
   if (!inv->dlq_err) {
+    PR_BUMP(eng->metrics.dead_lettered, 1);
     pr__outcome_finish(inv,
                        1); /* committed only once the dead letter is written */
     return;

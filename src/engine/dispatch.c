@@ -207,6 +207,7 @@ static void claim_followers(inv_t *head) {
     f->state = INV_RUNNING;
     f->attempt++;
     f->part->active++;
+    PR_BUMP(f->eng->metrics.sched_wait.count[0], 1); /* no wait */
     f->chain_next = NULL;
     prev->chain_next = f;
     prev = f;
@@ -287,6 +288,7 @@ static int monopolized(inv_t *inv) {
   char why[256], window[32];
   if (share <= eng->mono_threshold)
     return 0;
+  PR_BUMP(eng->metrics.rejected_monopoly, 1);
   pr__duration_format(PR_CFG_NS(eng->st, MONOPOLIZATION_WINDOW), window,
                       sizeof(window));
   snprintf(why, sizeof(why),
@@ -317,6 +319,7 @@ void pr__dispatch_schedule(inv_t *inv) {
       return;
     if (!inv->is_timer) {
       char ev[160];
+      PR_BUMP(inv->eng->metrics.skipped_duplicate, 1);
       PR_DEBUG("engine", "%s: a duplicate of one already handled; skipping it",
                pr__inv_describe(inv, ev, sizeof(ev)));
     }
@@ -326,6 +329,7 @@ void pr__dispatch_schedule(inv_t *inv) {
       return;
   }
   if (eng->running < eng->max_concurrency) {
+    PR_BUMP(eng->metrics.sched_wait.count[0], 1); /* no wait */
     start(inv);
     return;
   }
@@ -346,6 +350,7 @@ void pr__dispatch_start_ready(pr__engine_t *eng) {
          pr__sched_waiting(&eng->sched) &&
          (t = pr__sched_pop(&eng->sched, now ? now : (now = pr__now_ns())))) {
     inv_t *inv = PR_CONTAINER_OF(t, inv_t, sched);
+    pr__hist_observe(&eng->metrics.sched_wait, now - t->ready_ns);
     if (inv->is_timer && inv->dropped)
       pr__outcome_finish(inv, 0);
     else

@@ -100,6 +100,7 @@ static void on_tick(uv_timer_t *t) {
   pr__firing_advance(eng);
   pr__intake_poll(eng);
   pr__part_check_stalls(eng);
+  pr__metrics_snapshot(eng);
 }
 
 static void on_wake(uv_async_t *a) {
@@ -147,6 +148,7 @@ static void engine_free(pr__engine_t *eng) {
     eng->store->ops->destroy(eng->store);
   pr__dd_close(eng);
   pr__sched_fini(&eng->sched);
+  pr__metrics_fini(&eng->metrics);
   pthread_mutex_destroy(&eng->lock);
   pthread_cond_destroy(&eng->cond);
   free(eng);
@@ -223,6 +225,7 @@ prosody_err_t pr__engine_start(const pr__settings_t *st, const char *bootstrap,
     return PROSODY_ERR_NOMEM;
   }
   eng->pipefd[0] = eng->pipefd[1] = -1;
+  pr__metrics_init(&eng->metrics);
   pthread_mutex_init(&eng->lock, NULL);
   pthread_cond_init(&eng->cond, NULL);
   eng->store_mail.kind = MAIL_STORE;

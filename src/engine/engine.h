@@ -26,6 +26,9 @@ prosody_err_t pr__engine_start(const pr__settings_t *st, const char *bootstrap,
 void pr__engine_stop(pr__engine_t *engine);
 /* Thread-safe readings. */
 int pr__engine_assigned(const pr__engine_t *engine);
+/* The consumer's metrics in Prometheus text format (malloc'd; NULL when
+ * out of memory). Any thread. */
+char *pr__engine_metrics(pr__engine_t *engine);
 int pr__engine_stalled(const pr__engine_t *engine);
 
 #endif /* PR_ENGINE_H */

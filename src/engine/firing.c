@@ -198,6 +198,7 @@ void pr__firing_due(pr__engine_t *eng) {
         free(key);
         break;
       }
+      PR_BUMP(eng->metrics.timers_fired, 1);
       inv->eng = eng;
       inv->part = part;
       inv->is_timer = 1;

@@ -13,6 +13,7 @@
 
 /* Takes the offset and finishes it at once (filtered or undecodable). */
 static void skip_record(part_t *part, int64_t offset) {
+  PR_BUMP(part->eng->metrics.skipped_undecodable, 1);
   if (pr__tracker_take(&part->tracker, offset) == 0 &&
       pr__tracker_complete(&part->tracker, offset) > 0)
     part->dirty = 1;
@@ -60,6 +61,7 @@ static void intake(pr__engine_t *eng, rd_kafka_message_t *rkm) {
     rd_kafka_message_destroy(rkm);
     return;
   }
+  PR_BUMP(eng->metrics.consumed, 1);
   inv->eng = eng;
   inv->part = part;
   inv->msg.topic = part->topic;

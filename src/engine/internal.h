@@ -216,6 +216,38 @@ struct part {
 
 enum phase { PH_RUNNING, PH_DRAINING };
 
+/* --- Metrics (metrics.c) ------------------------------------------------ */
+
+/* One writer (the engine thread): a relaxed load and store, no locked
+ * read-modify-write; readers (the probe thread) load relaxed. */
+#define PR_BUMP(v, by)                                                         \
+  atomic_store_explicit(                                                       \
+      &(v), atomic_load_explicit(&(v), memory_order_relaxed) + (by),           \
+      memory_order_relaxed)
+
+#define PR_HIST_BOUNDS 18
+typedef struct pr__hist {
+  atomic_uint_fast64_t count[PR_HIST_BOUNDS + 1]; /* per bucket, +Inf last */
+  atomic_uint_fast64_t sum_ns;
+} pr__hist_t;
+
+typedef struct pr__metrics {
+  /* Written by the engine thread only (PR_BUMP). */
+  atomic_uint_fast64_t consumed;
+  atomic_uint_fast64_t skipped_undecodable, skipped_filtered, skipped_duplicate;
+  atomic_uint_fast64_t calls[2][3]; /* [message, timer][success, transient,
+                                       permanent] */
+  atomic_uint_fast64_t retries, rejected_monopoly, dead_lettered;
+  atomic_uint_fast64_t timers_scheduled, timers_fired;
+  pr__hist_t handler_time, sched_wait;
+  /* The engine thread's snapshot, every poll_interval: guarded by lock. */
+  pthread_mutex_t lock;
+  int in_flight;
+  size_t timers_pending;
+  char *parts_text; /* committed offsets' lines; then, after its NUL, ... */
+  char *lag_text;   /* ... the lags' lines (same allocation) */
+} pr__metrics_t;
+
 struct pr__engine {
   /* Immutable after start. */
   const pr__settings_t *st;
@@ -266,6 +298,7 @@ struct pr__engine {
   int running;       /* handlers started, not completed */
   int dlq_inflight;  /* failure-topic sends and fired-timer deletes in flight */
   pr__sched_t sched; /* events waiting for a handler slot */
+  pr__metrics_t metrics;
   double mono_threshold; /* monopolization: the share that is rejected;
                             0: the layer is off */
   int dd_on;             /* deduplication: pipeline mode, cache size > 0 */
@@ -409,6 +442,14 @@ int pr__dd_claimable(inv_t *head, inv_t *f);
 void pr__dd_record(inv_t *inv);
 /* The inv goes: a lookup in flight must not reach it. */
 void pr__dd_forget(inv_t *inv);
+
+/* --- metrics.c -------------------------------------------------------- */
+
+void pr__metrics_init(pr__metrics_t *m);
+void pr__metrics_fini(pr__metrics_t *m);
+void pr__hist_observe(pr__hist_t *h, int64_t ns);
+/* Refreshes the gauges' snapshot (engine thread, every poll_interval). */
+void pr__metrics_snapshot(pr__engine_t *eng);
 
 /* --- outcome.c -------------------------------------------------------- */
 

@@ -235,6 +235,10 @@ void pr__outcome_handler_done(inv_t *inv) {
   if (inv->skip) {
     char what[160];
     if (inv->skip_warn)
+      PR_BUMP(eng->metrics.skipped_undecodable, 1);
+    else
+      PR_BUMP(eng->metrics.skipped_filtered, 1);
+    if (inv->skip_warn)
       PR_WARN("engine",
               "skipping undecodable record %s: %s; committing past it",
               pr__inv_describe(inv, what, sizeof(what)), inv->skip);
@@ -244,6 +248,12 @@ void pr__outcome_handler_done(inv_t *inv) {
     pr__outcome_finish(inv, 1);
     return;
   }
+  PR_BUMP(eng->metrics.calls[inv->is_timer != 0]
+                            [inv->result == PROSODY_SUCCESS     ? 0
+                             : inv->result == PROSODY_PERMANENT ? 2
+                                                                : 1],
+          1);
+  pr__hist_observe(&eng->metrics.handler_time, inv->run_ns);
   decided(inv, pr__outcome_decide(inv));
 }
 
@@ -252,6 +262,7 @@ static void decided(inv_t *inv, pr__verdict_t v) {
   pr__engine_t *eng = inv->eng;
   switch (v) {
   case V_RETRY:
+    PR_BUMP(eng->metrics.retries, 1);
     inv->state = INV_RETRY_WAIT;
     pr__outcome_arm_retry(inv, pr__outcome_backoff_ms(eng, inv->attempt));
     return;

@@ -93,6 +93,7 @@ static void top_written(void *arg, prosody_err_t err, const char *errstr) {
     top_done(op, err, errstr);
     return;
   }
+  PR_BUMP(op->eng->metrics.timers_scheduled, 1);
   if (part) {
     pr__firing_written(op->eng, part, op->key, op->time_s);
     pr__firing_arm(op->eng);

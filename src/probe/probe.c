@@ -4,6 +4,7 @@
  *   /readyz  200 when at least one partition is assigned, else 503
  *   /livez   200 unless a partition's oldest unfinished event has made no
  *            progress for stall_threshold, then 503
+ *   /metrics the consumer's metrics in Prometheus text format 0.0.4
  * Bodies are plain text saying why. Anything else is 404; other methods
  * are 405.
  */
@@ -21,17 +22,22 @@ struct pr__probe {
   int port;                  /* immutable after _start */
 };
 
-static enum MHD_Result reply(struct MHD_Connection *conn, unsigned status,
-                             const char *body) {
+static enum MHD_Result reply_as(struct MHD_Connection *conn, unsigned status,
+                                const char *body, const char *type) {
   struct MHD_Response *r = MHD_create_response_from_buffer(
       strlen(body), (void *)body, MHD_RESPMEM_MUST_COPY);
   enum MHD_Result ret;
   if (!r)
     return MHD_NO;
-  MHD_add_response_header(r, "Content-Type", "text/plain; charset=utf-8");
+  MHD_add_response_header(r, "Content-Type", type);
   ret = MHD_queue_response(conn, status, r);
   MHD_destroy_response(r);
   return ret;
+}
+
+static enum MHD_Result reply(struct MHD_Connection *conn, unsigned status,
+                             const char *body) {
+  return reply_as(conn, status, body, "text/plain; charset=utf-8");
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
@@ -60,7 +66,16 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
                    "than stall_threshold\n");
     return reply(conn, 200, "live\n");
   }
-  return reply(conn, 404, "not found: try /readyz or /livez\n");
+  if (!strcmp(url, "/metrics")) {
+    char *text = probe->src.metrics(probe->src.opaque);
+    enum MHD_Result ret;
+    if (!text)
+      return reply(conn, 500, "out of memory\n");
+    ret = reply_as(conn, 200, text, "text/plain; version=0.0.4; charset=utf-8");
+    free(text);
+    return ret;
+  }
+  return reply(conn, 404, "not found: try /readyz, /livez or /metrics\n");
 }
 
 pr__probe_t *pr__probe_start(int port, pr__probe_source_t src, char *errstr,
@@ -87,7 +102,8 @@ pr__probe_t *pr__probe_start(int port, pr__probe_source_t src, char *errstr,
   }
   info = MHD_get_daemon_info(probe->daemon, MHD_DAEMON_INFO_BIND_PORT);
   probe->port = info ? info->port : port;
-  PR_INFO("probe", "probe server on port %d (/readyz, /livez)", probe->port);
+  PR_INFO("probe", "probe server on port %d (/readyz, /livez, /metrics)",
+          probe->port);
   return probe;
 }
 

@@ -10,8 +10,9 @@
 typedef struct pr__probe pr__probe_t;
 
 typedef struct pr__probe_source {
-  int (*assigned)(void *opaque); /* partitions assigned now */
-  int (*stalled)(void *opaque);  /* 1 if a partition is stalled */
+  int (*assigned)(void *opaque);  /* partitions assigned now */
+  int (*stalled)(void *opaque);   /* 1 if a partition is stalled */
+  char *(*metrics)(void *opaque); /* Prometheus text, malloc'd; NULL: OOM */
   void *opaque;
 } pr__probe_source_t;
 

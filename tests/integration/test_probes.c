@@ -1,7 +1,8 @@
 /*
  * test_probes.c - /readyz and /livez: 503 before any partition is assigned,
  * 200 once assigned; /livez turns 503 when a handler makes no progress for
- * stall_threshold and 200 again once it finishes; bodies say why; 404 for
+ * stall_threshold and 200 again once it finishes; bodies say why; /metrics
+ * answers (the Python suite parses it); 404 for
  * other paths; the server stops with unsubscribe. Also prosody_is_stalled.
  */
 #include <arpa/inet.h>
@@ -24,7 +25,7 @@ static prosody_result_t handler(prosody_context_t *ctx,
 /* GET path on 127.0.0.1:port; returns the status, body in `body`. */
 static int http_get(int port, const char *path, char *body, size_t n) {
   struct sockaddr_in a = {0};
-  char req[256], resp[2048];
+  char req[256], resp[32768];
   size_t got = 0;
   ssize_t r;
   int fd = socket(AF_INET, SOCK_STREAM, 0), status = -1;
@@ -52,7 +53,7 @@ static int http_get(int port, const char *path, char *body, size_t n) {
 }
 
 int main(void) {
-  char err[1024], topic[128], group[160], body[512];
+  char err[1024], topic[128], group[160], body[32768];
   prosody_config_t *conf;
   prosody_client_t *c;
   prosody_handler_t h = {handler, NULL, NULL, 0};
@@ -88,7 +89,10 @@ int main(void) {
   status = http_get(port, "/livez", body, sizeof(body));
   CHECK(status == 200, "/livez: %d %s", status, body);
   status = http_get(port, "/metrics", body, sizeof(body));
-  CHECK(status == 404, "/metrics: %d", status);
+  CHECK(status == 200 && strstr(body, "\nprosody_partitions_assigned 1\n"),
+        "/metrics: %d %.300s", status, body);
+  status = http_get(port, "/nothing", body, sizeof(body));
+  CHECK(status == 404, "/nothing: %d", status);
 
   /* A handler that makes no progress for stall_threshold. */
   t_produce(topic, 0, 1, 1);
