@@ -163,6 +163,39 @@ PROSODY_EXPORT prosody_err_t prosody_config_validate(
 /* Frees the configuration. NULL is a no-op. */
 PROSODY_EXPORT void prosody_config_destroy(prosody_config_t *conf);
 
+/* Log levels, most severe first (the `log` option's values). */
+typedef enum prosody_log_level {
+  PROSODY_LOG_ERROR = 1,
+  PROSODY_LOG_WARN = 2,
+  PROSODY_LOG_INFO = 3,
+  PROSODY_LOG_DEBUG = 4,
+  PROSODY_LOG_TRACE = 5
+} prosody_log_level_t;
+
+/*
+ * A client's log line: its level, the subsystem ("engine", "kafka",
+ * "cassandra", ...) and the message (no timestamp, no newline). Called on
+ * the client's own threads (its consumer, its workers, its producer's
+ * poller, its Cassandra threads) and on the thread calling the client's
+ * functions: it must be thread-safe and return quickly, and it must not
+ * call the client back.
+ */
+typedef void (*prosody_log_cb)(prosody_log_level_t level, const char *subsystem,
+                               const char *message, void *opaque);
+
+/*
+ * Sends the log lines of the client made from `conf` to `cb` instead of
+ * standard error (NULL: standard error, the default). Which lines are
+ * logged is the client's own `log` option: two clients in one process may
+ * log at different levels. A warning or error repeated word for word
+ * within 10 s is said once, then once more with how many times it
+ * repeated. Lines that belong to no client (the embedded mock cluster's,
+ * an admin handle's, librdkafka's own threads') go to standard error at
+ * the level of PROSODY_LOG.
+ */
+PROSODY_EXPORT void prosody_config_set_log_cb(prosody_config_t *conf,
+                                              prosody_log_cb cb, void *opaque);
+
 /*
  * A read-only description of one option, as recorded in the option table.
  * This is a plain table: all strings are static storage.

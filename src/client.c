@@ -27,7 +27,13 @@ struct prosody_client {
   pr__engine_t *engine;     /* the running consumer, or NULL */
   pr__probe_t *probe;       /* probe server while subscribed, or NULL */
   int stopping;             /* guarded by lock: unsubscribe in progress */
+  pr__logger_t *logger;     /* its threads' and calls' logger */
+  int abandoned;            /* an engine outlived its stop: keep logger */
 };
+
+/* The client's public functions log to its logger. */
+#define LOG_SCOPE(c) pr__logger_t *prev_logger_ = pr__log_adopt((c)->logger)
+#define LOG_SCOPE_END() pr__log_adopt(prev_logger_)
 
 static int probe_assigned(void *opaque) { return pr__engine_assigned(opaque); }
 static int probe_stalled(void *opaque) { return pr__engine_stalled(opaque); }
@@ -49,6 +55,7 @@ prosody_client_new(prosody_config_t *conf, char *errstr, size_t errstr_size) {
   prosody_client_t *c;
   const char *mock_bootstrap;
   const char *source;
+  pr__logger_t *prev = NULL;
 
   if (!conf) {
     pr__errf(errstr, errstr_size, "prosody_client_new: conf is NULL");
@@ -65,8 +72,14 @@ prosody_client_new(prosody_config_t *conf, char *errstr, size_t errstr_size) {
   }
   if (pr__settings_check_client(&c->st, errstr, errstr_size))
     goto fail;
-  if (c->st.src[PR_OPT_LOG] == PROSODY_CONFIG_SOURCE_SET)
-    pr__log_set_level((pr__log_level_t)PR_CFG_ENUM(&c->st, LOG));
+  if (!(c->logger = malloc(sizeof(*c->logger)))) {
+    pr__errf(errstr, errstr_size, "out of memory");
+    goto fail;
+  }
+  /* The level is this client's `log` (set, PROSODY_LOG, or info). */
+  pr__logger_init(c->logger, (pr__log_level_t)PR_CFG_ENUM(&c->st, LOG),
+                  conf->log_cb, conf->log_opaque);
+  prev = pr__log_adopt(c->logger); /* the producer's thread inherits it */
 
   source = PR_CFG_STR(&c->st, SOURCE_SYSTEM);
   if (!source)
@@ -92,12 +105,18 @@ prosody_client_new(prosody_config_t *conf, char *errstr, size_t errstr_size) {
   c->conf = conf;
   PR_DEBUG("client", "client ready (bootstrap %s, source-system \"%s\")",
            c->bootstrap, c->source_system);
+  pr__log_adopt(prev);
   return c;
 
 fail_mock:
   if (PR_CFG_BOOL(&c->st, MOCK))
     pr__mock_release();
 fail:
+  if (c->logger) {
+    pr__log_adopt(prev);
+    pr__logger_fini(c->logger);
+    free(c->logger);
+  }
   free(c->source_system);
   free(c->bootstrap);
   pr__settings_fini(&c->st);
@@ -110,8 +129,16 @@ PROSODY_EXPORT void prosody_client_destroy(prosody_client_t *c) {
     return;
   if (c->engine)
     prosody_unsubscribe(c);
+  {
+    LOG_SCOPE(c);
+    pr__producer_destroy(c->producer);
+    LOG_SCOPE_END();
+  }
   pthread_mutex_destroy(&c->lock);
-  pr__producer_destroy(c->producer);
+  if (!c->abandoned) { /* else threads that outlived their stop log there */
+    pr__logger_fini(c->logger);
+    free(c->logger);
+  }
   if (PR_CFG_BOOL(&c->st, MOCK))
     pr__mock_release();
   free(c->source_system);
@@ -135,8 +162,14 @@ PROSODY_EXPORT prosody_err_t prosody_send(prosody_client_t *c,
     pr__errf(errstr, errstr_size, "prosody_send: client is NULL");
     return PROSODY_ERR_INVALID_ARG;
   }
-  return pr__producer_send(c->producer, topic, key, payload_json, trace, errstr,
-                           errstr_size);
+  {
+    prosody_err_t err;
+    LOG_SCOPE(c);
+    err = pr__producer_send(c->producer, topic, key, payload_json, trace,
+                            errstr, errstr_size);
+    LOG_SCOPE_END();
+    return err;
+  }
 }
 
 PROSODY_EXPORT prosody_err_t prosody_send_async(
@@ -147,8 +180,14 @@ PROSODY_EXPORT prosody_err_t prosody_send_async(
     pr__errf(errstr, errstr_size, "prosody_send_async: client is NULL");
     return PROSODY_ERR_INVALID_ARG;
   }
-  return pr__producer_send_async(c->producer, topic, key, payload_json, trace,
-                                 cb, opaque, errstr, errstr_size);
+  {
+    prosody_err_t err;
+    LOG_SCOPE(c);
+    err = pr__producer_send_async(c->producer, topic, key, payload_json, trace,
+                                  cb, opaque, errstr, errstr_size);
+    LOG_SCOPE_END();
+    return err;
+  }
 }
 
 /* Internal: the client's producer, for tests (fault injection). */
@@ -178,6 +217,7 @@ PROSODY_EXPORT prosody_err_t prosody_subscribe(prosody_client_t *c,
                  : "a comma-separated list of topic names");
     return PROSODY_ERR_CONFIG;
   }
+  LOG_SCOPE(c); /* the engine's threads inherit it */
   pthread_mutex_lock(&c->lock);
   if (c->engine || c->stopping) {
     pr__errf(errstr, errstr_size,
@@ -194,13 +234,14 @@ PROSODY_EXPORT prosody_err_t prosody_subscribe(prosody_client_t *c,
       c->probe = pr__probe_start((int)PR_CFG_INT(&c->st, PROBE_PORT), src,
                                  errstr, errstr_size);
       if (!c->probe) {
-        pr__engine_stop(c->engine);
+        c->abandoned |= pr__engine_stop(c->engine);
         c->engine = NULL;
         err = PROSODY_ERR_CONFIG;
       }
     }
   }
   pthread_mutex_unlock(&c->lock);
+  LOG_SCOPE_END();
   return err;
 }
 
@@ -221,11 +262,17 @@ PROSODY_EXPORT prosody_err_t prosody_unsubscribe(prosody_client_t *c) {
   pthread_mutex_unlock(&c->lock);
   if (!engine)
     return PROSODY_ERR_STATE;
-  pr__probe_stop(probe); /* before the engine its callbacks read */
-  pr__engine_stop(engine);
-  pthread_mutex_lock(&c->lock);
-  c->stopping = 0;
-  pthread_mutex_unlock(&c->lock);
+  {
+    int abandoned;
+    LOG_SCOPE(c);
+    pr__probe_stop(probe); /* before the engine its callbacks read */
+    abandoned = pr__engine_stop(engine);
+    LOG_SCOPE_END();
+    pthread_mutex_lock(&c->lock);
+    c->stopping = 0;
+    c->abandoned |= abandoned;
+    pthread_mutex_unlock(&c->lock);
+  }
   return PROSODY_OK;
 }
 

@@ -729,6 +729,14 @@ PROSODY_EXPORT prosody_config_t *prosody_config_new(void) {
   return calloc(1, sizeof(prosody_config_t));
 }
 
+PROSODY_EXPORT void prosody_config_set_log_cb(prosody_config_t *conf,
+                                              prosody_log_cb cb, void *opaque) {
+  if (!conf)
+    return;
+  conf->log_cb = cb;
+  conf->log_opaque = opaque;
+}
+
 PROSODY_EXPORT void prosody_config_destroy(prosody_config_t *conf) {
   if (!conf)
     return;

@@ -90,6 +90,8 @@ typedef struct pr__test_opts {
 struct prosody_config {
   char *set[PR_OPT__COUNT]; /* owned; NULL when not set in code */
   pr__test_opts_t test;     /* pr__config_set_test(); zero otherwise */
+  prosody_log_cb log_cb;    /* prosody_config_set_log_cb(), or NULL */
+  void *log_opaque;
 };
 
 /* Every option resolved: value plus where it came from. */

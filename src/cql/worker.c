@@ -14,6 +14,7 @@
 
 struct pr__cqlw {
   pr__cql_t *cql;
+  pr__logger_t *logger; /* its creator's: the thread logs there */
   uv_loop_t loop;
   uv_async_t async;
   pthread_t thread;
@@ -103,6 +104,7 @@ static void on_async(uv_async_t *a) {
 static void *worker_main(void *arg) {
   pr__cqlw_t *w = arg;
   pthread_setname_np(pthread_self(), "prosody-cql");
+  pr__log_adopt(w->logger);
   pr__cql_block_sigpipe();
   uv_run(&w->loop, UV_RUN_DEFAULT);
   return NULL;
@@ -129,6 +131,7 @@ pr__cqlw_t *pr__cqlw_new(const pr__cql_conf_t *conf, void (*wake)(void *),
 }
 
 int pr__cqlw_start(pr__cqlw_t *w, char *errstr, size_t errstr_size) {
+  w->logger = pr__log_current();
   if (pthread_create(&w->thread, NULL, worker_main, w)) {
     pr__errf(errstr, errstr_size, "could not start the Cassandra thread");
     return -1;

@@ -131,6 +131,7 @@ static void on_check(uv_check_t *h) { end_burst(h->data); }
 static void *engine_main(void *arg) {
   pr__engine_t *eng = arg;
   tls_engine = eng;
+  pr__log_adopt(eng->logger);
   pthread_setname_np(pthread_self(), "prosody-engine");
   uv_run(&eng->loop, UV_RUN_DEFAULT);
   tls_engine = NULL;
@@ -225,6 +226,7 @@ prosody_err_t pr__engine_start(const pr__settings_t *st, const char *bootstrap,
     return PROSODY_ERR_NOMEM;
   }
   eng->pipefd[0] = eng->pipefd[1] = -1;
+  eng->logger = pr__log_current(); /* the subscribing client's */
   pr__metrics_init(&eng->metrics);
   pthread_mutex_init(&eng->lock, NULL);
   pthread_cond_init(&eng->cond, NULL);
@@ -329,11 +331,11 @@ fail:
   return err;
 }
 
-void pr__engine_stop(pr__engine_t *eng) {
+int pr__engine_stop(pr__engine_t *eng) {
   struct timespec ts;
   int rc;
   if (!eng)
-    return;
+    return 0;
   atomic_store(&eng->stop_requested, 1);
   uv_async_send(&eng->wake);
   /* The engine drains within shutdown_timeout; leaving the group is
@@ -345,7 +347,7 @@ void pr__engine_stop(pr__engine_t *eng) {
     PR_ERROR("engine",
              "the consumer did not stop within shutdown_timeout + 60 s; "
              "abandoning it");
-    return;
+    return 1;
   }
   /* The engine thread has exited: this thread owns its state now. Collect
    * completions that arrived after its last look (bounded), and let
@@ -369,7 +371,7 @@ void pr__engine_stop(pr__engine_t *eng) {
              "%d handler(s) and %d failure-topic send(s) still running after "
              "shutdown; leaving the consumer's memory to them",
              eng->running, eng->dlq_inflight);
-    return;
+    return 1;
   }
   while (atomic_load(&eng->pushers) > 0)
     sched_yield();
@@ -381,6 +383,7 @@ void pr__engine_stop(pr__engine_t *eng) {
   rd_kafka_queue_destroy(eng->cq);
   pr__kafka_destroy_bounded(eng->rk, 30000, "consumer");
   engine_free(eng);
+  return 0;
 }
 
 int pr__engine_assigned(const pr__engine_t *eng) {

@@ -22,8 +22,9 @@ prosody_err_t pr__engine_start(const pr__settings_t *st, const char *bootstrap,
                                pr__engine_t **engine, char *errstr,
                                size_t errstr_size);
 /* Graceful shutdown (phases per shutdown_timeout), then frees the engine.
- * Blocks. */
-void pr__engine_stop(pr__engine_t *engine);
+ * Blocks. Returns 1 when it had to abandon the engine to threads still
+ * running (its memory, and the logger they use, must then stay). */
+int pr__engine_stop(pr__engine_t *engine);
 /* Thread-safe readings. */
 int pr__engine_assigned(const pr__engine_t *engine);
 /* The consumer's metrics in Prometheus text format (malloc'd; NULL when

@@ -264,6 +264,7 @@ struct pr__engine {
   int pipefd[2];
   pr__pool_t *pool; /* NULL for async handlers */
   pthread_t thread;
+  pr__logger_t *logger; /* the client's: the engine's threads log there */
 
   /* The mailbox (mailbox.c): guarded by `lock`. */
   pthread_mutex_t lock;

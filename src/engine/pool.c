@@ -30,6 +30,8 @@
 
 #include "pool.h"
 
+#include "../util/util.h"
+
 typedef struct job {
   struct job *next;
   pr__job_fn fn;
@@ -52,8 +54,9 @@ struct pr__pool {
   worker_t *idle; /* sleeping workers, LIFO */
   int free;       /* awake workers not running a handler */
   int stop;
-  int n;             /* started workers */
-  worker_t *workers; /* immutable after _new */
+  int n;                /* started workers */
+  worker_t *workers;    /* immutable after _new */
+  pr__logger_t *logger; /* its creator's: the workers log there */
 };
 
 #define MAX_SPARE 1024
@@ -74,6 +77,7 @@ static void *worker_main(void *arg) {
   worker_t *self = arg;
   pr__pool_t *pool = self->pool;
   pthread_setname_np(pthread_self(), "prosody-handler");
+  pr__log_adopt(pool->logger);
   pthread_mutex_lock(&pool->lock);
   for (;;) {
     job_t *j = pool->head;
@@ -128,6 +132,7 @@ pr__pool_t *pr__pool_new(int threads) {
     return NULL;
   }
   pthread_mutex_init(&pool->lock, NULL);
+  pool->logger = pr__log_current();
   for (pool->n = 0; pool->n < threads; pool->n++) {
     worker_t *w = &pool->workers[pool->n];
     w->pool = pool;

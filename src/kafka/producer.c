@@ -66,6 +66,7 @@ struct pr__producer {
   int send_timeout_ms;      /* immutable after _new */
   int mock;                 /* immutable after _new: ensure topics first */
   pthread_t poller;         /* the only thread calling rd_kafka_poll() */
+  pr__logger_t *logger;     /* its creator's: the poller logs there */
   atomic_int stop;          /* set by _destroy to end the poller */
   atomic_int fatal;         /* set by error_cb, cleared after recovery */
   atomic_int recoveries;    /* handles replaced so far */
@@ -307,6 +308,7 @@ static void warm_one(pr__producer_t *prod) {
 static void *poller_main(void *arg) {
   pr__producer_t *prod = arg;
   pthread_setname_np(pthread_self(), "prosody-send");
+  pr__log_adopt(prod->logger);
   in_callback_thread = 1;
   while (!atomic_load(&prod->stop)) {
     rd_kafka_poll(prod->rk, 50); /* only this thread replaces prod->rk */
@@ -377,6 +379,7 @@ pr__producer_t *pr__producer_new(const pr__settings_t *st,
       pr__errf(errstr, errstr_size, "out of memory");
     goto fail;
   }
+  prod->logger = pr__log_current();
   if (pthread_create(&prod->poller, NULL, poller_main, prod) != 0) {
     pr__kafka_destroy_bounded(prod->rk, 10000, "producer");
     pr__errf(errstr, errstr_size, "could not start the producer thread");

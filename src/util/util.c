@@ -86,6 +86,13 @@ int64_t pr__wall_ms(void) {
 static atomic_int log_level = -1; /* -1: not yet read from PROSODY_LOG */
 static const char *const level_names[] = {"OFF",  "ERROR", "WARN",
                                           "INFO", "DEBUG", "TRACE"};
+static __thread pr__logger_t *tls_logger; /* NULL: the process default */
+static pthread_mutex_t default_lock = PTHREAD_MUTEX_INITIALIZER;
+static pr__logger_t default_logger; /* its repeat state: under default_lock;
+                                      its level: pr__log_level() */
+
+/* How long a repeated warning or error stays folded. */
+#define PR_LOG_REPEAT_NS INT64_C(10000000000)
 
 static pr__log_level_t level_from_env(void) {
   const char *e = getenv("PROSODY_LOG");
@@ -97,10 +104,6 @@ static pr__log_level_t level_from_env(void) {
   return PR_LOG_INFO;
 }
 
-void pr__log_set_level(pr__log_level_t level) {
-  atomic_store(&log_level, (int)level);
-}
-
 pr__log_level_t pr__log_level(void) {
   int l = atomic_load(&log_level);
   if (l < 0) {
@@ -110,24 +113,103 @@ pr__log_level_t pr__log_level(void) {
   return (pr__log_level_t)l;
 }
 
-void pr__log(pr__log_level_t level, const char *subsystem, const char *fmt,
-             ...) {
-  char msg[1024];
+void pr__logger_init(pr__logger_t *lg, pr__log_level_t level, prosody_log_cb cb,
+                     void *opaque) {
+  memset(lg, 0, sizeof(*lg));
+  lg->level = (int)level;
+  lg->cb = cb;
+  lg->opaque = opaque;
+  pthread_mutex_init(&lg->lock, NULL);
+}
+
+pr__logger_t *pr__log_current(void) { return tls_logger; }
+
+pr__logger_t *pr__log_adopt(pr__logger_t *lg) {
+  pr__logger_t *prev = tls_logger;
+  tls_logger = lg;
+  return prev;
+}
+
+/* Writes one line (no lock held: a callback may take its own). */
+static void emit(const pr__logger_t *lg, pr__log_level_t level,
+                 const char *subsystem, const char *msg) {
   char stamp[32];
-  va_list ap;
   struct timespec ts;
   struct tm tm;
-
-  if (level == PR_LOG_OFF || level > pr__log_level())
+  if (lg->cb) {
+    lg->cb((prosody_log_level_t)level, subsystem, msg, lg->opaque);
     return;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof(msg), fmt, ap);
-  va_end(ap);
+  }
   clock_gettime(CLOCK_REALTIME, &ts);
   gmtime_r(&ts.tv_sec, &tm);
   strftime(stamp, sizeof(stamp), "%Y-%m-%dT%H:%M:%S", &tm);
   fprintf(stderr, "%s.%03ldZ %-5s prosody::%s: %s\n", stamp,
           ts.tv_nsec / 1000000, level_names[level], subsystem, msg);
+}
+
+/* A folded line's count, taken (lock held): what to say, if anything. */
+typedef struct repeat {
+  int level;
+  char sub[32], msg[96];
+} repeat_t;
+
+static int take_repeats(pr__logger_t *lg, repeat_t *r) {
+  if (!lg->repeats)
+    return 0;
+  r->level = lg->last_level;
+  snprintf(r->sub, sizeof(r->sub), "%s", lg->last_sub);
+  snprintf(r->msg, sizeof(r->msg),
+           "the previous message repeated %u more time%s", lg->repeats,
+           lg->repeats == 1 ? "" : "s");
+  lg->repeats = 0;
+  return 1;
+}
+
+void pr__logger_fini(pr__logger_t *lg) {
+  repeat_t r;
+  int said;
+  pthread_mutex_lock(&lg->lock);
+  said = take_repeats(lg, &r);
+  pthread_mutex_unlock(&lg->lock);
+  if (said)
+    emit(lg, (pr__log_level_t)r.level, r.sub, r.msg);
+  pthread_mutex_destroy(&lg->lock);
+}
+
+void pr__log(pr__log_level_t level, const char *subsystem, const char *fmt,
+             ...) {
+  pr__logger_t *lg = tls_logger ? tls_logger : &default_logger;
+  pthread_mutex_t *lock = tls_logger ? &lg->lock : &default_lock;
+  int threshold = tls_logger ? lg->level : (int)pr__log_level();
+  char msg[1024];
+  repeat_t r;
+  int said = 0;
+  va_list ap;
+
+  if (level == PR_LOG_OFF || (int)level > threshold)
+    return;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  if (level <= PR_LOG_WARN) { /* fold a warning or error said again */
+    uint64_t h = pr__fnv1a_str(msg) ^ pr__fnv1a_str(subsystem) ^ level;
+    int64_t now = pr__now_ns();
+    pthread_mutex_lock(lock);
+    if (h == lg->last_hash && now - lg->last_ns < PR_LOG_REPEAT_NS) {
+      lg->repeats++;
+      pthread_mutex_unlock(lock);
+      return;
+    }
+    said = take_repeats(lg, &r);
+    lg->last_hash = h;
+    lg->last_ns = now;
+    lg->last_level = (int)level;
+    snprintf(lg->last_sub, sizeof(lg->last_sub), "%s", subsystem);
+    pthread_mutex_unlock(lock);
+  }
+  if (said)
+    emit(lg, (pr__log_level_t)r.level, r.sub, r.msg);
+  emit(lg, level, subsystem, msg);
 }
 
 int pr__strset_find(const pr__strset_t *set, const char *s) {

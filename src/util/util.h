@@ -5,10 +5,13 @@
 #ifndef PR_UTIL_H
 #define PR_UTIL_H
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <time.h>
+
+#include "prosody.h"
 
 #if defined(__GNUC__)
 #define PR_PRINTF(f, a) __attribute__((format(printf, f, a)))
@@ -90,11 +93,43 @@ typedef enum pr__log_level {
   PR_LOG_TRACE = 5
 } pr__log_level_t;
 
-/* Process-wide log threshold. Starts from PROSODY_LOG (default info); a
- * client whose `log` option was set in code overrides it. Thread-safe. */
-void pr__log_set_level(pr__log_level_t level);
+/*
+ * A logger: a threshold, where lines go (a callback, or stderr), and the
+ * state that folds repeated warnings and errors. Each client has one; the
+ * process default (level from PROSODY_LOG, default info; stderr) takes
+ * lines of threads that belong to no client.
+ *
+ * A thread logs to its current logger: pr__log_adopt() sets it (the
+ * client's threads adopt it when they start, the public functions around
+ * their body). A thread the library starts adopts its creator's logger
+ * (pr__log_current() read by the creator, adopted by the new thread).
+ */
+typedef struct pr__logger {
+  int level; /* pr__log_level_t; immutable after init */
+  void (*cb)(prosody_log_level_t level, const char *subsystem,
+             const char *message, void *opaque); /* NULL: stderr */
+  void *opaque;
+  pthread_mutex_t lock; /* guards the repeat state below */
+  uint64_t last_hash;   /* the last warning/error said */
+  int64_t last_ns;      /* when it was said */
+  unsigned repeats;     /* how often it came again since, unsaid */
+  int last_level;
+  char last_sub[32];
+} pr__logger_t;
+
+void pr__logger_init(pr__logger_t *lg, pr__log_level_t level, prosody_log_cb cb,
+                     void *opaque);
+/* Says what repeated, if anything, then forgets it. */
+void pr__logger_fini(pr__logger_t *lg);
+/* The calling thread's logger, NULL for the process default. */
+pr__logger_t *pr__log_current(void);
+/* Makes `lg` (NULL: the default) the calling thread's logger; returns the
+ * previous one, to restore. */
+pr__logger_t *pr__log_adopt(pr__logger_t *lg);
+/* The process default's level (PROSODY_LOG, read once). */
 pr__log_level_t pr__log_level(void);
-/* Writes one line to stderr when `level` passes the threshold. */
+/* Logs one line to the calling thread's logger when `level` passes its
+ * threshold. */
 void pr__log(pr__log_level_t level, const char *subsystem, const char *fmt, ...)
     PR_PRINTF(3, 4);
 

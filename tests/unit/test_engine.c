@@ -547,6 +547,47 @@ static void test_idset(void **state) {
   pr__idset_free(s);
 }
 
+/* --- util.c: the logger --------------------------------------------- */
+
+static char log_seen[8][128];
+static int log_n;
+
+static void log_into(prosody_log_level_t level, const char *subsystem,
+                     const char *message, void *opaque) {
+  (void)opaque;
+  if (log_n < 8)
+    snprintf(log_seen[log_n++], sizeof(log_seen[0]), "%d %s %s", (int)level,
+             subsystem, message);
+}
+
+/* A warning said again word for word is folded into a count; lines below
+ * the logger's level are dropped; info is never folded. */
+static void test_logger(void **state) {
+  pr__logger_t lg, *prev;
+  (void)state;
+  pr__logger_init(&lg, PR_LOG_INFO, log_into, NULL);
+  prev = pr__log_adopt(&lg);
+  log_n = 0;
+  for (int i = 0; i < 4; i++)
+    PR_WARN("engine", "broker down");
+  PR_DEBUG("engine", "not shown");
+  PR_INFO("engine", "same");
+  PR_INFO("engine", "same");
+  PR_ERROR("cql", "another");
+  PR_ERROR("cql", "another");
+  pr__log_adopt(prev);
+  pr__logger_fini(&lg); /* says the last fold */
+  assert_int_equal(log_n, 6);
+  assert_string_equal(log_seen[0], "2 engine broker down");
+  assert_string_equal(log_seen[1], "3 engine same");
+  assert_string_equal(log_seen[2], "3 engine same");
+  assert_string_equal(log_seen[3],
+                      "2 engine the previous message repeated 3 more times");
+  assert_string_equal(log_seen[4], "1 cql another");
+  assert_string_equal(log_seen[5],
+                      "1 cql the previous message repeated 1 more time");
+}
+
 static void test_mailbox(void **state) {
   pr__engine_t eng;
   pr__tstore_ops_t ops;
@@ -610,7 +651,10 @@ int main(void) {
       cmocka_unit_test(test_dedup_id),
       cmocka_unit_test(test_idset),
       cmocka_unit_test(test_mailbox),
+      cmocka_unit_test(test_logger),
   };
-  pr__log_set_level(PR_LOG_OFF);
+  static pr__logger_t quiet; /* the layers log their decisions */
+  pr__logger_init(&quiet, PR_LOG_OFF, NULL, NULL);
+  pr__log_adopt(&quiet);
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
