@@ -277,11 +277,22 @@ int main(void) {
           atomic_load(&stuck_started));
     c2 = consume(t6, g6, o, &h);
     deadline = t_now() + 30;
+    while (prosody_assigned_partition_count(c) == 2 && t_now() < deadline)
+      usleep(20000);
+    CHECK(prosody_assigned_partition_count(c) < 2,
+          "a consumer stuck at max_uncommitted still held both partitions "
+          "30 s after a member joined");
+    /* The joining member's share comes with the first round of the group
+     * that syncs. On librdkafka's mock cluster a round fails when the
+     * follower's SyncGroup arrives after the leader's, and is run again
+     * 5 s later (docs/ARCHITECTURE.md, "The 2.0.2 mock cluster"; seen five
+     * times in a row under load): allow for several. */
+    deadline += 30;
     while (prosody_assigned_partition_count(c2) < 1 && t_now() < deadline)
       usleep(20000);
     CHECK(prosody_assigned_partition_count(c2) >= 1,
           "a member joining a consumer stuck at max_uncommitted got no "
-          "partition in 30 s");
+          "partition in 60 s");
     /* The stuck member took part in the rebalance (gave its partitions
      * up) rather than being expelled for not polling, which would leave
      * both members holding the same partitions. (The stuck member may
