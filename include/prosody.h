@@ -189,9 +189,10 @@ typedef void (*prosody_log_cb)(prosody_log_level_t level, const char *subsystem,
  * logged is the client's own `log` option: two clients in one process may
  * log at different levels. A warning or error repeated word for word
  * within 10 s is said once, then once more with how many times it
- * repeated. Lines that belong to no client (the embedded mock cluster's,
- * an admin handle's, librdkafka's own threads') go to standard error at
- * the level of PROSODY_LOG.
+ * repeated. librdkafka's lines about the client's own Kafka handles are
+ * the client's too. Lines that belong to no client (the embedded mock
+ * cluster's, an admin handle's) go to standard error at the level of
+ * PROSODY_LOG.
  */
 PROSODY_EXPORT void prosody_config_set_log_cb(prosody_config_t *conf,
                                               prosody_log_cb cb, void *opaque);

@@ -181,6 +181,7 @@ static prosody_err_t consumer_start(pr__engine_t *eng, const char *bootstrap,
   rd_kafka_conf_set_error_cb(kconf, error_cb);
   rd_kafka_conf_set_opaque(kconf, eng);
   eng->rk = rd_kafka_new(RD_KAFKA_CONSUMER, kconf, why, sizeof(why));
+  pr__kafka_log_bind(eng->rk);
   if (!eng->rk) {
     rd_kafka_conf_destroy(kconf);
     pr__errf(errstr, errstr_size, "could not create the Kafka consumer: %s",

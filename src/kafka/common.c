@@ -10,8 +10,51 @@
 #include "../util/util.h"
 #include "kafka.h"
 
+/* The client logger each of our handles logs to: librdkafka calls log_cb
+ * on its own threads, which have none. Guarded by bind_lock. */
+typedef struct log_bind {
+  const rd_kafka_t *rk;
+  pr__logger_t *logger;
+} log_bind_t;
+static pthread_mutex_t bind_lock = PTHREAD_MUTEX_INITIALIZER;
+static log_bind_t *binds;
+static size_t nbinds, capbinds;
+
+void pr__kafka_log_bind(const rd_kafka_t *rk) {
+  pr__logger_t *lg = pr__log_current();
+  if (!rk || !lg)
+    return;
+  pthread_mutex_lock(&bind_lock);
+  if (!pr__grow(&binds, &capbinds, nbinds, sizeof(*binds), 8)) {
+    binds[nbinds].rk = rk;
+    binds[nbinds++].logger = lg;
+  } /* else its lines go to the thread's logger or the default */
+  pthread_mutex_unlock(&bind_lock);
+}
+
+static void log_unbind(const rd_kafka_t *rk) {
+  pthread_mutex_lock(&bind_lock);
+  for (size_t i = 0; i < nbinds; i++)
+    if (binds[i].rk == rk) {
+      binds[i] = binds[--nbinds];
+      break;
+    }
+  pthread_mutex_unlock(&bind_lock);
+}
+
+static pr__logger_t *bound_logger(const rd_kafka_t *rk) {
+  pr__logger_t *lg = NULL;
+  pthread_mutex_lock(&bind_lock);
+  for (size_t i = 0; i < nbinds && !lg; i++)
+    if (binds[i].rk == rk)
+      lg = binds[i].logger;
+  pthread_mutex_unlock(&bind_lock);
+  return lg;
+}
+
 static void log_cb(const rd_kafka_t *rk, int level, const char *fac,
                    const char *buf) {
+  pr__logger_t *lg = rk ? bound_logger(rk) : NULL, *prev = NULL;
   pr__log_level_t l = level <= 3   ? PR_LOG_ERROR
                       : level == 4 ? PR_LOG_WARN
                       : level == 5 ? PR_LOG_INFO
@@ -20,7 +63,11 @@ static void log_cb(const rd_kafka_t *rk, int level, const char *fac,
    * docs/ARCHITECTURE.md): a warning, whatever level librdkafka gives it. */
   if (l == PR_LOG_ERROR && fac && !strcmp(fac, "FAIL"))
     l = PR_LOG_WARN;
+  if (lg)
+    prev = pr__log_adopt(lg);
   pr__log(l, "kafka", "%s: [%s] %s", rk ? rd_kafka_name(rk) : "-", fac, buf);
+  if (lg)
+    pr__log_adopt(prev);
 }
 
 int pr__kafka_conf_set(rd_kafka_conf_t *kconf, const char *name,
@@ -140,6 +187,7 @@ int pr__kafka_destroy_bounded(rd_kafka_t *rk, int timeout_ms,
 
   if (!rk)
     return 0;
+  log_unbind(rk); /* its client's logger may go once this returns */
   job = calloc(1, sizeof(*job));
   if (!job) {
     rd_kafka_destroy(rk);

@@ -37,6 +37,9 @@ prosody_err_t pr__kafka_classify(rd_kafka_resp_err_t err);
  * (librdkafka rule 9, docs/ARCHITECTURE.md). Returns 0 if destroyed, -1 if
  * abandoned. */
 int pr__kafka_destroy_bounded(rd_kafka_t *rk, int timeout_ms, const char *what);
+/* librdkafka's lines about `rk` go to the calling thread's logger (its
+ * client's) until pr__kafka_destroy_bounded(rk). */
+void pr__kafka_log_bind(const rd_kafka_t *rk);
 /* Joins a host:port list with commas into a new string. */
 char *pr__join_list(char **items, size_t n);
 

@@ -244,6 +244,7 @@ static void recover(pr__producer_t *prod) {
   kconf = rd_kafka_conf_dup(prod->conf);
   fresh =
       kconf ? rd_kafka_new(RD_KAFKA_PRODUCER, kconf, err, sizeof(err)) : NULL;
+  pr__kafka_log_bind(fresh);
   if (!fresh) {
     if (kconf)
       rd_kafka_conf_destroy(kconf);
@@ -367,6 +368,7 @@ pr__producer_t *pr__producer_new(const pr__settings_t *st,
   prod->conf = rd_kafka_conf_dup(kconf);
 
   prod->rk = rd_kafka_new(RD_KAFKA_PRODUCER, kconf, why, sizeof(why));
+  pr__kafka_log_bind(prod->rk);
   if (!prod->rk || !prod->conf) {
     if (!prod->rk)
       rd_kafka_conf_destroy(kconf);
