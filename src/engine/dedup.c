@@ -2,19 +2,21 @@
  * dedup.c - deduplication (pipeline mode, messages): an event whose id was
  * recorded as handled is committed past without running the handler.
  *
- * The id is 128 bits of FNV-1a over (idempotence_version, group, topic,
- * partition, key, and the payload's top-level string "id", or the offset
- * when there is none). Each message is looked up at intake: first in a
- * process-wide cache of ids (idempotence_cache_size, least recently used
- * evicted), then in the store (Cassandra, or in mock mode a process-wide
- * memory store of at most PR_DD_MEMORY_IDS ids), so lookups run ahead of
- * the key's queue. An id is recorded, in the cache and the store with
- * idempotence_ttl, only once its handler succeeded or failed permanently;
- * the events queued behind it on its key with the same id (taken before
- * it was recorded) are marked as duplicates then, and a run never takes
- * a duplicate of an event it runs first.
- * A failed store lookup is transient: the event waits and the lookup is
- * retried with the retry backoff; the handler does not run meanwhile.
+ * The id is XXH3-128 (xxHash, header-only) of (idempotence_version, group,
+ * topic, partition, key, and the payload's top-level string "id", or the
+ * offset when there is none), each field length-prefixed. The payload is
+ * scanned for "id" only when the four bytes "id" (quotes included) occur
+ * in it: a top-level "id" member cannot be written without them. Each message
+ * is looked up at intake: first in a process-wide cache of ids
+ * (idempotence_cache_size, least recently used evicted), then in the store
+ * (Cassandra, or in mock mode a process-wide memory store of at most
+ * PR_DD_MEMORY_IDS ids), so lookups run ahead of the key's queue. An id is
+ * recorded, in the cache and the store with idempotence_ttl, only once its
+ * handler succeeded or failed permanently; the events queued behind it on its
+ * key with the same id (taken before it was recorded) are marked as duplicates
+ * then, and a run never takes a duplicate of an event it runs first. A failed
+ * store lookup is transient: the event waits and the lookup is retried with the
+ * retry backoff; the handler does not run meanwhile.
  *
  * Threads: the engine thread; the process-wide cache and memory store are
  * shared by every client and guarded by g_lock.
@@ -26,6 +28,9 @@
 #include <time.h>
 
 #include "internal.h"
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 /* The memory store's capacity (mock mode): about 80 MB at most. */
 #define PR_DD_MEMORY_IDS (1u << 20)
@@ -39,31 +44,44 @@ struct pr__dd_req {
   inv_t *inv;
 };
 
-static void feed(uint64_t h[2], const void *p, size_t n) {
-  uint32_t len = (uint32_t)n; /* length-prefixed: fields cannot run on */
-  pr__fnv1a128(h, &len, sizeof(len));
-  pr__fnv1a128(h, p, n);
+/* Appends a length-prefixed field (fields cannot run into each other). */
+static char *field(char *o, const void *p, size_t n) {
+  uint32_t len = (uint32_t)n;
+  memcpy(o, &len, sizeof(len));
+  memcpy(o + sizeof(len), p, n);
+  return o + sizeof(len) + n;
 }
 
 pr__did_t pr__dd_id(const char *version, const char *group, const char *topic,
                     int32_t partition, const char *key, const char *id,
                     size_t id_len, int64_t offset) {
-  uint64_t h[2] = PR_FNV128_INIT;
+  size_t vl = strlen(version), gl = strlen(group), tl = strlen(topic),
+         kl = strlen(key), need = vl + gl + tl + kl + id_len + 64;
+  char small[512], *buf = need <= sizeof(small) ? small : malloc(need), *o;
+  XXH128_hash_t h;
   pr__did_t d;
-  feed(h, version, strlen(version));
-  feed(h, group, strlen(group));
-  feed(h, topic, strlen(topic));
-  feed(h, &partition, sizeof(partition));
-  feed(h, key, strlen(key));
-  if (id) {
-    feed(h, "i", 1);
-    feed(h, id, id_len);
-  } else {
-    feed(h, "o", 1);
-    feed(h, &offset, sizeof(offset));
+  if (!buf) { /* no memory: the fields hashed apart, less well mixed */
+    d.hi = pr__fnv1a(key, kl) ^ (uint64_t)offset;
+    d.lo = pr__fnv1a(id ? id : "", id ? id_len : 0) ^ pr__fnv1a(topic, tl);
+    return d;
   }
-  d.hi = h[0];
-  d.lo = h[1];
+  o = field(buf, version, vl);
+  o = field(o, group, gl);
+  o = field(o, topic, tl);
+  o = field(o, &partition, sizeof(partition));
+  o = field(o, key, kl);
+  if (id) {
+    o = field(o, "i", 1);
+    o = field(o, id, id_len);
+  } else {
+    o = field(o, "o", 1);
+    o = field(o, &offset, sizeof(offset));
+  }
+  h = XXH3_128bits(buf, (size_t)(o - buf));
+  if (buf != small)
+    free(buf);
+  d.hi = h.high64;
+  d.lo = h.low64;
   return d;
 }
 
@@ -179,9 +197,11 @@ void pr__dd_intake(inv_t *inv) {
   const char *v = NULL;
   char small[128], *id = NULL;
   size_t vn = 0, idn = 0;
-  int valid =
-      pr__json_scan(inv->msg.payload, inv->msg.payload_len, "id", &v, &vn);
-  inv->json_state = valid ? 1 : -1; /* decode need not validate again */
+  if (memmem(inv->msg.payload, inv->msg.payload_len, "\"id\"", 4)) {
+    int valid =
+        pr__json_scan(inv->msg.payload, inv->msg.payload_len, "id", &v, &vn);
+    inv->json_state = valid ? 1 : -1; /* decode need not validate again */
+  }
   if (v && (id = vn <= sizeof(small) ? small : malloc(vn)))
     idn = pr__json_unescape(v, vn, id);
   inv->did = pr__dd_id(PR_CFG_STR(eng->st, IDEMPOTENCE_VERSION), eng->group_id,

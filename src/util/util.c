@@ -266,18 +266,6 @@ uint64_t pr__fnv1a(const void *p, size_t n) {
   return h;
 }
 
-void pr__fnv1a128(uint64_t h[2], const void *p, size_t n) {
-  /* FNV-128: prime 2^88 + 2^8 + 0x3b */
-  const unsigned __int128 prime =
-      ((unsigned __int128)1 << 88) + ((unsigned __int128)1 << 8) + 0x3b;
-  unsigned __int128 x = (unsigned __int128)h[0] << 64 | h[1];
-  const unsigned char *b = p;
-  for (size_t i = 0; i < n; i++)
-    x = (x ^ b[i]) * prime;
-  h[0] = (uint64_t)(x >> 64);
-  h[1] = (uint64_t)x;
-}
-
 uint64_t pr__fnv1a_str(const char *s) {
   uint64_t h = FNV_OFFSET;
   for (; *s; s++)

@@ -48,11 +48,6 @@ int pr__grow(void *p, size_t *cap, size_t n, size_t size, size_t first);
 /* 64-bit FNV-1a of `n` bytes, and of a NUL-terminated string. */
 uint64_t pr__fnv1a(const void *p, size_t n);
 uint64_t pr__fnv1a_str(const char *s);
-/* 128-bit FNV-1a: feeds `n` bytes into h (h[0] high, h[1] low half);
- * start from PR_FNV128_INIT. */
-#define PR_FNV128_INIT                                                         \
-  { UINT64_C(0x6c62272e07bb0142), UINT64_C(0x62b821756295c58d) }
-void pr__fnv1a128(uint64_t h[2], const void *p, size_t n);
 
 /* 1 if the `len` bytes at `s` are valid UTF-8 (no overlongs, no surrogates,
  * nothing above U+10FFFF), 0 otherwise. */
