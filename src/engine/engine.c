@@ -82,6 +82,7 @@ static void shutdown_engine(pr__engine_t *eng) {
   /* The store's handles close with the loop's last run. */
   eng->store->ops->destroy(eng->store);
   eng->store = NULL;
+  pr__dd_close(eng); /* its thread wakes the engine: gone before the loop */
   pr__part_count(eng);
   PR_INFO("engine", "consumer stopped in %lld ms",
           (long long)((pr__now_ns() - t0) / 1000000));

@@ -27,8 +27,10 @@ static const char *cassandra(void) {
 
 static pr__cql_sync_t *session(const char *node) {
   char err[1024], *nodes[1] = {(char *)node};
+  /* Generous: schema changes (CREATE TABLE, the migrations) take seconds
+   * on a node that the other real-tier tests keep busy. */
   pr__cql_conf_t conf = {
-      .nodes = nodes, .nnodes = 1, .request_timeout_ms = 3000};
+      .nodes = nodes, .nnodes = 1, .request_timeout_ms = 15000};
   pr__cql_sync_t *y = pr__cql_sync_new(&conf, err, sizeof(err));
   CHECK(y, "session: %s", err);
   return y;
