@@ -141,6 +141,15 @@ prosody_err_t pr__dd_open(pr__engine_t *eng, void (*wake)(void *), char *errstr,
 }
 
 void pr__dd_close(pr__engine_t *eng) {
+  /* Records still being written are waited for (a little): a handled id
+   * that never reaches the store would be handled again when resent. */
+  int64_t give_up = pr__now_ns() + INT64_C(2000000000);
+  while (eng->dd_store && eng->dd_recording > 0 && pr__now_ns() < give_up) {
+    struct timespec ts;
+    pr__deadline_after(CLOCK_REALTIME, 50000000, &ts);
+    pr__mail_wait(eng, &ts);
+    pr__mail_deliver(eng);
+  }
   pr__dedup_free(eng->dd_store);
   eng->dd_store = NULL;
 }
@@ -251,7 +260,8 @@ int pr__dd_claimable(inv_t *head, inv_t *f) {
 }
 
 static void on_recorded(void *arg, prosody_err_t err, const char *errstr) {
-  (void)arg;
+  pr__engine_t *eng = arg;
+  eng->dd_recording--;
   if (err)
     PR_WARN("engine",
             "deduplication: recording a handled id failed: %s (the "
@@ -275,8 +285,9 @@ void pr__dd_record(inv_t *inv) {
       i->dd = DD_SEEN;
   if (eng->dd_store) {
     hex(inv->did, id);
+    eng->dd_recording++;
     pr__dedup_record(eng->dd_store, eng->group_id, id, eng->dd_ttl_s,
-                     on_recorded, NULL);
+                     on_recorded, eng);
   }
 }
 

@@ -305,6 +305,7 @@ struct pr__engine {
   int dd_on;             /* deduplication: pipeline mode, cache size > 0 */
   pr__dedup_t *dd_store; /* its Cassandra store, or NULL: memory */
   int64_t dd_ttl_s;      /* idempotence_ttl */
+  int dd_recording;      /* ids being written to the store */
   int phase;
   int stopping; /* shutdown has begun */
   unsigned seed;
