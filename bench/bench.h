@@ -5,8 +5,12 @@
 #define PR_BENCH_H
 
 #include <librdkafka/rdkafka.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "prosody.h"
 
@@ -47,6 +51,93 @@ static inline void bench_order_json(char *buf, size_t n, long i,
            "{\"id\":\"evt-%010ld\",\"type\":\"order.created\",\"amount\":"
            "%ld.%02ld,\"customer\":\"%s\"}",
            i, (i * 31) % 1000, i % 100, key);
+}
+
+/* A consumer of `topic` on the embedded mock cluster, in group `topic`,
+ * with `conf`'s other options (`conf` is taken), subscribed with `h`;
+ * returns once it has partitions (the mock's group join takes ~3 s, at
+ * most 60 s), or exits with the error. */
+static inline prosody_client_t *
+bench_mock_consumer(prosody_config_t *conf, const char *topic,
+                    const prosody_handler_t *h) {
+  char err[512];
+  prosody_client_t *c;
+  int waited_ms = 0;
+  bench_set(conf, "mock", "true");
+  bench_set(conf, "group_id", topic);
+  bench_set(conf, "subscribed_topics", topic);
+  if (!(c = prosody_client_new(conf, err, sizeof(err))) ||
+      prosody_subscribe(c, h, err, sizeof(err))) {
+    fprintf(stderr, "bench: %s\n", err);
+    exit(1);
+  }
+  while (prosody_assigned_partition_count(c) == 0 && waited_ms < 60000) {
+    usleep(10000);
+    waited_ms += 10;
+  }
+  return c;
+}
+
+/* Wall-clock seconds: the intended send times in a stream's records are
+ * wall times, read by the producer and the handlers alike. */
+static inline double bench_wall_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* A stream's keys: record i has key key-NNNN, NNNN = bench_key_of(i),
+ * each of the 1 000 keys in turn. */
+#define BENCH_KEYS 1000
+static inline long bench_key_of(long i) { return (i * 7919) % BENCH_KEYS; }
+
+/* The acknowledgements of a stream's records. */
+typedef struct bench_sends {
+  atomic_long ok, failed;
+} bench_sends_t;
+
+static inline void bench_on_sent(prosody_err_t err, const char *errstr,
+                                 const prosody_delivery_t *d, void *op) {
+  bench_sends_t *s = op;
+  (void)errstr;
+  (void)d;
+  atomic_fetch_add(err ? &s->failed : &s->ok, 1);
+}
+
+/* Sends records 0..total-1 of a stream to `topic`: record i at its
+ * intended send time start + i / rate (waiting for it when ahead; behind,
+ * it goes at once and its lateness shows up as latency: no coordinated
+ * omission), or, with rate 0, as fast as it can, intended = when sent. The
+ * payload (~100 bytes) carries `id` evt-<i> and `intended` (bench_index(),
+ * bench_intended()). Acknowledgements are counted in `sends`. */
+static inline void bench_stream(prosody_client_t *prod, const char *topic,
+                                long total, long rate, double start,
+                                bench_sends_t *sends) {
+  char err[512], key[32], payload[160];
+  for (long i = 0; i < total; i++) {
+    double now = bench_wall_s(),
+           intended = rate > 0 ? start + (double)i / (double)rate : now;
+    if (intended > now) /* on schedule: wait for the slot */
+      usleep((useconds_t)((intended - now) * 1e6));
+    snprintf(key, sizeof(key), "key-%04ld", bench_key_of(i));
+    snprintf(payload, sizeof(payload),
+             "{\"id\":\"evt-%010ld\",\"type\":\"order.created\","
+             "\"intended\":%.6f}",
+             i, intended);
+    if (prosody_send_async(prod, topic, key, payload, NULL, bench_on_sent,
+                           sends, err, sizeof(err)))
+      atomic_fetch_add(&sends->failed, 1);
+  }
+}
+
+/* A stream record's intended send time (0 when absent) and index (-1). */
+static inline double bench_intended(const char *payload) {
+  const char *p = payload ? strstr(payload, "\"intended\":") : NULL;
+  return p ? atof(p + 11) : 0;
+}
+static inline long bench_index(const char *payload) {
+  const char *p = payload ? strstr(payload, "\"id\":\"evt-") : NULL;
+  return p ? atol(p + 10) : -1;
 }
 
 /* The baseline consumer: a plain librdkafka high-level consumer of `topic`

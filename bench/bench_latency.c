@@ -27,33 +27,24 @@
 
 static long total, rate;
 static double *lat_ms;
-static atomic_long got, sent_failed;
+static atomic_long got;
+static bench_sends_t sends;
 
-static double wall_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+/* Latency of a record handled now (0 for one without an intended time). */
+static double latency_ms(const char *payload) {
+  double now = bench_wall_s(), intended = bench_intended(payload);
+  return intended > 0 ? (now - intended) * 1e3 : 0;
 }
 
 static prosody_result_t on_message(prosody_context_t *ctx,
                                    const prosody_message_t *m, void *op) {
-  const char *p = strstr(prosody_message_payload(m), "\"intended\":");
-  double now = wall_s(), intended = p ? atof(p + 11) : now;
+  double ms = latency_ms(prosody_message_payload(m));
   long n = atomic_fetch_add(&got, 1);
   (void)ctx;
   (void)op;
   if (n < total)
-    lat_ms[n] = (now - intended) * 1e3;
+    lat_ms[n] = ms;
   return PROSODY_SUCCESS;
-}
-
-static void on_sent(prosody_err_t err, const char *errstr,
-                    const prosody_delivery_t *d, void *op) {
-  (void)errstr;
-  (void)d;
-  (void)op;
-  if (err)
-    atomic_fetch_add(&sent_failed, 1);
 }
 
 /* The baseline: a raw high-level consumer's poll loop, recording the same
@@ -74,15 +65,14 @@ static void *raw_main(void *arg) {
     if (!m->err && m->payload) {
       char buf[200];
       size_t n = m->len < sizeof(buf) - 1 ? m->len : sizeof(buf) - 1;
-      const char *p;
-      double now = wall_s();
+      double ms;
       long k;
       memcpy(buf, m->payload, n);
       buf[n] = '\0';
-      p = strstr(buf, "\"intended\":");
+      ms = latency_ms(buf);
       k = atomic_fetch_add(&got, 1);
       if (k < total)
-        lat_ms[k] = (now - (p ? atof(p + 11) : now)) * 1e3;
+        lat_ms[k] = ms;
     }
     rd_kafka_message_destroy(m);
   }
@@ -97,7 +87,7 @@ static rd_kafka_t *raw_consumer(const char *topic) {
 
 int main(int argc, char **argv) {
   long secs = argc > 2 ? atol(argv[2]) : 10;
-  char err[1024], topic[64], key[32], payload[160];
+  char err[1024], topic[64];
   prosody_config_t *conf;
   prosody_client_t *prod, *cons = NULL;
   int raw = argc > 3 && !strcmp(argv[3], "raw");
@@ -114,60 +104,33 @@ int main(int argc, char **argv) {
 
   conf = prosody_config_new();
   bench_set(conf, "mock", "true");
-  bench_set(conf, "source_system", "bench");
-  bench_set(conf, "send_timeout", "30s");
-  prod = prosody_client_new(conf, err, sizeof(err));
-  if (!prod) {
-    fprintf(stderr, "bench_latency: %s\n", err);
-    return 1;
-  }
+  prod = bench_producer(conf);
   /* Create the topic before anyone subscribes to it. */
   if (prosody_send(prod, topic, "warm-up", "{\"intended\":0}", NULL, err,
                    sizeof(err))) {
     fprintf(stderr, "bench_latency: %s\n", err);
     return 1;
   }
-  deadline = wall_s() + 60;
+  deadline = bench_wall_s() + 60;
   if (raw) {
     rk = raw_consumer(topic);
     pthread_create(&raw_thread, NULL, raw_main, rk);
-    while (!atomic_load(&raw_assigned) && wall_s() < deadline)
+    while (!atomic_load(&raw_assigned) && bench_wall_s() < deadline)
       usleep(10000);
   } else {
     conf = prosody_config_new();
-    bench_set(conf, "mock", "true");
-    bench_set(conf, "group_id", topic);
-    bench_set(conf, "subscribed_topics", topic);
     bench_set(conf, "log", "warn");
-    cons = prosody_client_new(conf, err, sizeof(err));
-    if (!cons || prosody_subscribe(cons, &h, err, sizeof(err))) {
-      fprintf(stderr, "bench_latency: %s\n", err);
-      return 1;
-    }
-    while (prosody_assigned_partition_count(cons) == 0 && wall_s() < deadline)
-      usleep(10000); /* the group join (3 s on the mock) */
+    cons = bench_mock_consumer(conf, topic, &h);
   }
   /* The warm-up record arrives first: let it, then count from zero. */
-  while (atomic_load(&got) < 1 && wall_s() < deadline)
+  while (atomic_load(&got) < 1 && bench_wall_s() < deadline)
     usleep(1000);
   atomic_store(&got, 0);
 
-  start = wall_s() + 0.1;
-  for (long i = 0; i < total; i++) {
-    double intended = start + (double)i / (double)rate, now = wall_s();
-    if (intended > now) /* on schedule: wait for the slot */
-      usleep((useconds_t)((intended - now) * 1e6));
-    snprintf(key, sizeof(key), "key-%04ld", (i * 7919) % 1000);
-    snprintf(payload, sizeof(payload),
-             "{\"id\":\"evt-%010ld\",\"type\":\"order.created\","
-             "\"intended\":%.6f}",
-             i, intended);
-    if (prosody_send_async(prod, topic, key, payload, NULL, on_sent, NULL, err,
-                           sizeof(err)))
-      atomic_fetch_add(&sent_failed, 1);
-  }
-  deadline = wall_s() + 60;
-  while (atomic_load(&got) < total && wall_s() < deadline)
+  start = bench_wall_s() + 0.1;
+  bench_stream(prod, topic, total, rate, start, &sends);
+  deadline = bench_wall_s() + 60;
+  while (atomic_load(&got) < total && bench_wall_s() < deadline)
     usleep(10000);
   if (raw) {
     atomic_store(&raw_stop, 1);
@@ -178,9 +141,9 @@ int main(int argc, char **argv) {
     prosody_client_destroy(cons);
   }
   prosody_client_destroy(prod);
-  if (atomic_load(&got) < total || atomic_load(&sent_failed)) {
+  if (atomic_load(&got) < total || atomic_load(&sends.failed)) {
     fprintf(stderr, "bench_latency: %ld of %ld consumed, %ld sends failed\n",
-            atomic_load(&got), total, atomic_load(&sent_failed));
+            atomic_load(&got), total, atomic_load(&sends.failed));
     return 1;
   }
   qsort(lat_ms, (size_t)total, sizeof(double), bench_cmp_double);
