@@ -24,6 +24,16 @@ int pr__bp_under_half(int invs, size_t window, int max_uncommitted) {
  * again. Other partitions are not affected: their records arrive on
  * queues of their own. */
 void pr__bp_check(pr__engine_t *eng, part_t *part) {
+  /* Half way to its limit, a partition's waiting events go first in the
+   * scheduler (holding a key back would soon hold the partition back). */
+  int pressed =
+      part->invs * 2 >= eng->max_uncommitted ||
+      part->tracker.len * 2 >= (size_t)eng->max_uncommitted * PR_WINDOW_FACTOR;
+  if (pressed != part->pressed) {
+    part->pressed = pressed;
+    if (pressed)
+      pr__sched_rekey_soon(&eng->sched);
+  }
   if (!part->stopped &&
       pr__bp_over(part->invs, part->tracker.len, eng->max_uncommitted)) {
     part->stopped = 1;

@@ -278,6 +278,17 @@ static void start(inv_t *inv) {
   }
 }
 
+/* The scheduler's urgent events: one whose partition is half way to its
+ * backpressure limit, and a message that holds its partition's commit
+ * position (the oldest offset not finished): holding either back holds
+ * the whole partition back. */
+int pr__dispatch_urgent(const pr__sched_task_t *t) {
+  const inv_t *inv = PR_CONTAINER_OF(t, inv_t, sched);
+  return inv->part->pressed ||
+         (!inv->is_timer &&
+          inv->msg.offset == pr__tracker_oldest(&inv->part->tracker));
+}
+
 /* Monopolization (pipeline mode): an event whose key used more than
  * monopolization_threshold of the last monopolization_window is refused
  * with a transient error (retried after a backoff), so the partition's

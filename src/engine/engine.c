@@ -262,6 +262,7 @@ prosody_err_t pr__engine_start(const pr__settings_t *st, const char *bootstrap,
       eng->sched.window_ns = PR_CFG_NS(st, MONOPOLIZATION_WINDOW);
   }
   eng->sched.fifo = st->test.sched_fifo;
+  eng->sched.urgent = pr__dispatch_urgent;
   eng->fail_part_new = st->test.fail_part_new;
   eng->may_wake = 1;
   eng->slab_s = PR_CFG_NS(st, SLAB_SIZE) / 1000000000;

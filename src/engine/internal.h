@@ -193,6 +193,8 @@ struct part {
                             on the consumer queue */
   int stopped;           /* backpressure: its queue is not read, its
                             timers not fired, until the backlog halves */
+  int pressed;           /* half way to that limit: its waiting events get
+                            the scheduler's full wait boost */
   pr__tracker_t tracker;
   kq_t **buckets;
   size_t nbuckets, nkeys;
@@ -407,6 +409,8 @@ void pr__dispatch_schedule(inv_t *inv);
 void pr__dispatch_start_ready(pr__engine_t *eng);
 void pr__dispatch_ready_remove(pr__engine_t *eng, part_t *part);
 void pr__dispatch_cancel(inv_t *inv);
+/* The scheduler's `urgent` callback. */
+int pr__dispatch_urgent(const pr__sched_task_t *t);
 void pr__dispatch_untime(inv_t *inv);
 /* Joins the deadline list (a claimed event that has just started). */
 void pr__dispatch_time(inv_t *inv);

@@ -249,7 +249,9 @@ static double task_priority(const pr__sched_t *s, const pr__sched_task_t *t,
   if (s->fifo)
     return 0;
   return pr__sched_priority(s, pr__sched_vt(t->key, now_ns),
-                            (double)(now_ns - t->ready_ns) / 1e9);
+                            s->urgent && s->urgent(t)
+                                ? s->max_wait_s
+                                : (double)(now_ns - t->ready_ns) / 1e9);
 }
 
 /* --- the heaps -------------------------------------------------------- */
@@ -350,6 +352,8 @@ void pr__sched_remove_if(pr__sched_t *s,
     heapify(h);
   }
 }
+
+void pr__sched_rekey_soon(pr__sched_t *s) { s->rekey_ns = INT64_MIN / 2; }
 
 size_t pr__sched_waiting(const pr__sched_t *s) {
   return s->pool[0].n + s->pool[1].n;

@@ -17,6 +17,12 @@
  * retries get about failure_weight of the handler time when both compete,
  * and all of it when nothing else waits.
  *
+ * An urgent task (the `urgent` callback says so: the engine's are the
+ * events that hold their partition's commit position, and those of a
+ * partition half way to its backpressure limit) gets the full wait boost
+ * at once: holding such an event back would hold back every key of its
+ * partition, which stops reading at its limit until its backlog halves.
+ *
  * Each pool is a binary heap: picking costs O(log n). Priorities fall as
  * tasks wait (the wait boost grows, VTs decay), so the heaps are re-keyed
  * in O(n) when the pick comes PR_SCHED_REKEY_NS or more after the last
@@ -71,6 +77,8 @@ typedef struct pr__sched {
   size_t cache_size;     /* >= 1 */
   int fifo;              /* arrival order only (benchmarks' baseline) */
   int64_t window_ns;     /* monopolization window; 0: busy time not kept */
+  /* Is this task urgent now (the full wait boost)? NULL: none is. */
+  int (*urgent)(const pr__sched_task_t *t);
 
   pr__sched_heap_t pool[2];
   double cls_time[2]; /* decayed handler seconds per class ... */
@@ -124,6 +132,8 @@ pr__sched_task_t *pr__sched_pop(pr__sched_t *s, int64_t now_ns);
 void pr__sched_remove_if(pr__sched_t *s,
                          int (*drop)(pr__sched_task_t *t, void *arg),
                          void *arg);
+/* Re-keys at the next pick (what `urgent` says has changed). */
+void pr__sched_rekey_soon(pr__sched_t *s);
 /* Tasks waiting, both classes. */
 size_t pr__sched_waiting(const pr__sched_t *s);
 /* Keys tracked (pinned or not). */

@@ -341,7 +341,7 @@ size_t pr__json_unescape(const char *raw, size_t n, char *out) {
   const unsigned char *p = (const unsigned char *)raw, *end = p + n;
   char *o = out;
   while (p < end) {
-    unsigned c = *p++, cp, lo;
+    unsigned c = *p++, cp = 0, lo = 0;
     if (c != '\\') {
       *o++ = (char)c;
       continue;

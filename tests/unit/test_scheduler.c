@@ -5,6 +5,7 @@
  * arrival, the key cache's LRU eviction (pinned keys never go), removal,
  * and the heap's order over many tasks.
  */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -332,6 +333,41 @@ static void test_busy_share(void **state) {
   done(s);
 }
 
+static const pr__sched_task_t *urgent_task;
+static int urgent_now;
+
+static int is_urgent(const pr__sched_task_t *t) {
+  return urgent_now && t == urgent_task;
+}
+
+/* An urgent task (its partition is backing up) gets the full wait boost:
+ * the hot key's event goes before fresh keys' while it is urgent. */
+static void test_urgent(void **state) {
+  pr__sched_t *s = sched(0.3, 120, 200, 16);
+  pr__sched_key_t *hot = pr__sched_pin(s, "t", 0, "hot");
+  pr__sched_key_t *cold = pr__sched_pin(s, "t", 1, "cold");
+  pr__sched_task_t a = task(hot, PR_SCHED_NORMAL);
+  pr__sched_task_t b = task(cold, PR_SCHED_NORMAL);
+  (void)state;
+  urgent_task = &a;
+  s->urgent = is_urgent;
+  pr__sched_charge(s, hot, PR_SCHED_NORMAL, S(30), T0);
+  assert_int_equal(pr__sched_push(s, &a, T0), 0);
+  assert_int_equal(pr__sched_push(s, &b, T0), 0);
+  /* not stopped: VT 30 against 0, the cold key first */
+  assert_ptr_equal(pr__sched_pop(s, T0 + S(1)), &b);
+  assert_int_equal(pr__sched_push(s, &b, T0 + S(1)), 0);
+  /* its partition stops: 30 - 200 against 0 at the next pick */
+  urgent_now = 1;
+  pr__sched_rekey_soon(s);
+  assert_ptr_equal(pr__sched_pop(s, T0 + S(1)), &a);
+  assert_float_equal(a.prio, 30 * pow(2, -1.0 / 120) - 200, 1e-6);
+  assert_ptr_equal(pr__sched_pop(s, T0 + S(1)), &b);
+  pr__sched_unpin(s, hot);
+  pr__sched_unpin(s, cold);
+  done(s);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_vt_decay),
@@ -344,6 +380,7 @@ int main(void) {
       cmocka_unit_test(test_heap_order),
       cmocka_unit_test(test_fifo),
       cmocka_unit_test(test_busy_share),
+      cmocka_unit_test(test_urgent),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
