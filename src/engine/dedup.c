@@ -91,13 +91,14 @@ static void hex(pr__did_t d, char out[33]) {
   snprintf(out, 33, "%016" PRIx64 "%016" PRIx64, d.hi, d.lo);
 }
 
-/* In the cache (or, without a Cassandra store, the memory store)? */
+/* In the cache, or (without a Cassandra store) the memory store: a
+ * superset of the cache, at the cost of a cache lookup, so it replaces
+ * it. */
 static int known(pr__engine_t *eng, pr__did_t d) {
   int hit;
   int64_t now = now_s();
   pthread_mutex_lock(&g_lock);
-  hit = pr__idset_has(g_cache, d, now) ||
-        (!eng->dd_store && pr__idset_has(g_mem, d, now));
+  hit = pr__idset_has(eng->dd_store ? g_cache : g_mem, d, now);
   pthread_mutex_unlock(&g_lock);
   return hit;
 }
@@ -274,9 +275,9 @@ void pr__dd_record(inv_t *inv) {
   int64_t expires = now_s() + eng->dd_ttl_s;
   char id[33];
   pthread_mutex_lock(&g_lock);
-  pr__idset_add(g_cache, inv->did, expires); /* a miss later costs a lookup */
-  if (!eng->dd_store)
-    pr__idset_add(g_mem, inv->did, expires);
+  /* A miss in the cache costs a store lookup; the memory store is its own
+   * cache. */
+  pr__idset_add(eng->dd_store ? g_cache : g_mem, inv->did, expires);
   pthread_mutex_unlock(&g_lock);
   /* Taken before this was recorded, the same id behind it on its key. */
   for (inv_t *i = inv->next; i; i = i->next)

@@ -16,10 +16,21 @@ typedef struct ident {
   int64_t expires_s;
 } ident_t;
 
+/* Entries come from chunks (one allocation per CHUNK ids, kept until the
+ * set is freed); dropped ones wait on a free list. */
+#define CHUNK 256
+typedef struct chunk {
+  struct chunk *next;
+  ident_t e[CHUNK];
+} chunk_t;
+
 struct pr__idset {
   ident_t **buckets;
   size_t nbuckets, n, cap;
   ident_t *head, *tail;
+  ident_t *spare;  /* free entries, linked by hnext */
+  chunk_t *chunks; /* every chunk, for _free */
+  size_t fresh;    /* entries of chunks->e not handed out yet */
 };
 
 pr__idset_t *pr__idset_new(size_t capacity) {
@@ -30,15 +41,32 @@ pr__idset_t *pr__idset_new(size_t capacity) {
 }
 
 void pr__idset_free(pr__idset_t *s) {
-  ident_t *e, *next;
+  chunk_t *c, *next;
   if (!s)
     return;
-  for (e = s->head; e; e = next) {
-    next = e->lnext;
-    free(e);
+  for (c = s->chunks; c; c = next) {
+    next = c->next;
+    free(c);
   }
   free(s->buckets);
   free(s);
+}
+
+static ident_t *entry_new(pr__idset_t *s) {
+  ident_t *e = s->spare;
+  if (e) {
+    s->spare = e->hnext;
+    return e;
+  }
+  if (!s->chunks || s->fresh == 0) {
+    chunk_t *c = malloc(sizeof(*c));
+    if (!c)
+      return NULL;
+    c->next = s->chunks;
+    s->chunks = c;
+    s->fresh = CHUNK;
+  }
+  return &s->chunks->e[--s->fresh];
 }
 
 void pr__idset_reserve(pr__idset_t *s, size_t capacity) {
@@ -88,7 +116,8 @@ static void drop(pr__idset_t *s, ident_t **pp) {
   *pp = e->hnext;
   unlink_lru(s, e);
   s->n--;
-  free(e);
+  e->hnext = s->spare;
+  s->spare = e;
 }
 
 int pr__idset_has(pr__idset_t *s, pr__did_t id, int64_t now_s) {
@@ -139,7 +168,7 @@ int pr__idset_add(pr__idset_t *s, pr__did_t id, int64_t expires_s) {
     *pp = e->hnext;
     unlink_lru(s, e);
     s->n--;
-  } else if (!(e = calloc(1, sizeof(*e)))) {
+  } else if (!(e = entry_new(s))) {
     return -1;
   }
   e->id = id;
