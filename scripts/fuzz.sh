@@ -2,7 +2,8 @@
 # Builds the libFuzzer targets (clang, ASan + UBSan) and runs each for a
 # bounded time. Usage: scripts/fuzz.sh [seconds per target, default 60]
 #   cql_frame   the CQL frame decoder (seeds: recorded frames, tests/data/cql/)
-#   json_valid  the payload validator against jansson (seeds: tests/data/json/)
+#   json_valid  the payload validator, and its "id" capture for dedup, against
+#               jansson (seeds: tests/data/json/)
 #   options     every option's value parser and the duration parser: accepted
 #               values print as text that parses back the same
 # New inputs libFuzzer finds stay in build-fuzz/corpus/ between runs.
