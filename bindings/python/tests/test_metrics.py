@@ -54,13 +54,17 @@ async def test_metrics_scraped_and_parsed(clients, topic, recorder):
     await c.send(topic, "k1", {"n": 999, "id": "e1"})  # a duplicate of n=1 on k1
     await recorder.wait_count(50)
 
-    # Counters move on the engine thread; gauges every poll_interval.
+    # Counters move on the engine thread; the gauges are a snapshot taken
+    # every poll_interval, and a lag uses the high watermark of the last
+    # fetch: wait until the snapshot has every record committed.
     deadline = asyncio.get_running_loop().time() + 30
     while True:
         fams = scrape(port)
         done = value(fams, "prosody_records_skipped", "_total", reason="duplicate") == 1
+        committed = fams["prosody_partition_committed_offset"].samples
         lag = [s for s in fams["prosody_partition_lag"].samples]
-        if done and len(lag) == 4 and all(s.value == 0 for s in lag):
+        if (done and len(committed) == 4 and sum(s.value for s in committed) == 51
+                and len(lag) == 4 and all(s.value == 0 for s in lag)):
             break
         assert asyncio.get_running_loop().time() < deadline, fams
         await asyncio.sleep(0.1)
@@ -96,8 +100,8 @@ async def test_metrics_scraped_and_parsed(clients, topic, recorder):
     assert value(fams, "prosody_handler_duration_seconds", "_sum") > 0
     assert value(fams, "prosody_scheduler_wait_seconds", "_count") >= 55
 
-    # Per partition: committed offset (next to commit) and lag 0 once done.
-    committed = fams["prosody_partition_committed_offset"].samples
+    # Per partition: committed offset (next to commit; they add up to the
+    # 51 records once done, as waited for above) and lag 0.
     assert sorted(int(s.labels["partition"]) for s in committed) == [0, 1, 2, 3]
     assert all(s.labels["topic"] == topic for s in committed)
-    assert sum(s.value for s in committed) == 51
+    assert sorted(int(s.labels["partition"]) for s in lag) == [0, 1, 2, 3]
