@@ -181,6 +181,12 @@ static void on_seen(void *arg, prosody_err_t err, const char *errstr,
   if (!inv)
     return; /* the event went first (released) */
   inv->dd_req = NULL;
+  /* Recorded since the lookup was sent (by the event ahead of this one on
+   * its key, pr__dd_record): the store's answer is older than that. */
+  if (inv->dd == DD_SEEN || known(inv->eng, inv->did)) {
+    err = PROSODY_OK;
+    seen = 1;
+  }
   if (err) {
     inv->dd = DD_ERROR;
     PR_WARN("engine",
