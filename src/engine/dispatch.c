@@ -402,6 +402,11 @@ void pr__dispatch_enqueue(inv_t *inv) {
   }
   inv->kq = kq;
   inv->state = INV_QUEUED;
+  if (kq->dk && !inv->is_timer && !inv->df_loaded) {
+    pr__df_join(inv); /* behind the key's deferred messages */
+    pr__bp_check(eng, part);
+    return;
+  }
   if (eng->dd_on && !inv->is_timer)
     pr__dd_intake(inv);
   if (kq->tail) {

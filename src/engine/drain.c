@@ -43,8 +43,7 @@ void pr__drain_release_idle(pr__engine_t *eng, part_t *only) {
           pr__inv_free(inv);
           inv = n;
         }
-        if (!kq->head)
-          pr__kq_remove(part, kq);
+        pr__kq_trim(part, kq);
         kq = knext;
       }
     }

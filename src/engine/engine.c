@@ -78,11 +78,15 @@ static void shutdown_engine(pr__engine_t *eng) {
   }
   while (eng->parts)
     pr__part_release(eng, eng->parts);
+  /* The loader's last answers reach the mailbox before it closes. */
+  pr__loader_free(eng->loader);
+  eng->loader = NULL;
   pr__mail_close(eng);
   /* The store's handles close with the loop's last run. */
   eng->store->ops->destroy(eng->store);
   eng->store = NULL;
   pr__dd_close(eng); /* its thread wakes the engine: gone before the loop */
+  pr__df_close(eng);
   pr__part_count(eng);
   PR_INFO("engine", "consumer stopped in %lld ms",
           (long long)((pr__now_ns() - t0) / 1000000));
@@ -99,6 +103,7 @@ static void on_tick(uv_timer_t *t) {
   pr__engine_t *eng = t->data;
   pr__rebalance_retry(eng);
   pr__firing_advance(eng);
+  pr__df_tick(eng);
   pr__intake_poll(eng);
   pr__part_check_stalls(eng);
   pr__metrics_snapshot(eng);
@@ -149,6 +154,7 @@ static void engine_free(pr__engine_t *eng) {
   if (eng->store)
     eng->store->ops->destroy(eng->store);
   pr__dd_close(eng);
+  pr__df_close(eng);
   pr__sched_fini(&eng->sched);
   pr__metrics_fini(&eng->metrics);
   pthread_mutex_destroy(&eng->lock);
@@ -300,7 +306,8 @@ prosody_err_t pr__engine_start(const pr__settings_t *st, const char *bootstrap,
            pr__tstore_open(st, handler->on_timer != NULL, eng->slab_s,
                            store_wake, eng, &eng->store, errstr, errstr_size)))
     goto fail;
-  if ((err = pr__dd_open(eng, store_wake, errstr, errstr_size)))
+  if ((err = pr__dd_open(eng, store_wake, errstr, errstr_size)) ||
+      (err = pr__df_open(eng, bootstrap, store_wake, errstr, errstr_size)))
     goto fail;
   if (!(handler->flags & PROSODY_HANDLER_ASYNC) &&
       !(eng->pool = pr__pool_new(eng->max_concurrency))) {

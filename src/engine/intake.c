@@ -52,8 +52,7 @@ static void intake(pr__engine_t *eng, rd_kafka_message_t *rkm) {
   }
 
   rc = pr__tracker_take(&part->tracker, rkm->offset);
-  /* One allocation: the inv, then its key and payload (NUL-terminated). */
-  inv = rc == 0 ? calloc(1, sizeof(*inv) + rkm->key_len + rkm->len + 2) : NULL;
+  inv = rc == 0 ? pr__intake_inv(part, rkm) : NULL;
   if (!inv) {
     if (rc == 0)
       PR_ERROR("engine", "out of memory taking %s[%d] offset %lld", topic,
@@ -62,7 +61,15 @@ static void intake(pr__engine_t *eng, rd_kafka_message_t *rkm) {
     return;
   }
   PR_BUMP(eng->metrics.consumed, 1);
-  inv->eng = eng;
+  pr__dispatch_enqueue(inv);
+}
+
+inv_t *pr__intake_inv(part_t *part, rd_kafka_message_t *rkm) {
+  /* One allocation: the inv, then its key and payload (NUL-terminated). */
+  inv_t *inv = calloc(1, sizeof(*inv) + rkm->key_len + rkm->len + 2);
+  if (!inv)
+    return NULL;
+  inv->eng = part->eng;
   inv->part = part;
   inv->msg.topic = part->topic;
   inv->msg.partition = rkm->partition;
@@ -79,7 +86,7 @@ static void intake(pr__engine_t *eng, rd_kafka_message_t *rkm) {
   inv->rkm = rkm;
   inv->unprepared = 1;
   pthread_mutex_init(&inv->msg.hdr_lock, NULL);
-  pr__dispatch_enqueue(inv);
+  return inv;
 }
 
 /* Handles one record or error from a queue. */
@@ -108,7 +115,7 @@ void pr__intake_poll(pr__engine_t *eng) {
   while ((rkm = rd_kafka_consumer_poll(eng->rk, 0)))
     take(eng, rkm);
   for (part_t *part = eng->parts; part; part = part->next) {
-    if (!part->rkq || part->revoking)
+    if (!part->rkq || part->revoking || part->df_listing)
       continue;
     while (!part->stopped && (rkm = rd_kafka_consume_queue(part->rkq, 0)))
       take(eng, rkm);

@@ -66,6 +66,7 @@ enum mail_kind {
   MAIL_DLQ,   /* a failure-topic send completed (inv) */
   MAIL_OP,    /* a handler's timer operation (timer_ops.c) */
   MAIL_STORE, /* the timer store has results to deliver */
+  MAIL_LOADED /* the loader fetched a deferred message (pr__load_t) */
 };
 
 /* A letter, embedded in what it carries. Linked under the mailbox lock. */
@@ -113,8 +114,11 @@ enum inv_state {
   INV_READY,      /* head of its key, waiting in the scheduler */
   INV_RUNNING,    /* handler invoked, result not processed yet */
   INV_RETRY_WAIT, /* waiting on its retry timer */
-  INV_DLQ         /* being sent to the failure topic (or a fired timer
+  INV_DLQ,        /* being sent to the failure topic (or a fired timer
                      being deleted from the store) */
+  INV_DEFERRING   /* deferred: its offset is being written to the key's
+                     defer queue (out of its key queue; committed once
+                     written) */
 };
 
 /* One event (a record or a fired timer) from intake until it finishes.
@@ -172,7 +176,48 @@ struct inv {
   int dd_tries;              /* failed lookups in a row */
   pr__did_t did;             /* its id (dd != DD_OFF) */
   struct pr__dd_req *dd_req; /* the store lookup in flight, or NULL */
+  /* Deferral (defer.c). */
+  int df_loaded;      /* a deferred message loaded again: its offset was
+                         committed when it was deferred */
+  int32_t df_retries; /* df_loaded: its deferred retries so far */
+  int df_writes;      /* INV_DEFERRING: store writes not yet acknowledged */
+  int df_failed;      /* ... of which failed (written again later) */
+  int64_t df_key_at;  /* INV_DEFERRING: also writes its key's row, retrying
+                         then (ms since the epoch), else 0 */
 };
+
+/* A deferred key of a partition (defer.c; engine thread): hung on its key
+ * queue, which it keeps alive. Its entries (offsets) are in the store. */
+typedef struct pr__dk {
+  struct pr__dk *next; /* the partition's deferred keys */
+  kq_t *kq;
+  int64_t retry_at_ms; /* when its head is retried next */
+  int busy;            /* a lookup, load, attempt or write of its head in
+                          flight */
+  int writes;          /* appends in flight (of its messages) */
+  int appended;        /* appended since the last head lookup was sent */
+  int64_t position;    /* busy: the head's offset ... */
+  int32_t retries;     /* ... and retries */
+} pr__dk_t;
+
+/* A request about a deferred key (a store operation or a load), naming its
+ * partition assignment and key rather than pointing at them: a revoke may
+ * come first. Posted back by the loader as a letter. */
+typedef struct pr__load {
+  pr__mail_t mail;
+  struct pr__load *next; /* the loader's queue */
+  pr__engine_t *eng;
+  uint64_t gen; /* the assignment */
+  int32_t partition;
+  int64_t offset;
+  int pending;             /* store answers still expected */
+  prosody_err_t err;       /* the first failed answer's class */
+  rd_kafka_message_t *rkm; /* loaded: the record */
+  int gone;                /* loaded: the offset is not there any more */
+  char *error;             /* a failure (owned) */
+  char *topic, *key;       /* in the same allocation */
+} pr__load_t;
+typedef struct pr__loader pr__loader_t;
 
 /* A key's FIFO within a partition (engine thread). */
 struct kq {
@@ -180,6 +225,8 @@ struct kq {
   char *key;           /* in the same allocation */
   pr__sched_key_t *sk; /* its scheduler state, pinned while the queue lives */
   inv_t *head, *tail;  /* FIFO; head is the only one that may run */
+  pr__dk_t *dk;        /* deferred: its later messages join the store's
+                          queue, not this one */
 };
 
 /* An assigned partition (engine thread). */
@@ -214,9 +261,15 @@ struct part {
   pr__tq_t *clears;      /* ... and (key, kept time or -1) cleared */
   int64_t horizon;       /* last slab loaded or being loaded; -1: none */
   int64_t preload_s;     /* how far ahead of now slabs are loaded */
+  pr__dk_t *dks;         /* its deferred keys */
+  int df_listing;        /* its deferred keys are being read: its queue
+                            is not read meanwhile (2: read them again) */
 };
 
 enum phase { PH_RUNNING, PH_DRAINING };
+
+/* The failure-rate window of the defer layer, in buckets. */
+#define PR_DF_BUCKETS 60
 
 /* --- Metrics (metrics.c) ------------------------------------------------ */
 
@@ -239,7 +292,7 @@ typedef struct pr__metrics {
   atomic_uint_fast64_t skipped_undecodable, skipped_filtered, skipped_duplicate;
   atomic_uint_fast64_t calls[2][3]; /* [message, timer][success, transient,
                                        permanent] */
-  atomic_uint_fast64_t retries, rejected_monopoly, dead_lettered;
+  atomic_uint_fast64_t retries, rejected_monopoly, dead_lettered, deferred;
   atomic_uint_fast64_t timers_scheduled, timers_fired;
   pr__hist_t handler_time, sched_wait;
   /* The engine thread's snapshot, every poll_interval: guarded by lock. */
@@ -308,6 +361,14 @@ struct pr__engine {
   pr__dedup_t *dd_store; /* its Cassandra store, or NULL: memory */
   int64_t dd_ttl_s;      /* idempotence_ttl */
   int dd_recording;      /* ids being written to the store */
+  /* Deferral (defer.c). */
+  pr__defer_t *df_store; /* NULL: the layer is off */
+  pr__loader_t *loader;  /* started on the first load */
+  char *bootstrap;       /* for the loader (owned) */
+  int64_t df_bucket_ns;  /* the failure window's bucket width */
+  int64_t df_epoch;      /* the bucket `df_ok/df_fail[0]` counts */
+  uint32_t df_ok[PR_DF_BUCKETS], df_fail[PR_DF_BUCKETS]; /* ring */
+  int64_t df_warned_ns; /* last "deferral paused" warning */
   int phase;
   int stopping; /* shutdown has begun */
   unsigned seed;
@@ -377,6 +438,10 @@ void pr__part_check_stalls(pr__engine_t *eng);
  * of memory. */
 kq_t *pr__kq_get(part_t *part, const char *key, int create);
 void pr__kq_remove(part_t *part, kq_t *kq);
+/* Removes the queue if nothing keeps it: no event and not deferred. */
+void pr__kq_trim(part_t *part, kq_t *kq);
+/* Takes `inv` out of its key queue, wherever it is in it. */
+void pr__kq_unlink(inv_t *inv);
 /* Detaches a finished or released event from its key and partition;
  * returns the key's next event. */
 inv_t *pr__kq_detach(inv_t *inv);
@@ -395,6 +460,9 @@ void pr__bp_check(pr__engine_t *eng, part_t *part);
 /* Reads the consumer queue and every partition queue that is not stopped,
  * then delivers the mailbox, stores offsets and fires due timers. */
 void pr__intake_poll(pr__engine_t *eng);
+/* A new invocation of record `rkm` of `part` (which it then owns); NULL
+ * when out of memory. Its offset is not taken. */
+inv_t *pr__intake_inv(part_t *part, rd_kafka_message_t *rkm);
 
 /* --- decode.c (the handler's thread) ----------------------------------- */
 
@@ -449,6 +517,46 @@ void pr__dd_record(inv_t *inv);
 /* The inv goes: a lookup in flight must not reach it. */
 void pr__dd_forget(inv_t *inv);
 
+/* --- defer.c (deferral, pipeline mode: messages) ----------------------- */
+
+/* Puts the layer in place when defer_enabled (pipeline mode) with its
+ * store: memory in mock mode, Cassandra when cassandra_nodes is set, else
+ * the layer stays off (a deferred message must outlive the process). */
+prosody_err_t pr__df_open(pr__engine_t *eng, const char *bootstrap,
+                          void (*wake)(void *), char *errstr,
+                          size_t errstr_size);
+void pr__df_close(pr__engine_t *eng);
+/* A handler result, for the failure rate. */
+void pr__df_count(pr__engine_t *eng, prosody_result_t result, int64_t now_ns);
+/* May a transient failure be deferred (the failure rate is at most
+ * defer_failure_threshold)? */
+int pr__df_gate(pr__engine_t *eng, int64_t now_ns);
+/* The whole-second delay before deferred retry `n` (0: at once). */
+int64_t pr__df_delay_s(pr__engine_t *eng, int32_t n);
+/* A message's transient failure is deferred, with the queued messages of
+ * its key behind it; a loaded one is retried later. */
+void pr__df_defer(inv_t *inv);
+/* A new message of a deferred key: it joins the key's defer queue. */
+void pr__df_join(inv_t *inv);
+/* A loaded message is done (`commit`: handled; else aborted). */
+void pr__df_finished(inv_t *inv, int commit);
+/* An INV_DEFERRING message's retry timer: write again. */
+void pr__df_write(inv_t *inv);
+void pr__df_assigned(pr__engine_t *eng, part_t *part);
+/* Frees a partition's deferred keys (it is being freed). */
+void pr__df_part_free(part_t *part);
+/* Starts the retries that are due (loop tick). */
+void pr__df_tick(pr__engine_t *eng);
+/* The loader answered (engine thread). */
+void pr__df_loaded(pr__load_t *r);
+
+/* --- loader.c --------------------------------------------------------- */
+
+pr__loader_t *pr__loader_new(pr__engine_t *eng, const char *bootstrap);
+void pr__loader_post(pr__loader_t *l, pr__load_t *r);
+void pr__loader_free(pr__loader_t *l);
+void pr__load_free(pr__load_t *r);
+
 /* --- metrics.c -------------------------------------------------------- */
 
 void pr__metrics_init(pr__metrics_t *m);
@@ -465,7 +573,8 @@ typedef enum pr__verdict {
   V_COMMIT, /* done: complete the offset */
   V_ABORT,  /* done without commit: redelivered later */
   V_RETRY,  /* run the handler again after a backoff */
-  V_DEAD    /* send to failure_topic, commit once written */
+  V_DEAD,   /* send to failure_topic, commit once written */
+  V_DEFER   /* defer it (defer.c): commit once its offset is stored */
 } pr__verdict_t;
 
 pr__verdict_t pr__outcome_decide(inv_t *inv);

@@ -68,12 +68,17 @@ void pr__mail_deliver(pr__engine_t *eng) {
     case MAIL_OP:
       pr__tops_run_mail(eng, m);
       break;
+    case MAIL_LOADED:
+      pr__df_loaded(PR_CONTAINER_OF(m, pr__load_t, mail));
+      break;
     default: /* MAIL_STORE: results posted after this are posted anew */
       atomic_store(&eng->store_posted, 0);
       if (eng->store)
         eng->store->ops->poll(eng->store);
       if (eng->dd_store)
         pr__dedup_poll(eng->dd_store);
+      if (eng->df_store)
+        pr__defer_poll(eng->df_store);
       break;
     }
     m = next;

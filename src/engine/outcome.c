@@ -18,6 +18,8 @@ inv_t *pr__outcome_finish_detach(inv_t *inv, int commit) {
   inv_t *next;
   if (inv->is_timer)
     pr__firing_finished(inv, commit);
+  else if (inv->df_loaded) /* committed when it was deferred */
+    pr__df_finished(inv, commit);
   else if (commit && pr__tracker_complete(&part->tracker, inv->msg.offset) > 0)
     part->dirty = 1;
   next = pr__kq_detach(inv);
@@ -86,6 +88,8 @@ static void on_retry(uv_timer_t *t) {
   }
   if (inv->state == INV_DLQ)
     pr__dlq_send(inv);
+  else if (inv->state == INV_DEFERRING)
+    pr__df_write(inv); /* gives up itself when released */
   else
     pr__dispatch_schedule(inv);
 }
@@ -152,6 +156,26 @@ static pr__verdict_t l_failure_topic(inv_t *inv) {
   return V_DEAD;
 }
 
+/* pipeline: a message's transient failure is deferred (defer.c) while the
+ * failure rate allows; a deferred message loaded again always is. Else it
+ * falls through to the retry layer, which retries it in place. */
+static pr__verdict_t l_defer(inv_t *inv) {
+  pr__engine_t *eng = inv->eng;
+  int64_t now;
+  if (inv->result != PROSODY_TRANSIENT || inv->is_timer || !eng->df_store)
+    return V_NEXT;
+  if (inv->df_loaded || pr__df_gate(eng, now = pr__now_ns()))
+    return V_DEFER;
+  if (now - eng->df_warned_ns > INT64_C(10000000000)) {
+    eng->df_warned_ns = now;
+    PR_WARN("defer",
+            "more than defer_failure_threshold of recent results are "
+            "failures: deferral pauses and failures are retried in place "
+            "(their partitions wait)");
+  }
+  return V_NEXT;
+}
+
 /* pipeline: transient failures retried without limit; permanent ones are
  * logged and committed past. */
 static pr__verdict_t l_retry_unbounded(inv_t *inv) {
@@ -172,8 +196,11 @@ static pr__verdict_t l_log_skip(inv_t *inv) {
 
 #define LAYER(fn)                                                              \
   { #fn, fn }
-static const layer_t pipeline_layers[] = {
-    LAYER(l_success), LAYER(l_terminal), LAYER(l_retry_unbounded), {0, 0}};
+static const layer_t pipeline_layers[] = {LAYER(l_success),
+                                          LAYER(l_terminal),
+                                          LAYER(l_defer),
+                                          LAYER(l_retry_unbounded),
+                                          {0, 0}};
 static const layer_t low_latency_layers[] = {LAYER(l_success),
                                              LAYER(l_terminal),
                                              LAYER(l_retry_capped),
@@ -254,6 +281,7 @@ void pr__outcome_handler_done(inv_t *inv) {
                                                                 : 1],
           1);
   pr__hist_observe(&eng->metrics.handler_time, inv->run_ns);
+  pr__df_count(eng, inv->result, pr__now_ns());
   decided(inv, pr__outcome_decide(inv));
 }
 
@@ -268,6 +296,9 @@ static void decided(inv_t *inv, pr__verdict_t v) {
     return;
   case V_DEAD:
     pr__dlq_send(inv);
+    return;
+  case V_DEFER:
+    pr__df_defer(inv);
     return;
   case V_ABORT:
     pr__outcome_finish(inv, 0);

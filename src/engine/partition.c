@@ -78,6 +78,27 @@ void pr__kq_remove(part_t *part, kq_t *kq) {
   free(kq);
 }
 
+void pr__kq_trim(part_t *part, kq_t *kq) {
+  if (!kq->head && !kq->dk)
+    pr__kq_remove(part, kq);
+}
+
+void pr__kq_unlink(inv_t *inv) {
+  kq_t *kq = inv->kq;
+  inv_t **pp, *prev = NULL;
+  if (!kq)
+    return;
+  for (pp = &kq->head; *pp && *pp != inv; pp = &(*pp)->next)
+    prev = *pp;
+  if (*pp) {
+    *pp = inv->next;
+    if (kq->tail == inv)
+      kq->tail = prev;
+  }
+  inv->next = NULL;
+  inv->kq = NULL;
+}
+
 part_t *pr__part_new(pr__engine_t *eng, const char *topic, int32_t p) {
   part_t *part;
   if (eng->fail_part_new > 0) { /* test option: as if out of memory */
@@ -100,6 +121,7 @@ part_t *pr__part_new(pr__engine_t *eng, const char *topic, int32_t p) {
 }
 
 void pr__part_free(part_t *part) {
+  pr__df_part_free(part);
   for (size_t i = 0; part->buckets && i < part->nbuckets; i++) {
     kq_t *k = part->buckets[i], *next;
     for (; k; k = next) {
@@ -127,8 +149,7 @@ inv_t *pr__kq_detach(inv_t *inv) {
     if (!kq->head)
       kq->tail = NULL;
     next = kq->head;
-    if (!next)
-      pr__kq_remove(part, kq);
+    pr__kq_trim(part, kq);
   }
   part->invs--;
   return next;

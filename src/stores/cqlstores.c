@@ -14,7 +14,7 @@
 
 #define MAX_TTL_S 630720000 /* Cassandra's limit: 20 years */
 
-enum { J_DONE, J_SEEN, J_HEAD };
+enum { J_DONE, J_SEEN, J_HEAD, J_KEYS };
 
 /* One operation of either store. */
 typedef struct job {
@@ -26,6 +26,7 @@ typedef struct job {
   pr__store_done_cb done;
   pr__seen_cb seen_cb;
   pr__head_cb head_cb;
+  pr__dkeys_cb keys_cb;
   void *arg;
   char *a, *b; /* scope and id, or segment and key */
   int64_t n;   /* position, or TTL */
@@ -34,9 +35,14 @@ typedef struct job {
   int found;   /* results */
   int64_t position;
   int32_t retries;
+  pr__dkey_t *keys; /* J_KEYS: the rows (keys owned) */
+  size_t nkeys;
 } job_t;
 
 static void job_free(job_t *j) {
+  for (size_t i = 0; i < j->nkeys; i++)
+    free((char *)j->keys[i].key);
+  free(j->keys);
   free(j->a);
   free(j->b);
   free(j);
@@ -50,6 +56,8 @@ static void job_deliver(pr__cqlw_job_t *w) {
     j->done(j->arg, err, why);
   else if (j->kind == J_SEEN)
     j->seen_cb(j->arg, err, why, !err && j->found);
+  else if (j->kind == J_KEYS)
+    j->keys_cb(j->arg, err, why, err ? NULL : j->keys, err ? 0 : j->nkeys);
   else
     j->head_cb(j->arg, err, why, !err && j->found, j->position, j->retries);
   job_free(j);
@@ -74,6 +82,8 @@ static job_t *job_new(pr__cqlw_t *worker, int kind, void *cb, void *arg,
       ((pr__store_done_cb)cb)(arg, PROSODY_ERR_NOMEM, "out of memory");
     else if (kind == J_SEEN)
       ((pr__seen_cb)cb)(arg, PROSODY_ERR_NOMEM, "out of memory", 0);
+    else if (kind == J_KEYS)
+      ((pr__dkeys_cb)cb)(arg, PROSODY_ERR_NOMEM, "out of memory", NULL, 0);
     else
       ((pr__head_cb)cb)(arg, PROSODY_ERR_NOMEM, "out of memory", 0, 0, 0);
     return NULL;
@@ -87,9 +97,29 @@ static job_t *job_new(pr__cqlw_t *worker, int kind, void *cb, void *arg,
     j->done = (pr__store_done_cb)cb;
   else if (kind == J_SEEN)
     j->seen_cb = (pr__seen_cb)cb;
+  else if (kind == J_KEYS)
+    j->keys_cb = (pr__dkeys_cb)cb;
   else
     j->head_cb = (pr__head_cb)cb;
   return j;
+}
+
+/* A keys listing's rows (key, retry_at) into j->keys (worker thread). */
+static prosody_err_t keys_of(job_t *j, const pr__cql_result_t *res) {
+  if (!(j->keys = calloc((size_t)res->nrows, sizeof(*j->keys))))
+    return PROSODY_ERR_NOMEM;
+  for (int32_t r = 0; r < res->nrows; r++) {
+    const pr__cql_cell_t *k = pr__cql_cell(res, r, 0);
+    char *key = k->len >= 0 ? malloc((size_t)k->len + 1) : NULL;
+    if (!key)
+      return k->len >= 0 ? PROSODY_ERR_NOMEM : PROSODY_ERR_PERMANENT;
+    j->keys[j->nkeys++].key = key;
+    if (pr__cql_get_text(k, key, (size_t)k->len + 1) ||
+        pr__cql_get_bigint(pr__cql_cell(res, r, 1),
+                           &j->keys[j->nkeys - 1].retry_at_s))
+      return PROSODY_ERR_PERMANENT;
+  }
+  return PROSODY_OK;
 }
 
 /* The statement's answer (worker thread): rows give `found` and, for a
@@ -97,7 +127,12 @@ static job_t *job_new(pr__cqlw_t *worker, int kind, void *cb, void *arg,
 static void answered(void *arg, prosody_err_t err, const char *errstr,
                      const pr__cql_result_t *res) {
   job_t *j = arg;
-  if (!err && res && res->kind == PR_CQL_RESULT_ROWS && res->nrows > 0) {
+  if (!err && j->kind == J_KEYS && res && res->kind == PR_CQL_RESULT_ROWS &&
+      res->nrows > 0) {
+    err = keys_of(j, res);
+    errstr = err == PROSODY_ERR_NOMEM ? "out of memory"
+                                      : "malformed deferred key row";
+  } else if (!err && res && res->kind == PR_CQL_RESULT_ROWS && res->nrows > 0) {
     j->found = 1;
     if (j->kind == J_HEAD &&
         (pr__cql_get_bigint(pr__cql_cell(res, 0, 0), &j->position) ||
@@ -200,11 +235,20 @@ void pr__dedup_free(pr__dedup_t *d) {
 
 /* ---- deferral ----------------------------------------------------------- */
 
+/* w NULL: the memory store (memdefer.c) of `kind`. */
 struct pr__defer {
   pr__cqlw_t *w;
+  pr__defer_kind_t kind;
   int64_t retention_s;
-  pr__cql_stmt_t *ins, *head, *del, *upd;
+  pr__cql_stmt_t *ins, *head, *del, *upd, *keys, *key_ins, *key_del;
 };
+
+pr__defer_t *pr__defer_memory(pr__defer_kind_t kind) {
+  pr__defer_t *d = calloc(1, sizeof(*d));
+  if (d)
+    d->kind = kind;
+  return d;
+}
 
 pr__defer_t *pr__defer_new(const pr__cql_conf_t *conf, const char *keyspace,
                            pr__defer_kind_t kind, int64_t retention_s,
@@ -222,6 +266,7 @@ pr__defer_t *pr__defer_new(const pr__cql_conf_t *conf, const char *keyspace,
     free(d);
     return NULL;
   }
+  d->kind = kind;
   d->retention_s = retention_s > MAX_TTL_S ? MAX_TTL_S : retention_s;
   cql = pr__cqlw_cql(d->w);
   snprintf(q, sizeof(q),
@@ -244,9 +289,25 @@ pr__defer_t *pr__defer_new(const pr__cql_conf_t *conf, const char *keyspace,
            "AND key = ? AND %s = ?",
            keyspace, table, (long long)d->retention_s, col);
   d->upd = pr__cql_stmt(cql, q);
-  if (!d->ins || !d->head || !d->del || !d->upd ||
-      pr__cqlw_start(d->w, errstr, errstr_size)) {
-    if (!d->ins || !d->head || !d->del || !d->upd)
+  snprintf(q, sizeof(q),
+           "SELECT key, retry_at FROM %s.deferred_keys WHERE segment = ? AND "
+           "kind = %d",
+           keyspace, (int)kind);
+  d->keys = pr__cql_stmt(cql, q);
+  snprintf(q, sizeof(q),
+           "INSERT INTO %s.deferred_keys (segment, kind, key, retry_at) VALUES "
+           "(?, %d, ?, ?) USING TTL %lld",
+           keyspace, (int)kind, (long long)d->retention_s);
+  d->key_ins = pr__cql_stmt(cql, q);
+  snprintf(q, sizeof(q),
+           "DELETE FROM %s.deferred_keys WHERE segment = ? AND kind = %d AND "
+           "key = ?",
+           keyspace, (int)kind);
+  d->key_del = pr__cql_stmt(cql, q);
+  if (!d->ins || !d->head || !d->del || !d->upd || !d->keys || !d->key_ins ||
+      !d->key_del || pr__cqlw_start(d->w, errstr, errstr_size)) {
+    if (!d->ins || !d->head || !d->del || !d->upd || !d->keys || !d->key_ins ||
+        !d->key_del)
       pr__errf(errstr, errstr_size, "out of memory");
     pr__defer_free(d);
     return NULL;
@@ -277,37 +338,86 @@ static void update_start(job_t *j) {
   pr__cql_execute_stmt(j->cql, j->st, v, 4, NULL, answered, j);
 }
 
+/* A statement of the segment alone. */
+static void segment_start(job_t *j) {
+  pr__cql_val_t v[1] = {pr__cv_text(j->a)};
+  pr__cql_execute_stmt(j->cql, j->st, v, 1, NULL, answered, j);
+}
+
 void pr__defer_append(pr__defer_t *d, const char *segment, const char *key,
                       int64_t position, int32_t retries, pr__store_done_cb cb,
                       void *arg) {
-  post_defer(d, d->ins, J_DONE, (void *)cb, arg, segment, key, 4, position,
-             retries, run_stmt);
+  if (!d->w)
+    pr__memdefer_put(d->kind, segment, key, position, retries, 0, cb, arg);
+  else
+    post_defer(d, d->ins, J_DONE, (void *)cb, arg, segment, key, 4, position,
+               retries, run_stmt);
 }
 
 void pr__defer_head(pr__defer_t *d, const char *segment, const char *key,
                     pr__head_cb cb, void *arg) {
-  post_defer(d, d->head, J_HEAD, (void *)cb, arg, segment, key, 2, 0, 0,
-             run_stmt);
+  if (!d->w)
+    pr__memdefer_head(d->kind, segment, key, cb, arg);
+  else
+    post_defer(d, d->head, J_HEAD, (void *)cb, arg, segment, key, 2, 0, 0,
+               run_stmt);
 }
 
 void pr__defer_advance(pr__defer_t *d, const char *segment, const char *key,
                        int64_t position, pr__store_done_cb cb, void *arg) {
-  post_defer(d, d->del, J_DONE, (void *)cb, arg, segment, key, 3, position, 0,
-             run_stmt);
+  if (!d->w)
+    pr__memdefer_remove(d->kind, segment, key, position, cb, arg);
+  else
+    post_defer(d, d->del, J_DONE, (void *)cb, arg, segment, key, 3, position, 0,
+               run_stmt);
 }
 
 void pr__defer_set_retries(pr__defer_t *d, const char *segment, const char *key,
                            int64_t position, int32_t retries,
                            pr__store_done_cb cb, void *arg) {
-  post_defer(d, d->upd, J_DONE, (void *)cb, arg, segment, key, 4, position,
-             retries, update_start);
+  if (!d->w)
+    pr__memdefer_put(d->kind, segment, key, position, retries, 1, cb, arg);
+  else
+    post_defer(d, d->upd, J_DONE, (void *)cb, arg, segment, key, 4, position,
+               retries, update_start);
 }
 
-void pr__defer_poll(pr__defer_t *d) { pr__cqlw_poll(d->w); }
+void pr__defer_keys(pr__defer_t *d, const char *segment, pr__dkeys_cb cb,
+                    void *arg) {
+  if (!d->w)
+    pr__memdefer_keys(d->kind, segment, cb, arg);
+  else
+    post_defer(d, d->keys, J_KEYS, (void *)cb, arg, segment, "", 1, 0, 0,
+               segment_start);
+}
+
+void pr__defer_set_key(pr__defer_t *d, const char *segment, const char *key,
+                       int64_t retry_at_s, pr__store_done_cb cb, void *arg) {
+  if (!d->w)
+    pr__memdefer_set_key(d->kind, segment, key, retry_at_s, cb, arg);
+  else
+    post_defer(d, d->key_ins, J_DONE, (void *)cb, arg, segment, key, 3,
+               retry_at_s, 0, run_stmt);
+}
+
+void pr__defer_del_key(pr__defer_t *d, const char *segment, const char *key,
+                       pr__store_done_cb cb, void *arg) {
+  if (!d->w)
+    pr__memdefer_del_key(d->kind, segment, key, cb, arg);
+  else
+    post_defer(d, d->key_del, J_DONE, (void *)cb, arg, segment, key, 2, 0, 0,
+               run_stmt);
+}
+
+void pr__defer_poll(pr__defer_t *d) {
+  if (d->w)
+    pr__cqlw_poll(d->w);
+}
 
 void pr__defer_free(pr__defer_t *d) {
   if (!d)
     return;
-  pr__cqlw_free(d->w);
+  if (d->w)
+    pr__cqlw_free(d->w);
   free(d);
 }

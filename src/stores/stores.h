@@ -77,10 +77,35 @@ typedef struct pr__defer pr__defer_t;
 typedef void (*pr__head_cb)(void *arg, prosody_err_t err, const char *errstr,
                             int found, int64_t position, int32_t retries);
 
+/* A key with deferred entries and when it retries next. */
+typedef struct pr__dkey {
+  const char *key;
+  int64_t retry_at_s; /* whole seconds since the epoch */
+} pr__dkey_t;
+/* `keys` are valid during the callback only. */
+typedef void (*pr__dkeys_cb)(void *arg, prosody_err_t err, const char *errstr,
+                             const pr__dkey_t *keys, size_t n);
+
+/* The Cassandra store (the keyspace migrated), on its own thread. */
 pr__defer_t *pr__defer_new(const pr__cql_conf_t *conf, const char *keyspace,
                            pr__defer_kind_t kind, int64_t retention_s,
                            void (*wake)(void *), void *wake_arg, char *errstr,
                            size_t errstr_size);
+/* The memory store of `kind` (memdefer.c): one per process, shared by
+ * every client, so what a client deferred outlives its partition's
+ * revoke and the client itself (mock mode promises no more: the process
+ * is the cluster). Operations complete before they return. NULL when out
+ * of memory. */
+pr__defer_t *pr__defer_memory(pr__defer_kind_t kind);
+/* Every deferred key of `segment` (when a partition is assigned). */
+void pr__defer_keys(pr__defer_t *d, const char *segment, pr__dkeys_cb cb,
+                    void *arg);
+/* Marks `key` deferred in `segment`, retrying at `retry_at_s`. */
+void pr__defer_set_key(pr__defer_t *d, const char *segment, const char *key,
+                       int64_t retry_at_s, pr__store_done_cb cb, void *arg);
+/* `key` has nothing deferred left. */
+void pr__defer_del_key(pr__defer_t *d, const char *segment, const char *key,
+                       pr__store_done_cb cb, void *arg);
 /* Appends (or rewrites) `position` with `retries`. */
 void pr__defer_append(pr__defer_t *d, const char *segment, const char *key,
                       int64_t position, int32_t retries, pr__store_done_cb cb,
@@ -97,5 +122,22 @@ void pr__defer_set_retries(pr__defer_t *d, const char *segment, const char *key,
                            pr__store_done_cb cb, void *arg);
 void pr__defer_poll(pr__defer_t *d);
 void pr__defer_free(pr__defer_t *d);
+
+/* The memory store's operations (memdefer.c; any thread: one lock). */
+void pr__memdefer_put(pr__defer_kind_t kind, const char *segment,
+                      const char *key, int64_t position, int32_t retries,
+                      int existing_only, pr__store_done_cb cb, void *arg);
+void pr__memdefer_head(pr__defer_kind_t kind, const char *segment,
+                       const char *key, pr__head_cb cb, void *arg);
+void pr__memdefer_remove(pr__defer_kind_t kind, const char *segment,
+                         const char *key, int64_t position,
+                         pr__store_done_cb cb, void *arg);
+void pr__memdefer_keys(pr__defer_kind_t kind, const char *segment,
+                       pr__dkeys_cb cb, void *arg);
+void pr__memdefer_set_key(pr__defer_kind_t kind, const char *segment,
+                          const char *key, int64_t retry_at_s,
+                          pr__store_done_cb cb, void *arg);
+void pr__memdefer_del_key(pr__defer_kind_t kind, const char *segment,
+                          const char *key, pr__store_done_cb cb, void *arg);
 
 #endif /* PR_STORES_H */

@@ -1,0 +1,635 @@
+/*
+ * defer.c - deferred retry (pipeline mode, messages): a message that fails
+ * transiently, while the recent failure rate is at most
+ * defer_failure_threshold, leaves its partition's commit path: its offset
+ * joins its key's defer queue in the store, and it is committed once that
+ * is written. While a key has deferred messages, its later messages join the
+ * queue behind them, so the key's order holds while the partition moves on.
+ * The key's retry time lives with it in the store; when it comes, the head
+ * of its queue is fetched again from Kafka by the loader (loader.c) and
+ * handled as a new event of the key. Handled (or failed permanently), it
+ * leaves the queue and the next entry goes at once; failed transiently, it
+ * waits a uniform whole number of seconds in [1, max(1, min(defer_base *
+ * 2^(n-1), defer_max_delay))] for its n-th retry. An entry whose record is
+ * gone from Kafka is skipped with an error naming it. Above the threshold,
+ * a failure is not deferred: the retry layer outside retries it in place,
+ * which holds the partition (backpressure) until the storm passes.
+ *
+ * A partition's deferred keys are read from the store when it is assigned
+ * (one read; its records wait until then), so a key deferred by an earlier
+ * owner keeps its order with no lookup per message.
+ *
+ * Threads: the engine thread only (the Cassandra store and the loader
+ * answer through the mailbox; the memory store answers at once).
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* A segment is one group's topic partition. */
+static void segment_of(const part_t *part, char *buf, size_t n) {
+  snprintf(buf, n, "%s/%s/%" PRId32, part->eng->group_id, part->topic,
+           part->partition);
+}
+
+#define SEG_MAX 1024
+
+/* ---- the failure rate ---------------------------------------------------- */
+
+static void gate_roll(pr__engine_t *eng, int64_t now_ns) {
+  int64_t idx = now_ns / eng->df_bucket_ns;
+  int64_t gap = idx - eng->df_epoch;
+  if (gap <= 0)
+    return;
+  for (int64_t i = 1; i <= gap && i <= PR_DF_BUCKETS; i++) {
+    size_t b = (size_t)((eng->df_epoch + i) % PR_DF_BUCKETS);
+    eng->df_ok[b] = eng->df_fail[b] = 0;
+  }
+  eng->df_epoch = idx;
+}
+
+void pr__df_count(pr__engine_t *eng, prosody_result_t result, int64_t now_ns) {
+  size_t b;
+  if (!eng->df_store)
+    return;
+  gate_roll(eng, now_ns);
+  b = (size_t)(eng->df_epoch % PR_DF_BUCKETS);
+  if (result == PROSODY_TRANSIENT)
+    eng->df_fail[b]++;
+  else
+    eng->df_ok[b]++;
+}
+
+int pr__df_gate(pr__engine_t *eng, int64_t now_ns) {
+  uint64_t ok = 0, fail = 0;
+  gate_roll(eng, now_ns);
+  for (size_t b = 0; b < PR_DF_BUCKETS; b++) {
+    ok += eng->df_ok[b];
+    fail += eng->df_fail[b];
+  }
+  return ok + fail == 0 || (double)fail / (double)(ok + fail) <=
+                               PR_CFG_FLOAT(eng->st, DEFER_FAILURE_THRESHOLD);
+}
+
+int64_t pr__df_delay_s(pr__engine_t *eng, int32_t n) {
+  double cap = (double)PR_CFG_NS(eng->st, DEFER_BASE) / 1e9;
+  double max = (double)PR_CFG_NS(eng->st, DEFER_MAX_DELAY) / 1e9;
+  int64_t ceil_s;
+  if (n <= 0)
+    return 0;
+  for (int32_t i = 1; i < n && cap < max; i++)
+    cap *= 2;
+  if (cap > max)
+    cap = max;
+  ceil_s = cap < 1 ? 1 : (int64_t)cap;
+  return 1 + (int64_t)((unsigned)rand_r(&eng->seed) % (uint64_t)ceil_s);
+}
+
+/* ---- deferred keys ------------------------------------------------------- */
+
+static pr__dk_t *dk_new(part_t *part, kq_t *kq, int64_t retry_at_ms) {
+  pr__dk_t *dk = calloc(1, sizeof(*dk));
+  if (!dk)
+    return NULL;
+  dk->kq = kq;
+  dk->retry_at_ms = retry_at_ms;
+  kq->dk = dk;
+  dk->next = part->dks;
+  part->dks = dk;
+  return dk;
+}
+
+static void dk_free(part_t *part, pr__dk_t *dk) {
+  pr__dk_t **pp = &part->dks;
+  while (*pp && *pp != dk)
+    pp = &(*pp)->next;
+  if (*pp)
+    *pp = dk->next;
+  dk->kq->dk = NULL;
+  pr__kq_trim(part, dk->kq);
+  free(dk);
+}
+
+void pr__df_part_free(part_t *part) {
+  pr__dk_t *dk, *next;
+  for (dk = part->dks; dk; dk = next) {
+    next = dk->next;
+    dk->kq->dk = NULL;
+    free(dk);
+  }
+  part->dks = NULL;
+}
+
+static pr__load_t *req_new(const part_t *part, const char *key) {
+  size_t tl = strlen(part->topic) + 1, kl = strlen(key) + 1;
+  pr__load_t *r = calloc(1, sizeof(*r) + tl + kl);
+  if (!r)
+    return NULL;
+  r->eng = part->eng;
+  r->gen = part->gen;
+  r->partition = part->partition;
+  r->topic = (char *)(r + 1);
+  memcpy(r->topic, part->topic, tl);
+  r->key = r->topic + tl;
+  memcpy(r->key, key, kl);
+  return r;
+}
+
+/* The assignment a request was made for, if it is still live. */
+static part_t *req_part(const pr__load_t *r) {
+  part_t *part = pr__part_find(r->eng, r->topic, r->partition);
+  return part && part->gen == r->gen && !part->revoking &&
+                 r->eng->phase == PH_RUNNING
+             ? part
+             : NULL;
+}
+
+static pr__dk_t *req_dk(const pr__load_t *r, part_t **partp) {
+  part_t *part = req_part(r);
+  kq_t *kq = part ? pr__kq_get(part, r->key, 0) : NULL;
+  *partp = part;
+  return kq ? kq->dk : NULL;
+}
+
+static void log_cb(void *arg, prosody_err_t err, const char *errstr) {
+  pr__load_t *r = arg;
+  if (err)
+    PR_WARN("defer", "%s[%" PRId32 "] key \"%.64s\": %s: %s", r->topic,
+            r->partition, r->key, r->error ? r->error : "store",
+            errstr ? errstr : prosody_err_name(err));
+  pr__load_free(r);
+}
+
+/* Retried at `at_ms` (not busy any more). */
+static void dk_idle(pr__dk_t *dk, int64_t at_ms) {
+  dk->busy = 0;
+  dk->retry_at_ms = at_ms;
+}
+
+/* ---- deferring a message --------------------------------------------------
+ */
+
+/* The message's writes are over (or abandoned): it leaves the deferring
+ * state, committed when `commit`. */
+static void leave(inv_t *inv, int commit) {
+  kq_t *kq = pr__kq_get(inv->part, inv->msg.key, 0);
+  if (kq && kq->dk)
+    kq->dk->writes--;
+  inv->part->active--;
+  inv->eng->dlq_inflight--;
+  pr__outcome_finish(inv, commit);
+}
+
+static void written(void *arg, prosody_err_t err, const char *errstr) {
+  inv_t *inv = arg;
+  char ev[160];
+  if (err) {
+    inv->df_failed = 1;
+    PR_WARN("defer",
+            "%s: could not write it to its key's defer queue: %s; trying "
+            "again (it is not committed meanwhile)",
+            pr__inv_describe(inv, ev, sizeof(ev)),
+            errstr ? errstr : prosody_err_name(err));
+  }
+  if (--inv->df_writes > 0)
+    return;
+  if (!inv->df_failed) {
+    leave(inv, 1);
+    return;
+  }
+  inv->df_failed = 0;
+  if (inv->part->revoking || inv->part->zombie ||
+      inv->eng->phase != PH_RUNNING) {
+    leave(inv, 0); /* not committed: redelivered to the next owner */
+    return;
+  }
+  pr__outcome_arm_retry(inv, pr__outcome_backoff_ms(inv->eng, 1) + 100);
+}
+
+void pr__df_write(inv_t *inv) {
+  pr__engine_t *eng = inv->eng;
+  part_t *part = inv->part;
+  char seg[SEG_MAX];
+  int64_t key_at = inv->df_key_at;
+  kq_t *kq = pr__kq_get(part, inv->msg.key, 0);
+  if (part->revoking || part->zombie || eng->phase != PH_RUNNING) {
+    leave(inv, 0);
+    return;
+  }
+  if (kq && kq->dk)
+    kq->dk->appended = 1;
+  segment_of(part, seg, sizeof(seg));
+  inv->df_writes = key_at ? 2 : 1;
+  inv->df_failed = 0;
+  if (key_at) /* first: the memory store answers at once */
+    pr__defer_set_key(eng->df_store, seg, inv->msg.key, (key_at + 999) / 1000,
+                      written, inv);
+  /* The last write may finish (and free) inv. */
+  pr__defer_append(eng->df_store, seg, inv->msg.key, inv->msg.offset,
+                   inv->df_retries, written, inv);
+}
+
+/* Takes `inv` out of its key queue into the deferring state; `key_at_ms`
+ * (else 0): the key's row is written too, retrying then. */
+static void defer_inv(inv_t *inv, pr__dk_t *dk, int32_t retries,
+                      int64_t key_at_ms) {
+  pr__kq_unlink(inv);
+  inv->state = INV_DEFERRING;
+  inv->df_retries = retries;
+  inv->df_key_at = key_at_ms;
+  inv->part->active++;
+  inv->eng->dlq_inflight++;
+  dk->writes++;
+  PR_BUMP(inv->eng->metrics.deferred, 1);
+  pr__inv_release_rkm(inv);
+  pr__df_write(inv);
+}
+
+void pr__df_join(inv_t *inv) {
+  pr__dk_t *dk = inv->kq->dk;
+  inv->kq = NULL; /* never in the key queue */
+  defer_inv(inv, dk, 0, 0);
+}
+
+/* A loaded message failed again: its retry count and the key's retry time
+ * are written, and it goes (its offset was committed long ago). */
+static void rescheduled(void *arg, prosody_err_t err, const char *errstr) {
+  pr__load_t *r = arg;
+  part_t *part;
+  pr__dk_t *dk;
+  if (err && !r->err) {
+    r->err = err;
+    PR_WARN("defer",
+            "%s[%" PRId32 "] key \"%.64s\": could not store its next retry: "
+            "%s",
+            r->topic, r->partition, r->key,
+            errstr ? errstr : prosody_err_name(err));
+  }
+  if (--r->pending > 0)
+    return;
+  if ((dk = req_dk(r, &part)))
+    dk->busy = 0;
+  pr__load_free(r);
+}
+
+static void retry_later(inv_t *inv) {
+  pr__engine_t *eng = inv->eng;
+  kq_t *kq = inv->kq;
+  pr__dk_t *dk = kq ? kq->dk : NULL;
+  int32_t n = inv->df_retries + 1;
+  int64_t delay = pr__df_delay_s(eng, n);
+  int64_t at_ms = pr__wall_ms() + delay * 1000;
+  char seg[SEG_MAX], ev[160];
+  pr__load_t *r = dk ? req_new(inv->part, kq->key) : NULL;
+  PR_WARN("defer", "%s: deferred retry %d failed: %s; next retry in %llds",
+          pr__inv_describe(inv, ev, sizeof(ev)), (int)inv->df_retries,
+          inv->result_error ? inv->result_error : "(no message)",
+          (long long)delay);
+  inv->df_loaded = 0; /* what follows is this function's */
+  if (dk) {
+    dk->busy = 1;
+    dk->retry_at_ms = at_ms;
+  }
+  if (r) {
+    segment_of(inv->part, seg, sizeof(seg));
+    r->pending = 2;
+    pr__defer_set_retries(eng->df_store, seg, kq->key, inv->msg.offset, n,
+                          rescheduled, r);
+    pr__defer_set_key(eng->df_store, seg, kq->key, (at_ms + 999) / 1000,
+                      rescheduled, r);
+  } else if (dk) {
+    dk->busy = 0; /* out of memory: retried as stored */
+  }
+  pr__outcome_finish(inv, 0);
+}
+
+void pr__df_defer(inv_t *inv) {
+  pr__engine_t *eng = inv->eng;
+  part_t *part = inv->part;
+  kq_t *kq = inv->kq;
+  pr__dk_t *dk = kq->dk;
+  int64_t delay, key_at = 0;
+  char ev[160];
+  if (inv->df_loaded) {
+    retry_later(inv);
+    return;
+  }
+  delay = pr__df_delay_s(eng, 1);
+  if (!dk) {
+    key_at = pr__wall_ms() + delay * 1000;
+    if (!(dk = dk_new(part, kq, key_at))) { /* out of memory: in place */
+      inv->state = INV_RETRY_WAIT;
+      pr__outcome_arm_retry(inv, pr__outcome_backoff_ms(eng, inv->attempt));
+      return;
+    }
+    dk->busy = 0;
+  }
+  PR_WARN("defer",
+          "%s: transient handler failure (attempt %d): %s; deferring it and "
+          "the key's later messages (retry in %llds)",
+          pr__inv_describe(inv, ev, sizeof(ev)), inv->attempt,
+          inv->result_error ? inv->result_error : "(no message)",
+          (long long)delay);
+  /* The key's queued messages follow it; its timers stay and run. */
+  for (inv_t *j = inv->next, *jn; j; j = jn) {
+    jn = j->next;
+    if (!j->is_timer && j->state == INV_QUEUED)
+      defer_inv(j, dk, 0, 0);
+  }
+  defer_inv(inv, dk, 1, key_at);
+  /* A timer of the key left at the head may start now. */
+  if ((kq = pr__kq_get(part, kq->key, 0)) && kq->head &&
+      kq->head->state == INV_QUEUED && !part->held && !part->revoking &&
+      eng->phase == PH_RUNNING)
+    pr__dispatch_schedule(kq->head);
+}
+
+/* ---- retrying a deferred key ----------------------------------------------
+ */
+
+static void advanced(void *arg, prosody_err_t err, const char *errstr) {
+  pr__load_t *r = arg;
+  part_t *part;
+  pr__dk_t *dk = req_dk(r, &part);
+  if (dk) {
+    if (err) {
+      PR_WARN("defer",
+              "%s[%" PRId32 "] offset %lld key \"%.64s\": could not remove "
+              "it from its defer queue: %s; trying again",
+              r->topic, r->partition, (long long)r->offset, r->key,
+              errstr ? errstr : prosody_err_name(err));
+      dk->busy = 2; /* the removal, again, on a later tick */
+      dk->retry_at_ms = pr__wall_ms() + 1000;
+    } else {
+      dk_idle(dk, 0); /* the next entry at once */
+    }
+  }
+  pr__load_free(r);
+}
+
+/* The head at dk->position is done with: remove it from the queue. */
+static void advance(part_t *part, pr__dk_t *dk) {
+  char seg[SEG_MAX];
+  pr__load_t *r = req_new(part, dk->kq->key);
+  dk->busy = 1;
+  if (!r) {
+    dk->busy = 2;
+    dk->retry_at_ms = pr__wall_ms() + 1000;
+    return;
+  }
+  r->offset = dk->position;
+  segment_of(part, seg, sizeof(seg));
+  pr__defer_advance(part->eng->df_store, seg, r->key, r->offset, advanced, r);
+}
+
+void pr__df_finished(inv_t *inv, int commit) {
+  pr__dk_t *dk = inv->kq ? inv->kq->dk : NULL;
+  inv->df_loaded = 0;
+  if (!dk)
+    return;
+  if (commit)
+    advance(inv->part, dk);
+  else
+    dk_idle(dk, pr__wall_ms() + 1000);
+}
+
+static void head_read(void *arg, prosody_err_t err, const char *errstr,
+                      int found, int64_t position, int32_t retries) {
+  pr__load_t *r = arg;
+  part_t *part;
+  pr__dk_t *dk = req_dk(r, &part);
+  pr__engine_t *eng = r->eng;
+  char seg[SEG_MAX];
+  if (!dk) {
+    pr__load_free(r);
+    return;
+  }
+  if (err) {
+    PR_WARN("defer",
+            "%s[%" PRId32 "] key \"%.64s\": could not read its defer queue: "
+            "%s; trying again in 1s",
+            r->topic, r->partition, r->key,
+            errstr ? errstr : prosody_err_name(err));
+    dk_idle(dk, pr__wall_ms() + 1000);
+    pr__load_free(r);
+    return;
+  }
+  if (!found) {
+    if (dk->appended || dk->writes) { /* joined meanwhile: read again */
+      dk_idle(dk, 0);
+      pr__load_free(r);
+      return;
+    }
+    PR_INFO("defer",
+            "%s[%" PRId32 "] key \"%.64s\": no deferred message "
+            "left; the key is not deferred any more",
+            r->topic, r->partition, r->key);
+    segment_of(part, seg, sizeof(seg));
+    r->error = strdup("forgetting the deferred key");
+    dk_free(part, dk);
+    pr__defer_del_key(eng->df_store, seg, r->key, log_cb, r);
+    return;
+  }
+  dk->position = position;
+  dk->retries = retries;
+  r->offset = position;
+  if (!eng->loader && !(eng->loader = pr__loader_new(eng, eng->bootstrap))) {
+    PR_ERROR("defer", "could not start the deferred message loader; trying "
+                      "again in 1s");
+    dk_idle(dk, pr__wall_ms() + 1000);
+    pr__load_free(r);
+    return;
+  }
+  pr__loader_post(eng->loader, r);
+}
+
+static void read_head(part_t *part, pr__dk_t *dk) {
+  char seg[SEG_MAX];
+  pr__load_t *r = req_new(part, dk->kq->key);
+  if (!r)
+    return; /* out of memory: next tick */
+  dk->busy = 1;
+  dk->appended = 0;
+  segment_of(part, seg, sizeof(seg));
+  pr__defer_head(part->eng->df_store, seg, r->key, head_read, r);
+}
+
+void pr__df_loaded(pr__load_t *r) {
+  part_t *part;
+  pr__dk_t *dk = req_dk(r, &part);
+  pr__engine_t *eng = r->eng;
+  rd_kafka_message_t *m = r->rkm;
+  inv_t *inv;
+  if (!dk || dk->position != r->offset) {
+    pr__load_free(r);
+    return;
+  }
+  if (r->error) {
+    int64_t delay = pr__df_delay_s(eng, dk->retries > 0 ? dk->retries : 1);
+    PR_WARN("defer",
+            "%s[%" PRId32 "] offset %lld key \"%.64s\": could not load the "
+            "deferred message: %s; trying again in %llds",
+            r->topic, r->partition, (long long)r->offset, r->key, r->error,
+            (long long)delay);
+    dk_idle(dk, pr__wall_ms() + delay * 1000);
+    pr__load_free(r);
+    return;
+  }
+  if (r->gone || !m->key || m->key_len != strlen(r->key) ||
+      memcmp(m->key, r->key, m->key_len)) {
+    PR_ERROR("defer",
+             "%s[%" PRId32 "] offset %lld key \"%.64s\": the deferred message "
+             "%s; skipping it",
+             r->topic, r->partition, (long long)r->offset, r->key,
+             r->gone ? "is not in the partition any more (retention or "
+                       "compaction)"
+                     : "read back has another key");
+    advance(part, dk);
+    pr__load_free(r);
+    return;
+  }
+  if (!(inv = pr__intake_inv(part, m))) {
+    dk_idle(dk, pr__wall_ms() + 1000);
+    pr__load_free(r);
+    return;
+  }
+  r->rkm = NULL; /* the inv's now */
+  pr__load_free(r);
+  inv->df_loaded = 1;
+  inv->df_retries = dk->retries;
+  pr__dispatch_enqueue(inv);
+}
+
+static void keys_read(void *arg, prosody_err_t err, const char *errstr,
+                      const pr__dkey_t *keys, size_t n) {
+  pr__load_t *r = arg;
+  part_t *part = req_part(r);
+  size_t i;
+  if (!part) {
+    pr__load_free(r);
+    return;
+  }
+  if (err) {
+    PR_ERROR("defer",
+             "%s[%" PRId32 "]: could not read its deferred keys: %s; its "
+             "records wait until they are read (trying again)",
+             r->topic, r->partition, errstr ? errstr : prosody_err_name(err));
+    part->df_listing = 2;
+    pr__load_free(r);
+    return;
+  }
+  for (i = 0; i < n; i++) {
+    kq_t *kq = pr__kq_get(part, keys[i].key, 1);
+    if (!kq || (!kq->dk && !dk_new(part, kq, keys[i].retry_at_s * 1000)))
+      break;
+  }
+  if (i < n) {
+    PR_ERROR("defer",
+             "%s[%" PRId32 "]: out of memory taking its deferred "
+             "keys; trying again",
+             r->topic, r->partition);
+    part->df_listing = 2;
+    pr__load_free(r);
+    return;
+  }
+  if (n > 0)
+    PR_INFO("defer", "%s[%" PRId32 "]: %zu key(s) deferred", r->topic,
+            r->partition, n);
+  part->df_listing = 0;
+  part->eng->resumed = 1; /* its queue is read again */
+  pr__load_free(r);
+}
+
+static void read_keys(part_t *part) {
+  char seg[SEG_MAX];
+  pr__load_t *r = req_new(part, "");
+  part->df_listing = 1;
+  if (!r) {
+    part->df_listing = 2;
+    return;
+  }
+  segment_of(part, seg, sizeof(seg));
+  pr__defer_keys(part->eng->df_store, seg, keys_read, r);
+}
+
+void pr__df_assigned(pr__engine_t *eng, part_t *part) {
+  if (eng->df_store)
+    read_keys(part);
+}
+
+void pr__df_tick(pr__engine_t *eng) {
+  int64_t now_ms = pr__wall_ms();
+  if (!eng->df_store || eng->phase != PH_RUNNING)
+    return;
+  for (part_t *part = eng->parts; part; part = part->next) {
+    pr__dk_t *dk, *next;
+    if (part->revoking || part->held)
+      continue;
+    if (part->df_listing == 2)
+      read_keys(part);
+    if (part->df_listing)
+      continue;
+    for (dk = part->dks; dk; dk = next) {
+      next = dk->next; /* reading the head may free dk */
+      if (dk->writes || dk->retry_at_ms > now_ms)
+        continue;
+      if (dk->busy == 2)
+        advance(part, dk);
+      else if (!dk->busy)
+        read_head(part, dk);
+    }
+  }
+}
+
+prosody_err_t pr__df_open(pr__engine_t *eng, const char *bootstrap,
+                          void (*wake)(void *), char *errstr,
+                          size_t errstr_size) {
+  const pr__settings_t *st = eng->st;
+  prosody_err_t err;
+  pr__cql_conf_t c;
+  if (eng->mode != PR_MODE_PIPELINE || !PR_CFG_BOOL(st, DEFER_ENABLED))
+    return PROSODY_OK; /* the layer is not in the list */
+  eng->df_bucket_ns = PR_CFG_NS(st, DEFER_FAILURE_WINDOW) / PR_DF_BUCKETS;
+  if (eng->df_bucket_ns < 1000000)
+    eng->df_bucket_ns = 1000000;
+  if (!(eng->bootstrap = strdup(bootstrap))) {
+    pr__errf(errstr, errstr_size, "out of memory");
+    return PROSODY_ERR_NOMEM;
+  }
+  if (PR_CFG_BOOL(st, MOCK) || st->test.memory_timers) {
+    if (!(eng->df_store = pr__defer_memory(PR_DEFER_MESSAGES))) {
+      pr__errf(errstr, errstr_size, "out of memory");
+      return PROSODY_ERR_NOMEM;
+    }
+    return PROSODY_OK;
+  }
+  if (!PR_CFG_SET(st, CASSANDRA_NODES)) {
+    PR_INFO("defer", "deferral is off: a deferred message must outlive the "
+                     "process, and cassandra_nodes is not set (failures are "
+                     "retried in place)");
+    return PROSODY_OK;
+  }
+  /* The timer store or the dedup layer migrated the keyspace already when
+   * they use Cassandra. */
+  if (!eng->handler.on_timer && !eng->dd_store &&
+      (err = pr__cql_keyspace_ready(st, errstr, errstr_size)))
+    return err;
+  c = pr__cql_conf_of(st);
+  eng->df_store =
+      pr__defer_new(&c, PR_CFG_STR(st, CASSANDRA_KEYSPACE), PR_DEFER_MESSAGES,
+                    PR_CFG_NS(st, CASSANDRA_RETENTION) / 1000000000, wake, eng,
+                    errstr, errstr_size);
+  return eng->df_store ? PROSODY_OK : PROSODY_ERR_TRANSIENT;
+}
+
+void pr__df_close(pr__engine_t *eng) {
+  pr__loader_free(eng->loader);
+  eng->loader = NULL;
+  pr__defer_free(eng->df_store); /* delivers what is pending */
+  eng->df_store = NULL;
+  free(eng->bootstrap);
+  eng->bootstrap = NULL;
+}

@@ -1,0 +1,311 @@
+/*
+ * test_consume_defer.c - deferred retry (pipeline mode, messages).
+ *
+ * One partition; 1 000 healthy keys and one failing key ("key-1000", every
+ * 200th record) interleaved. While the failing key fails:
+ *  - every healthy record is handled and the partition's committed offset
+ *    reaches its end (the failing key does not hold it);
+ *  - only the failing key's first message is attempted (its later ones wait
+ *    behind it, in order), again and again, with deferred-retry delays of
+ *    whole seconds that grow from defer_base up to defer_max_delay.
+ * Then the consumer is replaced by another of the group (a restart: the
+ * defer queue is in the store: memory in mock mode, Cassandra in the real
+ * tier) and more records arrive, the failing key's among them: they join
+ * its queue, and the new consumer retries the same first message. Once the
+ * fault clears, every message of the key is handled exactly once, in
+ * order.
+ *
+ * A failure storm (every record failing, above defer_failure_threshold):
+ * nothing is deferred, failures are retried in place and the partition's
+ * commit stays put; when the storm ends the backlog drains, and once the
+ * failures leave defer_failure_window a new failure is deferred again.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "harness.h"
+
+#define N1 2000 /* records before the restart */
+#define N2 400  /* after it */
+#define BAD 1000
+#define BAD_EVERY 200
+#define MAX_TRIES 64
+
+static atomic_int faulty = 1, storm = 0, healthy;
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+/* guarded by lock: the failing key's attempts (seq, time) and the seqs
+ * of its successes in handling order */
+static int tried_seq[MAX_TRIES], tries;
+static double tried_at[MAX_TRIES];
+static int done_seq[64], dones;
+static int storm_seen[4096]; /* storm run: attempts per seq */
+
+static int seq_of(const prosody_message_t *m) {
+  const char *s = strstr(prosody_message_payload(m), "\"seq\":");
+  return s ? atoi(s + 6) : -1;
+}
+
+static prosody_result_t on_message(prosody_context_t *ctx,
+                                   const prosody_message_t *m, void *op) {
+  int seq = seq_of(m);
+  (void)ctx;
+  (void)op;
+  if (strcmp(prosody_message_key(m), "key-1000")) {
+    atomic_fetch_add(&healthy, 1);
+    return PROSODY_SUCCESS;
+  }
+  pthread_mutex_lock(&lock);
+  if (atomic_load(&faulty)) {
+    if (tries < MAX_TRIES) {
+      tried_seq[tries] = seq;
+      tried_at[tries] = t_now();
+    }
+    tries++;
+    pthread_mutex_unlock(&lock);
+    return PROSODY_TRANSIENT;
+  }
+  if (dones < 64)
+    done_seq[dones] = seq;
+  dones++;
+  pthread_mutex_unlock(&lock);
+  return PROSODY_SUCCESS;
+}
+
+static int tries_now(void) {
+  int n;
+  pthread_mutex_lock(&lock);
+  n = tries;
+  pthread_mutex_unlock(&lock);
+  return n;
+}
+
+static int wait_tries(int want, double seconds) {
+  double deadline = t_now() + seconds;
+  while (tries_now() < want && t_now() < deadline)
+    usleep(20000);
+  return tries_now() >= want;
+}
+
+static prosody_client_t *consume(const char *group, const char *topic,
+                                 prosody_handler_t *h, const char *window,
+                                 const char *threshold) {
+  char err[1024];
+  prosody_config_t *conf = t_consumer_config(group, topic);
+  prosody_client_t *c;
+  t_set(conf, "mode", "pipeline");
+  t_set(conf, "defer_base", "1s");
+  t_set(conf, "defer_max_delay", "3s");
+  t_set(conf, "defer_failure_window", window);
+  t_set(conf, "defer_failure_threshold", threshold);
+  t_set(conf, "retry_base", "100ms");
+  t_set(conf, "max_retry_delay", "200ms");
+  c = prosody_client_new(conf, err, sizeof(err));
+  CHECK(c, "client: %s", err);
+  CHECK_OK(prosody_subscribe(c, h, err, sizeof(err)), err);
+  return c;
+}
+
+static void stop(prosody_client_t *c) {
+  CHECK_OK(prosody_unsubscribe(c), "unsubscribe");
+  prosody_client_destroy(c);
+}
+
+static void keys_for(int *keys, int from, int to) {
+  for (int i = from; i < to; i++)
+    keys[i] = i % BAD_EVERY == 7 ? BAD : i % 1000;
+}
+
+static void failing_key(void) {
+  static int keys[N1 + N2];
+  char topic[128], group[160];
+  prosody_handler_t h = {on_message, NULL, NULL, 0};
+  prosody_client_t *c;
+  int64_t committed[1], end[1];
+  int n_bad = 0, first_bad = -1, healthy_want = 0;
+
+  snprintf(topic, sizeof(topic), "%s", t_topic("defer"));
+  snprintf(group, sizeof(group), "%s-g", topic);
+  t_create_topic(topic, 1);
+  keys_for(keys, 0, N1 + N2);
+  for (int i = 0; i < N1 + N2; i++) {
+    if (keys[i] == BAD && first_bad < 0)
+      first_bad = i;
+    n_bad += keys[i] == BAD;
+  }
+  healthy_want = N1 + N2 - n_bad;
+  t_produce_keyed(topic, 0, N1, keys);
+
+  c = consume(group, topic, &h, "1m", "0.9");
+  CHECK(t_wait_at_least(&healthy, N1 - N1 / BAD_EVERY, 60),
+        "healthy records handled: %d", atomic_load(&healthy));
+  CHECK(t_wait_committed(group, topic, ~0u, committed, end, 60),
+        "the failing key holds the partition: committed %lld of %lld",
+        (long long)committed[0], (long long)end[0]);
+  CHECK(wait_tries(4, 30), "the failing key was tried %d times", tries_now());
+  stop(c);
+
+  /* The delays between its attempts: whole seconds in [1, min(2^(n-1),
+   * 3)] for retry n, plus the reload's latency (a tick, a fetch). */
+  pthread_mutex_lock(&lock);
+  for (int i = 0; i < tries && i < MAX_TRIES; i++) {
+    CHECK(tried_seq[i] == first_bad,
+          "attempt %d was of record %d, not the key's first (%d): its "
+          "later messages must wait behind it",
+          i, tried_seq[i], first_bad);
+    if (i > 0 && i < 4) {
+      double gap = tried_at[i] - tried_at[i - 1];
+      double most = i == 1 ? 1 : i == 2 ? 2 : 3;
+      CHECK(gap >= 0.95 && gap <= most + 1.5,
+            "deferred retry %d came %.2fs after the last attempt (want "
+            "1..%.0fs)",
+            i, gap, most);
+    }
+  }
+  pthread_mutex_unlock(&lock);
+
+  /* Another consumer of the group, more records: the key stays deferred
+   * (from the store), its new messages join its queue. */
+  t_produce_keyed(topic, N1, N1 + N2, keys);
+  {
+    int before = tries_now();
+    c = consume(group, topic, &h, "1m", "0.9");
+    CHECK(t_wait_at_least(&healthy, healthy_want, 60),
+          "healthy records handled after the restart: %d of %d",
+          atomic_load(&healthy), healthy_want);
+    CHECK(t_wait_committed(group, topic, ~0u, committed, end, 60),
+          "after the restart the failing key holds the partition: committed "
+          "%lld of %lld",
+          (long long)committed[0], (long long)end[0]);
+    CHECK(wait_tries(before + 1, 30),
+          "the new consumer did not retry the deferred key");
+  }
+  pthread_mutex_lock(&lock);
+  for (int i = 0; i < tries && i < MAX_TRIES; i++)
+    CHECK(tried_seq[i] == first_bad,
+          "after the restart, attempt %d was of record %d, not %d", i,
+          tried_seq[i], first_bad);
+  pthread_mutex_unlock(&lock);
+
+  /* The fault clears: every message of the key, once, in order. */
+  atomic_store(&faulty, 0);
+  for (double deadline = t_now() + 60; t_now() < deadline;) {
+    int d;
+    pthread_mutex_lock(&lock);
+    d = dones;
+    pthread_mutex_unlock(&lock);
+    if (d >= n_bad)
+      break;
+    usleep(20000);
+  }
+  CHECK(t_wait_committed(group, topic, ~0u, committed, end, 30),
+        "committed %lld of %lld", (long long)committed[0], (long long)end[0]);
+  stop(c);
+  pthread_mutex_lock(&lock);
+  CHECK(dones == n_bad,
+        "the failing key's messages were handled %d times "
+        "after it recovered, for %d messages",
+        dones, n_bad);
+  for (int i = 0, want = 0; i < dones && i < 64; i++, want++) {
+    while (keys[want] != BAD)
+      want++;
+    CHECK(done_seq[i] == want,
+          "the failing key's message %d was record %d, want %d", i, done_seq[i],
+          want);
+  }
+  pthread_mutex_unlock(&lock);
+  printf("failing key: %d attempts while failing, %d messages in order "
+         "after, the partition committed throughout\n",
+         tries, dones);
+}
+
+/* The storm: every record fails while `storm` is set. */
+static prosody_result_t on_storm(prosody_context_t *ctx,
+                                 const prosody_message_t *m, void *op) {
+  int seq = seq_of(m);
+  (void)ctx;
+  (void)op;
+  pthread_mutex_lock(&lock);
+  if (seq >= 0 && seq < 4096)
+    storm_seen[seq]++;
+  pthread_mutex_unlock(&lock);
+  if (atomic_load(&storm) || (seq == 1000 && atomic_load(&faulty)))
+    return PROSODY_TRANSIENT;
+  atomic_fetch_add(&healthy, 1);
+  return PROSODY_SUCCESS;
+}
+
+static void failure_storm(void) {
+  char topic[128], group[160];
+  prosody_handler_t h = {on_storm, NULL, NULL, 0};
+  prosody_client_t *c;
+  int64_t committed[1], end[1];
+  int keys[1001];
+  double deadline;
+
+  snprintf(topic, sizeof(topic), "%s", t_topic("defer-storm"));
+  snprintf(group, sizeof(group), "%s-g", topic);
+  t_create_topic(topic, 1);
+  for (int i = 0; i < 1001; i++)
+    keys[i] = i % 50;
+  keys[1000] = 777; /* its own key */
+  atomic_store(&storm, 1);
+  atomic_store(&faulty, 1);
+  atomic_store(&healthy, 0);
+  t_produce_keyed(topic, 0, 200, keys);
+  c = consume(group, topic, &h, "3s", "0.5");
+  /* Every key's first message is retried in place: nothing is deferred,
+   * nothing committed. */
+  deadline = t_now() + 30;
+  for (;;) {
+    int again = 0;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < 50; i++)
+      again += storm_seen[i] >= 3;
+    pthread_mutex_unlock(&lock);
+    if (again == 50 || t_now() > deadline)
+      break;
+    usleep(20000);
+  }
+  t_committed(group, topic, committed, end);
+  CHECK(committed[0] <= 0,
+        "during the storm the partition committed up to %lld: a failure "
+        "was deferred above defer_failure_threshold",
+        (long long)committed[0]);
+  pthread_mutex_lock(&lock);
+  for (int i = 0; i < 50; i++)
+    CHECK(storm_seen[i] >= 3, "key %d's first message was tried %d times", i,
+          storm_seen[i]);
+  for (int i = 50; i < 200; i++)
+    CHECK(storm_seen[i] == 0,
+          "record %d of a failing key ran before the key's first", i);
+  pthread_mutex_unlock(&lock);
+
+  /* The storm ends: the backlog drains. */
+  atomic_store(&storm, 0);
+  CHECK(t_wait_committed(group, topic, ~0u, committed, end, 60),
+        "after the storm: committed %lld of %lld", (long long)committed[0],
+        (long long)end[0]);
+  /* Healthy traffic, and one record that fails: once the storm's failures
+   * leave the window, it is deferred and the partition commits past it. */
+  t_produce_keyed(topic, 200, 1000, keys);
+  t_produce_keyed(topic, 1000, 1001, keys);
+  CHECK(t_wait_committed(group, topic, ~0u, committed, end, 60),
+        "after the storm a new failure was not deferred: committed %lld of "
+        "%lld",
+        (long long)committed[0], (long long)end[0]);
+  atomic_store(&faulty, 0);
+  CHECK(t_wait_at_least(&healthy, 1001, 30),
+        "the deferred record was not handled once the fault cleared (%d "
+        "handled)",
+        atomic_load(&healthy));
+  stop(c);
+  printf("storm: retried in place while above the threshold; deferral "
+         "resumed after\n");
+}
+
+int main(void) {
+  failing_key();
+  failure_storm();
+  printf("ok: deferral keeps the partition moving and the key in order\n");
+  return 0;
+}
