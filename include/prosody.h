@@ -605,7 +605,11 @@ typedef struct prosody_topic_options {
  * Errors: PROSODY_ERR_INVALID_ARG (bad name or option field, e.g. an
  * unknown cleanup_policy), PROSODY_ERR_CONFIG (bad PROSODY_TOPIC_*
  * variable), PROSODY_ERR_TOPIC_EXISTS, PROSODY_ERR_TIMEOUT,
- * PROSODY_ERR_TRANSIENT, PROSODY_ERR_PERMANENT.
+ * PROSODY_ERR_TRANSIENT (also, at once, when no broker answers at
+ * bootstrap_servers), PROSODY_ERR_UNSUPPORTED (at once: the cluster has no
+ * admin API, as a librdkafka mock cluster reached over the network, such
+ * as `prosody broker`, which creates a topic on first use instead),
+ * PROSODY_ERR_PERMANENT.
  */
 PROSODY_EXPORT prosody_err_t prosody_admin_create_topic(
     prosody_admin_t *admin, const char *name,
@@ -617,7 +621,8 @@ PROSODY_EXPORT prosody_err_t prosody_admin_create_topic(
  * hang otherwise). On the mock cluster, which cannot delete, the topic is
  * made to report UNKNOWN_TOPIC_OR_PART until it is created again.
  * Errors: PROSODY_ERR_INVALID_ARG, PROSODY_ERR_UNKNOWN_TOPIC,
- * PROSODY_ERR_TIMEOUT, PROSODY_ERR_TRANSIENT, PROSODY_ERR_PERMANENT.
+ * PROSODY_ERR_TIMEOUT, PROSODY_ERR_TRANSIENT, PROSODY_ERR_UNSUPPORTED and
+ * PROSODY_ERR_PERMANENT, as for prosody_admin_create_topic().
  */
 PROSODY_EXPORT prosody_err_t prosody_admin_delete_topic(prosody_admin_t *admin,
                                                         const char *name,

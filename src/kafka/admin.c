@@ -32,7 +32,12 @@ struct prosody_admin {
   rd_kafka_t *rk;         /* admin + metadata handle */
   char *bootstrap;        /* for messages */
   /* Written by error_cb, on the thread calling rd_kafka_poll(): */
-  atomic_int all_down;      /* every bootstrap broker is unreachable */
+  /* Every broker is unreachable: set on librdkafka's all-brokers-down
+   * report (made once per transition, so it is a state kept across calls),
+   * cleared by reach_cluster() when a broker answers; down_reports counts
+   * the reports. */
+  atomic_int all_down;
+  atomic_int down_reports;
   pthread_mutex_t err_lock; /* guards last_error */
   char last_error[256];     /* the latest error-callback text */
 };
@@ -42,6 +47,7 @@ static void admin_error_cb(rd_kafka_t *rk, int err, const char *reason,
   prosody_admin_t *admin = opaque;
   if (err == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN) {
     atomic_store(&admin->all_down, 1);
+    atomic_fetch_add(&admin->down_reports, 1);
     return; /* "1/1 brokers are down": the error before it says why */
   }
   pthread_mutex_lock(&admin->err_lock);
@@ -125,46 +131,97 @@ PROSODY_EXPORT void prosody_admin_destroy(prosody_admin_t *admin) {
   free(admin);
 }
 
-/* How long a cluster that answers metadata may go without naming a
- * controller before we conclude it has none (a librdkafka mock cluster:
- * `prosody broker`). A real cluster names one in its first answer. */
-#define NO_CONTROLLER_MS 3000
+/* How long a cluster that answers metadata may name a controller that is
+ * not among its brokers before we conclude it cannot create topics. A real
+ * cluster names one of its brokers in its first answer; a librdkafka mock
+ * cluster is recognised at once by its cluster id (MOCK_CLUSTER_ID). */
+#define NO_CONTROLLER_MS 1500
+
+/* How long a call trusts an all-brokers-down state reported before it
+ * began without a new report: long enough for a broker that has come back
+ * (or that closed an idle connection) to answer. */
+#define STALE_DOWN_MS 1000
+
+/* The cluster id every librdkafka mock cluster reports ("mockCluster"
+ * and a hex number: rd_kafka_mock_cluster_new() in librdkafka 2.0.2). */
+#define MOCK_CLUSTER_ID "mockCluster"
+
+/* The error for a cluster that has no admin API (UNSUPPORTED): what was
+ * seen, and what to do instead. */
+static prosody_err_t no_admin_api(prosody_admin_t *admin, const char *what,
+                                  const char *name, const char *seen, int mock,
+                                  char *errstr, size_t errstr_size) {
+  pr__errf(errstr, errstr_size,
+           "%s topic \"%s\": the cluster at %s %s, so it cannot create or "
+           "delete topics; %s creates a topic on first use, with %d "
+           "partitions (in the same process, mock=true creates and deletes "
+           "topics through the mock's own API)",
+           what, name, admin->bootstrap, seen,
+           mock ? "it" : "a librdkafka mock cluster (such as `prosody broker`)",
+           pr__mock_default_partitions());
+  return PROSODY_ERR_UNSUPPORTED;
+}
 
 /*
  * Before a create or delete (real clusters only): waits until the cluster
  * names a controller, so that what cannot work fails at once with the
  * reason instead of at the end of the request's timeout. Errors: no broker
- * answers at the bootstrap address (TRANSIENT), or the cluster answers but
- * has no controller (UNSUPPORTED). Returns OK at the deadline too: the
- * request then reports its own timeout.
+ * answers at the bootstrap address (TRANSIENT: librdkafka reports all
+ * brokers down during the call, or still down after STALE_DOWN_MS), or the
+ * cluster has no admin API (UNSUPPORTED): a librdkafka mock cluster (its
+ * cluster id says so in the first answer; its controller id 0 is none of its
+ * brokers, and admin requests wait for that controller for ever), or any
+ * cluster that keeps naming a controller outside its brokers. Returns OK at the
+ * deadline too, and while no controller is named (-1: a cluster electing one):
+ * the request then reports its own timeout.
  */
 static prosody_err_t reach_cluster(prosody_admin_t *admin, const char *what,
                                    const char *name, int64_t deadline,
                                    char *errstr, size_t errstr_size) {
-  int64_t answered_at = 0;
+  int64_t stray_since = 0, start = pr__now_ns();
   int32_t ctrl = -1;
-  atomic_store(&admin->all_down, 0);
+  int reports = atomic_load(&admin->down_reports);
   while (pr__now_ns() < deadline) {
     const rd_kafka_metadata_t *md = NULL;
+    int stray = 0;
     if (rd_kafka_metadata(admin->rk, 0, NULL, &md, 200) ==
             RD_KAFKA_RESP_ERR_NO_ERROR &&
         md->broker_cnt > 0) {
-      /* The controller must be one of the brokers: the mock names id 0
-       * while its broker is 1, and requests then wait for it for ever. */
-      ctrl = rd_kafka_controllerid(admin->rk, 0);
-      for (int i = 0; ctrl >= 0 && i < md->broker_cnt; i++) {
-        if (md->brokers[i].id == ctrl) {
-          rd_kafka_metadata_destroy(md);
-          return PROSODY_OK;
-        }
+      char seen[128], *id;
+      int mock;
+      atomic_store(&admin->all_down, 0); /* a broker answers */
+      id = rd_kafka_clusterid(admin->rk, 0);
+      mock = id && !strncmp(id, MOCK_CLUSTER_ID, strlen(MOCK_CLUSTER_ID));
+      if (mock)
+        snprintf(seen, sizeof(seen),
+                 "is a librdkafka mock cluster (id %s, such as `prosody "
+                 "broker` runs)",
+                 id);
+      if (id)
+        rd_kafka_mem_free(admin->rk, id);
+      if (mock) {
+        rd_kafka_metadata_destroy(md);
+        return no_admin_api(admin, what, name, seen, 1, errstr, errstr_size);
       }
-      if (!answered_at)
-        answered_at = pr__now_ns();
+      ctrl = rd_kafka_controllerid(admin->rk, 0);
+      stray = ctrl >= 0;
+      for (int i = 0; stray && i < md->broker_cnt; i++)
+        stray = md->brokers[i].id != ctrl;
+      if (ctrl >= 0 && !stray) {
+        rd_kafka_metadata_destroy(md);
+        return PROSODY_OK;
+      }
     }
     if (md)
       rd_kafka_metadata_destroy(md);
+    if (!stray)
+      stray_since = 0;
+    else if (!stray_since)
+      stray_since = pr__now_ns();
     rd_kafka_poll(admin->rk, 0); /* serves admin_error_cb */
-    if (atomic_load(&admin->all_down)) {
+    if (atomic_load(&admin->all_down) &&
+        (atomic_load(&admin->down_reports) != reports ||
+         pr__now_ns() - start > STALE_DOWN_MS * INT64_C(1000000))) {
       char last[256];
       pthread_mutex_lock(&admin->err_lock);
       memcpy(last, admin->last_error, sizeof(last));
@@ -174,18 +231,14 @@ static prosody_err_t reach_cluster(prosody_admin_t *admin, const char *what,
                name, admin->bootstrap, last);
       return PROSODY_ERR_TRANSIENT;
     }
-    if (answered_at &&
-        pr__now_ns() - answered_at > NO_CONTROLLER_MS * INT64_C(1000000)) {
-      pr__errf(errstr, errstr_size,
-               "%s topic \"%s\": the cluster at %s answers but names no "
-               "controller among its brokers (controller id %d), so it "
-               "cannot create or delete topics; a librdkafka mock cluster "
-               "(such as `prosody broker`) creates a topic on first use, "
-               "with %d partitions (in the same process, mock=true creates "
-               "and deletes topics through the mock's own API)",
-               what, name, admin->bootstrap, (int)ctrl,
-               pr__mock_default_partitions());
-      return PROSODY_ERR_UNSUPPORTED;
+    if (stray_since &&
+        pr__now_ns() - stray_since > NO_CONTROLLER_MS * INT64_C(1000000)) {
+      char seen[128];
+      snprintf(seen, sizeof(seen),
+               "names as its controller broker %d, which is none of its "
+               "brokers",
+               (int)ctrl);
+      return no_admin_api(admin, what, name, seen, 0, errstr, errstr_size);
     }
     usleep(50000);
   }

@@ -20,6 +20,10 @@
 #include "kafka.h"
 
 #define MOCK_BROKERS 1
+/* The partitions of a topic created without a count. The same as the
+ * librdkafka mock's own default (fixed at 4 in 2.0.2, no setter), which
+ * applies to topics a client of another process's mock cluster creates on
+ * first use (`prosody broker`): test_bad_bootstrap checks the two agree. */
 #define MOCK_DEFAULT_PARTITIONS 4
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;

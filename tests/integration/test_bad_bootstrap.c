@@ -2,7 +2,10 @@
  * test_bad_bootstrap.c - an unreachable broker gives a clear, transient
  * error within the configured budget, never a hang: for a blocking send, an
  * async send, admin topic creation, and client destruction; and consuming
- * without Cassandra outside mock mode is a configuration error.
+ * without Cassandra outside mock mode is a configuration error. Admin
+ * create/delete fail at once, saying why, against a refused port and
+ * against a librdkafka mock cluster reached over the network (which has no
+ * admin API: `prosody broker`).
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -32,6 +35,39 @@ static prosody_result_t on_timer(prosody_context_t *ctx,
   (void)t;
   (void)op;
   return PROSODY_SUCCESS;
+}
+
+/* An admin handle for `bootstrap` (mock=false). */
+static prosody_admin_t *admin_at(const char *bootstrap) {
+  char err[1024];
+  prosody_config_t *conf = prosody_config_new();
+  prosody_admin_t *admin;
+  t_set(conf, "bootstrap_servers", bootstrap);
+  t_set(conf, "log", "off");
+  admin = prosody_admin_new(conf, err, sizeof(err));
+  CHECK(admin, "admin: %s", err);
+  return admin;
+}
+
+/* Create and delete with the default (30 s) timeout both fail with `want`
+ * in well under two seconds, the message holding `needle`. */
+static void admin_fails_fast(prosody_admin_t *admin, prosody_err_t want,
+                             const char *needle) {
+  char err[1024];
+  for (int create = 1; create >= 0; create--) {
+    double t0 = t_now(), took;
+    prosody_err_t e =
+        create ? prosody_admin_create_topic(admin, "orders", NULL, err,
+                                            sizeof(err))
+               : prosody_admin_delete_topic(admin, "orders", err, sizeof(err));
+    took = t_now() - t0;
+    CHECK(e == want, "%s: %s, want %s (%s)", create ? "create" : "delete",
+          prosody_err_name(e), prosody_err_name(want), err);
+    CHECK(took < 2.0, "%s took %.2f s: %s", create ? "create" : "delete", took,
+          err);
+    CHECK(strstr(err, "\"orders\"") && strstr(err, needle),
+          "message \"%s\" should name the topic and say \"%s\"", err, needle);
+  }
 }
 
 int main(void) {
@@ -93,6 +129,47 @@ int main(void) {
   CHECK(took < 6.0, "create took %.2f s with timeout 2s", took);
   CHECK(strstr(err, "orders"), "message \"%s\" should name the topic", err);
   prosody_admin_destroy(admin);
+
+  /* With the default timeout: no 30 s wait for a refused port. */
+  admin = admin_at("127.0.0.1:1");
+  admin_fails_fast(admin, PROSODY_ERR_TRANSIENT,
+                   "no Kafka broker answers at 127.0.0.1:1 (");
+  prosody_admin_destroy(admin);
+
+  /* A librdkafka mock cluster over the network (what `prosody broker`
+   * serves) has no admin API: said at once, with the partition count it
+   * gives a topic it creates on first use, which a metadata request for
+   * an unknown topic shows. */
+  {
+    char addr[256], want[128];
+    rd_kafka_conf_t *kc = rd_kafka_conf_new();
+    rd_kafka_t *rk;
+    rd_kafka_topic_t *rkt;
+    const struct rd_kafka_metadata *md;
+    int n;
+    CHECK_OK(
+        prosody_mock_bootstrap_servers(addr, sizeof(addr), err, sizeof(err)),
+        err);
+    rd_kafka_conf_set(kc, "bootstrap.servers", addr, err, sizeof(err));
+    rk = rd_kafka_new(RD_KAFKA_PRODUCER, kc, err, sizeof(err));
+    CHECK(rk, "%s", err);
+    rkt = rd_kafka_topic_new(rk, "auto-created", NULL);
+    CHECK(!rd_kafka_metadata(rk, 0, rkt, &md, 10000), "metadata failed");
+    n = md->topic_cnt == 1 && !md->topics[0].err ? md->topics[0].partition_cnt
+                                                 : -1;
+    rd_kafka_metadata_destroy(md);
+    rd_kafka_topic_destroy(rkt);
+    rd_kafka_destroy(rk);
+    CHECK(n > 0, "the mock did not create a topic on first use");
+    snprintf(want, sizeof(want),
+             "creates a topic on first use, with %d "
+             "partitions",
+             n);
+    admin = admin_at(addr);
+    admin_fails_fast(admin, PROSODY_ERR_UNSUPPORTED, want);
+    admin_fails_fast(admin, PROSODY_ERR_UNSUPPORTED, "mock cluster");
+    prosody_admin_destroy(admin);
+  }
 
   /* A malformed address is a configuration error naming the option. */
   conf = prosody_config_new();
