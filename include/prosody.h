@@ -591,7 +591,8 @@ PROSODY_EXPORT void prosody_admin_destroy(prosody_admin_t *admin);
 typedef struct prosody_topic_options {
   int32_t partitions;         /* 0: default */
   int16_t replication_factor; /* 0: default */
-  const char *cleanup_policy; /* "delete", "compact", "compact,delete" */
+  const char *cleanup_policy; /* "delete", "compact", "compact,delete",
+                                 "delete,compact"; "none": the broker's */
   int64_t retention_ms;       /* 0: default; -1: keep for ever */
   int64_t timeout_ms;         /* 0: 30 s; at most 3600000; bounds the call */
 } prosody_topic_options_t;

@@ -387,16 +387,19 @@ PROSODY_EXPORT prosody_err_t prosody_admin_create_topic(
   if (o.cleanup_policy) {
     pr__value_t v;
     char why[512];
-    /* The argument, not the variable, is what is wrong: name it. */
+    /* The argument, not the variable, is what is wrong: name it. "none"
+     * is the broker's default, as for the option. */
     if (pr__opt_parse(PR_OPT_TOPIC_CLEANUP_POLICY, o.cleanup_policy, 0, &v, why,
                       sizeof(why))) {
       pr__errf(errstr, errstr_size,
-               "invalid cleanup_policy \"%s\" for topic \"%s\": expected "
-               "delete, compact or compact,delete",
-               o.cleanup_policy, name);
+               "invalid cleanup_policy \"%s\" for topic \"%s\": expected %s "
+               "(or NULL for topic_cleanup_policy's value)",
+               o.cleanup_policy, name,
+               pr__opt_accepted(PR_OPT_TOPIC_CLEANUP_POLICY));
       return PROSODY_ERR_INVALID_ARG;
     }
-    pr__opt_format(PR_OPT_TOPIC_CLEANUP_POLICY, &v, policy, sizeof(policy));
+    if (v.isset)
+      pr__opt_format(PR_OPT_TOPIC_CLEANUP_POLICY, &v, policy, sizeof(policy));
     pr__value_fini(PR_OPT_TOPIC_CLEANUP_POLICY, &v);
   } else if (PR_CFG_SET(st, TOPIC_CLEANUP_POLICY)) {
     pr__opt_format(PR_OPT_TOPIC_CLEANUP_POLICY,

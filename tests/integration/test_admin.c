@@ -2,7 +2,9 @@
  * test_admin.c - topic creation and deletion: explicit partition counts,
  * PROSODY_TOPIC_* defaults, "already exists" and "does not exist" errors,
  * a created topic usable at once, delete then re-create. Against a real
- * broker also the cleanup policy and retention reach the topic's config.
+ * broker also the cleanup policy and retention reach the topic's config
+ * ("none": the broker's default). A bad cleanup_policy argument is named
+ * as the argument; a bad PROSODY_TOPIC_CLEANUP_POLICY as the variable.
  */
 #include "harness.h"
 
@@ -116,10 +118,22 @@ int main(void) {
    * caller never set. */
   CHECK(e == PROSODY_ERR_INVALID_ARG && strstr(err, "cleanup_policy") &&
             strstr(err, "\"shred\"") &&
-            strstr(err, "delete, compact or compact,delete") &&
+            strstr(err, "one of delete, compact, compact,delete, "
+                        "delete,compact, or none") &&
             !strstr(err, "PROSODY_TOPIC_CLEANUP_POLICY"),
         "bad policy: %s (%s)", prosody_err_name(e), err);
   o.cleanup_policy = NULL;
+  /* The variable is named when the value came from it. */
+  setenv("PROSODY_TOPIC_CLEANUP_POLICY", "shred", 1);
+  {
+    prosody_config_t *conf = t_config(); /* still ours when _new fails */
+    prosody_admin_t *a = prosody_admin_new(conf, err, sizeof(err));
+    CHECK(!a && strstr(err, "\"shred\"") &&
+              strstr(err, "environment variable PROSODY_TOPIC_CLEANUP_POLICY"),
+          "bad policy from the environment: %s", a ? "accepted" : err);
+    prosody_config_destroy(conf);
+  }
+  unsetenv("PROSODY_TOPIC_CLEANUP_POLICY");
 
   /* Delete, then the topic is gone, then it can be created again. */
   CHECK_OK(prosody_admin_delete_topic(admin, t2, err, sizeof(err)), err);
@@ -146,6 +160,18 @@ int main(void) {
     CHECK_OK(prosody_admin_delete_topic(admin, t3, err, sizeof(err)), err);
     CHECK_OK(prosody_admin_delete_topic(admin, t1, err, sizeof(err)), err);
     CHECK_OK(prosody_admin_delete_topic(admin, t2, err, sizeof(err)), err);
+    /* "none" is the broker's default, as for the option (t_topic() reuses
+     * t1's buffer here). */
+    {
+      const char *t4 = t_topic("admin-policy-none");
+      c.cleanup_policy = "none";
+      c.retention_ms = 0;
+      CHECK_OK(prosody_admin_create_topic(admin, t4, &c, err, sizeof(err)),
+               err);
+      topic_config(t4, "cleanup.policy", value, sizeof(value));
+      CHECK(!strcmp(value, "delete"), "cleanup.policy is \"%s\"", value);
+      CHECK_OK(prosody_admin_delete_topic(admin, t4, err, sizeof(err)), err);
+    }
   }
   prosody_admin_destroy(admin);
   printf("ok\n");
