@@ -14,6 +14,9 @@
 /* Prints "prosody: WHAT: MSG (ERROR_NAME)" to stderr; returns the exit
  * status for `err`: 2 for a configuration or argument error, else 1. */
 int pr__cli_fail(const char *what, prosody_err_t err, const char *msg);
+/* Prints "prosody CMD: FLAG needs a value: ACCEPTED" to stderr; returns
+ * the exit status for a usage error (2). */
+int pr__cli_no_value(const char *cmd, const char *flag, const char *accepted);
 /* Sets `name` unless the user already set it or the environment has it. */
 int pr__cli_set_default(prosody_config_t *conf, const char *name,
                         const char *value);

@@ -307,26 +307,31 @@ static int demo_consume(const char *topic, long messages, long keys, int tty) {
   return rc;
 }
 
-/* Parses a whole decimal count from 1 to `max` for option `name`; 0 on
- * success, else prints why (naming the option) and returns -1. */
-static int parse_count(const char *name, const char *arg, long max, long *out) {
+/* The demo keeps a few arrays of this many entries in memory, and the
+ * embedded mock cluster keeps every record: about 0.6 GB and a minute at
+ * the most. */
+#define DEMO_MAX_MESSAGES 1000000
+#define DEMO_STR_(x) #x
+#define DEMO_STR(x) DEMO_STR_(x)
+#define DEMO_COUNT_FORM "a whole number from 1 to " DEMO_STR(DEMO_MAX_MESSAGES)
+
+/* Parses a whole decimal count from 1 to DEMO_MAX_MESSAGES for option
+ * `name`; 0 on success, else prints why (naming the option) and returns
+ * -1. */
+static int parse_count(const char *name, const char *arg, long *out) {
   char *end;
   long v;
   errno = 0;
   v = strtol(arg, &end, 10);
-  if (*arg == '\0' || *end || errno || v < 1 || v > max) {
+  if (*arg == '\0' || *end || errno || v < 1 || v > DEMO_MAX_MESSAGES) {
     fprintf(stderr,
-            "prosody demo: invalid %s \"%s\": expected a whole number from 1 "
-            "to %ld\n",
-            name, arg, max);
+            "prosody demo: invalid %s \"%s\": expected " DEMO_COUNT_FORM "\n",
+            name, arg);
     return -1;
   }
   *out = v;
   return 0;
 }
-
-/* The demo keeps a few arrays of this many entries in memory. */
-#define DEMO_MAX_MESSAGES 10000000L
 
 int pr__cli_demo(prosody_config_t *conf, int argc, char **argv) {
   long messages = 20000, keys = 500;
@@ -343,16 +348,20 @@ int pr__cli_demo(prosody_config_t *conf, int argc, char **argv) {
   int tty = isatty(STDERR_FILENO), rc = 0;
 
   for (int a = 0; a < argc; a++) {
-    if (a + 1 < argc &&
-        (!strcmp(argv[a], "--messages") || !strcmp(argv[a], "--keys"))) {
-      int is_messages = !strcmp(argv[a], "--messages");
-      if (parse_count(argv[a], argv[a + 1], DEMO_MAX_MESSAGES,
-                      is_messages ? &messages : &keys)) {
+    int count = !strcmp(argv[a], "--messages") || !strcmp(argv[a], "--keys");
+    if ((count || !strcmp(argv[a], "--topic")) && a + 1 >= argc) {
+      prosody_config_destroy(conf);
+      return pr__cli_no_value("demo", argv[a],
+                              count ? DEMO_COUNT_FORM : "a topic name");
+    }
+    if (count) {
+      if (parse_count(argv[a], argv[a + 1],
+                      !strcmp(argv[a], "--messages") ? &messages : &keys)) {
         prosody_config_destroy(conf);
         return 2;
       }
       a++;
-    } else if (a + 1 < argc && !strcmp(argv[a], "--topic"))
+    } else if (!strcmp(argv[a], "--topic"))
       topic = argv[++a];
     else {
       fprintf(stderr, "prosody demo: unexpected argument \"%s\"\n", argv[a]);

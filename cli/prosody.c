@@ -28,7 +28,7 @@ static const char *usage_text =
     "  demo [--messages N] [--keys N] [--topic T]\n"
     "                        produce a stream of realistic events to the\n"
     "                        embedded mock broker, consume it with per-key\n"
-    "                        ordering, and summarise both\n"
+    "                        ordering, and summarise both (N: 1 to 1000000)\n"
     "  broker                run a standalone mock Kafka cluster and print "
     "its\n"
     "                        bootstrap address until Ctrl-C\n"
@@ -60,6 +60,11 @@ int pr__cli_fail(const char *what, prosody_err_t err, const char *msg) {
                  err == PROSODY_ERR_INVALID_PAYLOAD
              ? 2
              : 1;
+}
+
+int pr__cli_no_value(const char *cmd, const char *flag, const char *accepted) {
+  fprintf(stderr, "prosody %s: %s needs a value: %s\n", cmd, flag, accepted);
+  return 2;
 }
 
 /* Sets `name` unless the user already set it or the environment has it. */
@@ -156,10 +161,13 @@ static int cmd_config(prosody_config_t *conf, int argc, char **argv) {
   char value[512], err[ERRLEN];
   int bad = 0;
 
-  if (argc > 0 && !strcmp(argv[0], "--markdown"))
+  if (argc == 1 && !strcmp(argv[0], "--markdown"))
     return cmd_config_markdown();
   if (argc > 0) {
-    fprintf(stderr, "prosody config: unexpected argument \"%s\"\n", argv[0]);
+    fprintf(stderr,
+            "prosody config: unexpected argument \"%s\"\n"
+            "usage: prosody config [--markdown]\n",
+            argv[argc > 1 && !strcmp(argv[0], "--markdown") ? 1 : 0]);
     return 2;
   }
   printf("%-28s %-34s %-8s %s\n", "OPTION", "VALUE", "SOURCE", "VARIABLE");
@@ -208,6 +216,14 @@ static int cmd_send(prosody_config_t *conf, int argc, char **argv) {
   return 0;
 }
 
+/* The accepted form of option `name`, as the option table states it. */
+static const char *option_accepted(const char *name) {
+  for (size_t i = 0; i < prosody_option_count(); i++)
+    if (!strcmp(prosody_option_info(i)->name, name))
+      return prosody_option_info(i)->accepted;
+  return "";
+}
+
 static int cmd_topic(prosody_config_t *conf, int argc, char **argv) {
   prosody_admin_t *admin;
   prosody_err_t e = PROSODY_OK;
@@ -231,10 +247,15 @@ static int cmd_topic(prosody_config_t *conf, int argc, char **argv) {
     for (f = 0; f < sizeof(flags) / sizeof(flags[0]); f++)
       if (!strcmp(argv[i], flags[f].flag))
         break;
-    if (!create || f == sizeof(flags) / sizeof(flags[0]) || i + 1 >= argc) {
+    if (!create || f == sizeof(flags) / sizeof(flags[0])) {
       fprintf(stderr, "prosody topic: unexpected argument \"%s\"\n", argv[i]);
       prosody_config_destroy(conf);
       return 2;
+    }
+    if (i + 1 >= argc) {
+      prosody_config_destroy(conf);
+      return pr__cli_no_value("topic create", argv[i],
+                              option_accepted(flags[f].option));
     }
     e = prosody_config_set(conf, flags[f].option, argv[++i], err, sizeof(err));
     if (e) {
@@ -349,7 +370,11 @@ int main(int argc, char **argv) {
     return 1;
   }
   for (; i < argc; i++) {
-    if (!strcmp(argv[i], "--set") && i + 1 < argc) {
+    if (!strcmp(argv[i], "--set") && i + 1 >= argc) {
+      prosody_config_destroy(conf);
+      fprintf(stderr, "prosody: --set expects NAME=VALUE, got nothing\n");
+      return 2;
+    } else if (!strcmp(argv[i], "--set")) {
       char *eq = strchr(argv[++i], '=');
       prosody_err_t e;
       if (!eq) {

@@ -71,7 +71,13 @@ fi
 
 # Arguments are checked whole, naming the argument.
 expect 2 'invalid --messages "1000abc"' "demo refuses a count with trailing text" -- "$cli" demo --messages 1000abc
-expect 2 'invalid --messages "99999999999999999999": expected a whole number from 1 to 10000000' "demo refuses an overflowing count" -- "$cli" demo --messages 99999999999999999999
+expect 2 'invalid --messages "99999999999999999999": expected a whole number from 1 to 1000000' "demo refuses an overflowing count" -- "$cli" demo --messages 99999999999999999999
+expect 2 'invalid --messages "1000001": expected a whole number from 1 to 1000000' "demo refuses a count above its bound" -- "$cli" demo --messages 1000001
+expect 2 'prosody demo: --messages needs a value: a whole number from 1 to 1000000' "demo refuses a count flag without its value" -- "$cli" demo --messages
+expect 2 'prosody topic create: --partitions needs a value: an integer from 1 to' "topic create refuses a flag without its value" -- \
+  "$cli" --set mock=true topic create cli-x --partitions
+expect 2 'prosody config: unexpected argument "extra"' "config --markdown refuses more arguments" -- "$cli" config --markdown extra
+expect 2 'prosody: --set expects NAME=VALUE, got nothing' "--set without its value" -- "$cli" --set
 expect 2 'invalid --keys "0"' "demo refuses zero keys" -- "$cli" demo --keys 0
 expect 2 'prosody broker: unexpected argument "extra-arg"' "broker refuses arguments" -- "$cli" broker extra-arg
 # at_once WHAT: the command run since `start=$(ms)` took under two seconds
