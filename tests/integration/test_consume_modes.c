@@ -68,6 +68,10 @@ static void start(scenario_t *s, const char *failure_topic) {
   t_set(conf, "retry_base", "1ms");
   t_set(conf, "max_retry_delay", "5ms");
   t_set(conf, "max_retries", "2");
+  /* Pipeline mode's retry layer (deferral, which takes a transient failure
+   * out of its partition and retries it seconds later, has its own test:
+   * test_consume_defer.c). */
+  t_set(conf, "defer_enabled", "false");
   if (failure_topic)
     t_set(conf, "failure_topic", failure_topic);
   s->client = prosody_client_new(conf, err, sizeof(err));
