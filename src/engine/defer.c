@@ -53,7 +53,7 @@ static void gate_roll(pr__engine_t *eng, int64_t now_ns) {
 
 void pr__df_count(pr__engine_t *eng, prosody_result_t result, int64_t now_ns) {
   size_t b;
-  if (!eng->df_store)
+  if (!eng->df_store[PR_DEFER_MESSAGES] && !eng->df_store[PR_DEFER_TIMERS])
     return;
   gate_roll(eng, now_ns);
   b = (size_t)(eng->df_epoch % PR_DF_BUCKETS);
@@ -90,13 +90,14 @@ int64_t pr__df_delay_s(pr__engine_t *eng, int32_t n) {
 
 /* ---- deferred keys ------------------------------------------------------- */
 
-static pr__dk_t *dk_new(part_t *part, kq_t *kq, int64_t retry_at_ms) {
+static pr__dk_t *dk_new(part_t *part, kq_t *kq, int kind, int64_t retry_at_ms) {
   pr__dk_t *dk = calloc(1, sizeof(*dk));
   if (!dk)
     return NULL;
   dk->kq = kq;
+  dk->kind = kind;
   dk->retry_at_ms = retry_at_ms;
-  kq->dk = dk;
+  kq->dk[kind] = dk;
   dk->next = part->dks;
   part->dks = dk;
   return dk;
@@ -108,7 +109,7 @@ static void dk_free(part_t *part, pr__dk_t *dk) {
     pp = &(*pp)->next;
   if (*pp)
     *pp = dk->next;
-  dk->kq->dk = NULL;
+  dk->kq->dk[dk->kind] = NULL;
   pr__kq_trim(part, dk->kq);
   free(dk);
 }
@@ -117,19 +118,20 @@ void pr__df_part_free(part_t *part) {
   pr__dk_t *dk, *next;
   for (dk = part->dks; dk; dk = next) {
     next = dk->next;
-    dk->kq->dk = NULL;
+    dk->kq->dk[dk->kind] = NULL;
     free(dk);
   }
   part->dks = NULL;
 }
 
-static pr__load_t *req_new(const part_t *part, const char *key) {
+static pr__load_t *req_new(const part_t *part, const char *key, int kind) {
   size_t tl = strlen(part->topic) + 1, kl = strlen(key) + 1;
   pr__load_t *r = calloc(1, sizeof(*r) + tl + kl);
   if (!r)
     return NULL;
   r->eng = part->eng;
   r->gen = part->gen;
+  r->kind = kind;
   r->partition = part->partition;
   r->topic = (char *)(r + 1);
   memcpy(r->topic, part->topic, tl);
@@ -151,7 +153,7 @@ static pr__dk_t *req_dk(const pr__load_t *r, part_t **partp) {
   part_t *part = req_part(r);
   kq_t *kq = part ? pr__kq_get(part, r->key, 0) : NULL;
   *partp = part;
-  return kq ? kq->dk : NULL;
+  return kq ? kq->dk[r->kind] : NULL;
 }
 
 static void log_cb(void *arg, prosody_err_t err, const char *errstr) {
@@ -176,8 +178,8 @@ static void dk_idle(pr__dk_t *dk, int64_t at_ms) {
  * state, committed when `commit`. */
 static void leave(inv_t *inv, int commit) {
   kq_t *kq = pr__kq_get(inv->part, inv->msg.key, 0);
-  if (kq && kq->dk)
-    kq->dk->writes--;
+  if (kq && kq->dk[PR_DF_KIND(inv)])
+    kq->dk[PR_DF_KIND(inv)]->writes--;
   inv->part->active--;
   inv->eng->dlq_inflight--;
   pr__outcome_finish(inv, commit);
@@ -214,21 +216,24 @@ void pr__df_write(inv_t *inv) {
   part_t *part = inv->part;
   char seg[SEG_MAX];
   int64_t key_at = inv->df_key_at;
+  int kind = PR_DF_KIND(inv);
+  pr__defer_t *store = eng->df_store[kind];
   kq_t *kq = pr__kq_get(part, inv->msg.key, 0);
   if (part->revoking || part->zombie || eng->phase != PH_RUNNING) {
     leave(inv, 0);
     return;
   }
-  if (kq && kq->dk)
-    kq->dk->appended = 1;
+  if (kq && kq->dk[kind])
+    kq->dk[kind]->appended = 1;
   segment_of(part, seg, sizeof(seg));
   inv->df_writes = key_at ? 2 : 1;
   inv->df_failed = 0;
   if (key_at) /* first: the memory store answers at once */
-    pr__defer_set_key(eng->df_store, seg, inv->msg.key, (key_at + 999) / 1000,
-                      written, inv);
+    pr__defer_set_key(store, seg, inv->msg.key, (key_at + 999) / 1000, written,
+                      inv);
   /* The last write may finish (and free) inv. */
-  pr__defer_append(eng->df_store, seg, inv->msg.key, inv->msg.offset,
+  pr__defer_append(store, seg, inv->msg.key,
+                   inv->is_timer ? inv->time_s : inv->msg.offset,
                    inv->df_retries, written, inv);
 }
 
@@ -249,7 +254,7 @@ static void defer_inv(inv_t *inv, pr__dk_t *dk, int32_t retries,
 }
 
 void pr__df_join(inv_t *inv) {
-  pr__dk_t *dk = inv->kq->dk;
+  pr__dk_t *dk = inv->kq->dk[PR_DF_KIND(inv)];
   inv->kq = NULL; /* never in the key queue */
   defer_inv(inv, dk, 0, 0);
 }
@@ -278,12 +283,13 @@ static void rescheduled(void *arg, prosody_err_t err, const char *errstr) {
 static void retry_later(inv_t *inv) {
   pr__engine_t *eng = inv->eng;
   kq_t *kq = inv->kq;
-  pr__dk_t *dk = kq ? kq->dk : NULL;
+  int kind = PR_DF_KIND(inv);
+  pr__dk_t *dk = kq ? kq->dk[kind] : NULL;
   int32_t n = inv->df_retries + 1;
   int64_t delay = pr__df_delay_s(eng, n);
   int64_t at_ms = pr__wall_ms() + delay * 1000;
   char seg[SEG_MAX], ev[160];
-  pr__load_t *r = dk ? req_new(inv->part, kq->key) : NULL;
+  pr__load_t *r = dk ? req_new(inv->part, kq->key, kind) : NULL;
   PR_WARN("defer", "%s: deferred retry %d failed: %s; next retry in %llds",
           pr__inv_describe(inv, ev, sizeof(ev)), (int)inv->df_retries,
           inv->result_error ? inv->result_error : "(no message)",
@@ -296,9 +302,9 @@ static void retry_later(inv_t *inv) {
   if (r) {
     segment_of(inv->part, seg, sizeof(seg));
     r->pending = 2;
-    pr__defer_set_retries(eng->df_store, seg, kq->key, inv->msg.offset, n,
+    pr__defer_set_retries(eng->df_store[kind], seg, kq->key, dk->position, n,
                           rescheduled, r);
-    pr__defer_set_key(eng->df_store, seg, kq->key, (at_ms + 999) / 1000,
+    pr__defer_set_key(eng->df_store[kind], seg, kq->key, (at_ms + 999) / 1000,
                       rescheduled, r);
   } else if (dk) {
     dk->busy = 0; /* out of memory: retried as stored */
@@ -310,7 +316,8 @@ void pr__df_defer(inv_t *inv) {
   pr__engine_t *eng = inv->eng;
   part_t *part = inv->part;
   kq_t *kq = inv->kq;
-  pr__dk_t *dk = kq->dk;
+  int kind = PR_DF_KIND(inv);
+  pr__dk_t *dk = kq->dk[kind];
   int64_t delay, key_at = 0;
   char ev[160];
   if (inv->df_loaded) {
@@ -320,7 +327,7 @@ void pr__df_defer(inv_t *inv) {
   delay = pr__df_delay_s(eng, 1);
   if (!dk) {
     key_at = pr__wall_ms() + delay * 1000;
-    if (!(dk = dk_new(part, kq, key_at))) { /* out of memory: in place */
+    if (!(dk = dk_new(part, kq, kind, key_at))) { /* out of memory */
       inv->state = INV_RETRY_WAIT;
       pr__outcome_arm_retry(inv, pr__outcome_backoff_ms(eng, inv->attempt));
       return;
@@ -329,18 +336,18 @@ void pr__df_defer(inv_t *inv) {
   }
   PR_WARN("defer",
           "%s: transient handler failure (attempt %d): %s; deferring it and "
-          "the key's later messages (retry in %llds)",
+          "the key's later %s (retry in %llds)",
           pr__inv_describe(inv, ev, sizeof(ev)), inv->attempt,
           inv->result_error ? inv->result_error : "(no message)",
-          (long long)delay);
-  /* The key's queued messages follow it; its timers stay and run. */
+          inv->is_timer ? "timers" : "messages", (long long)delay);
+  /* The key's queued events of its kind follow it; the others stay. */
   for (inv_t *j = inv->next, *jn; j; j = jn) {
     jn = j->next;
-    if (!j->is_timer && j->state == INV_QUEUED)
+    if (j->is_timer == inv->is_timer && j->state == INV_QUEUED)
       defer_inv(j, dk, 0, 0);
   }
   defer_inv(inv, dk, 1, key_at);
-  /* A timer of the key left at the head may start now. */
+  /* An event of the other kind left at the head may start now. */
   if ((kq = pr__kq_get(part, kq->key, 0)) && kq->head &&
       kq->head->state == INV_QUEUED && !part->held && !part->revoking &&
       eng->phase == PH_RUNNING)
@@ -373,7 +380,7 @@ static void advanced(void *arg, prosody_err_t err, const char *errstr) {
 /* The head at dk->position is done with: remove it from the queue. */
 static void advance(part_t *part, pr__dk_t *dk) {
   char seg[SEG_MAX];
-  pr__load_t *r = req_new(part, dk->kq->key);
+  pr__load_t *r = req_new(part, dk->kq->key, dk->kind);
   dk->busy = 1;
   if (!r) {
     dk->busy = 2;
@@ -382,18 +389,36 @@ static void advance(part_t *part, pr__dk_t *dk) {
   }
   r->offset = dk->position;
   segment_of(part, seg, sizeof(seg));
-  pr__defer_advance(part->eng->df_store, seg, r->key, r->offset, advanced, r);
+  pr__defer_advance(part->eng->df_store[dk->kind], seg, r->key, r->offset,
+                    advanced, r);
 }
 
 void pr__df_finished(inv_t *inv, int commit) {
-  pr__dk_t *dk = inv->kq ? inv->kq->dk : NULL;
+  pr__dk_t *dk = inv->kq ? inv->kq->dk[PR_DF_KIND(inv)] : NULL;
   inv->df_loaded = 0;
   if (!dk)
     return;
+  if (commit && inv->is_timer && inv->rearmed && inv->part->tq &&
+      pr__tq_add(inv->part->tq, inv->msg.key, inv->time_s) < 0)
+    PR_ERROR("timers", "out of memory re-queueing a timer of %s[%d]",
+             inv->part->topic, inv->part->partition);
   if (commit)
     advance(inv->part, dk);
   else
     dk_idle(dk, pr__wall_ms() + 1000);
+}
+
+/* A deferred timer's retry: its event, made again from (key, time). */
+static void load_timer(part_t *part, pr__dk_t *dk, pr__load_t *r) {
+  inv_t *inv = pr__firing_inv(part, r->key, r->offset);
+  pr__load_free(r);
+  if (!inv) {
+    dk_idle(dk, pr__wall_ms() + 1000);
+    return;
+  }
+  inv->df_loaded = 1;
+  inv->df_retries = dk->retries;
+  pr__dispatch_enqueue(inv);
 }
 
 static void head_read(void *arg, prosody_err_t err, const char *errstr,
@@ -424,18 +449,23 @@ static void head_read(void *arg, prosody_err_t err, const char *errstr,
       return;
     }
     PR_INFO("defer",
-            "%s[%" PRId32 "] key \"%.64s\": no deferred message "
-            "left; the key is not deferred any more",
-            r->topic, r->partition, r->key);
+            "%s[%" PRId32 "] key \"%.64s\": no deferred %s left; the key "
+            "is not deferred for them any more",
+            r->topic, r->partition, r->key,
+            r->kind == PR_DEFER_TIMERS ? "timer" : "message");
     segment_of(part, seg, sizeof(seg));
     r->error = strdup("forgetting the deferred key");
     dk_free(part, dk);
-    pr__defer_del_key(eng->df_store, seg, r->key, log_cb, r);
+    pr__defer_del_key(eng->df_store[r->kind], seg, r->key, log_cb, r);
     return;
   }
   dk->position = position;
   dk->retries = retries;
   r->offset = position;
+  if (r->kind == PR_DEFER_TIMERS) { /* the timer is all there is to it */
+    load_timer(part, dk, r);
+    return;
+  }
   if (!eng->loader && !(eng->loader = pr__loader_new(eng, eng->bootstrap))) {
     PR_ERROR("defer", "could not start the deferred message loader; trying "
                       "again in 1s");
@@ -448,13 +478,13 @@ static void head_read(void *arg, prosody_err_t err, const char *errstr,
 
 static void read_head(part_t *part, pr__dk_t *dk) {
   char seg[SEG_MAX];
-  pr__load_t *r = req_new(part, dk->kq->key);
+  pr__load_t *r = req_new(part, dk->kq->key, dk->kind);
   if (!r)
     return; /* out of memory: next tick */
   dk->busy = 1;
   dk->appended = 0;
   segment_of(part, seg, sizeof(seg));
-  pr__defer_head(part->eng->df_store, seg, r->key, head_read, r);
+  pr__defer_head(part->eng->df_store[dk->kind], seg, r->key, head_read, r);
 }
 
 void pr__df_loaded(pr__load_t *r) {
@@ -517,13 +547,14 @@ static void keys_read(void *arg, prosody_err_t err, const char *errstr,
              "%s[%" PRId32 "]: could not read its deferred keys: %s; its "
              "records wait until they are read (trying again)",
              r->topic, r->partition, errstr ? errstr : prosody_err_name(err));
-    part->df_listing = 2;
+    part->df_listing[r->kind] = 2;
     pr__load_free(r);
     return;
   }
   for (i = 0; i < n; i++) {
     kq_t *kq = pr__kq_get(part, keys[i].key, 1);
-    if (!kq || (!kq->dk && !dk_new(part, kq, keys[i].retry_at_s * 1000)))
+    if (!kq || (!kq->dk[r->kind] &&
+                !dk_new(part, kq, r->kind, keys[i].retry_at_s * 1000)))
       break;
   }
   if (i < n) {
@@ -531,46 +562,49 @@ static void keys_read(void *arg, prosody_err_t err, const char *errstr,
              "%s[%" PRId32 "]: out of memory taking its deferred "
              "keys; trying again",
              r->topic, r->partition);
-    part->df_listing = 2;
+    part->df_listing[r->kind] = 2;
     pr__load_free(r);
     return;
   }
   if (n > 0)
-    PR_INFO("defer", "%s[%" PRId32 "]: %zu key(s) deferred", r->topic,
-            r->partition, n);
-  part->df_listing = 0;
+    PR_INFO("defer", "%s[%" PRId32 "]: %zu key(s) with deferred %s", r->topic,
+            r->partition, n,
+            r->kind == PR_DEFER_TIMERS ? "timers" : "messages");
+  part->df_listing[r->kind] = 0;
   part->eng->resumed = 1; /* its queue is read again */
   pr__load_free(r);
 }
 
-static void read_keys(part_t *part) {
+static void read_keys(part_t *part, int kind) {
   char seg[SEG_MAX];
-  pr__load_t *r = req_new(part, "");
-  part->df_listing = 1;
+  pr__load_t *r = req_new(part, "", kind);
+  part->df_listing[kind] = 1;
   if (!r) {
-    part->df_listing = 2;
+    part->df_listing[kind] = 2;
     return;
   }
   segment_of(part, seg, sizeof(seg));
-  pr__defer_keys(part->eng->df_store, seg, keys_read, r);
+  pr__defer_keys(part->eng->df_store[kind], seg, keys_read, r);
 }
 
 void pr__df_assigned(pr__engine_t *eng, part_t *part) {
-  if (eng->df_store)
-    read_keys(part);
+  for (int kind = 0; kind < 2; kind++)
+    if (eng->df_store[kind])
+      read_keys(part, kind);
 }
 
 void pr__df_tick(pr__engine_t *eng) {
   int64_t now_ms = pr__wall_ms();
-  if (!eng->df_store || eng->phase != PH_RUNNING)
+  if (eng->phase != PH_RUNNING)
     return;
   for (part_t *part = eng->parts; part; part = part->next) {
     pr__dk_t *dk, *next;
     if (part->revoking || part->held)
       continue;
-    if (part->df_listing == 2)
-      read_keys(part);
-    if (part->df_listing)
+    for (int kind = 0; kind < 2; kind++)
+      if (part->df_listing[kind] == 2)
+        read_keys(part, kind);
+    if (pr__df_listing(part))
       continue;
     for (dk = part->dks; dk; dk = next) {
       next = dk->next; /* reading the head may free dk */
@@ -588,6 +622,7 @@ prosody_err_t pr__df_open(pr__engine_t *eng, const char *bootstrap,
                           void (*wake)(void *), char *errstr,
                           size_t errstr_size) {
   const pr__settings_t *st = eng->st;
+  int kinds = eng->handler.on_timer ? 2 : 1; /* timers only with on_timer */
   prosody_err_t err;
   pr__cql_conf_t c;
   if (eng->mode != PR_MODE_PIPELINE || !PR_CFG_BOOL(st, DEFER_ENABLED))
@@ -600,10 +635,11 @@ prosody_err_t pr__df_open(pr__engine_t *eng, const char *bootstrap,
     return PROSODY_ERR_NOMEM;
   }
   if (PR_CFG_BOOL(st, MOCK) || st->test.memory_timers) {
-    if (!(eng->df_store = pr__defer_memory(PR_DEFER_MESSAGES))) {
-      pr__errf(errstr, errstr_size, "out of memory");
-      return PROSODY_ERR_NOMEM;
-    }
+    for (int kind = 0; kind < kinds; kind++)
+      if (!(eng->df_store[kind] = pr__defer_memory((pr__defer_kind_t)kind))) {
+        pr__errf(errstr, errstr_size, "out of memory");
+        return PROSODY_ERR_NOMEM;
+      }
     return PROSODY_OK;
   }
   if (!PR_CFG_SET(st, CASSANDRA_NODES)) {
@@ -618,18 +654,22 @@ prosody_err_t pr__df_open(pr__engine_t *eng, const char *bootstrap,
       (err = pr__cql_keyspace_ready(st, errstr, errstr_size)))
     return err;
   c = pr__cql_conf_of(st);
-  eng->df_store =
-      pr__defer_new(&c, PR_CFG_STR(st, CASSANDRA_KEYSPACE), PR_DEFER_MESSAGES,
-                    PR_CFG_NS(st, CASSANDRA_RETENTION) / 1000000000, wake, eng,
-                    errstr, errstr_size);
-  return eng->df_store ? PROSODY_OK : PROSODY_ERR_TRANSIENT;
+  for (int kind = 0; kind < kinds; kind++)
+    if (!(eng->df_store[kind] = pr__defer_new(
+              &c, PR_CFG_STR(st, CASSANDRA_KEYSPACE), (pr__defer_kind_t)kind,
+              PR_CFG_NS(st, CASSANDRA_RETENTION) / 1000000000, wake, eng,
+              errstr, errstr_size)))
+      return PROSODY_ERR_TRANSIENT;
+  return PROSODY_OK;
 }
 
 void pr__df_close(pr__engine_t *eng) {
   pr__loader_free(eng->loader);
   eng->loader = NULL;
-  pr__defer_free(eng->df_store); /* delivers what is pending */
-  eng->df_store = NULL;
+  for (int kind = 0; kind < 2; kind++) { /* delivers what is pending */
+    pr__defer_free(eng->df_store[kind]);
+    eng->df_store[kind] = NULL;
+  }
   free(eng->bootstrap);
   eng->bootstrap = NULL;
 }

@@ -402,8 +402,8 @@ void pr__dispatch_enqueue(inv_t *inv) {
   }
   inv->kq = kq;
   inv->state = INV_QUEUED;
-  if (kq->dk && !inv->is_timer && !inv->df_loaded) {
-    pr__df_join(inv); /* behind the key's deferred messages */
+  if (kq->dk[PR_DF_KIND(inv)] && !inv->df_loaded) {
+    pr__df_join(inv); /* behind the key's deferred events of its kind */
     pr__bp_check(eng, part);
     return;
   }

@@ -181,6 +181,26 @@ void pr__firing_arm(pr__engine_t *eng) {
   uv_timer_start(&eng->tfire, on_fire, delay > 0 ? (uint64_t)delay : 0, 0);
 }
 
+inv_t *pr__firing_inv(part_t *part, const char *key, int64_t time_s) {
+  inv_t *inv = calloc(1, sizeof(*inv));
+  if (!inv || !(inv->msg.key = strdup(key))) {
+    free(inv);
+    return NULL;
+  }
+  inv->eng = part->eng;
+  inv->part = part;
+  inv->is_timer = 1;
+  inv->time_s = time_s;
+  inv->msg.topic = part->topic;
+  inv->msg.partition = part->partition;
+  inv->msg.offset = -1;
+  inv->msg.timestamp = time_s * 1000;
+  inv->tmr.key = inv->msg.key;
+  inv->tmr.time_ms = time_s * 1000;
+  pthread_mutex_init(&inv->msg.hdr_lock, NULL);
+  return inv;
+}
+
 /* Turns due timers into events, within max_uncommitted. */
 void pr__firing_due(pr__engine_t *eng) {
   int64_t now_s = pr__wall_ms() / 1000;
@@ -189,28 +209,16 @@ void pr__firing_due(pr__engine_t *eng) {
   for (part_t *part = eng->parts; part; part = part->next) {
     char *key;
     int64_t t;
-    if (part->revoking || !part->tq)
+    if (part->revoking || !part->tq || pr__df_listing(part))
       continue;
     while (timer_room(part) && pr__tq_pop_due(part->tq, now_s, &key, &t) > 0) {
-      inv_t *inv = calloc(1, sizeof(*inv));
-      if (!inv) {
+      inv_t *inv = pr__firing_inv(part, key, t);
+      if (!inv)
         (void)pr__tq_add(part->tq, key, t); /* try again later */
-        free(key);
+      free(key);
+      if (!inv)
         break;
-      }
       PR_BUMP(eng->metrics.timers_fired, 1);
-      inv->eng = eng;
-      inv->part = part;
-      inv->is_timer = 1;
-      inv->time_s = t;
-      inv->msg.topic = part->topic;
-      inv->msg.partition = part->partition;
-      inv->msg.offset = -1;
-      inv->msg.timestamp = t * 1000;
-      inv->msg.key = key;
-      inv->tmr.key = key;
-      inv->tmr.time_ms = t * 1000;
-      pthread_mutex_init(&inv->msg.hdr_lock, NULL);
       pr__dispatch_enqueue(inv);
     }
   }

@@ -115,7 +115,7 @@ void pr__intake_poll(pr__engine_t *eng) {
   while ((rkm = rd_kafka_consumer_poll(eng->rk, 0)))
     take(eng, rkm);
   for (part_t *part = eng->parts; part; part = part->next) {
-    if (!part->rkq || part->revoking || part->df_listing)
+    if (!part->rkq || part->revoking || pr__df_listing(part))
       continue;
     while (!part->stopped && (rkm = rd_kafka_consume_queue(part->rkq, 0)))
       take(eng, rkm);

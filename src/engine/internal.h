@@ -191,6 +191,7 @@ struct inv {
 typedef struct pr__dk {
   struct pr__dk *next; /* the partition's deferred keys */
   kq_t *kq;
+  int kind;            /* pr__defer_kind_t: its messages or its timers */
   int64_t retry_at_ms; /* when its head is retried next */
   int busy;            /* a lookup, load, attempt or write of its head in
                           flight */
@@ -208,6 +209,7 @@ typedef struct pr__load {
   struct pr__load *next; /* the loader's queue */
   pr__engine_t *eng;
   uint64_t gen; /* the assignment */
+  int kind;     /* pr__defer_kind_t */
   int32_t partition;
   int64_t offset;
   int pending;             /* store answers still expected */
@@ -225,8 +227,9 @@ struct kq {
   char *key;           /* in the same allocation */
   pr__sched_key_t *sk; /* its scheduler state, pinned while the queue lives */
   inv_t *head, *tail;  /* FIFO; head is the only one that may run */
-  pr__dk_t *dk;        /* deferred: its later messages join the store's
-                          queue, not this one */
+  pr__dk_t *dk[2];     /* deferred messages [PR_DEFER_MESSAGES] or timers
+                          [PR_DEFER_TIMERS]: the key's later ones of that
+                          kind join the store's queue, not this one */
 };
 
 /* An assigned partition (engine thread). */
@@ -262,8 +265,9 @@ struct part {
   int64_t horizon;       /* last slab loaded or being loaded; -1: none */
   int64_t preload_s;     /* how far ahead of now slabs are loaded */
   pr__dk_t *dks;         /* its deferred keys */
-  int df_listing;        /* its deferred keys are being read: its queue
-                            is not read meanwhile (2: read them again) */
+  int df_listing[2];     /* its deferred keys (per kind) are being read:
+                            its queue is not read nor its timers fired
+                            meanwhile (2: read them again) */
 };
 
 enum phase { PH_RUNNING, PH_DRAINING };
@@ -362,11 +366,11 @@ struct pr__engine {
   int64_t dd_ttl_s;      /* idempotence_ttl */
   int dd_recording;      /* ids being written to the store */
   /* Deferral (defer.c). */
-  pr__defer_t *df_store; /* NULL: the layer is off */
-  pr__loader_t *loader;  /* started on the first load */
-  char *bootstrap;       /* for the loader (owned) */
-  int64_t df_bucket_ns;  /* the failure window's bucket width */
-  int64_t df_epoch;      /* the bucket `df_ok/df_fail[0]` counts */
+  pr__defer_t *df_store[2]; /* per pr__defer_kind_t; NULL: not deferred */
+  pr__loader_t *loader;     /* started on the first load */
+  char *bootstrap;          /* for the loader (owned) */
+  int64_t df_bucket_ns;     /* the failure window's bucket width */
+  int64_t df_epoch;         /* the bucket `df_ok/df_fail[0]` counts */
   uint32_t df_ok[PR_DF_BUCKETS], df_fail[PR_DF_BUCKETS]; /* ring */
   int64_t df_warned_ns; /* last "deferral paused" warning */
   int phase;
@@ -549,6 +553,12 @@ void pr__df_part_free(part_t *part);
 void pr__df_tick(pr__engine_t *eng);
 /* The loader answered (engine thread). */
 void pr__df_loaded(pr__load_t *r);
+/* Are `part`'s deferred keys being read (its records and timers wait)? */
+static inline int pr__df_listing(const part_t *part) {
+  return part->df_listing[0] || part->df_listing[1];
+}
+/* The deferral kind of an event. */
+#define PR_DF_KIND(inv) ((inv)->is_timer ? PR_DEFER_TIMERS : PR_DEFER_MESSAGES)
 
 /* --- loader.c --------------------------------------------------------- */
 
@@ -609,6 +619,8 @@ void pr__firing_finished(inv_t *inv, int commit);
 void pr__firing_delete(inv_t *inv);
 void pr__firing_arm(pr__engine_t *eng);
 void pr__firing_due(pr__engine_t *eng);
+/* A new firing event of (key, time) in `part`; NULL when out of memory. */
+inv_t *pr__firing_inv(part_t *part, const char *key, int64_t time_s);
 void pr__firing_assigned(pr__engine_t *eng, part_t *part);
 void pr__firing_advance(pr__engine_t *eng);
 void pr__firing_released(pr__engine_t *eng, part_t *part);

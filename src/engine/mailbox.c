@@ -77,8 +77,9 @@ void pr__mail_deliver(pr__engine_t *eng) {
         eng->store->ops->poll(eng->store);
       if (eng->dd_store)
         pr__dedup_poll(eng->dd_store);
-      if (eng->df_store)
-        pr__defer_poll(eng->df_store);
+      for (int kind = 0; kind < 2; kind++)
+        if (eng->df_store[kind])
+          pr__defer_poll(eng->df_store[kind]);
       break;
     }
     m = next;

@@ -16,10 +16,10 @@ inv_t *pr__outcome_finish_detach(inv_t *inv, int commit) {
   pr__engine_t *eng = inv->eng;
   part_t *part = inv->part;
   inv_t *next;
-  if (inv->is_timer)
-    pr__firing_finished(inv, commit);
-  else if (inv->df_loaded) /* committed when it was deferred */
+  if (inv->df_loaded) /* committed (or deleted) when it was deferred */
     pr__df_finished(inv, commit);
+  else if (inv->is_timer)
+    pr__firing_finished(inv, commit);
   else if (commit && pr__tracker_complete(&part->tracker, inv->msg.offset) > 0)
     part->dirty = 1;
   next = pr__kq_detach(inv);
@@ -156,13 +156,13 @@ static pr__verdict_t l_failure_topic(inv_t *inv) {
   return V_DEAD;
 }
 
-/* pipeline: a message's transient failure is deferred (defer.c) while the
- * failure rate allows; a deferred message loaded again always is. Else it
- * falls through to the retry layer, which retries it in place. */
+/* pipeline: a transient failure (message or timer) is deferred (defer.c)
+ * while the failure rate allows; a deferred event loaded again always is. Else
+ * it falls through to the retry layer, which retries it in place. */
 static pr__verdict_t l_defer(inv_t *inv) {
   pr__engine_t *eng = inv->eng;
   int64_t now;
-  if (inv->result != PROSODY_TRANSIENT || inv->is_timer || !eng->df_store)
+  if (inv->result != PROSODY_TRANSIENT || !eng->df_store[PR_DF_KIND(inv)])
     return V_NEXT;
   if (inv->df_loaded || pr__df_gate(eng, now = pr__now_ns()))
     return V_DEFER;
@@ -307,7 +307,7 @@ static void decided(inv_t *inv, pr__verdict_t v) {
     if (inv->dd != DD_OFF &&
         (inv->result == PROSODY_SUCCESS || inv->result == PROSODY_PERMANENT))
       pr__dd_record(inv); /* handled: a duplicate is skipped from now on */
-    if (inv->is_timer && !inv->rearmed && eng->store) {
+    if (inv->is_timer && !inv->rearmed && eng->store && !inv->df_loaded) {
       pr__firing_delete(inv); /* finishes once the store has deleted it */
       return;
     }

@@ -79,7 +79,7 @@ void pr__kq_remove(part_t *part, kq_t *kq) {
 }
 
 void pr__kq_trim(part_t *part, kq_t *kq) {
-  if (!kq->head && !kq->dk)
+  if (!kq->head && !kq->dk[0] && !kq->dk[1])
     pr__kq_remove(part, kq);
 }
 

@@ -15,6 +15,10 @@
  * fault clears, every message of the key is handled exactly once, in
  * order.
  *
+ * The same for timers: a key whose first timer fails keeps its later
+ * timers behind it (they are deferred as they fire) while the other keys'
+ * timers fire; once it recovers its timers run once each, in order.
+ *
  * A failure storm (every record failing, above defer_failure_threshold):
  * nothing is deferred, failures are retried in place and the partition's
  * commit stays put; when the storm ends the backlog drains, and once the
@@ -303,8 +307,134 @@ static void failure_storm(void) {
          "resumed after\n");
 }
 
+/* ---- a failing timer ------------------------------------------------ */
+
+#define TIMER_KEYS 50 /* healthy keys, one timer each */
+static atomic_int tfaulty = 1, healthy_timers;
+static int64_t ttried[MAX_TRIES], tdone[8]; /* guarded by lock */
+static double ttried_at[MAX_TRIES];
+static int ttries, tdones; /* guarded by lock */
+
+static double wall_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static prosody_result_t on_schedule(prosody_context_t *ctx,
+                                    const prosody_message_t *m, void *op) {
+  const char *at = strstr(prosody_message_payload(m), "\"at\":");
+  char err[256];
+  (void)op;
+  CHECK(at, "no time in %s", prosody_message_payload(m));
+  CHECK_OK(prosody_schedule(ctx, atoll(at + 5), err, sizeof(err)), err);
+  return PROSODY_SUCCESS;
+}
+
+static prosody_result_t on_timer(prosody_context_t *ctx,
+                                 const prosody_timer_t *t, void *op) {
+  int64_t when = prosody_timer_time(t);
+  (void)ctx;
+  (void)op;
+  if (strcmp(prosody_timer_key(t), "tk")) {
+    atomic_fetch_add(&healthy_timers, 1);
+    return PROSODY_SUCCESS;
+  }
+  pthread_mutex_lock(&lock);
+  if (atomic_load(&tfaulty)) {
+    if (ttries < MAX_TRIES) {
+      ttried[ttries] = when;
+      ttried_at[ttries] = wall_s(); /* against the timers' times */
+    }
+    ttries++;
+    pthread_mutex_unlock(&lock);
+    return PROSODY_TRANSIENT;
+  }
+  if (tdones < 8)
+    tdone[tdones] = when;
+  tdones++;
+  pthread_mutex_unlock(&lock);
+  return PROSODY_SUCCESS;
+}
+
+static int timer_count(const int *n) {
+  int v;
+  pthread_mutex_lock(&lock);
+  v = *n;
+  pthread_mutex_unlock(&lock);
+  return v;
+}
+
+static void failing_timer(void) {
+  char topic[128], group[160], err[1024], key[32], payload[64];
+  prosody_handler_t h = {on_schedule, on_timer, NULL, 0};
+  prosody_config_t *conf;
+  prosody_client_t *c, *p;
+  int64_t base = ((int64_t)wall_s() + 2) * 1000;
+  double deadline;
+
+  snprintf(topic, sizeof(topic), "%s", t_topic("defer-timer"));
+  snprintf(group, sizeof(group), "%s-g", topic);
+  t_create_topic(topic, 1);
+  conf = t_config();
+  t_set(conf, "source_system", "test-producer");
+  p = prosody_client_new(conf, err, sizeof(err));
+  CHECK(p, "producer: %s", err);
+  for (int i = 0; i < TIMER_KEYS + 3; i++) {
+    int tk = i >= TIMER_KEYS;
+    snprintf(key, sizeof(key), tk ? "tk" : "h-%d", i);
+    snprintf(payload, sizeof(payload), "{\"at\":%lld}",
+             (long long)(base + (tk ? i - TIMER_KEYS : i % 3) * 1000));
+    CHECK_OK(prosody_send_async(p, topic, key, payload, NULL, t_ignore_cb, NULL,
+                                err, sizeof(err)),
+             err);
+  }
+  prosody_client_destroy(p);
+
+  c = consume(group, topic, &h, "1m", "0.9");
+  CHECK(t_wait_at_least(&healthy_timers, TIMER_KEYS, 60),
+        "healthy timers fired: %d of %d", atomic_load(&healthy_timers),
+        TIMER_KEYS);
+  for (deadline = t_now() + 30; timer_count(&ttries) < 4 && t_now() < deadline;)
+    usleep(20000);
+  pthread_mutex_lock(&lock);
+  CHECK(ttries >= 4, "the failing timer was tried %d times", ttries);
+  for (int i = 0; i < ttries && i < MAX_TRIES; i++) {
+    CHECK(ttried[i] == base,
+          "attempt %d was of the timer at %lld, not the key's first (%lld): "
+          "its later timers must wait behind it",
+          i, (long long)ttried[i], (long long)base);
+    if (i > 0 && i < 4)
+      CHECK(ttried_at[i] - ttried_at[i - 1] >= 0.95,
+            "deferred timer retry %d came %.2fs after the last attempt", i,
+            ttried_at[i] - ttried_at[i - 1]);
+  }
+  /* its later timers were due meanwhile: they joined its queue */
+  CHECK(ttried_at[3] * 1000 > (double)base + 2500,
+        "the test did not outlast the key's later timers");
+  pthread_mutex_unlock(&lock);
+
+  atomic_store(&tfaulty, 0);
+  for (deadline = t_now() + 30; timer_count(&tdones) < 3 && t_now() < deadline;)
+    usleep(20000);
+  stop(c);
+  pthread_mutex_lock(&lock);
+  CHECK(tdones == 3,
+        "the failing key's timers ran %d times once it "
+        "recovered, for 3 timers",
+        tdones);
+  for (int i = 0; i < 3; i++)
+    CHECK(tdone[i] == base + i * 1000, "its timer %d was the one at %lld", i,
+          (long long)tdone[i]);
+  pthread_mutex_unlock(&lock);
+  printf("failing timer: %d attempts while failing, its 3 timers in order "
+         "after\n",
+         ttries);
+}
+
 int main(void) {
   failing_key();
+  failing_timer();
   failure_storm();
   printf("ok: deferral keeps the partition moving and the key in order\n");
   return 0;
