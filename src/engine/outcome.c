@@ -71,6 +71,8 @@ void pr__outcome_arm_retry(inv_t *inv, uint64_t ms) {
   if (!inv->timer) { /* no timer: try again at once */
     if (inv->state == INV_DLQ)
       pr__dlq_send(inv);
+    else if (inv->state == INV_DEFERRING)
+      pr__df_write(inv);
     else
       pr__dispatch_schedule(inv);
     return;
@@ -82,14 +84,16 @@ void pr__outcome_arm_retry(inv_t *inv, uint64_t ms) {
 
 static void on_retry(uv_timer_t *t) {
   inv_t *inv = t->data;
+  if (inv->state == INV_DEFERRING) {
+    pr__df_write(inv); /* gives up itself when released */
+    return;
+  }
   if (inv->eng->phase != PH_RUNNING || inv->part->revoking) {
     pr__outcome_finish(inv, 0); /* released: redelivered later */
     return;
   }
   if (inv->state == INV_DLQ)
     pr__dlq_send(inv);
-  else if (inv->state == INV_DEFERRING)
-    pr__df_write(inv); /* gives up itself when released */
   else
     pr__dispatch_schedule(inv);
 }

@@ -4,7 +4,8 @@
  * offset tracker (partition.c, tracker.c), the mode's result layers and
  * the retry backoff (outcome.c), decoding, filters and the JSON validator
  * (decode.c, util/jsonv.c), deduplication ids and their cache (dedup.c,
- * stores/idset.c), and the mailbox (mailbox.c).
+ * stores/idset.c), the defer layer's delays and failure rate (defer.c) and
+ * its memory store (stores/memdefer.c), and the mailbox (mailbox.c).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -244,6 +245,170 @@ static void test_outcome_best_effort(void **state) {
   assert_int_equal(decide(f, PROSODY_TRANSIENT, 1), V_COMMIT);
   assert_int_equal(decide(f, PROSODY_PERMANENT, 1), V_COMMIT);
   fixture_free(f);
+}
+
+/* --- defer.c, stores/memdefer.c ---------------------------------------- */
+
+/* Deferred retry n waits a uniform whole number of seconds in [1, max(1,
+ * min(defer_base * 2^(n-1), defer_max_delay))]; retry 0 goes at once. */
+static void test_defer_delay(void **state) {
+  fixture_t *f = fixture("pipeline", "3");
+  char err[256];
+  int seen[6][9] = {{0}};
+  (void)state;
+  assert_int_equal(
+      prosody_config_set(f->conf, "defer_base", "1s", err, sizeof(err)),
+      PROSODY_OK);
+  assert_int_equal(
+      prosody_config_set(f->conf, "defer_max_delay", "6s", err, sizeof(err)),
+      PROSODY_OK);
+  pr__settings_fini(&f->st);
+  assert_int_equal(pr__settings_resolve(f->conf, &f->st, err, sizeof(err)),
+                   PROSODY_OK);
+  assert_int_equal(pr__df_delay_s(&f->eng, 0), 0);
+  for (int round = 0; round < 4000; round++)
+    for (int n = 1; n < 6; n++) {
+      int64_t d = pr__df_delay_s(&f->eng, n);
+      int64_t most = n == 1 ? 1 : n == 2 ? 2 : n == 3 ? 4 : 6;
+      assert_true(d >= 1 && d <= most);
+      seen[n][d]++;
+    }
+  /* every whole second of each range comes up */
+  assert_true(seen[2][1] && seen[2][2]);
+  assert_true(seen[3][1] && seen[3][4]);
+  assert_true(seen[5][1] && seen[5][6] && !seen[5][7]);
+  fixture_free(f);
+}
+
+/* The failure rate over the window: transient failures over all results,
+ * forgotten once they leave the window. */
+static void test_defer_gate(void **state) {
+  fixture_t *f = fixture("pipeline", "3");
+  /* the engine's clock (the layers read it): 60 buckets of 1 s */
+  int64_t t = pr__now_ns();
+  (void)state;
+  f->eng.df_store[0] = pr__defer_memory(PR_DEFER_MESSAGES);
+  f->eng.df_bucket_ns = 1000000000;
+  assert_true(pr__df_gate(&f->eng, t)); /* nothing yet: open */
+  pr__df_count(&f->eng, PROSODY_TRANSIENT, t);
+  assert_false(pr__df_gate(&f->eng, t)); /* 1 of 1 > 0.9 */
+  for (int i = 0; i < 10; i++)
+    pr__df_count(&f->eng, PROSODY_SUCCESS, t + i * 1000000);
+  assert_true(pr__df_gate(&f->eng, t)); /* 1 of 11 */
+  for (int i = 0; i < 89; i++)
+    pr__df_count(&f->eng, PROSODY_TRANSIENT, t + INT64_C(30000000000));
+  assert_true(pr__df_gate(&f->eng, t + INT64_C(30000000000))); /* 90 / 100 */
+  pr__df_count(&f->eng, PROSODY_TRANSIENT, t + INT64_C(30000000000));
+  assert_false(pr__df_gate(&f->eng, t + INT64_C(30000000000))); /* 91/101 */
+  /* a permanent failure is not a failure here (it is not retried) */
+  for (int i = 0; i < 20; i++)
+    pr__df_count(&f->eng, PROSODY_PERMANENT, t + INT64_C(31000000000));
+  assert_true(pr__df_gate(&f->eng, t + INT64_C(31000000000)));
+  /* 61 s on: the first second's results have left the window */
+  assert_true(pr__df_gate(&f->eng, t + INT64_C(61000000000)));
+  /* 2 min on: all of them */
+  pr__df_count(&f->eng, PROSODY_TRANSIENT, t + INT64_C(120000000000));
+  assert_false(pr__df_gate(&f->eng, t + INT64_C(120000000000)));
+  /* the pipeline's layers: deferred while open, else retried in place; a
+   * deferred event loaded again is always deferred again */
+  f->inv.result = PROSODY_TRANSIENT;
+  f->inv.attempt = 1;
+  assert_int_equal(pr__outcome_decide(&f->inv), V_RETRY); /* closed now */
+  f->inv.df_loaded = 1;
+  assert_int_equal(pr__outcome_decide(&f->inv), V_DEFER);
+  f->inv.df_loaded = 0;
+  for (int i = 0; i < 20; i++)
+    pr__df_count(&f->eng, PROSODY_SUCCESS, t + INT64_C(121000000000));
+  f->eng.df_bucket_ns = 1000000000;
+  assert_int_equal(pr__outcome_decide(&f->inv), V_DEFER);
+  f->inv.result = PROSODY_PERMANENT;
+  assert_int_equal(pr__outcome_decide(&f->inv), V_COMMIT);
+  f->inv.is_timer = 1; /* timers: only with a timer defer store */
+  f->inv.result = PROSODY_TRANSIENT;
+  assert_int_equal(pr__outcome_decide(&f->inv), V_RETRY);
+  pr__defer_free(f->eng.df_store[0]);
+  fixture_free(f);
+}
+
+static int g_done, g_found;
+static int64_t g_pos;
+static int32_t g_retries;
+static size_t g_nkeys;
+static char g_keys[4][32];
+
+static void on_done(void *arg, prosody_err_t err, const char *errstr) {
+  (void)arg;
+  (void)errstr;
+  assert_int_equal(err, PROSODY_OK);
+  g_done++;
+}
+
+static void on_head(void *arg, prosody_err_t err, const char *errstr, int found,
+                    int64_t position, int32_t retries) {
+  (void)arg;
+  (void)errstr;
+  assert_int_equal(err, PROSODY_OK);
+  g_found = found;
+  g_pos = position;
+  g_retries = retries;
+}
+
+static void on_keys(void *arg, prosody_err_t err, const char *errstr,
+                    const pr__dkey_t *keys, size_t n) {
+  (void)arg;
+  (void)errstr;
+  assert_int_equal(err, PROSODY_OK);
+  g_nkeys = n;
+  for (size_t i = 0; i < n && i < 4; i++)
+    snprintf(g_keys[i], sizeof(g_keys[i]), "%s@%lld", keys[i].key,
+             (long long)keys[i].retry_at_s);
+}
+
+/* The memory store: per (kind, segment, key) the positions in ascending
+ * order, each with its retry count; keys listed per segment and kind. */
+static void test_memdefer(void **state) {
+  pr__defer_t *m = pr__defer_memory(PR_DEFER_MESSAGES);
+  pr__defer_t *t = pr__defer_memory(PR_DEFER_TIMERS);
+  (void)state;
+  pr__defer_set_key(m, "s1", "a", 100, on_done, NULL);
+  pr__defer_append(m, "s1", "a", 30, 1, on_done, NULL);
+  pr__defer_append(m, "s1", "a", 10, 0, on_done, NULL); /* before 30 */
+  pr__defer_append(m, "s1", "a", 20, 0, on_done, NULL);
+  pr__defer_append(m, "s2", "a", 5, 0, on_done, NULL); /* another segment */
+  pr__defer_append(t, "s1", "a", 7, 0, on_done, NULL); /* another kind */
+  assert_int_equal(g_done, 6);
+  pr__defer_head(m, "s1", "a", on_head, NULL);
+  assert_true(g_found);
+  assert_int_equal(g_pos, 10);
+  pr__defer_set_retries(m, "s1", "a", 10, 4, on_done, NULL);
+  pr__defer_head(m, "s1", "a", on_head, NULL);
+  assert_int_equal(g_retries, 4);
+  pr__defer_advance(m, "s1", "a", 10, on_done, NULL);
+  pr__defer_head(m, "s1", "a", on_head, NULL);
+  assert_int_equal(g_pos, 20);
+  assert_int_equal(g_retries, 0);
+  /* only keys marked deferred are listed, with their retry time */
+  pr__defer_keys(m, "s1", on_keys, NULL);
+  assert_int_equal(g_nkeys, 1);
+  assert_string_equal(g_keys[0], "a@100");
+  pr__defer_keys(m, "s2", on_keys, NULL);
+  assert_int_equal(g_nkeys, 0);
+  pr__defer_keys(t, "s1", on_keys, NULL);
+  assert_int_equal(g_nkeys, 0);
+  pr__defer_advance(m, "s1", "a", 20, on_done, NULL);
+  pr__defer_advance(m, "s1", "a", 30, on_done, NULL);
+  pr__defer_head(m, "s1", "a", on_head, NULL);
+  assert_false(g_found);
+  pr__defer_del_key(m, "s1", "a", on_done, NULL);
+  pr__defer_keys(m, "s1", on_keys, NULL);
+  assert_int_equal(g_nkeys, 0);
+  pr__defer_head(t, "s1", "a", on_head, NULL);
+  assert_true(g_found);
+  assert_int_equal(g_pos, 7);
+  pr__defer_advance(t, "s1", "a", 7, on_done, NULL);
+  pr__defer_advance(m, "s2", "a", 5, on_done, NULL);
+  pr__defer_free(m);
+  pr__defer_free(t);
 }
 
 /* Full jitter: uniform in [0, min(2^n * base, max)). */
@@ -644,6 +809,9 @@ int main(void) {
       cmocka_unit_test(test_outcome_low_latency),
       cmocka_unit_test(test_outcome_best_effort),
       cmocka_unit_test(test_backoff),
+      cmocka_unit_test(test_defer_delay),
+      cmocka_unit_test(test_defer_gate),
+      cmocka_unit_test(test_memdefer),
       cmocka_unit_test(test_decode),
       cmocka_unit_test(test_decode_lazy),
       cmocka_unit_test(test_json_valid),
