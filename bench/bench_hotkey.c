@@ -301,8 +301,7 @@ static void report(const char *name, const char *suffix, const result_t *x,
          name, suffix, x->p99, x->p99 / base->p99, base->p99,
          x->rate / base->rate, x->p99_other, x->p99_same, x->unhandled,
          x->unhandled ? " (p99_a_lower_bound)" : "", extra,
-         fifo ? "sched=fifo defer=off"
-              : "sched=fair defer=on");
+         fifo ? "sched=fifo defer=off" : "sched=fair defer=on");
 }
 
 int main(int argc, char **argv) {
