@@ -6,14 +6,15 @@
  * is written. While a key has deferred messages, its later messages join the
  * queue behind them, so the key's order holds while the partition moves on.
  * The key's retry time lives with it in the store; when it comes, the head
- * of its queue is fetched again from Kafka by the loader (loader.c) and
- * handled as a new event of the key. Handled (or failed permanently), it
- * leaves the queue and the next entry goes at once; failed transiently, it
- * waits a uniform whole number of seconds in [1, max(1, min(defer_base *
- * 2^(n-1), defer_max_delay))] for its n-th retry. An entry whose record is
- * gone from Kafka is skipped with an error naming it. Above the threshold,
- * a failure is not deferred: the retry layer outside retries it in place,
- * which holds the partition (backpressure) until the storm passes.
+ * of its queue is taken from the defer_cache_size most recently deferred
+ * messages kept in memory, or else fetched again from Kafka by the loader
+ * (loader.c), and handled as a new event of the key. Handled (or failed
+ * permanently), it leaves the queue and the next entry goes at once; failed
+ * transiently, it waits a uniform whole number of seconds in [1, max(1,
+ * min(defer_base * 2^(n-1), defer_max_delay))] for its n-th retry. An entry
+ * whose record is gone from Kafka is skipped with an error naming it. Above the
+ * threshold, a failure is not deferred: the retry layer outside retries it in
+ * place, which holds the partition (backpressure) until the storm passes.
  *
  * A partition's deferred keys are read from the store when it is assigned
  * (one read; its records wait until then), so a key deferred by an earlier
@@ -86,6 +87,109 @@ int64_t pr__df_delay_s(pr__engine_t *eng, int32_t n) {
     cap = max;
   ceil_s = cap < 1 ? 1 : (int64_t)cap;
   return 1 + (int64_t)((unsigned)rand_r(&eng->seed) % (uint64_t)ceil_s);
+}
+
+/* ---- the deferred messages kept (defer_cache_size) ----------------------- */
+
+static void dm_unlink(pr__engine_t *eng, pr__dmsg_t *d) {
+  if (d->prev)
+    d->prev->next = d->next;
+  else
+    eng->dm_head = d->next;
+  if (d->next)
+    d->next->prev = d->prev;
+  else
+    eng->dm_tail = d->prev;
+  d->prev = d->next = NULL;
+  eng->dm_n--;
+}
+
+static void dm_push(pr__engine_t *eng, pr__dmsg_t *d) {
+  d->prev = NULL;
+  d->next = eng->dm_head;
+  if (eng->dm_head)
+    eng->dm_head->prev = d;
+  else
+    eng->dm_tail = d;
+  eng->dm_head = d;
+  eng->dm_n++;
+}
+
+static void dm_free(pr__dmsg_t *d) {
+  if (d->headers)
+    rd_kafka_headers_destroy(d->headers);
+  free(d);
+}
+
+/* A linear search: the list is short and searched once per retry. */
+static pr__dmsg_t *dm_find(pr__engine_t *eng, const char *topic,
+                           int32_t partition, int64_t offset) {
+  for (pr__dmsg_t *d = eng->dm_head; d; d = d->next)
+    if (d->offset == offset && d->partition == partition &&
+        !strcmp(d->topic, topic))
+      return d;
+  return NULL;
+}
+
+/* Keeps a copy of a message being deferred (out of memory: not kept). */
+static void dm_put(inv_t *inv) {
+  pr__engine_t *eng = inv->eng;
+  size_t tl = strlen(inv->msg.topic) + 1, kl = strlen(inv->msg.key);
+  pr__dmsg_t *d;
+  if (eng->dm_cap == 0 ||
+      !(d = calloc(1, sizeof(*d) + tl + kl + inv->msg.payload_len + 2)))
+    return;
+  d->partition = inv->msg.partition;
+  d->offset = inv->msg.offset;
+  d->timestamp = inv->msg.timestamp;
+  d->topic = (char *)(d + 1);
+  memcpy(d->topic, inv->msg.topic, tl);
+  d->key = d->topic + tl;
+  memcpy(d->key, inv->msg.key, kl + 1);
+  d->key_len = kl;
+  d->payload = d->key + kl + 1;
+  memcpy(d->payload, inv->msg.payload, inv->msg.payload_len + 1);
+  d->len = inv->msg.payload_len;
+  if (inv->msg.headers &&
+      !(d->headers = rd_kafka_headers_copy(inv->msg.headers))) {
+    free(d);
+    return;
+  }
+  dm_push(eng, d);
+  while (eng->dm_n > eng->dm_cap) {
+    pr__dmsg_t *old = eng->dm_tail;
+    dm_unlink(eng, old);
+    dm_free(old);
+  }
+}
+
+/* Handled (or gone): not kept any more. */
+static void dm_drop(pr__engine_t *eng, const char *topic, int32_t partition,
+                    int64_t offset) {
+  pr__dmsg_t *d = dm_find(eng, topic, partition, offset);
+  if (d) {
+    dm_unlink(eng, d);
+    dm_free(d);
+  }
+}
+
+/* The retry of a kept message: a new event of it, or NULL. */
+static inv_t *dm_inv(part_t *part, const char *key, int64_t offset) {
+  pr__engine_t *eng = part->eng;
+  pr__dmsg_t *d = dm_find(eng, part->topic, part->partition, offset);
+  inv_t *inv;
+  if (!d || strcmp(d->key, key))
+    return NULL;
+  dm_unlink(eng, d); /* the most recently used now */
+  dm_push(eng, d);
+  inv = pr__inv_message(part, d->key, d->key_len, d->payload, d->len, d->offset,
+                        d->timestamp);
+  if (inv && d->headers &&
+      !(inv->msg.headers = rd_kafka_headers_copy(d->headers))) {
+    pr__inv_free(inv);
+    return NULL;
+  }
+  return inv;
 }
 
 /* ---- deferred keys ------------------------------------------------------- */
@@ -250,6 +354,8 @@ static void defer_inv(inv_t *inv, pr__dk_t *dk, int32_t retries,
   dk->writes++;
   PR_BUMP(inv->eng->metrics.deferred, 1);
   pr__inv_release_rkm(inv);
+  if (!inv->is_timer)
+    dm_put(inv);
   pr__df_write(inv);
 }
 
@@ -374,6 +480,8 @@ static void advanced(void *arg, prosody_err_t err, const char *errstr) {
       dk_idle(dk, 0); /* the next entry at once */
     }
   }
+  if (!err && r->kind == PR_DEFER_MESSAGES)
+    dm_drop(r->eng, r->topic, r->partition, r->offset);
   pr__load_free(r);
 }
 
@@ -465,6 +573,16 @@ static void head_read(void *arg, prosody_err_t err, const char *errstr,
   if (r->kind == PR_DEFER_TIMERS) { /* the timer is all there is to it */
     load_timer(part, dk, r);
     return;
+  }
+  {
+    inv_t *inv = dm_inv(part, r->key, position); /* kept: no fetch */
+    if (inv) {
+      pr__load_free(r);
+      inv->df_loaded = 1;
+      inv->df_retries = retries;
+      pr__dispatch_enqueue(inv);
+      return;
+    }
   }
   if (!eng->loader && !(eng->loader = pr__loader_new(eng, eng->bootstrap))) {
     PR_ERROR("defer", "could not start the deferred message loader; trying "
@@ -627,6 +745,7 @@ prosody_err_t pr__df_open(pr__engine_t *eng, const char *bootstrap,
   pr__cql_conf_t c;
   if (eng->mode != PR_MODE_PIPELINE || !PR_CFG_BOOL(st, DEFER_ENABLED))
     return PROSODY_OK; /* the layer is not in the list */
+  eng->dm_cap = (size_t)PR_CFG_INT(st, DEFER_CACHE_SIZE);
   eng->df_bucket_ns = PR_CFG_NS(st, DEFER_FAILURE_WINDOW) / PR_DF_BUCKETS;
   if (eng->df_bucket_ns < 1000000)
     eng->df_bucket_ns = 1000000;
@@ -666,6 +785,11 @@ prosody_err_t pr__df_open(pr__engine_t *eng, const char *bootstrap,
 void pr__df_close(pr__engine_t *eng) {
   pr__loader_free(eng->loader);
   eng->loader = NULL;
+  while (eng->dm_head) {
+    pr__dmsg_t *d = eng->dm_head;
+    dm_unlink(eng, d);
+    dm_free(d);
+  }
   for (int kind = 0; kind < 2; kind++) { /* delivers what is pending */
     pr__defer_free(eng->df_store[kind]);
     eng->df_store[kind] = NULL;

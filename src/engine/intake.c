@@ -64,28 +64,38 @@ static void intake(pr__engine_t *eng, rd_kafka_message_t *rkm) {
   pr__dispatch_enqueue(inv);
 }
 
-inv_t *pr__intake_inv(part_t *part, rd_kafka_message_t *rkm) {
+inv_t *pr__inv_message(part_t *part, const void *key, size_t key_len,
+                       const void *payload, size_t len, int64_t offset,
+                       int64_t timestamp) {
   /* One allocation: the inv, then its key and payload (NUL-terminated). */
-  inv_t *inv = calloc(1, sizeof(*inv) + rkm->key_len + rkm->len + 2);
+  inv_t *inv = calloc(1, sizeof(*inv) + key_len + len + 2);
   if (!inv)
     return NULL;
   inv->eng = part->eng;
   inv->part = part;
   inv->msg.topic = part->topic;
-  inv->msg.partition = rkm->partition;
-  inv->msg.offset = rkm->offset;
-  inv->msg.timestamp = rd_kafka_message_timestamp(rkm, NULL);
+  inv->msg.partition = part->partition;
+  inv->msg.offset = offset;
+  inv->msg.timestamp = timestamp;
   inv->inline_strings = 1;
   inv->msg.key = (char *)(inv + 1);
-  memcpy(inv->msg.key, rkm->key, rkm->key_len);
-  inv->msg.key[rkm->key_len] = '\0';
-  inv->msg.payload = inv->msg.key + rkm->key_len + 1;
-  memcpy(inv->msg.payload, rkm->payload, rkm->len);
-  inv->msg.payload[rkm->len] = '\0';
-  inv->msg.payload_len = rkm->len;
-  inv->rkm = rkm;
+  memcpy(inv->msg.key, key, key_len);
+  inv->msg.key[key_len] = '\0';
+  inv->msg.payload = inv->msg.key + key_len + 1;
+  memcpy(inv->msg.payload, payload, len);
+  inv->msg.payload[len] = '\0';
+  inv->msg.payload_len = len;
   inv->unprepared = 1;
   pthread_mutex_init(&inv->msg.hdr_lock, NULL);
+  return inv;
+}
+
+inv_t *pr__intake_inv(part_t *part, rd_kafka_message_t *rkm) {
+  inv_t *inv =
+      pr__inv_message(part, rkm->key, rkm->key_len, rkm->payload, rkm->len,
+                      rkm->offset, rd_kafka_message_timestamp(rkm, NULL));
+  if (inv)
+    inv->rkm = rkm;
   return inv;
 }
 

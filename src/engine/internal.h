@@ -221,6 +221,17 @@ typedef struct pr__load {
 } pr__load_t;
 typedef struct pr__loader pr__loader_t;
 
+/* A deferred message kept for its retries (defer.c; engine thread): the
+ * defer_cache_size most recently deferred, so a retry needs no fetch. */
+typedef struct pr__dmsg {
+  struct pr__dmsg *prev, *next; /* most recently used first */
+  int32_t partition;
+  int64_t offset, timestamp;
+  rd_kafka_headers_t *headers; /* owned, or NULL */
+  size_t key_len, len;
+  char *topic, *key, *payload; /* in the same allocation */
+} pr__dmsg_t;
+
 /* A key's FIFO within a partition (engine thread). */
 struct kq {
   kq_t *next;          /* bucket chain */
@@ -372,7 +383,9 @@ struct pr__engine {
   int64_t df_bucket_ns;     /* the failure window's bucket width */
   int64_t df_epoch;         /* the bucket `df_ok/df_fail[0]` counts */
   uint32_t df_ok[PR_DF_BUCKETS], df_fail[PR_DF_BUCKETS]; /* ring */
-  int64_t df_warned_ns; /* last "deferral paused" warning */
+  int64_t df_warned_ns;          /* last "deferral paused" warning */
+  pr__dmsg_t *dm_head, *dm_tail; /* the deferred messages kept */
+  size_t dm_n, dm_cap;           /* how many; defer_cache_size */
   int phase;
   int stopping; /* shutdown has begun */
   unsigned seed;
@@ -467,6 +480,10 @@ void pr__intake_poll(pr__engine_t *eng);
 /* A new invocation of record `rkm` of `part` (which it then owns); NULL
  * when out of memory. Its offset is not taken. */
 inv_t *pr__intake_inv(part_t *part, rd_kafka_message_t *rkm);
+/* A new invocation of a message of `part` from its parts (copied). */
+inv_t *pr__inv_message(part_t *part, const void *key, size_t key_len,
+                       const void *payload, size_t len, int64_t offset,
+                       int64_t timestamp);
 
 /* --- decode.c (the handler's thread) ----------------------------------- */
 
