@@ -19,6 +19,9 @@
  * timers behind it (they are deferred as they fire) while the other keys'
  * timers fire; once it recovers its timers run once each, in order.
  *
+ * In the real tier, deferred messages deleted from the partition (as by
+ * retention) are skipped by the next consumer, and the key is free again.
+ *
  * A failure storm (every record failing, above defer_failure_threshold):
  * nothing is deferred, failures are retried in place and the partition's
  * commit stays put; when the storm ends the backlog drains, and once the
@@ -432,9 +435,101 @@ static void failing_timer(void) {
          ttries);
 }
 
+/* ---- a deferred offset gone from Kafka (real tier) ------------------- */
+
+static atomic_int gfaulty = 1, gtries, gdone_seq = -1;
+
+static prosody_result_t on_gone(prosody_context_t *ctx,
+                                const prosody_message_t *m, void *op) {
+  (void)ctx;
+  (void)op;
+  if (strcmp(prosody_message_key(m), "key-7"))
+    return PROSODY_SUCCESS;
+  if (atomic_load(&gfaulty)) {
+    atomic_fetch_add(&gtries, 1);
+    return PROSODY_TRANSIENT;
+  }
+  atomic_store(&gdone_seq, seq_of(m));
+  return PROSODY_SUCCESS;
+}
+
+/* Deletes every record of partition 0 before `before` (DeleteRecords). */
+static void delete_records(const char *topic, int64_t before) {
+  char err[512];
+  rd_kafka_conf_t *kc = rd_kafka_conf_new();
+  rd_kafka_t *rk;
+  rd_kafka_topic_partition_list_t *offs, *done;
+  rd_kafka_DeleteRecords_t *del;
+  rd_kafka_queue_t *q;
+  rd_kafka_event_t *ev;
+  rd_kafka_conf_set(kc, "bootstrap.servers", t_bootstrap(), err, sizeof(err));
+  rk = rd_kafka_new(RD_KAFKA_PRODUCER, kc, err, sizeof(err));
+  CHECK(rk, "admin: %s", err);
+  offs = rd_kafka_topic_partition_list_new(1);
+  rd_kafka_topic_partition_list_add(offs, topic, 0)->offset = before;
+  del = rd_kafka_DeleteRecords_new(offs);
+  rd_kafka_topic_partition_list_destroy(offs);
+  q = rd_kafka_queue_new(rk);
+  rd_kafka_DeleteRecords(rk, &del, 1, NULL, q);
+  rd_kafka_DeleteRecords_destroy(del);
+  ev = rd_kafka_queue_poll(q, 30000);
+  CHECK(ev && !rd_kafka_event_error(ev), "DeleteRecords: %s",
+        ev ? rd_kafka_event_error_string(ev) : "no answer");
+  done =
+      (rd_kafka_topic_partition_list_t *)rd_kafka_DeleteRecords_result_offsets(
+          rd_kafka_event_DeleteRecords_result(ev));
+  CHECK(done && done->cnt == 1 && !done->elems[0].err, "DeleteRecords: %s",
+        done && done->cnt ? rd_kafka_err2str(done->elems[0].err) : "?");
+  rd_kafka_event_destroy(ev);
+  rd_kafka_queue_destroy(q);
+  rd_kafka_destroy(rk);
+}
+
+/* Two deferred messages of a key are deleted from the partition (as
+ * retention would); the next consumer (no message kept in memory) skips
+ * both, and the key is not deferred any more: its next message runs. */
+static void gone_offset(void) {
+  char topic[128], group[160];
+  prosody_handler_t h = {on_gone, NULL, NULL, 0};
+  prosody_client_t *c;
+  int64_t committed[1], end[1];
+  int keys[41];
+
+  if (!t_real_bootstrap()) {
+    printf("gone offset: real tier only (the mock cluster has no "
+           "DeleteRecords)\n");
+    return;
+  }
+  snprintf(topic, sizeof(topic), "%s", t_topic("defer-gone"));
+  snprintf(group, sizeof(group), "%s-g", topic);
+  t_create_topic(topic, 1);
+  for (int i = 0; i < 41; i++)
+    keys[i] = i == 3 || i == 20 || i == 40 ? 7 : 100 + i;
+  t_produce_keyed(topic, 0, 40, keys);
+  c = consume(group, topic, &h, "1m", "0.9");
+  CHECK(t_wait_committed(group, topic, ~0u, committed, end, 60),
+        "committed %lld of %lld", (long long)committed[0], (long long)end[0]);
+  CHECK(t_wait_at_least(&gtries, 1, 30), "key-7 was not tried");
+  stop(c);
+  delete_records(topic, end[0]);
+  atomic_store(&gfaulty, 0);
+  t_produce_keyed(topic, 40, 41, keys); /* key-7's next message */
+  c = consume(group, topic, &h, "1m", "0.9");
+  for (double deadline = t_now() + 60;
+       atomic_load(&gdone_seq) < 0 && t_now() < deadline;)
+    usleep(20000);
+  stop(c);
+  CHECK(atomic_load(&gdone_seq) == 40,
+        "key-7's next message was not handled (handled: %d): its deferred "
+        "messages gone from the partition were not skipped",
+        atomic_load(&gdone_seq));
+  printf("gone offset: skipped, the key's next message handled\n");
+}
+
 int main(void) {
   failing_key();
   failing_timer();
+  gone_offset();
   failure_storm();
   printf("ok: deferral keeps the partition moving and the key in order\n");
   return 0;
