@@ -84,6 +84,8 @@ typedef struct pr__test_opts {
   int sched_fifo;             /* waiting events run in arrival order (the
                                  limiter before the fair scheduler), for
                                  benchmarks that show what it buys */
+  int defer_refuse_rows;      /* the next N writes of a deferred key's row
+                                 fail, as when the store refuses them */
 } pr__test_opts_t;
 
 /* A prosody_config_t: only what was set in code, as validated text. */

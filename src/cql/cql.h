@@ -114,6 +114,8 @@ void pr__cql_sync_wait(pr__cql_sync_t *y, const int *done);
 prosody_err_t pr__cql_migrate(pr__cql_sync_t *y, const char *keyspace,
                               int64_t wait_ms, int *applied, char *errstr,
                               size_t errstr_size);
+/* How many schema files the library ships. */
+size_t pr__cql_schema_count(void);
 /* Test hook: migrate with the given files instead of the shipped ones. */
 typedef struct pr__cql_schema_file {
   const char *name, *text;

@@ -217,6 +217,10 @@ fail:
   return err;
 }
 
+size_t pr__cql_schema_count(void) {
+  return sizeof(schema_files) / sizeof(schema_files[0]);
+}
+
 prosody_err_t pr__cql_migrate(pr__cql_sync_t *y, const char *keyspace,
                               int64_t wait_ms, int *applied, char *errstr,
                               size_t errstr_size) {

@@ -9,7 +9,8 @@
  * of its queue is taken from the defer_cache_size most recently deferred
  * messages kept in memory, or else fetched again from Kafka by the loader
  * (loader.c), and handled as a new event of the key. Handled (or failed
- * permanently), it leaves the queue and the next entry goes at once; failed
+ * permanently), it leaves the queue and the next entry goes on the loop's next
+ * tick; failed
  * transiently, it waits a uniform whole number of seconds in [1, max(1,
  * min(defer_base * 2^(n-1), defer_max_delay))] for its n-th retry. An entry
  * whose record is gone from Kafka is skipped with an error naming it. Above the
@@ -282,11 +283,50 @@ static void dk_idle(pr__dk_t *dk, int64_t at_ms) {
  * state, committed when `commit`. */
 static void leave(inv_t *inv, int commit) {
   kq_t *kq = pr__kq_get(inv->part, inv->msg.key, 0);
-  if (kq && kq->dk[PR_DF_KIND(inv)])
-    kq->dk[PR_DF_KIND(inv)]->writes--;
+  pr__dk_t *dk = kq ? kq->dk[PR_DF_KIND(inv)] : NULL;
+  if (dk) {
+    dk->writes--;
+    if (inv->df_prev)
+      inv->df_prev->df_next = inv->df_next;
+    else if (dk->deferring == inv)
+      dk->deferring = inv->df_next;
+    if (inv->df_next)
+      inv->df_next->df_prev = inv->df_prev;
+    inv->df_prev = inv->df_next = NULL;
+  }
   inv->part->active--;
   inv->eng->dlq_inflight--;
   pr__outcome_finish(inv, commit);
+}
+
+/* The key's row is written (`commit`) or abandoned: the events held for
+ * it go too. */
+static void release_held(part_t *part, const char *key, int kind, int commit) {
+  kq_t *kq = pr__kq_get(part, key, 0);
+  pr__dk_t *dk = kq ? kq->dk[kind] : NULL;
+  if (!dk)
+    return;
+  if (commit)
+    dk->row_written = 1;
+  for (inv_t *inv = dk->deferring, *next; inv; inv = next) {
+    next = inv->df_next; /* leave() unlinks it */
+    if (inv->df_held)
+      leave(inv, commit);
+  }
+}
+
+/* Leaves with `commit`; the first event of a newly deferred key takes the
+ * events held for its key row along. */
+static void leave_all(inv_t *inv, int commit) {
+  part_t *part = inv->part;
+  int kind = PR_DF_KIND(inv), head = inv->df_key_at != 0;
+  char *key = head ? strdup(inv->msg.key) : NULL;
+  leave(inv, commit); /* frees inv */
+  if (key)
+    release_held(part, key, kind, commit);
+  else if (head) /* out of memory: the partition's release takes them */
+    PR_ERROR("defer", "out of memory releasing deferred events");
+  free(key);
 }
 
 static void written(void *arg, prosody_err_t err, const char *errstr) {
@@ -303,13 +343,19 @@ static void written(void *arg, prosody_err_t err, const char *errstr) {
   if (--inv->df_writes > 0)
     return;
   if (!inv->df_failed) {
-    leave(inv, 1);
+    kq_t *kq = pr__kq_get(inv->part, inv->msg.key, 0);
+    pr__dk_t *dk = kq ? kq->dk[PR_DF_KIND(inv)] : NULL;
+    if (!inv->df_key_at && dk && !dk->row_written) {
+      inv->df_held = 1; /* committed with the key's first event */
+      return;
+    }
+    leave_all(inv, 1);
     return;
   }
   inv->df_failed = 0;
   if (inv->part->revoking || inv->part->zombie ||
       inv->eng->phase != PH_RUNNING) {
-    leave(inv, 0); /* not committed: redelivered to the next owner */
+    leave_all(inv, 0); /* not committed: redelivered to the next owner */
     return;
   }
   pr__outcome_arm_retry(inv, pr__outcome_backoff_ms(inv->eng, 1) + 100);
@@ -323,8 +369,9 @@ void pr__df_write(inv_t *inv) {
   int kind = PR_DF_KIND(inv);
   pr__defer_t *store = eng->df_store[kind];
   kq_t *kq = pr__kq_get(part, inv->msg.key, 0);
-  if (part->revoking || part->zombie || eng->phase != PH_RUNNING) {
-    leave(inv, 0);
+  int64_t position = inv->is_timer ? inv->time_s : inv->msg.offset;
+  if (!store || part->revoking || part->zombie || eng->phase != PH_RUNNING) {
+    leave_all(inv, 0);
     return;
   }
   if (kq && kq->dk[kind])
@@ -332,13 +379,46 @@ void pr__df_write(inv_t *inv) {
   segment_of(part, seg, sizeof(seg));
   inv->df_writes = key_at ? 2 : 1;
   inv->df_failed = 0;
-  if (key_at) /* first: the memory store answers at once */
-    pr__defer_set_key(store, seg, inv->msg.key, (key_at + 999) / 1000, written,
-                      inv);
+  if (key_at) { /* first: the memory store answers at once */
+    /* The key was not deferred: whatever the store holds below it was
+     * left by a deferral whose key row was never written, and its events
+     * were handled since (redelivered uncommitted). */
+    inv->df_writes++;
+    pr__defer_trim(store, seg, inv->msg.key, position, written, inv);
+    if (eng->df_refuse_rows > 0) { /* test option */
+      eng->df_refuse_rows--;
+      written(inv, PROSODY_ERR_TRANSIENT, "refused (test option)");
+    } else {
+      pr__defer_set_key(store, seg, inv->msg.key, (key_at + 999) / 1000,
+                        written, inv);
+    }
+  }
   /* The last write may finish (and free) inv. */
-  pr__defer_append(store, seg, inv->msg.key,
-                   inv->is_timer ? inv->time_s : inv->msg.offset,
-                   inv->df_retries, written, inv);
+  pr__defer_append(store, seg, inv->msg.key, position, inv->df_retries, written,
+                   inv);
+}
+
+void pr__df_release_waiting(part_t *part) {
+  for (pr__dk_t *dk = part->dks; dk; dk = dk->next)
+    for (inv_t *inv = dk->deferring, *next; inv; inv = next) {
+      next = inv->df_next;       /* leave() unlinks it */
+      if (inv->df_writes == 0) { /* its retry timer is armed, or held */
+        pr__inv_timer_close(&inv->timer);
+        leave(inv, 0);
+      }
+    }
+}
+
+/* The lowest position of the key's entries not known to be written yet
+ * (INT64_MAX: none): a head read may miss them. */
+static int64_t unwritten_low(const pr__dk_t *dk) {
+  int64_t low = INT64_MAX;
+  for (const inv_t *inv = dk->deferring; inv; inv = inv->df_next) {
+    int64_t p = inv->is_timer ? inv->time_s : inv->msg.offset;
+    if (!inv->df_held && p < low)
+      low = p;
+  }
+  return low;
 }
 
 /* Takes `inv` out of its key queue into the deferring state; `key_at_ms`
@@ -352,6 +432,11 @@ static void defer_inv(inv_t *inv, pr__dk_t *dk, int32_t retries,
   inv->part->active++;
   inv->eng->dlq_inflight++;
   dk->writes++;
+  inv->df_prev = NULL;
+  inv->df_next = dk->deferring;
+  if (dk->deferring)
+    dk->deferring->df_prev = inv;
+  dk->deferring = inv;
   PR_BUMP(inv->eng->metrics.deferred, 1);
   pr__inv_release_rkm(inv);
   if (!inv->is_timer)
@@ -395,7 +480,12 @@ static void retry_later(inv_t *inv) {
   int64_t delay = pr__df_delay_s(eng, n);
   int64_t at_ms = pr__wall_ms() + delay * 1000;
   char seg[SEG_MAX], ev[160];
-  pr__load_t *r = dk ? req_new(inv->part, kq->key, kind) : NULL;
+  pr__load_t *r;
+  if (!eng->df_store[kind]) { /* closed: the entry stays for the next owner */
+    pr__outcome_finish(inv, 0);
+    return;
+  }
+  r = dk ? req_new(inv->part, kq->key, kind) : NULL;
   PR_WARN("defer", "%s: deferred retry %d failed: %s; next retry in %llds",
           pr__inv_describe(inv, ev, sizeof(ev)), (int)inv->df_retries,
           inv->result_error ? inv->result_error : "(no message)",
@@ -449,8 +539,14 @@ void pr__df_defer(inv_t *inv) {
   /* The key's queued events of its kind follow it; the others stay. */
   for (inv_t *j = inv->next, *jn; j; j = jn) {
     jn = j->next;
-    if (j->is_timer == inv->is_timer && j->state == INV_QUEUED)
-      defer_inv(j, dk, 0, 0);
+    if (j->is_timer != inv->is_timer || j->state != INV_QUEUED)
+      continue;
+    if (j->is_timer && j->dropped) { /* unscheduled: nothing to defer */
+      pr__kq_unlink(j);
+      pr__outcome_finish_detach(j, 0);
+      continue;
+    }
+    defer_inv(j, dk, 0, 0);
   }
   defer_inv(inv, dk, 1, key_at);
   /* An event of the other kind left at the head may start now. */
@@ -502,16 +598,21 @@ static void advance(part_t *part, pr__dk_t *dk) {
 }
 
 void pr__df_finished(inv_t *inv, int commit) {
+  pr__engine_t *eng = inv->eng;
+  part_t *part = inv->part;
   pr__dk_t *dk = inv->kq ? inv->kq->dk[PR_DF_KIND(inv)] : NULL;
   inv->df_loaded = 0;
-  if (!dk)
+  /* Shutting down or released: its entry stays at the head of the queue
+   * for the partition's next owner (handled again: at least once). */
+  if (!dk || !eng->df_store[dk->kind] || part->zombie || part->revoking ||
+      eng->phase != PH_RUNNING)
     return;
-  if (commit && inv->is_timer && inv->rearmed && inv->part->tq &&
-      pr__tq_add(inv->part->tq, inv->msg.key, inv->time_s) < 0)
+  if (commit && inv->is_timer && inv->rearmed && part->tq &&
+      pr__tq_add(part->tq, inv->msg.key, inv->time_s) < 0)
     PR_ERROR("timers", "out of memory re-queueing a timer of %s[%d]",
-             inv->part->topic, inv->part->partition);
+             part->topic, part->partition);
   if (commit)
-    advance(inv->part, dk);
+    advance(part, dk);
   else
     dk_idle(dk, pr__wall_ms() + 1000);
 }
@@ -567,6 +668,11 @@ static void head_read(void *arg, prosody_err_t err, const char *errstr,
     pr__defer_del_key(eng->df_store[r->kind], seg, r->key, log_cb, r);
     return;
   }
+  if (position >= r->offset) { /* an entry below it may not be written yet */
+    dk_idle(dk, 0);
+    pr__load_free(r);
+    return;
+  }
   dk->position = position;
   dk->retries = retries;
   r->offset = position;
@@ -601,6 +707,7 @@ static void read_head(part_t *part, pr__dk_t *dk) {
     return; /* out of memory: next tick */
   dk->busy = 1;
   dk->appended = 0;
+  r->offset = unwritten_low(dk);
   segment_of(part, seg, sizeof(seg));
   pr__defer_head(part->eng->df_store[dk->kind], seg, r->key, head_read, r);
 }
@@ -671,9 +778,14 @@ static void keys_read(void *arg, prosody_err_t err, const char *errstr,
   }
   for (i = 0; i < n; i++) {
     kq_t *kq = pr__kq_get(part, keys[i].key, 1);
-    if (!kq || (!kq->dk[r->kind] &&
-                !dk_new(part, kq, r->kind, keys[i].retry_at_s * 1000)))
+    pr__dk_t *dk;
+    if (!kq)
       break;
+    if (!kq->dk[r->kind]) {
+      if (!(dk = dk_new(part, kq, r->kind, keys[i].retry_at_s * 1000)))
+        break;
+      dk->row_written = 1;
+    }
   }
   if (i < n) {
     PR_ERROR("defer",
@@ -689,7 +801,8 @@ static void keys_read(void *arg, prosody_err_t err, const char *errstr,
             r->partition, n,
             r->kind == PR_DEFER_TIMERS ? "timers" : "messages");
   part->df_listing[r->kind] = 0;
-  part->eng->resumed = 1; /* its queue is read again */
+  part->eng->resumed = 1;    /* its queue is read again */
+  pr__firing_arm(part->eng); /* and its timers fire */
   pr__load_free(r);
 }
 
@@ -725,8 +838,9 @@ void pr__df_tick(pr__engine_t *eng) {
     if (pr__df_listing(part))
       continue;
     for (dk = part->dks; dk; dk = next) {
-      next = dk->next; /* reading the head may free dk */
-      if (dk->writes || dk->retry_at_ms > now_ms)
+      next = dk->next;              /* reading the head may free dk */
+      if (dk->retry_at_ms > now_ms) /* writes in flight do not hold it:
+                                        head_read checks what it read */
         continue;
       if (dk->busy == 2)
         advance(part, dk);
@@ -746,6 +860,7 @@ prosody_err_t pr__df_open(pr__engine_t *eng, const char *bootstrap,
   if (eng->mode != PR_MODE_PIPELINE || !PR_CFG_BOOL(st, DEFER_ENABLED))
     return PROSODY_OK; /* the layer is not in the list */
   eng->dm_cap = (size_t)PR_CFG_INT(st, DEFER_CACHE_SIZE);
+  eng->df_refuse_rows = st->test.defer_refuse_rows;
   eng->df_bucket_ns = PR_CFG_NS(st, DEFER_FAILURE_WINDOW) / PR_DF_BUCKETS;
   if (eng->df_bucket_ns < 1000000)
     eng->df_bucket_ns = 1000000;

@@ -10,12 +10,14 @@
 #include "internal.h"
 
 /* Releases every event of `part` (NULL: all partitions) that is not
- * running: not started, ready, or waiting for a retry. */
+ * running: not started, ready, waiting for a retry, or deferred and
+ * waiting to be written again. */
 void pr__drain_release_idle(pr__engine_t *eng, part_t *only) {
   pr__dispatch_ready_remove(eng, only);
   for (part_t *part = eng->parts; part; part = part->next) {
     if (only && part != only)
       continue;
+    pr__df_release_waiting(part);
     for (size_t b = 0; part->buckets && b < part->nbuckets; b++) {
       kq_t *kq = part->buckets[b];
       while (kq) {

@@ -167,7 +167,8 @@ void pr__firing_arm(pr__engine_t *eng) {
   int64_t next = -1, delay;
   if (eng->phase == PH_RUNNING)
     for (part_t *part = eng->parts; part; part = part->next) {
-      int64_t t = part->tq && !part->revoking && timer_room(part)
+      int64_t t = part->tq && !part->revoking && timer_room(part) &&
+                          !pr__df_listing(part)
                       ? pr__tq_next_time(part->tq)
                       : -1;
       if (t >= 0 && (next < 0 || t < next))

@@ -184,6 +184,8 @@ struct inv {
   int df_failed;      /* ... of which failed (written again later) */
   int64_t df_key_at;  /* INV_DEFERRING: also writes its key's row, retrying
                          then (ms since the epoch), else 0 */
+  inv_t *df_prev, *df_next; /* INV_DEFERRING: its deferred key's list */
+  int df_held;              /* ... written, waiting for the key's row */
 };
 
 /* A deferred key of a partition (defer.c; engine thread): hung on its key
@@ -195,7 +197,12 @@ typedef struct pr__dk {
   int64_t retry_at_ms; /* when its head is retried next */
   int busy;            /* a lookup, load, attempt or write of its head in
                           flight */
-  int writes;          /* appends in flight (of its messages) */
+  int writes;          /* its events in INV_DEFERRING (appends in flight or
+                          waiting to be written again) */
+  inv_t *deferring;    /* ... those events (linked by df_prev/df_next) */
+  int row_written;     /* its key row is known to be in the store; until
+                          then, events written after the first are held
+                          (not committed: a timer would be lost) */
   int appended;        /* appended since the last head lookup was sent */
   int64_t position;    /* busy: the head's offset ... */
   int32_t retries;     /* ... and retries */
@@ -393,10 +400,11 @@ struct pr__engine {
   uint64_t part_gen;   /* last partition assignment generation */
   /* An assignment that could not be allocated, retried on the tick. */
   rd_kafka_topic_partition_list_t *assign_retry;
-  int assign_coop;   /* ... and whether it is an incremental one */
-  int fail_part_new; /* test option: partitions that fail to allocate */
-  int64_t slab_s;    /* slab_size in seconds */
-  uv_timer_t tfire;  /* wakes the loop when the next timer is due */
+  int assign_coop;    /* ... and whether it is an incremental one */
+  int fail_part_new;  /* test option: partitions that fail to allocate */
+  int df_refuse_rows; /* test option: key-row writes that fail */
+  int64_t slab_s;     /* slab_size in seconds */
+  uv_timer_t tfire;   /* wakes the loop when the next timer is due */
   /* Running handlers with a timeout, in start order; all have the same
    * timeout, so that is deadline order too, and one loop timer (tmo,
    * armed for the head) serves them all. */
@@ -563,6 +571,10 @@ void pr__df_join(inv_t *inv);
 void pr__df_finished(inv_t *inv, int commit);
 /* An INV_DEFERRING message's retry timer: write again. */
 void pr__df_write(inv_t *inv);
+/* Releases `part`'s INV_DEFERRING events that wait for their retry timer
+ * (not committed: the next owner gets them again); those with writes in
+ * flight finish when the store answers. */
+void pr__df_release_waiting(part_t *part);
 void pr__df_assigned(pr__engine_t *eng, part_t *part);
 /* Frees a partition's deferred keys (it is being freed). */
 void pr__df_part_free(part_t *part);

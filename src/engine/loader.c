@@ -12,8 +12,9 @@
  * compaction: the partition resumes past it) is reported gone; no record
  * within defer_seek_timeout is a transient failure.
  *
- * Threads: pr__loader_new/post/free on the engine thread; serve() on the
- * loader's thread, which alone uses `rk` and the read position.
+ * Threads: pr__loader_new/post/free on the engine thread (free delivers
+ * the mailbox: it owns the engine's state); serve() on the loader's
+ * thread, which alone uses `rk` and the read position.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +32,7 @@ struct pr__loader {
   pthread_cond_t cond;
   pr__load_t *queue; /* guarded by lock */
   int stop;          /* guarded by lock */
+  atomic_int halt;   /* stop, for serve() to see between polls */
   /* The loader thread's. */
   rd_kafka_t *rk;
   char *topic; /* assigned partition, or NULL */
@@ -109,6 +111,10 @@ static int seek_to(pr__loader_t *l, pr__load_t *r) {
 
 static void serve(pr__loader_t *l, pr__load_t *r) {
   int64_t deadline;
+  if (atomic_load(&l->halt)) { /* the rest of a batch: not fetched */
+    fail(r, "the consumer is stopping");
+    return;
+  }
   if (!l->rk && consumer_new(l, r))
     return;
   if (!l->topic || strcmp(l->topic, r->topic) || l->partition != r->partition ||
@@ -119,6 +125,10 @@ static void serve(pr__loader_t *l, pr__load_t *r) {
   for (;;) {
     int64_t left = (deadline - pr__now_ns()) / 1000000;
     rd_kafka_message_t *m;
+    if (atomic_load(&l->halt)) {
+      fail(r, "the consumer is stopping");
+      return;
+    }
     if (left <= 0)
       break;
     if (!(m = rd_kafka_consumer_poll(l->rk, left < 100 ? (int)left : 100)))
@@ -228,6 +238,7 @@ void pr__loader_free(pr__loader_t *l) {
   pr__load_t *r;
   if (!l)
     return;
+  atomic_store(&l->halt, 1);
   pthread_mutex_lock(&l->lock);
   l->stop = 1;
   pthread_cond_signal(&l->cond);
@@ -237,6 +248,9 @@ void pr__loader_free(pr__loader_t *l) {
     l->queue = r->next;
     pr__load_free(r);
   }
+  /* Its answers in the mailbox may hold records of its consumer, which
+   * must be destroyed before the consumer is. */
+  pr__mail_deliver(l->eng);
   if (l->rk) {
     rd_kafka_consumer_close(l->rk);
     pr__kafka_destroy_bounded(l->rk, 10000, "deferred message loader");

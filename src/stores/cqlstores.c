@@ -240,7 +240,7 @@ struct pr__defer {
   pr__cqlw_t *w;
   pr__defer_kind_t kind;
   int64_t retention_s;
-  pr__cql_stmt_t *ins, *head, *del, *upd, *keys, *key_ins, *key_del;
+  pr__cql_stmt_t *ins, *head, *del, *trim, *upd, *keys, *key_ins, *key_del;
 };
 
 pr__defer_t *pr__defer_memory(pr__defer_kind_t kind) {
@@ -283,6 +283,10 @@ pr__defer_t *pr__defer_new(const pr__cql_conf_t *conf, const char *keyspace,
            "DELETE FROM %s.%s WHERE segment = ? AND key = ? AND %s = ?",
            keyspace, table, col);
   d->del = pr__cql_stmt(cql, q);
+  snprintf(q, sizeof(q),
+           "DELETE FROM %s.%s WHERE segment = ? AND key = ? AND %s < ?",
+           keyspace, table, col);
+  d->trim = pr__cql_stmt(cql, q);
   /* An UPDATE creates a missing row: callers set the head they read. */
   snprintf(q, sizeof(q),
            "UPDATE %s.%s USING TTL %lld SET retry_count = ? WHERE segment = ? "
@@ -304,10 +308,10 @@ pr__defer_t *pr__defer_new(const pr__cql_conf_t *conf, const char *keyspace,
            "key = ?",
            keyspace, (int)kind);
   d->key_del = pr__cql_stmt(cql, q);
-  if (!d->ins || !d->head || !d->del || !d->upd || !d->keys || !d->key_ins ||
-      !d->key_del || pr__cqlw_start(d->w, errstr, errstr_size)) {
-    if (!d->ins || !d->head || !d->del || !d->upd || !d->keys || !d->key_ins ||
-        !d->key_del)
+  if (!d->ins || !d->head || !d->del || !d->trim || !d->upd || !d->keys ||
+      !d->key_ins || !d->key_del || pr__cqlw_start(d->w, errstr, errstr_size)) {
+    if (!d->ins || !d->head || !d->del || !d->trim || !d->upd || !d->keys ||
+        !d->key_ins || !d->key_del)
       pr__errf(errstr, errstr_size, "out of memory");
     pr__defer_free(d);
     return NULL;
@@ -369,6 +373,15 @@ void pr__defer_advance(pr__defer_t *d, const char *segment, const char *key,
     pr__memdefer_remove(d->kind, segment, key, position, cb, arg);
   else
     post_defer(d, d->del, J_DONE, (void *)cb, arg, segment, key, 3, position, 0,
+               run_stmt);
+}
+
+void pr__defer_trim(pr__defer_t *d, const char *segment, const char *key,
+                    int64_t below, pr__store_done_cb cb, void *arg) {
+  if (!d->w)
+    pr__memdefer_trim(d->kind, segment, key, below, cb, arg);
+  else
+    post_defer(d, d->trim, J_DONE, (void *)cb, arg, segment, key, 3, below, 0,
                run_stmt);
 }
 

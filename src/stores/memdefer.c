@@ -156,6 +156,23 @@ void pr__memdefer_remove(pr__defer_kind_t kind, const char *segment,
   done(cb, arg, 0);
 }
 
+void pr__memdefer_trim(pr__defer_kind_t kind, const char *segment,
+                       const char *key, int64_t below, pr__store_done_cb cb,
+                       void *arg) {
+  entry_t *e;
+  pthread_mutex_lock(&g_lock);
+  if ((e = find((int)kind, segment, key, 0))) {
+    size_t i = 0;
+    while (i < e->n && e->pos[i].position < below)
+      i++;
+    memmove(e->pos, e->pos + i, (e->n - i) * sizeof(*e->pos));
+    e->n -= i;
+    trim(e);
+  }
+  pthread_mutex_unlock(&g_lock);
+  done(cb, arg, 0);
+}
+
 void pr__memdefer_keys(pr__defer_kind_t kind, const char *segment,
                        pr__dkeys_cb cb, void *arg) {
   pr__dkey_t *keys = NULL;

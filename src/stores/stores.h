@@ -116,6 +116,10 @@ void pr__defer_head(pr__defer_t *d, const char *segment, const char *key,
 /* Removes `position` (the head, once it succeeded). */
 void pr__defer_advance(pr__defer_t *d, const char *segment, const char *key,
                        int64_t position, pr__store_done_cb cb, void *arg);
+/* Removes every position below `below` (left over by an earlier deferral
+ * of the key whose key row was never written). */
+void pr__defer_trim(pr__defer_t *d, const char *segment, const char *key,
+                    int64_t below, pr__store_done_cb cb, void *arg);
 /* Sets the retry count of `position`. */
 void pr__defer_set_retries(pr__defer_t *d, const char *segment, const char *key,
                            int64_t position, int32_t retries,
@@ -132,6 +136,9 @@ void pr__memdefer_head(pr__defer_kind_t kind, const char *segment,
 void pr__memdefer_remove(pr__defer_kind_t kind, const char *segment,
                          const char *key, int64_t position,
                          pr__store_done_cb cb, void *arg);
+void pr__memdefer_trim(pr__defer_kind_t kind, const char *segment,
+                       const char *key, int64_t below, pr__store_done_cb cb,
+                       void *arg);
 void pr__memdefer_keys(pr__defer_kind_t kind, const char *segment,
                        pr__dkeys_cb cb, void *arg);
 void pr__memdefer_set_key(pr__defer_kind_t kind, const char *segment,

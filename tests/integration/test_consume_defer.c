@@ -30,6 +30,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "config/config.h"
 #include "harness.h"
 
 #define N1 2000 /* records before the restart */
@@ -93,12 +94,17 @@ static int wait_tries(int want, double seconds) {
   return tries_now() >= want;
 }
 
-static prosody_client_t *consume(const char *group, const char *topic,
-                                 prosody_handler_t *h, const char *window,
-                                 const char *threshold) {
+static prosody_client_t *consume_with(const char *group, const char *topic,
+                                      prosody_handler_t *h, const char *window,
+                                      const char *threshold,
+                                      const pr__test_opts_t *test, int dedup) {
   char err[1024];
   prosody_config_t *conf = t_consumer_config(group, topic);
   prosody_client_t *c;
+  if (test)
+    pr__config_set_test(conf, test);
+  if (!dedup) /* what the defer layer does alone */
+    t_set(conf, "idempotence_cache_size", "0");
   t_set(conf, "mode", "pipeline");
   t_set(conf, "defer_base", "1s");
   t_set(conf, "defer_max_delay", "3s");
@@ -106,10 +112,17 @@ static prosody_client_t *consume(const char *group, const char *topic,
   t_set(conf, "defer_failure_threshold", threshold);
   t_set(conf, "retry_base", "100ms");
   t_set(conf, "max_retry_delay", "200ms");
+  t_set(conf, "shutdown_timeout", "20s");
   c = prosody_client_new(conf, err, sizeof(err));
   CHECK(c, "client: %s", err);
   CHECK_OK(prosody_subscribe(c, h, err, sizeof(err)), err);
   return c;
+}
+
+static prosody_client_t *consume(const char *group, const char *topic,
+                                 prosody_handler_t *h, const char *window,
+                                 const char *threshold) {
+  return consume_with(group, topic, h, window, threshold, NULL, 1);
 }
 
 static void stop(prosody_client_t *c) {
@@ -142,7 +155,10 @@ static void failing_key(void) {
   healthy_want = N1 + N2 - n_bad;
   t_produce_keyed(topic, 0, N1, keys);
 
-  c = consume(group, topic, &h, "1m", "0.9");
+  /* A threshold of 1 defers every failure: a first result that fails
+   * would otherwise be 100% of the window and retried in place (the
+   * storm test below covers the threshold). */
+  c = consume(group, topic, &h, "1m", "1.0");
   CHECK(t_wait_at_least(&healthy, N1 - N1 / BAD_EVERY, 60),
         "healthy records handled: %d", atomic_load(&healthy));
   CHECK(t_wait_committed(group, topic, ~0u, committed, end, 60),
@@ -175,7 +191,7 @@ static void failing_key(void) {
   t_produce_keyed(topic, N1, N1 + N2, keys);
   {
     int before = tries_now();
-    c = consume(group, topic, &h, "1m", "0.9");
+    c = consume(group, topic, &h, "1m", "1.0");
     CHECK(t_wait_at_least(&healthy, healthy_want, 60),
           "healthy records handled after the restart: %d of %d",
           atomic_load(&healthy), healthy_want);
@@ -394,7 +410,7 @@ static void failing_timer(void) {
   }
   prosody_client_destroy(p);
 
-  c = consume(group, topic, &h, "1m", "0.9");
+  c = consume(group, topic, &h, "1m", "1.0");
   CHECK(t_wait_at_least(&healthy_timers, TIMER_KEYS, 60),
         "healthy timers fired: %d of %d", atomic_load(&healthy_timers),
         TIMER_KEYS);
@@ -506,7 +522,7 @@ static void gone_offset(void) {
   for (int i = 0; i < 41; i++)
     keys[i] = i == 3 || i == 20 || i == 40 ? 7 : 100 + i;
   t_produce_keyed(topic, 0, 40, keys);
-  c = consume(group, topic, &h, "1m", "0.9");
+  c = consume(group, topic, &h, "1m", "1.0");
   CHECK(t_wait_committed(group, topic, ~0u, committed, end, 60),
         "committed %lld of %lld", (long long)committed[0], (long long)end[0]);
   CHECK(t_wait_at_least(&gtries, 1, 30), "key-7 was not tried");
@@ -514,7 +530,7 @@ static void gone_offset(void) {
   delete_records(topic, end[0]);
   atomic_store(&gfaulty, 0);
   t_produce_keyed(topic, 40, 41, keys); /* key-7's next message */
-  c = consume(group, topic, &h, "1m", "0.9");
+  c = consume(group, topic, &h, "1m", "1.0");
   for (double deadline = t_now() + 60;
        atomic_load(&gdone_seq) < 0 && t_now() < deadline;)
     usleep(20000);
@@ -526,7 +542,113 @@ static void gone_offset(void) {
   printf("gone offset: skipped, the key's next message handled\n");
 }
 
+/* ---- the store refuses a deferred key's row --------------------------- */
+
+static atomic_int rfault = 1;
+static int rdone[16], rdones; /* guarded by lock: "rk" seqs handled */
+
+static prosody_result_t on_refused(prosody_context_t *ctx,
+                                   const prosody_message_t *m, void *op) {
+  int seq = seq_of(m);
+  (void)ctx;
+  (void)op;
+  if (strcmp(prosody_message_key(m), "key-77"))
+    return PROSODY_SUCCESS;
+  if (atomic_load(&rfault)) {
+    atomic_fetch_add(&gtries, 1);
+    return PROSODY_TRANSIENT;
+  }
+  pthread_mutex_lock(&lock);
+  if (rdones < 16)
+    rdone[rdones] = seq;
+  rdones++;
+  pthread_mutex_unlock(&lock);
+  return PROSODY_SUCCESS;
+}
+
+static int rdones_now(void) { return timer_count(&rdones); }
+
+/* A key is deferred but the store refuses its key row (a test option
+ * refuses every such write): its messages' entries are written, yet
+ * nothing says the key is deferred. The first message is not committed
+ * (it keeps trying to write the row), nor are the key's later ones, and
+ * stopping the consumer does not wait for those writes. The next consumer
+ * handles the key's messages as usual (redelivered), and when the key is
+ * deferred again later, the entries left behind are dropped rather than
+ * handled a second time, out of order. Deduplication is off: it would
+ * hide a second handling. */
+static void refused_key_row(void) {
+  char topic[128], group[160];
+  prosody_handler_t h = {on_refused, NULL, NULL, 0};
+  pr__test_opts_t refuse = {.defer_refuse_rows = 1000000};
+  prosody_client_t *c;
+  int64_t committed[1], end[1];
+  int keys[40];
+  double t0, took;
+
+  snprintf(topic, sizeof(topic), "%s", t_topic("defer-row"));
+  snprintf(group, sizeof(group), "%s-g", topic);
+  t_create_topic(topic, 1);
+  for (int i = 0; i < 40; i++)
+    keys[i] = i == 2 || i == 5 || i == 8 || i == 31 || i == 35 ? 77 : 100 + i;
+  atomic_store(&gtries, 0);
+  t_produce_keyed(topic, 0, 30, keys);
+  /* A threshold of 1: every failure is deferred, whatever ran before. */
+  c = consume_with(group, topic, &h, "1m", "1.0", &refuse, 0);
+  CHECK(t_wait_at_least(&gtries, 1, 30), "key-77 was not tried");
+  /* The healthy records behind it are handled; it holds the commit. */
+  for (double deadline = t_now() + 30; t_now() < deadline; usleep(20000)) {
+    t_committed(group, topic, committed, end);
+    if (committed[0] == 2)
+      break;
+  }
+  CHECK(committed[0] == 2,
+        "with its key row refused, the deferred message at offset 2 must "
+        "hold the partition's commit: committed %lld",
+        (long long)committed[0]);
+  t0 = t_now();
+  stop(c);
+  took = t_now() - t0;
+  CHECK(took < 8,
+        "stopping took %.1fs: it waited for the refused write (shutdown_"
+        "timeout is 20s)",
+        took);
+
+  /* The next consumer handles the key's messages as they come. */
+  atomic_store(&rfault, 0);
+  c = consume_with(group, topic, &h, "1m", "1.0", NULL, 0);
+  for (double deadline = t_now() + 30; rdones_now() < 3 && t_now() < deadline;)
+    usleep(20000);
+  CHECK(rdones_now() == 3, "key-77's messages handled: %d of 3", rdones_now());
+  /* Deferred again, at 31: the entries below it are dropped. */
+  atomic_store(&rfault, 1);
+  t_produce_keyed(topic, 30, 32, keys);
+  CHECK(t_wait_at_least(&gtries, 2, 30), "key-77 was not tried again");
+  atomic_store(&rfault, 0);
+  t_produce_keyed(topic, 32, 40, keys);
+  for (double deadline = t_now() + 30; rdones_now() < 5 && t_now() < deadline;)
+    usleep(20000);
+  CHECK(t_wait_committed(group, topic, ~0u, committed, end, 30),
+        "committed %lld of %lld", (long long)committed[0], (long long)end[0]);
+  stop(c);
+  pthread_mutex_lock(&lock);
+  {
+    static const int want[] = {2, 5, 8, 31, 35};
+    CHECK(rdones == 5, "key-77 was handled %d times for 5 messages", rdones);
+    for (int i = 0; i < 5; i++)
+      CHECK(rdone[i] == want[i],
+            "key-77's handling %d was of record %d, want %d (entries left "
+            "by the refused deferral were handled again)",
+            i, rdone[i], want[i]);
+  }
+  pthread_mutex_unlock(&lock);
+  printf("refused key row: nothing committed past it, stop in %.1fs, no "
+         "stale entry handled later\n",
+         took);
+}
+
 int main(void) {
+  refused_key_row();
   failing_key();
   failing_timer();
   gone_offset();

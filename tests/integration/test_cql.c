@@ -379,10 +379,10 @@ static void test_migrations(void) {
     CHECK(m[i].err == PROSODY_OK, "client %d: %s", i, m[i].errstr);
     total += m[i].applied;
   }
-  CHECK(total == 2,
-        "the schema files were applied %d times in all (want 2: "
+  CHECK(total == (int)pr__cql_schema_count(),
+        "the schema files were applied %d times in all (want %zu: "
         "each once)",
-        total);
+        total, pr__cql_schema_count());
 
   /* An applied file that changed is refused, naming it. */
   y = session(cassandra());
