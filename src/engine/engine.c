@@ -15,7 +15,8 @@
  * callbacks therefore run on the engine thread.
  *
  * Shutdown. No new event starts; events not started (and those waiting
- * for a retry) are released without commit; running handlers get until
+ * for a retry, or deferred and waiting to write again) are released
+ * without commit; running handlers get until
  * 80% of shutdown_timeout, then their contexts are cancelled; at 100% the
  * engine stops waiting (drain.c). Finished work is stored before the
  * consumer leaves the group.

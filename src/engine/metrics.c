@@ -177,8 +177,9 @@ char *pr__engine_metrics(pr__engine_t *eng) {
   counter(&o, "prosody_retries_total",
           "Failed attempts retried after a backoff", NULL, &m->retries);
   counter(&o, "prosody_deferred_total",
-          "Messages deferred (written to their key's defer queue)", NULL,
-          &m->deferred);
+          "Messages and timers deferred (written to their key's defer "
+          "queue)",
+          NULL, &m->deferred);
   counter(&o, "prosody_rejected_total",
           "Events refused before their handler ran (monopolization), "
           "retried later",
