@@ -602,10 +602,11 @@ void pr__df_finished(inv_t *inv, int commit) {
   part_t *part = inv->part;
   pr__dk_t *dk = inv->kq ? inv->kq->dk[PR_DF_KIND(inv)] : NULL;
   inv->df_loaded = 0;
-  /* Shutting down or released: its entry stays at the head of the queue
-   * for the partition's next owner (handled again: at least once). */
-  if (!dk || !eng->df_store[dk->kind] || part->zombie || part->revoking ||
-      eng->phase != PH_RUNNING)
+  /* The store closed (it finished after shutdown): its entry stays at the
+   * head of the queue for the partition's next owner (handled again: at
+   * least once). While the partition drains, the removal is still sent:
+   * the drain delivers its answer. */
+  if (!dk || !eng->df_store[dk->kind])
     return;
   if (commit && inv->is_timer && inv->rearmed && part->tq &&
       pr__tq_add(part->tq, inv->msg.key, inv->time_s) < 0)
