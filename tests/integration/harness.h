@@ -11,7 +11,9 @@
 #ifndef PR_TEST_HARNESS_H
 #define PR_TEST_HARNESS_H
 
+#include <arpa/inet.h>
 #include <librdkafka/rdkafka.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -19,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -332,6 +335,36 @@ static inline int t_wait_committed(const char *group, const char *topic,
     if (done || t_now() >= deadline)
       return done;
   }
+}
+
+/* GET path on 127.0.0.1:port; returns the status, body in `body`. */
+static inline int t_http_get(int port, const char *path, char *body, size_t n) {
+  struct sockaddr_in a = {0};
+  char req[256], resp[32768];
+  size_t got = 0;
+  ssize_t r;
+  int fd = socket(AF_INET, SOCK_STREAM, 0), status = -1;
+  a.sin_family = AF_INET;
+  a.sin_port = htons((uint16_t)port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, (struct sockaddr *)&a, sizeof(a))) {
+    close(fd);
+    return -1;
+  }
+  snprintf(req, sizeof(req),
+           "GET %s HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+           path);
+  CHECK(write(fd, req, strlen(req)) == (ssize_t)strlen(req), "write");
+  while ((r = read(fd, resp + got, sizeof(resp) - 1 - got)) > 0)
+    got += (size_t)r;
+  resp[got] = '\0';
+  close(fd);
+  sscanf(resp, "HTTP/1.%*d %d", &status);
+  {
+    const char *b = strstr(resp, "\r\n\r\n");
+    snprintf(body, n, "%s", b ? b + 4 : "");
+  }
+  return status;
 }
 
 #endif /* PR_TEST_HARNESS_H */

@@ -97,7 +97,8 @@ static int wait_tries(int want, double seconds) {
 static prosody_client_t *consume_with(const char *group, const char *topic,
                                       prosody_handler_t *h, const char *window,
                                       const char *threshold,
-                                      const pr__test_opts_t *test, int dedup) {
+                                      const pr__test_opts_t *test, int dedup,
+                                      int probe) {
   char err[1024];
   prosody_config_t *conf = t_consumer_config(group, topic);
   prosody_client_t *c;
@@ -105,6 +106,8 @@ static prosody_client_t *consume_with(const char *group, const char *topic,
     pr__config_set_test(conf, test);
   if (!dedup) /* what the defer layer does alone */
     t_set(conf, "idempotence_cache_size", "0");
+  if (probe)
+    t_set(conf, "probe_port", "0"); /* any free port */
   t_set(conf, "mode", "pipeline");
   t_set(conf, "defer_base", "1s");
   t_set(conf, "defer_max_delay", "3s");
@@ -122,7 +125,7 @@ static prosody_client_t *consume_with(const char *group, const char *topic,
 static prosody_client_t *consume(const char *group, const char *topic,
                                  prosody_handler_t *h, const char *window,
                                  const char *threshold) {
-  return consume_with(group, topic, h, window, threshold, NULL, 1);
+  return consume_with(group, topic, h, window, threshold, NULL, 1, 0);
 }
 
 static void stop(prosody_client_t *c) {
@@ -594,7 +597,7 @@ static void refused_key_row(void) {
   atomic_store(&gtries, 0);
   t_produce_keyed(topic, 0, 30, keys);
   /* A threshold of 1: every failure is deferred, whatever ran before. */
-  c = consume_with(group, topic, &h, "1m", "1.0", &refuse, 0);
+  c = consume_with(group, topic, &h, "1m", "1.0", &refuse, 0, 0);
   CHECK(t_wait_at_least(&gtries, 1, 30), "key-77 was not tried");
   /* The healthy records behind it are handled; it holds the commit. */
   for (double deadline = t_now() + 30; t_now() < deadline; usleep(20000)) {
@@ -616,7 +619,7 @@ static void refused_key_row(void) {
 
   /* The next consumer handles the key's messages as they come. */
   atomic_store(&rfault, 0);
-  c = consume_with(group, topic, &h, "1m", "1.0", NULL, 0);
+  c = consume_with(group, topic, &h, "1m", "1.0", NULL, 0, 0);
   for (double deadline = t_now() + 30; rdones_now() < 3 && t_now() < deadline;)
     usleep(20000);
   CHECK(rdones_now() == 3, "key-77's messages handled: %d of 3", rdones_now());
@@ -647,8 +650,99 @@ static void refused_key_row(void) {
          took);
 }
 
+static atomic_int rtfault = 1;
+static int64_t rtdone[8]; /* guarded by lock: "rt" timers handled */
+static int rtdones;       /* guarded by lock */
+
+static prosody_result_t on_rt_timer(prosody_context_t *ctx,
+                                    const prosody_timer_t *t, void *op) {
+  (void)ctx;
+  (void)op;
+  if (strcmp(prosody_timer_key(t), "rt"))
+    return PROSODY_SUCCESS;
+  if (atomic_load(&rtfault))
+    return PROSODY_TRANSIENT;
+  pthread_mutex_lock(&lock);
+  if (rtdones < 8)
+    rtdone[rtdones] = prosody_timer_time(t);
+  rtdones++;
+  pthread_mutex_unlock(&lock);
+  return PROSODY_SUCCESS;
+}
+
+/* prosody_deferred_total from the consumer's /metrics, or -1. */
+static long deferred_total(prosody_client_t *c) {
+  static char body[1 << 16];
+  const char *v;
+  if (t_http_get(prosody_probe_port(c), "/metrics", body, sizeof(body)) != 200)
+    return -1;
+  v = strstr(body, "\nprosody_deferred_total ");
+  return v ? atol(v + strlen("\nprosody_deferred_total ")) : -1;
+}
+
+/* The same with timers: the key's first timer fails and its row is
+ * refused; its later timers fire and join it. None of them may be taken
+ * out of the timer store (a joined timer's entry would be all that is
+ * left of it, and no key row points at it): the next consumer fires all
+ * three, in order. Real tier: timers outlive the consumer in Cassandra. */
+static void refused_timer_row(void) {
+  char topic[128], group[160], err[1024], payload[64];
+  prosody_handler_t h = {on_schedule, on_rt_timer, NULL, 0};
+  pr__test_opts_t refuse = {.defer_refuse_rows = 1000000};
+  prosody_config_t *conf;
+  prosody_client_t *c, *p;
+  int64_t base = ((int64_t)wall_s() + 2) * 1000;
+  long deferred = -1;
+
+  if (!t_real_bootstrap()) {
+    printf("refused timer row: real tier only (mock mode keeps a client's "
+           "timers in its own memory: they end with it)\n");
+    return;
+  }
+  snprintf(topic, sizeof(topic), "%s", t_topic("defer-trow"));
+  snprintf(group, sizeof(group), "%s-g", topic);
+  t_create_topic(topic, 1);
+  conf = t_config();
+  t_set(conf, "source_system", "test-producer");
+  p = prosody_client_new(conf, err, sizeof(err));
+  CHECK(p, "producer: %s", err);
+  for (int i = 0; i < 3; i++) {
+    snprintf(payload, sizeof(payload), "{\"at\":%lld}",
+             (long long)(base + i * 1000));
+    CHECK_OK(prosody_send(p, topic, "rt", payload, NULL, err, sizeof(err)),
+             err);
+  }
+  prosody_client_destroy(p);
+
+  c = consume_with(group, topic, &h, "1m", "1.0", &refuse, 0, 1);
+  for (double deadline = t_now() + 30; t_now() < deadline; usleep(50000))
+    if ((deferred = deferred_total(c)) >= 3)
+      break;
+  CHECK(deferred == 3, "the key's three timers deferred: %ld", deferred);
+  stop(c);
+
+  atomic_store(&rtfault, 0);
+  c = consume_with(group, topic, &h, "1m", "1.0", NULL, 0, 0);
+  for (double deadline = t_now() + 30;
+       timer_count(&rtdones) < 3 && t_now() < deadline;)
+    usleep(20000);
+  stop(c);
+  pthread_mutex_lock(&lock);
+  CHECK(rtdones == 3,
+        "the next consumer ran %d of the key's 3 timers (the ones that "
+        "joined a key whose row was never written were lost)",
+        rtdones);
+  for (int i = 0; i < 3; i++)
+    CHECK(rtdone[i] == base + i * 1000, "timer %d was the one at %lld", i,
+          (long long)rtdone[i]);
+  pthread_mutex_unlock(&lock);
+  printf("refused timer row: the joined timers were kept; all 3 ran, in "
+         "order, on the next consumer\n");
+}
+
 int main(void) {
   refused_key_row();
+  refused_timer_row();
   failing_key();
   failing_timer();
   gone_offset();

@@ -22,36 +22,6 @@ static prosody_result_t handler(prosody_context_t *ctx,
   return PROSODY_SUCCESS;
 }
 
-/* GET path on 127.0.0.1:port; returns the status, body in `body`. */
-static int http_get(int port, const char *path, char *body, size_t n) {
-  struct sockaddr_in a = {0};
-  char req[256], resp[32768];
-  size_t got = 0;
-  ssize_t r;
-  int fd = socket(AF_INET, SOCK_STREAM, 0), status = -1;
-  a.sin_family = AF_INET;
-  a.sin_port = htons((uint16_t)port);
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, (struct sockaddr *)&a, sizeof(a))) {
-    close(fd);
-    return -1;
-  }
-  snprintf(req, sizeof(req),
-           "GET %s HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
-           path);
-  CHECK(write(fd, req, strlen(req)) == (ssize_t)strlen(req), "write");
-  while ((r = read(fd, resp + got, sizeof(resp) - 1 - got)) > 0)
-    got += (size_t)r;
-  resp[got] = '\0';
-  close(fd);
-  sscanf(resp, "HTTP/1.%*d %d", &status);
-  {
-    const char *b = strstr(resp, "\r\n\r\n");
-    snprintf(body, n, "%s", b ? b + 4 : "");
-  }
-  return status;
-}
-
 int main(void) {
   char err[1024], topic[128], group[160], body[32768];
   prosody_config_t *conf;
@@ -75,7 +45,7 @@ int main(void) {
   CHECK(port > 0, "no probe port");
 
   /* Before the first assignment (the mock's first join takes seconds). */
-  status = http_get(port, "/readyz", body, sizeof(body));
+  status = t_http_get(port, "/readyz", body, sizeof(body));
   if (prosody_assigned_partition_count(c) == 0) {
     CHECK(status == 503, "/readyz before assignment: %d", status);
     CHECK(strstr(body, "no partitions assigned"), "body: %s", body);
@@ -83,15 +53,15 @@ int main(void) {
   deadline = t_now() + 60;
   while (prosody_assigned_partition_count(c) == 0 && t_now() < deadline)
     usleep(10000);
-  status = http_get(port, "/readyz", body, sizeof(body));
+  status = t_http_get(port, "/readyz", body, sizeof(body));
   CHECK(status == 200 && strstr(body, "1 partition"), "/readyz: %d %s", status,
         body);
-  status = http_get(port, "/livez", body, sizeof(body));
+  status = t_http_get(port, "/livez", body, sizeof(body));
   CHECK(status == 200, "/livez: %d %s", status, body);
-  status = http_get(port, "/metrics", body, sizeof(body));
+  status = t_http_get(port, "/metrics", body, sizeof(body));
   CHECK(status == 200 && strstr(body, "\nprosody_partitions_assigned 1\n"),
         "/metrics: %d %.300s", status, body);
-  status = http_get(port, "/nothing", body, sizeof(body));
+  status = t_http_get(port, "/nothing", body, sizeof(body));
   CHECK(status == 404, "/nothing: %d", status);
 
   /* A handler that makes no progress for stall_threshold. */
@@ -104,18 +74,18 @@ int main(void) {
   while (!prosody_is_stalled(c) && t_now() < deadline)
     usleep(20000);
   CHECK(prosody_is_stalled(c), "not reported stalled");
-  status = http_get(port, "/livez", body, sizeof(body));
+  status = t_http_get(port, "/livez", body, sizeof(body));
   CHECK(status == 503 && strstr(body, "stall_threshold"), "/livez: %d %s",
         status, body);
   atomic_store(&release_it, 1);
   deadline = t_now() + 10;
   while (prosody_is_stalled(c) && t_now() < deadline)
     usleep(20000);
-  status = http_get(port, "/livez", body, sizeof(body));
+  status = t_http_get(port, "/livez", body, sizeof(body));
   CHECK(status == 200, "/livez after progress: %d %s", status, body);
 
   CHECK_OK(prosody_unsubscribe(c), "unsubscribe");
-  CHECK(http_get(port, "/readyz", body, sizeof(body)) == -1,
+  CHECK(t_http_get(port, "/readyz", body, sizeof(body)) == -1,
         "probe server still answers after unsubscribe");
   prosody_client_destroy(c);
   printf("ok: readiness, liveness and stall reporting\n");
