@@ -107,8 +107,10 @@ int main(void) {
         "the debug client's callback got a line about the other's topic");
   CHECK(count(&verbose, "handler failure", NULL) == 0,
         "the other client's warning reached the debug client");
-  /* The quiet client: its warning, nothing below warn. */
-  CHECK(count(&quiet, "2 engine", "transient handler failure") == 1,
+  /* The quiet client: its warning (from the retry layer, or the defer
+   * layer when the failure is deferred: which depends on whether a
+   * success was counted first), nothing below warn. */
+  CHECK(count(&quiet, "transient handler failure", NULL) == 1,
         "the warn client's callback did not get its handler's failure");
   CHECK(quiet.below_warn == 0, "the warn client got %d lines below warn",
         quiet.below_warn);
