@@ -618,6 +618,24 @@ void pr__df_finished(inv_t *inv, int commit) {
     dk_idle(dk, pr__wall_ms() + 1000);
 }
 
+void pr__df_unscheduled(part_t *part, const char *key, int64_t time_s) {
+  pr__engine_t *eng = part->eng;
+  pr__defer_t *store = eng->df_store[PR_DEFER_TIMERS];
+  kq_t *kq = pr__kq_get(part, key, 0);
+  pr__load_t *r;
+  char seg[SEG_MAX];
+  if (!store || !kq || !kq->dk[PR_DEFER_TIMERS] ||
+      !(r = req_new(part, key, PR_DEFER_TIMERS)))
+    return;
+  r->error = strdup("removing an unscheduled timer from its defer queue (it "
+                    "may still fire)");
+  segment_of(part, seg, sizeof(seg));
+  if (time_s >= 0)
+    pr__defer_advance(store, seg, key, time_s, log_cb, r);
+  else
+    pr__defer_trim(store, seg, key, INT64_MAX, log_cb, r);
+}
+
 /* A deferred timer's retry: its event, made again from (key, time). */
 static void load_timer(part_t *part, pr__dk_t *dk, pr__load_t *r) {
   inv_t *inv = pr__firing_inv(part, r->key, r->offset);

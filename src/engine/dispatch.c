@@ -334,7 +334,10 @@ void pr__dispatch_schedule(inv_t *inv) {
       PR_DEBUG("engine", "%s: a duplicate of one already handled; skipping it",
                pr__inv_describe(inv, ev, sizeof(ev)));
     }
-    if (!(inv = pr__outcome_finish_detach(inv, !inv->is_timer)))
+    /* A message is committed past; a dropped timer is deleted already,
+     * and a deferred one's entry goes from its queue. */
+    if (!(inv =
+              pr__outcome_finish_detach(inv, !inv->is_timer || inv->df_loaded)))
       return;
     if (inv->state != INV_QUEUED) /* claimed by a run meanwhile: not ours */
       return;
@@ -363,7 +366,7 @@ void pr__dispatch_start_ready(pr__engine_t *eng) {
     inv_t *inv = PR_CONTAINER_OF(t, inv_t, sched);
     pr__hist_observe(&eng->metrics.sched_wait, now - t->ready_ns);
     if (inv->is_timer && inv->dropped)
-      pr__outcome_finish(inv, 0);
+      pr__outcome_finish(inv, inv->df_loaded); /* as in the above */
     else
       start(inv);
   }

@@ -88,6 +88,7 @@ void pr__firing_deleted(part_t *part, const char *key, int64_t time_s,
     pr__tq_remove(part->tq, key, time_s);
   else
     pr__tq_remove_key(part->tq, key, keep_s);
+  pr__df_unscheduled(part, key, time_s);
   kq = pr__kq_get(part, key, 0);
   for (inv_t *i = kq ? kq->head : NULL; i; i = i->next) {
     if (!i->is_timer ||

@@ -567,6 +567,10 @@ int64_t pr__df_delay_s(pr__engine_t *eng, int32_t n);
 void pr__df_defer(inv_t *inv);
 /* A new message of a deferred key: it joins the key's defer queue. */
 void pr__df_join(inv_t *inv);
+/* A handler unscheduled the key's timer at `time_s` (-1: all its timers):
+ * a deferred one leaves its defer queue too (a failed removal is logged:
+ * that timer may still fire). */
+void pr__df_unscheduled(part_t *part, const char *key, int64_t time_s);
 /* A loaded message is done (`commit`: handled; else aborted). */
 void pr__df_finished(inv_t *inv, int commit);
 /* An INV_DEFERRING message's retry timer: write again. */

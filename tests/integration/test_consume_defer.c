@@ -454,6 +454,83 @@ static void failing_timer(void) {
          ttries);
 }
 
+/* ---- unscheduling a deferred timer ------------------------------------ */
+
+static atomic_int utfault = 1, uttries, ut_base_ran, ut_later_ran;
+static atomic_llong ut_base;
+
+/* {"at":T} schedules T for the key, {"un":T} unschedules it. */
+static prosody_result_t on_ut_message(prosody_context_t *ctx,
+                                      const prosody_message_t *m, void *op) {
+  const char *p = prosody_message_payload(m), *at = strstr(p, "\"at\":"),
+             *un = strstr(p, "\"un\":");
+  char err[256];
+  (void)op;
+  if (at)
+    CHECK_OK(prosody_schedule(ctx, atoll(at + 5), err, sizeof(err)), err);
+  if (un)
+    CHECK_OK(prosody_unschedule(ctx, atoll(un + 5), err, sizeof(err)), err);
+  return PROSODY_SUCCESS;
+}
+
+static prosody_result_t on_ut_timer(prosody_context_t *ctx,
+                                    const prosody_timer_t *t, void *op) {
+  (void)ctx;
+  (void)op;
+  if (prosody_timer_time(t) != atomic_load(&ut_base)) {
+    atomic_fetch_add(&ut_later_ran, 1);
+    return PROSODY_SUCCESS;
+  }
+  if (atomic_load(&utfault)) {
+    atomic_fetch_add(&uttries, 1);
+    return PROSODY_TRANSIENT;
+  }
+  atomic_fetch_add(&ut_base_ran, 1);
+  return PROSODY_SUCCESS;
+}
+
+static void send_to(const char *topic, const char *key, const char *field,
+                    int64_t t) {
+  char err[1024], payload[64];
+  prosody_config_t *conf = t_config();
+  prosody_client_t *p;
+  t_set(conf, "source_system", "test-producer");
+  p = prosody_client_new(conf, err, sizeof(err));
+  CHECK(p, "producer: %s", err);
+  snprintf(payload, sizeof(payload), "{\"%s\":%lld}", field, (long long)t);
+  CHECK_OK(prosody_send(p, topic, key, payload, NULL, err, sizeof(err)), err);
+  prosody_client_destroy(p);
+}
+
+/* A deferred timer that its key unschedules leaves its defer queue: once
+ * the fault clears it does not run, and the key's next timer does. */
+static void unscheduled_timer(void) {
+  char topic[128], group[160];
+  prosody_handler_t h = {on_ut_message, on_ut_timer, NULL, 0};
+  prosody_client_t *c;
+  int64_t base = ((int64_t)wall_s() + 2) * 1000;
+
+  snprintf(topic, sizeof(topic), "%s", t_topic("defer-unsched"));
+  snprintf(group, sizeof(group), "%s-g", topic);
+  t_create_topic(topic, 1);
+  atomic_store(&ut_base, base);
+  send_to(topic, "ut", "at", base);
+  c = consume(group, topic, &h, "1m", "1.0");
+  CHECK(t_wait_at_least(&uttries, 2, 30),
+        "the failing timer was tried %d times", atomic_load(&uttries));
+  send_to(topic, "ut", "un", base);
+  atomic_store(&utfault, 0);
+  send_to(topic, "ut", "at", ((int64_t)wall_s() + 1) * 1000);
+  CHECK(t_wait_at_least(&ut_later_ran, 1, 30),
+        "the key's next timer did not run");
+  stop(c);
+  CHECK(atomic_load(&ut_base_ran) == 0,
+        "the unscheduled deferred timer ran %d time(s) after its fault "
+        "cleared",
+        atomic_load(&ut_base_ran));
+  printf("unscheduled timer: left its defer queue; the key's next ran\n");
+}
+
 /* ---- a deferred offset gone from Kafka (real tier) ------------------- */
 
 static atomic_int gfaulty = 1, gtries, gdone_seq = -1;
@@ -743,6 +820,7 @@ static void refused_timer_row(void) {
 int main(void) {
   refused_key_row();
   refused_timer_row();
+  unscheduled_timer();
   failing_key();
   failing_timer();
   gone_offset();
