@@ -23,6 +23,7 @@ struct prosody_client {
   char *source_system;      /* source_system, or group_id */
   char *bootstrap;          /* effective bootstrap.servers */
   pr__producer_t *producer; /* thread-safe */
+  pr__tm_t *tm;             /* telemetry (thread-safe), or NULL */
   pthread_mutex_t lock;     /* guards engine (subscribe/unsubscribe) */
   pr__engine_t *engine;     /* the running consumer, or NULL */
   pr__probe_t *probe;       /* probe server while subscribed, or NULL */
@@ -101,6 +102,8 @@ prosody_client_new(prosody_config_t *conf, char *errstr, size_t errstr_size) {
                                  errstr_size);
   if (!c->producer)
     goto fail_mock;
+  c->tm = pr__tm_new(&c->st, c->bootstrap);
+  pr__producer_set_telemetry(c->producer, c->tm);
   pthread_mutex_init(&c->lock, NULL);
   c->conf = conf;
   PR_DEBUG("client", "client ready (bootstrap %s, source-system \"%s\")",
@@ -132,6 +135,7 @@ PROSODY_EXPORT void prosody_client_destroy(prosody_client_t *c) {
   {
     LOG_SCOPE(c);
     pr__producer_destroy(c->producer);
+    pr__tm_free(c->tm); /* after the producer: its last reports emit */
     LOG_SCOPE_END();
   }
   pthread_mutex_destroy(&c->lock);

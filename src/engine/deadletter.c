@@ -11,15 +11,6 @@
 
 #include "internal.h"
 
-void pr__dlq_rfc3339(int64_t ms, char *buf, size_t n) {
-  time_t s = (time_t)(ms / 1000);
-  struct tm tm;
-  char base[32];
-  gmtime_r(&s, &tm);
-  strftime(base, sizeof(base), "%Y-%m-%dT%H:%M:%S", &tm);
-  snprintf(buf, n, "%s.%03dZ", base, (int)(ms % 1000));
-}
-
 static void dlq_cb(prosody_err_t err, const char *errstr,
                    const prosody_delivery_t *d, void *opaque) {
   inv_t *inv = opaque;
@@ -51,8 +42,8 @@ void pr__dlq_send(inv_t *inv) {
   rd_kafka_header_add(h, "source-partition", -1, num, -1);
   snprintf(num, sizeof(num), "%lld", (long long)inv->msg.offset);
   rd_kafka_header_add(h, "source-offset", -1, num, -1);
-  pr__dlq_rfc3339(inv->msg.timestamp >= 0 ? inv->msg.timestamp : pr__wall_ms(),
-                  stamp, sizeof(stamp));
+  pr__rfc3339_ms(inv->msg.timestamp >= 0 ? inv->msg.timestamp : pr__wall_ms(),
+                 stamp, sizeof(stamp));
   rd_kafka_header_add(h, "source-timestamp", -1, stamp, -1);
   rd_kafka_header_add(h, "source-group-id", -1, eng->group_id, -1);
   rd_kafka_header_add(h, "source-error", -1,

@@ -62,7 +62,7 @@ static int complete_attempt(prosody_context_t *ctx, prosody_result_t result,
      * the engine frees it there instead (freeing on the loop cost the
      * Python binding a quarter of its loop thread, mostly waiting on
      * malloc's lock). */
-    pr__inv_shed(inv);
+    pr__inv_shed(inv, 1);
   }
   inv->result = result;
   inv->run_ns =

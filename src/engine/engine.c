@@ -242,6 +242,7 @@ prosody_err_t pr__engine_start(const pr__settings_t *st, const char *bootstrap,
   eng->store_mail.kind = MAIL_STORE;
   eng->st = st;
   eng->producer = producer;
+  eng->tm = pr__producer_telemetry(producer);
   eng->handler = *handler;
   eng->group_id = PR_CFG_STR(st, GROUP_ID);
   eng->mode = PR_CFG_ENUM(st, MODE);

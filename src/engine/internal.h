@@ -329,6 +329,7 @@ struct pr__engine {
   /* Immutable after start. */
   const pr__settings_t *st;
   pr__producer_t *producer;
+  pr__tm_t *tm; /* the client's telemetry (thread-safe), or NULL */
   prosody_handler_t handler;
   const char *group_id;
   int mode;
@@ -437,8 +438,10 @@ void pr__mail_close(pr__engine_t *eng);
 
 void pr__inv_free(inv_t *inv);
 /* Frees what only the handler needed (JSON tree, headers, header copies):
- * on success, by the worker that ran it, so the engine thread does not. */
-void pr__inv_shed(inv_t *inv);
+ * on success, by the worker that ran it, so the engine thread does not.
+ * `keep_trace`: headers with a traceparent stay while telemetry is on
+ * (its events report the context). */
+void pr__inv_shed(inv_t *inv, int keep_trace);
 /* "topic[p] offset N key "k"" or "topic[p] timer T key "k"", for logs. */
 const char *pr__inv_describe(const inv_t *inv, char *buf, size_t n);
 void pr__inv_release_rkm(inv_t *inv);
@@ -567,6 +570,12 @@ int64_t pr__df_delay_s(pr__engine_t *eng, int32_t n);
 void pr__df_defer(inv_t *inv);
 /* A new message of a deferred key: it joins the key's defer queue. */
 void pr__df_join(inv_t *inv);
+/* Telemetry of an event whose handler ran: dispatched (at its start),
+ * then succeeded or failed (message.c). */
+void pr__inv_emit_ran(inv_t *inv);
+/* Telemetry of a timer operation: scheduled or cancelled (message.c). */
+void pr__emit_timer_op(pr__engine_t *eng, pr__tm_type_t type, const char *topic,
+                       int32_t partition, const char *key, int64_t time_s);
 /* A handler unscheduled the key's timer at `time_s` (-1: all its timers):
  * a deferred one leaves its defer queue too (a failed removal is logged:
  * that timer may still fire). */
@@ -638,7 +647,6 @@ uint64_t pr__outcome_backoff_ms(pr__engine_t *eng, int n);
 
 void pr__dlq_send(inv_t *inv);
 void pr__dlq_done(inv_t *inv);
-void pr__dlq_rfc3339(int64_t ms, char *buf, size_t n);
 
 /* --- firing.c --------------------------------------------------------- */
 

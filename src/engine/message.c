@@ -20,14 +20,21 @@ void pr__inv_timer_close(uv_timer_t **t) {
   }
 }
 
-void pr__inv_shed(inv_t *inv) {
+void pr__inv_shed(inv_t *inv, int keep_trace) {
   hdr_copy_t *h, *next;
+  const void *v;
+  size_t len;
   if (inv->msg.json)
     json_decref(inv->msg.json);
   inv->msg.json = NULL;
-  if (inv->msg.headers)
+  /* Telemetry reports the trace context once the result is in. */
+  if (inv->msg.headers &&
+      !(keep_trace && inv->eng->tm &&
+        !rd_kafka_header_get_last(inv->msg.headers, "traceparent", &v,
+                                  &len))) {
     rd_kafka_headers_destroy(inv->msg.headers);
-  inv->msg.headers = NULL;
+    inv->msg.headers = NULL;
+  }
   for (h = inv->msg.hdr_copies; h; h = next) {
     next = h->next;
     free(h->name);
@@ -47,7 +54,7 @@ void pr__inv_free(inv_t *inv) {
   }
   if (inv->rkm)
     rd_kafka_message_destroy(inv->rkm);
-  pr__inv_shed(inv);
+  pr__inv_shed(inv, 0);
   pthread_mutex_destroy(&inv->msg.hdr_lock);
   if (inv->cslot)
     pr__ctx_release(inv->cslot);
@@ -170,4 +177,73 @@ PROSODY_EXPORT const char *prosody_timer_key(const prosody_timer_t *timer) {
 
 PROSODY_EXPORT int64_t prosody_timer_time(const prosody_timer_t *timer) {
   return timer ? timer->time_ms : -1;
+}
+
+/* The message's header `name` as a string in `out`, or NULL. */
+static const char *header_str(const inv_t *inv, const char *name, char *out,
+                              size_t n) {
+  const void *v;
+  size_t len;
+  if (!inv->msg.headers ||
+      rd_kafka_header_get_last(inv->msg.headers, name, &v, &len) || !v)
+    return NULL;
+  if (len >= n)
+    len = n - 1;
+  memcpy(out, v, len);
+  out[len] = '\0';
+  return out;
+}
+
+static void emit(inv_t *inv, int phase, int64_t at_ms) {
+  pr__engine_t *eng = inv->eng;
+  char tp[128], ts[512];
+  pr__tm_event_t ev = {
+      .type = (pr__tm_type_t)((inv->is_timer ? PR_TM_TIMER_DISPATCHED
+                                             : PR_TM_MESSAGE_DISPATCHED) +
+                              phase),
+      .topic = inv->msg.topic,
+      .partition = inv->msg.partition,
+      .offset = inv->is_timer ? -1 : inv->msg.offset,
+      .time_ms = inv->time_s * 1000,
+      .timer_type = !inv->is_timer   ? NULL
+                    : inv->df_loaded ? "deferredTimer"
+                                     : "application",
+      .key = inv->msg.key ? inv->msg.key : "",
+      .source = eng->group_id,
+      .failure_demand = inv->attempt > 1 || inv->df_loaded,
+      .at_ms = at_ms};
+  if (phase == 2) {
+    ev.error_category =
+        inv->result == PROSODY_PERMANENT ? "permanent" : "transient";
+    ev.exception = inv->result_error ? inv->result_error : "";
+  }
+  if (!inv->is_timer) {
+    ev.traceparent = header_str(inv, "traceparent", tp, sizeof(tp));
+    ev.tracestate = header_str(inv, "tracestate", ts, sizeof(ts));
+  }
+  pr__tm_emit(eng->tm, &ev);
+}
+
+void pr__inv_emit_ran(inv_t *inv) {
+  int64_t now_ms = pr__wall_ms(), now_ns = pr__now_ns();
+  if (!inv->eng->tm)
+    return;
+  /* Its start, in wall-clock time (started_ns is monotonic). */
+  emit(inv, 0,
+       inv->started_ns > 0 ? now_ms - (now_ns - inv->started_ns) / 1000000
+                           : now_ms);
+  emit(inv, inv->result == PROSODY_SUCCESS ? 1 : 2, now_ms);
+}
+
+void pr__emit_timer_op(pr__engine_t *eng, pr__tm_type_t type, const char *topic,
+                       int32_t partition, const char *key, int64_t time_s) {
+  pr__tm_event_t ev = {.type = type,
+                       .topic = topic,
+                       .partition = partition,
+                       .offset = -1,
+                       .time_ms = time_s * 1000,
+                       .timer_type = "application",
+                       .key = key,
+                       .source = eng->group_id};
+  pr__tm_emit(eng->tm, &ev);
 }

@@ -94,6 +94,8 @@ static void top_written(void *arg, prosody_err_t err, const char *errstr) {
     return;
   }
   PR_BUMP(op->eng->metrics.timers_scheduled, 1);
+  pr__emit_timer_op(op->eng, PR_TM_TIMER_SCHEDULED, op->topic, op->partition,
+                    op->key, op->time_s);
   if (part) {
     pr__firing_written(op->eng, part, op->key, op->time_s);
     pr__firing_arm(op->eng);
@@ -111,6 +113,9 @@ static void top_deleted(void *arg, prosody_err_t err, const char *errstr) {
   part_t *part = top_part(op);
   if (!err && part)
     pr__firing_deleted(part, op->key, op->time_s, -1);
+  if (!err)
+    pr__emit_timer_op(op->eng, PR_TM_TIMER_CANCELLED, op->topic, op->partition,
+                      op->key, op->time_s);
   top_done(op, err, errstr);
 }
 

@@ -83,6 +83,7 @@ rd_kafka_mock_cluster_t *pr__mock_cluster(void);
 /* ---- producer.c ---- */
 
 typedef struct pr__producer pr__producer_t;
+typedef struct pr__tm pr__tm_t; /* telemetry.c */
 
 pr__producer_t *pr__producer_new(const pr__settings_t *st,
                                  const char *bootstrap,
@@ -111,6 +112,59 @@ prosody_err_t pr__producer_send(pr__producer_t *prod, const char *topic,
 rd_kafka_t *pr__producer_handle(pr__producer_t *prod);
 /* How many times a fatal error made the producer replace its handle. */
 int pr__producer_recoveries(pr__producer_t *prod);
+
+/* The client's telemetry emitter, which the producer reports its sent
+ * records to and the client's consumer engine its events (NULL: none).
+ * Set once, before the first send. */
+void pr__producer_set_telemetry(pr__producer_t *prod, pr__tm_t *tm);
+pr__tm_t *pr__producer_telemetry(pr__producer_t *prod);
+
+/* ---- telemetry.c ---- */
+
+typedef enum pr__tm_type {
+  PR_TM_MESSAGE_DISPATCHED,
+  PR_TM_MESSAGE_SUCCEEDED,
+  PR_TM_MESSAGE_FAILED,
+  PR_TM_MESSAGE_SENT,
+  PR_TM_TIMER_SCHEDULED,
+  PR_TM_TIMER_CANCELLED,
+  PR_TM_TIMER_DISPATCHED,
+  PR_TM_TIMER_SUCCEEDED,
+  PR_TM_TIMER_FAILED
+} pr__tm_type_t;
+
+/* One lifecycle event; strings are borrowed for the call. */
+typedef struct pr__tm_event {
+  pr__tm_type_t type;
+  const char *topic;
+  int32_t partition;
+  int64_t offset;         /* messages; -1: none */
+  int64_t time_ms;        /* timers: when they fire */
+  const char *timer_type; /* timers: application, deferredMessage or
+                             deferredTimer; NULL for messages */
+  const char *key;
+  const char *source;         /* the group id; the source system for sent */
+  int failure_demand;         /* a retry (demandType failure) */
+  const char *error_category; /* failed: transient, permanent or terminal */
+  const char *exception;      /* failed: the handler's error text */
+  const char *traceparent, *tracestate; /* the message's, or NULL */
+  int64_t at_ms; /* when it happened (ms since the epoch); 0: now */
+} pr__tm_event_t;
+
+/* The client's emitter, or NULL when telemetry_enabled is false (or out
+ * of memory: logged). Its producer is made on the first event. */
+pr__tm_t *pr__tm_new(const pr__settings_t *st, const char *bootstrap);
+/* Queues the event (fire and forget; dropped and counted when the queue is
+ * full). Any thread; `t` NULL: nothing. */
+void pr__tm_emit(pr__tm_t *t, const pr__tm_event_t *ev);
+/* The event's JSON text in `out` (NUL-terminated, at most n - 1 bytes);
+ * returns its length. */
+size_t pr__tm_json(const pr__tm_t *t, const pr__tm_event_t *ev, int64_t now_ms,
+                   char *out, size_t n);
+/* Events dropped (queue full) or not delivered. */
+uint64_t pr__tm_dropped(const pr__tm_t *t);
+/* Flushes for up to 2 s, then frees. */
+void pr__tm_free(pr__tm_t *t);
 
 /* The producer of a client (client.c; tests inject faults through it). */
 pr__producer_t *pr__client_producer(prosody_client_t *client);

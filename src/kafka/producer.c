@@ -58,6 +58,8 @@ typedef struct resend {
 } resend_t;
 
 struct pr__producer {
+  pr__tm_t *tm; /* the client's telemetry (borrowed), or NULL; set before
+                   the first send */
   pthread_rwlock_t rk_lock; /* guards the rk pointer: users of the handle
                                hold it shared, the poller swaps it */
   rd_kafka_t *rk;           /* thread-safe handle; replaced on fatal error */
@@ -139,6 +141,19 @@ static void dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque) {
     return; /* re-sent on the replacement handle */
   if (!m->err) {
     prosody_delivery_t d = {req->topic, m->partition, m->offset};
+    if (prod->tm) {
+      char key[1024];
+      size_t kl = m->key_len < sizeof(key) ? m->key_len : sizeof(key) - 1;
+      pr__tm_event_t ev = {.type = PR_TM_MESSAGE_SENT,
+                           .topic = req->topic,
+                           .partition = m->partition,
+                           .offset = m->offset,
+                           .key = key,
+                           .source = prod->source_system};
+      memcpy(key, m->key ? m->key : "", m->key ? kl : 0);
+      key[m->key ? kl : 0] = '\0';
+      pr__tm_emit(prod->tm, &ev);
+    }
     req->cb(PROSODY_OK, NULL, &d, req->opaque);
   } else {
     prosody_err_t err = pr__kafka_classify(m->err);
@@ -453,6 +468,12 @@ void pr__producer_destroy(pr__producer_t *prod) {
   free(prod->source_system);
   free(prod);
 }
+
+void pr__producer_set_telemetry(pr__producer_t *prod, pr__tm_t *tm) {
+  prod->tm = tm;
+}
+
+pr__tm_t *pr__producer_telemetry(pr__producer_t *prod) { return prod->tm; }
 
 rd_kafka_t *pr__producer_handle(pr__producer_t *prod) {
   rd_kafka_t *rk;

@@ -289,3 +289,12 @@ int pr__grow(void *p, size_t *cap, size_t n, size_t size, size_t first) {
   *cap = want;
   return 0;
 }
+
+void pr__rfc3339_ms(int64_t ms, char *buf, size_t n) {
+  time_t sec = (time_t)(ms / 1000);
+  struct tm tm;
+  char base[32];
+  gmtime_r(&sec, &tm);
+  strftime(base, sizeof(base), "%Y-%m-%dT%H:%M:%S", &tm);
+  snprintf(buf, n, "%s.%03dZ", base, (int)(ms % 1000));
+}

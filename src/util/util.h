@@ -76,6 +76,9 @@ void pr__strset_clear(pr__strset_t *set);
 int64_t pr__now_ns(void);
 /* Wall clock in milliseconds since the epoch. */
 int64_t pr__wall_ms(void);
+/* `ms` since the epoch as RFC 3339 in UTC with milliseconds
+ * ("2026-12-04T13:55:34.123Z"). */
+void pr__rfc3339_ms(int64_t ms, char *buf, size_t n);
 
 /* Log levels, most severe first; matches the `log` option's enum order
  * (off, error, warn, info, debug, trace). */

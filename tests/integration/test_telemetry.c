@@ -1,0 +1,213 @@
+/*
+ * test_telemetry.c - the telemetry topic's contract: every event type a
+ * client emits, with every field, read back from the topic.
+ *
+ * A producer client sends three records (one with a traceparent); a
+ * consumer (pipeline mode, its own telemetry topic) handles them: key
+ * "ok" schedules a timer one second ahead and another that it then
+ * unschedules; key "bad" fails transiently once and then succeeds (its
+ * second dispatch is a retry: demandType failure); the timer fires and
+ * succeeds. The topic must then hold, as JSON keyed by the event's key:
+ * message.sent (x3, from the producer), message.dispatched (x4),
+ * message.succeeded (x3), message.failed (x1), timer.scheduled (x2),
+ * timer.cancelled (x1), timer.dispatched (x1) and timer.succeeded (x1).
+ */
+#include <jansson.h>
+#include <regex.h>
+#include <stdatomic.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#define TP "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+static atomic_int bad_tries, timers_done, handled;
+static atomic_llong timer_at;
+
+static prosody_result_t on_message(prosody_context_t *ctx,
+                                   const prosody_message_t *m, void *op) {
+  char err[256];
+  (void)op;
+  if (!strcmp(prosody_message_key(m), "bad") &&
+      atomic_fetch_add(&bad_tries, 1) == 0)
+    return PROSODY_TRANSIENT;
+  if (!strcmp(prosody_message_key(m), "ok")) {
+    int64_t at = (time(NULL) + 1) * 1000;
+    atomic_store(&timer_at, at);
+    CHECK_OK(prosody_schedule(ctx, at, err, sizeof(err)), err);
+    CHECK_OK(prosody_schedule(ctx, at + 60000, err, sizeof(err)), err);
+    CHECK_OK(prosody_unschedule(ctx, at + 60000, err, sizeof(err)), err);
+  }
+  atomic_fetch_add(&handled, 1);
+  return PROSODY_SUCCESS;
+}
+
+static prosody_result_t on_timer(prosody_context_t *ctx,
+                                 const prosody_timer_t *t, void *op) {
+  (void)ctx;
+  (void)op;
+  (void)t;
+  atomic_fetch_add(&timers_done, 1);
+  return PROSODY_SUCCESS;
+}
+
+static const char *str(json_t *o, const char *k) {
+  json_t *v = json_object_get(o, k);
+  return json_is_string(v) ? json_string_value(v) : NULL;
+}
+
+static int has(json_t *o, const char *k) {
+  return json_object_get(o, k) != NULL;
+}
+
+int main(void) {
+  char err[1024], topic[128], tm_topic[128], group[160], host[256] = "";
+  prosody_config_t *conf;
+  prosody_client_t *p, *c;
+  prosody_handler_t h = {on_message, on_timer, NULL, 0};
+  prosody_trace_t trace = {TP, "k=v", NULL};
+  t_record_t recs[17];
+  int n, counts[9] = {0};
+  static const char *types[9] = {
+      "prosody.message.dispatched", "prosody.message.succeeded",
+      "prosody.message.failed",     "prosody.message.sent",
+      "prosody.timer.scheduled",    "prosody.timer.cancelled",
+      "prosody.timer.dispatched",   "prosody.timer.succeeded",
+      "prosody.timer.failed"};
+  static const int want[9] = {4, 3, 1, 3, 2, 1, 1, 1, 0};
+  regex_t rfc3339;
+
+  CHECK(!regcomp(&rfc3339,
+                 "^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\\."
+                 "[0-9]{3}Z$",
+                 REG_EXTENDED | REG_NOSUB),
+        "regcomp");
+  gethostname(host, sizeof(host) - 1);
+  snprintf(topic, sizeof(topic), "%s", t_topic("telemetry-src"));
+  snprintf(tm_topic, sizeof(tm_topic), "%s", t_topic("telemetry-events"));
+  snprintf(group, sizeof(group), "%s-g", topic);
+  t_create_topic(topic, 1);
+  t_create_topic(tm_topic, 1);
+
+  conf = t_config();
+  t_set(conf, "source_system", "telemetry-producer");
+  t_set(conf, "telemetry_topic", tm_topic);
+  p = prosody_client_new(conf, err, sizeof(err));
+  CHECK(p, "producer: %s", err);
+  CHECK_OK(prosody_send(p, topic, "ok", "{\"n\":1}", &trace, err, sizeof(err)),
+           err);
+  CHECK_OK(prosody_send(p, topic, "bad", "{\"n\":2}", NULL, err, sizeof(err)),
+           err);
+  CHECK_OK(prosody_send(p, topic, "plain", "{\"n\":3}", NULL, err, sizeof(err)),
+           err);
+  prosody_client_destroy(p);
+
+  conf = t_consumer_config(group, topic);
+  t_set(conf, "telemetry_topic", tm_topic);
+  t_set(conf, "retry_base", "10ms");
+  c = prosody_client_new(conf, err, sizeof(err));
+  CHECK(c, "consumer: %s", err);
+  CHECK_OK(prosody_subscribe(c, &h, err, sizeof(err)), err);
+  CHECK(t_wait_at_least(&handled, 3, 60), "handled %d of 3",
+        atomic_load(&handled));
+  CHECK(t_wait_at_least(&timers_done, 1, 30), "the timer did not fire");
+  CHECK_OK(prosody_unsubscribe(c), "unsubscribe");
+  prosody_client_destroy(c); /* flushes its telemetry */
+
+  /* The client flushed its events when destroyed: all 16 are in the
+   * topic. A 17th is waited for (8 s) to show there is none. */
+  n = t_read_back(tm_topic, 17, 8, recs);
+  for (int i = 0; i < n; i++) {
+    json_error_t je;
+    json_t *o = json_loads(recs[i].value, 0, &je);
+    const char *type, *key;
+    int ti = -1, timer, failed, sent;
+    CHECK(o && json_is_object(o), "event %d is not a JSON object: %s", i,
+          recs[i].value);
+    type = str(o, "type");
+    for (int k = 0; type && k < 9; k++)
+      if (!strcmp(type, types[k]))
+        ti = k;
+    CHECK(ti >= 0, "unknown event type in %s", recs[i].value);
+    counts[ti]++;
+    timer = ti >= 4, failed = ti == 2, sent = ti == 3;
+    key = str(o, "key");
+    CHECK(key && !strcmp(key, recs[i].key), "event %s: key %s, record key %s",
+          recs[i].value, key ? key : "-", recs[i].key);
+    CHECK(str(o, "eventTime") &&
+              !regexec(&rfc3339, str(o, "eventTime"), 0, NULL, 0),
+          "eventTime in %s", recs[i].value);
+    CHECK(str(o, "topic") && !strcmp(str(o, "topic"), topic), "topic in %s",
+          recs[i].value);
+    CHECK(json_is_integer(json_object_get(o, "partition")) &&
+              json_integer_value(json_object_get(o, "partition")) == 0,
+          "partition in %s", recs[i].value);
+    CHECK(str(o, "hostname") && !strcmp(str(o, "hostname"), host),
+          "hostname in %s (want %s)", recs[i].value, host);
+    CHECK(str(o, "source") &&
+              !strcmp(str(o, "source"), sent ? "telemetry-producer" : group),
+          "source in %s", recs[i].value);
+    if (timer) {
+      CHECK(!has(o, "offset"), "a timer event with an offset: %s",
+            recs[i].value);
+      CHECK(str(o, "scheduledTime") &&
+                !regexec(&rfc3339, str(o, "scheduledTime"), 0, NULL, 0),
+            "scheduledTime in %s", recs[i].value);
+      CHECK(str(o, "timerType") && !strcmp(str(o, "timerType"), "application"),
+            "timerType in %s", recs[i].value);
+      CHECK(!strcmp(key, "ok"), "a timer of key %s", key);
+    } else {
+      CHECK(json_is_integer(json_object_get(o, "offset")) &&
+                json_integer_value(json_object_get(o, "offset")) >= 0 &&
+                json_integer_value(json_object_get(o, "offset")) < 3,
+            "offset in %s", recs[i].value);
+      CHECK(!has(o, "scheduledTime") && !has(o, "timerType"),
+            "a message event with timer fields: %s", recs[i].value);
+    }
+    if (ti == 0 || ti == 1 || ti == 2 || ti == 6 || ti == 7) {
+      const char *d = str(o, "demandType");
+      CHECK(d && (!strcmp(d, "normal") || !strcmp(d, "failure")),
+            "demandType in %s", recs[i].value);
+    } else {
+      CHECK(!has(o, "demandType"), "demandType in %s", recs[i].value);
+    }
+    if (failed) {
+      CHECK(str(o, "errorCategory") &&
+                !strcmp(str(o, "errorCategory"), "transient"),
+            "errorCategory in %s", recs[i].value);
+      CHECK(str(o, "exception"), "exception in %s", recs[i].value);
+      CHECK(!strcmp(key, "bad"), "a failure of key %s", key);
+    } else {
+      CHECK(!has(o, "errorCategory") && !has(o, "exception"),
+            "failure fields in %s", recs[i].value);
+    }
+    /* The traced record's consume events carry its context. */
+    if (!timer && !sent && !strcmp(key, "ok"))
+      CHECK(str(o, "traceParent") && !strcmp(str(o, "traceParent"), TP) &&
+                str(o, "traceState") && !strcmp(str(o, "traceState"), "k=v"),
+            "trace context in %s", recs[i].value);
+    else
+      CHECK(!has(o, "traceParent"), "traceParent in %s", recs[i].value);
+    json_decref(o);
+  }
+  for (int k = 0; k < 9; k++)
+    CHECK(counts[k] == want[k], "%d %s event(s), want %d (%d events read)",
+          counts[k], types[k], want[k], n);
+  /* The retry of "bad" is a failure-class dispatch. */
+  {
+    int normal = 0, failure = 0;
+    for (int i = 0; i < n; i++) {
+      json_t *o = json_loads(recs[i].value, 0, NULL);
+      if (!strcmp(str(o, "type"), types[0]) && !strcmp(str(o, "key"), "bad"))
+        !strcmp(str(o, "demandType"), "failure") ? failure++ : normal++;
+      json_decref(o);
+    }
+    CHECK(normal == 1 && failure == 1,
+          "key bad's dispatches: %d normal, %d failure (want 1 and 1)", normal,
+          failure);
+  }
+  t_records_free(recs, n);
+  regfree(&rfc3339);
+  printf("ok: %d telemetry events, every type and field as specified\n", n);
+  return 0;
+}
