@@ -187,6 +187,13 @@ char *pr__engine_metrics(pr__engine_t *eng) {
   counter(&o, "prosody_dead_lettered_total",
           "Messages written to failure_topic (low-latency mode)", NULL,
           &m->dead_lettered);
+  {
+    atomic_uint_fast64_t dropped = pr__tm_dropped(eng->tm);
+    counter(&o, "prosody_telemetry_dropped_total",
+            "Telemetry events dropped (the telemetry producer's queue was "
+            "full) or not delivered",
+            NULL, &dropped);
+  }
   counter(&o, "prosody_timers_scheduled_total",
           "Timers written by the handler's timer calls", NULL,
           &m->timers_scheduled);
