@@ -15,6 +15,11 @@
  * (a fresh 4-partition topic, deleted afterwards) instead of the embedded
  * mock cluster; result names then carry "-real".
  *
+ * BENCH_TELEMETRY=pair runs prosody twice per repetition instead of raw
+ * and prosody: telemetry on (the default: every event to the telemetry
+ * topic) and off, in turn; the line consume-telemetry-DIST gives the rate
+ * with it on and ratio = on / off (medians).
+ *
  * BENCH_MAX_CONCURRENCY / BENCH_MAX_UNCOMMITTED override those options and
  * BENCH_SKIP_RAW=1 skips the baseline, for profiling; `make bench` uses
  * neither.
@@ -290,6 +295,8 @@ static long healthy_records(const char *bootstrap, const char *topic) {
 
 static const char *bench_bootstrap;
 
+static int telemetry_off; /* the next prosody run has telemetry off */
+
 static double run_prosody(const char *topic, long n, int rep) {
   char err[1024], group[64];
   prosody_config_t *conf = prosody_config_new();
@@ -305,6 +312,8 @@ static double run_prosody(const char *topic, long n, int rep) {
     prosody_config_set(conf, "shutdown_timeout", "2s", err, sizeof(err));
   }
   target(conf);
+  if (telemetry_off)
+    prosody_config_set(conf, "telemetry_enabled", "false", err, sizeof(err));
   prosody_config_set(conf, "group_id", group, err, sizeof(err));
   prosody_config_set(conf, "subscribed_topics", topic, err, sizeof(err));
   prosody_config_set(conf, "log", poison_mode ? "error" : "warn", err,
@@ -370,6 +379,28 @@ int main(int argc, char **argv) {
   produce(topic, n); /* 4 partitions, 1000 keys */
   if (poison_mode)
     healthy_want = healthy_records(bootstrap, topic);
+  if (getenv("BENCH_TELEMETRY") && !strcmp(getenv("BENCH_TELEMETRY"), "pair")) {
+    double on[16], off[16];
+    for (int r = 0; r < reps; r++) {
+      int first_off = r % 2; /* the order alternates */
+      telemetry_off = first_off;
+      (first_off ? off : on)[r] = run_prosody(topic, n, 2 * r);
+      telemetry_off = !first_off;
+      (first_off ? on : off)[r] = run_prosody(topic, n, 2 * r + 1);
+      telemetry_off = 0;
+      fprintf(stderr, "  run %d: telemetry on %.0f msg/s, off %.0f msg/s\n", r,
+              on[r], off[r]);
+    }
+    qsort(on, (size_t)reps, sizeof(double), bench_cmp_double);
+    qsort(off, (size_t)reps, sizeof(double), bench_cmp_double);
+    printf("bench consume-telemetry-%s%s %.0f msg/s ratio=%.3f off=%.0f "
+           "(no-op handler, telemetry on against off)\n",
+           where, dist, on[reps / 2], on[reps / 2] / off[reps / 2],
+           off[reps / 2]);
+    if (real_bootstrap)
+      topic_admin(topic, 0);
+    return 0;
+  }
   for (int r = 0; r < reps; r++) {
     if (getenv("BENCH_SKIP_RAW")) {
       raw[r] = pr[r] = run_prosody(topic, n, r);

@@ -18,6 +18,11 @@ for dist in uniform zipf; do
   "$build/bench/bench_consume" 200000 3 "$dist" | tee -a "$lines"
 done
 
+# What the telemetry topic costs: the no-op consumer with it on (the
+# default, as above) against off, in turn in one process.
+echo "== consume throughput, telemetry on against off (uniform; embedded mock cluster) =="
+BENCH_TELEMETRY=pair "$build/bench/bench_consume" 200000 3 uniform | tee -a "$lines"
+
 # One key failing for ever (transient, deferral off): the rate of the
 # other three partitions, per mode, against raw librdkafka in the same run.
 # Backpressure is per partition, so the poisoned key stops at most its own.

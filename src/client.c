@@ -135,7 +135,10 @@ PROSODY_EXPORT void prosody_client_destroy(prosody_client_t *c) {
   {
     LOG_SCOPE(c);
     pr__producer_destroy(c->producer);
-    pr__tm_free(c->tm); /* after the producer: its last reports emit */
+    /* After the producer: its last reports emit. An engine that outlived
+     * its stop may still emit: its telemetry stays, as its logger does. */
+    if (!c->abandoned)
+      pr__tm_free(c->tm);
     LOG_SCOPE_END();
   }
   pthread_mutex_destroy(&c->lock);

@@ -172,7 +172,15 @@ static void put_str(buf_t *b, const char *s) {
   put(b, "\"", 1);
   for (size_t i = 0; i < len;) {
     char esc[8];
-    size_t n;
+    size_t n, run = i;
+    while (run < len && u[run] >= 0x20 && u[run] < 0x80 && u[run] != '"' &&
+           u[run] != '\\')
+      run++; /* plain ASCII: copied at once */
+    if (run > i) {
+      put(b, s + i, run - i);
+      i = run;
+      continue;
+    }
     if (u[i] == '"' || u[i] == '\\') {
       esc[0] = '\\';
       esc[1] = (char)u[i++];
@@ -201,12 +209,17 @@ static void put_field_str(buf_t *b, const char *name, const char *v) {
 }
 
 static void put_field_int(buf_t *b, const char *name, int64_t v) {
-  char num[32];
-  int n = snprintf(num, sizeof(num), "%" PRId64, v);
+  char num[24], *p = num + sizeof(num);
+  uint64_t u = v < 0 ? 0 - (uint64_t)v : (uint64_t)v;
+  do
+    *--p = (char)('0' + u % 10);
+  while (u /= 10);
+  if (v < 0)
+    *--p = '-';
   put(b, ",\"", 2);
   put(b, name, strlen(name));
   put(b, "\":", 2);
-  put(b, num, (size_t)n);
+  put(b, p, (size_t)(num + sizeof(num) - p));
 }
 
 size_t pr__tm_json(const pr__tm_t *t, const pr__tm_event_t *ev, int64_t now_ms,
@@ -281,7 +294,10 @@ void pr__tm_free(pr__tm_t *t) {
   if ((rk = atomic_load(&t->rk))) {
     /* What is queued gets a short while to go out; telemetry never holds
      * a client's close for long. */
-    rd_kafka_flush(rk, 2000);
+    if (rd_kafka_flush(rk, 2000)) {
+      rd_kafka_purge(rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
+      rd_kafka_poll(rk, 0); /* their reports: counted as not delivered */
+    }
     pr__kafka_destroy_bounded(rk, 5000, "telemetry producer");
   }
   pthread_mutex_destroy(&t->lock);

@@ -291,10 +291,16 @@ int pr__grow(void *p, size_t *cap, size_t n, size_t size, size_t first) {
 }
 
 void pr__rfc3339_ms(int64_t ms, char *buf, size_t n) {
-  time_t sec = (time_t)(ms / 1000);
-  struct tm tm;
-  char base[32];
-  gmtime_r(&sec, &tm);
-  strftime(base, sizeof(base), "%Y-%m-%dT%H:%M:%S", &tm);
+  /* The second's text is kept per thread: events come many per second. */
+  static __thread int64_t cached_sec = INT64_MIN;
+  static __thread char base[32];
+  int64_t sec = ms / 1000;
+  if (sec != cached_sec) {
+    time_t t = (time_t)sec;
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    strftime(base, sizeof(base), "%Y-%m-%dT%H:%M:%S", &tm);
+    cached_sec = sec;
+  }
   snprintf(buf, n, "%s.%03dZ", base, (int)(ms % 1000));
 }
