@@ -30,8 +30,7 @@ void pr__inv_shed(inv_t *inv, int keep_trace) {
   /* Telemetry reports the trace context once the result is in. */
   if (inv->msg.headers &&
       !(keep_trace && inv->eng->tm &&
-        !rd_kafka_header_get_last(inv->msg.headers, "traceparent", &v,
-                                  &len))) {
+        !rd_kafka_header_get_last(inv->msg.headers, "traceparent", &v, &len))) {
     rd_kafka_headers_destroy(inv->msg.headers);
     inv->msg.headers = NULL;
   }
