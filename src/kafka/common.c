@@ -260,10 +260,22 @@ char *pr__join_list(char **items, size_t n) {
 
 /* ---- what a bootstrap address shows ------------------------------------ */
 
+/* What a reply that is not Kafka's looks like, from its first 4 bytes. */
+static const char *looks_like(const unsigned char b[4]) {
+  if (!memcmp(b, "HTTP", 4))
+    return " (it began \"HTTP\": an HTTP server)";
+  if (b[0] >= 0x83 && b[0] <= 0x85 && b[1] == 0)
+    return " (a CQL frame: Cassandra's protocol)";
+  if (b[0] == 0x15 && b[1] == 0x03)
+    return " (a TLS alert: a TLS listener)";
+  return "";
+}
+
 const char *pr__kafka_explain(const char *reason, char *out, size_t n) {
   const char *at = strstr(reason, "Invalid response size ");
   const char *slash = strchr(reason, '/');
   long long size;
+  unsigned char b[4];
   /* A reply to the ApiVersion request (the first one on a connection)
    * whose length field is absurd: not a Kafka broker at all. */
   if (!at || !strstr(reason, "receive.message.max.bytes") ||
@@ -272,12 +284,14 @@ const char *pr__kafka_explain(const char *reason, char *out, size_t n) {
     return out;
   }
   size = strtoll(at + strlen("Invalid response size "), NULL, 10);
+  for (int i = 0; i < 4; i++) /* the bytes librdkafka read as a length */
+    b[i] = (unsigned char)((uint32_t)size >> (24 - 8 * i));
   snprintf(out, n,
            "%.*s is not a Kafka broker: it answered Kafka's first request "
-           "(ApiVersion) with bytes that are no Kafka response (read as a "
+           "(ApiVersion) with bytes that are no Kafka response%s (read as a "
            "length of %lld bytes); does bootstrap_servers point at another "
            "service?",
-           (int)(slash - reason), reason, size);
+           (int)(slash - reason), reason, looks_like(b), size);
   return out;
 }
 
@@ -377,11 +391,16 @@ static void probe_one(const char *addr, size_t len, int budget_ms, char *out,
   else if (got == sizeof(rep) && rep[4] == 0 && rep[5] == 0 && rep[6] == 0 &&
            rep[7] == 1 && rep[0] == 0)
     snprintf(out, n, "%.*s answers as a Kafka broker", (int)len, addr);
+  else if (got >= 4)
+    snprintf(out, n,
+             "%.*s is not a Kafka broker: it answered Kafka's first request "
+             "(ApiVersion) with bytes that are no Kafka response%s",
+             (int)len, addr, looks_like(rep));
   else
     snprintf(out, n,
              "%.*s is not a Kafka broker: it answered Kafka's first request "
-             "(ApiVersion) with bytes that are no Kafka response",
-             (int)len, addr);
+             "(ApiVersion) with %zu byte(s) and hung up",
+             (int)len, addr, got);
 done:
   close(fd);
 }

@@ -200,13 +200,33 @@ int main(void) {
     CHECK(!pthread_create(&thr, NULL, http_main, &hfd), "thread");
     send_sees(http, " is not a Kafka broker: it answered Kafka's first "
                     "request (ApiVersion) with bytes that are no Kafka "
-                    "response");
+                    "response (it began \"HTTP\": an HTTP server)");
     send_sees(silent, " accepted a TCP connection but sent nothing back to "
                       "Kafka's first request (ApiVersion)");
     atomic_store(&stop_http, 1);
     pthread_join(thr, NULL);
     close(hfd);
     close(sfd);
+  }
+  /* Cassandra's port, when a node runs here (the real tier's services). */
+  {
+    const char *nodes = getenv("PROSODY_TEST_CASSANDRA_NODES");
+    char node[64];
+    struct sockaddr_in a = {0};
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    snprintf(node, sizeof(node), "%.*s",
+             nodes && *nodes ? (int)strcspn(nodes, ",") : 14,
+             nodes && *nodes ? nodes : "127.0.0.1:9042");
+    a.sin_family = AF_INET;
+    a.sin_port = htons(9042);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if ((nodes && *nodes) || !connect(fd, (struct sockaddr *)&a, sizeof(a)))
+      send_sees(node, " is not a Kafka broker: it answered Kafka's first "
+                      "request (ApiVersion) with bytes that are no Kafka "
+                      "response (a CQL frame: Cassandra's protocol)");
+    else
+      printf("no Cassandra at 127.0.0.1:9042: its port not tried\n");
+    close(fd);
   }
 
   conf = prosody_config_new();
