@@ -9,7 +9,7 @@
 #   make test-sanitize  unit + mock tests under ASan+UBSan, then TSan
 #   make bench          optimised build, benchmarks (bench/results/latest.json)
 #   make fuzz           the libFuzzer targets (CQL decoder, JSON validator,
-#                       option values),
+#                       option values, record intake),
 #                       FUZZ_SECONDS (600) each
 #   make install        install into PREFIX (default /usr/local)
 #   make docs           regenerate docs/CONFIGURATION.md from the option table

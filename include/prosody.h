@@ -271,7 +271,8 @@ typedef struct prosody_trace {
  *
  * Errors: PROSODY_ERR_INVALID_ARG (NULL/empty topic, NULL key, key not
  * UTF-8, malformed traceparent), PROSODY_ERR_INVALID_PAYLOAD,
- * PROSODY_ERR_TIMEOUT (not acknowledged within send_timeout; transient),
+ * PROSODY_ERR_TIMEOUT (not acknowledged within send_timeout; transient; the
+ * record may still be written later, as with any retry: at-least-once),
  * PROSODY_ERR_TRANSIENT, PROSODY_ERR_PERMANENT (e.g. record too large),
  * PROSODY_ERR_STATE (client shutting down).
  */
@@ -292,8 +293,9 @@ typedef struct prosody_delivery {
  * Called exactly once per accepted prosody_send_async() call, on an internal
  * thread, when the record was acknowledged (`err` == PROSODY_OK, `delivery`
  * set) or finally failed (`errstr` says why, `delivery` is NULL or carries
- * the topic only). The strings and `delivery` are valid during the call only.
- * The callback must not block for long and must not destroy the client.
+ * the topic only), at the latest `send_timeout` after the call (then with
+ * PROSODY_ERR_TIMEOUT). The strings and `delivery` are valid during the call
+ * only. The callback must not block for long and must not destroy the client.
  */
 typedef void (*prosody_send_cb)(prosody_err_t err, const char *errstr,
                                 const prosody_delivery_t *delivery,

@@ -22,7 +22,7 @@ static void skip_record(part_t *part, int64_t offset) {
 static void intake(pr__engine_t *eng, rd_kafka_message_t *rkm) {
   const char *topic = rd_kafka_topic_name(rkm->rkt);
   part_t *part = pr__part_find(eng, topic, rkm->partition);
-  const char *why = NULL;
+  const char *why;
   inv_t *inv;
   int rc;
 
@@ -32,14 +32,7 @@ static void intake(pr__engine_t *eng, rd_kafka_message_t *rkm) {
   }
   /* Key present and UTF-8 text, payload present; the payload's JSON and
    * the filters are checked by pr__decode_prepare(). */
-  if (!rkm->key)
-    why = "no key";
-  else if (!pr__utf8_valid(rkm->key, rkm->key_len) ||
-           memchr(rkm->key, 0, rkm->key_len))
-    why = "key is not valid UTF-8 text";
-  else if (!rkm->payload)
-    why = "no payload";
-  if (why) {
+  if ((why = pr__record_check(rkm->key, rkm->key_len, rkm->payload))) {
     PR_WARN("engine",
             "skipping undecodable record %s[%d] offset %lld: %s; committing "
             "past it",
@@ -62,32 +55,6 @@ static void intake(pr__engine_t *eng, rd_kafka_message_t *rkm) {
   }
   PR_BUMP(eng->metrics.consumed, 1);
   pr__dispatch_enqueue(inv);
-}
-
-inv_t *pr__inv_message(part_t *part, const void *key, size_t key_len,
-                       const void *payload, size_t len, int64_t offset,
-                       int64_t timestamp) {
-  /* One allocation: the inv, then its key and payload (NUL-terminated). */
-  inv_t *inv = calloc(1, sizeof(*inv) + key_len + len + 2);
-  if (!inv)
-    return NULL;
-  inv->eng = part->eng;
-  inv->part = part;
-  inv->msg.topic = part->topic;
-  inv->msg.partition = part->partition;
-  inv->msg.offset = offset;
-  inv->msg.timestamp = timestamp;
-  inv->inline_strings = 1;
-  inv->msg.key = (char *)(inv + 1);
-  memcpy(inv->msg.key, key, key_len);
-  inv->msg.key[key_len] = '\0';
-  inv->msg.payload = inv->msg.key + key_len + 1;
-  memcpy(inv->msg.payload, payload, len);
-  inv->msg.payload[len] = '\0';
-  inv->msg.payload_len = len;
-  inv->unprepared = 1;
-  pthread_mutex_init(&inv->msg.hdr_lock, NULL);
-  return inv;
 }
 
 inv_t *pr__intake_inv(part_t *part, rd_kafka_message_t *rkm) {

@@ -18,7 +18,8 @@
  *   timer_ops.c   the handler's timer calls (prosody_schedule & co.)
  *   drain.c       shutdown and revoke: release, cancel, wait
  *   rebalance.c   librdkafka's assign and revoke callbacks
- *   message.c     invocations and the public message accessors
+ *   record.c      a record's bytes: key check, copy, verdict, accessors
+ *   message.c     invocations, the public timer accessors
  *   engine.c      start, stop, the loop's callbacks, shutdown
  *
  * Threads. One engine thread per subscribed client runs a libuv loop and
@@ -438,9 +439,9 @@ void pr__mail_close(pr__engine_t *eng);
 
 void pr__inv_free(inv_t *inv);
 /* Frees what only the handler needed (JSON tree, headers, header copies):
- * on success, by the worker that ran it, so the engine thread does not.
- * `keep_trace`: headers with a traceparent stay while telemetry is on
- * (its events report the context). */
+ * on success, by the worker that ran it, so the engine thread does not
+ * (record.c). `keep_trace`: headers with a traceparent stay while
+ * telemetry is on (its events report the context). */
 void pr__inv_shed(inv_t *inv, int keep_trace);
 /* "topic[p] offset N key "k"" or "topic[p] timer T key "k"", for logs. */
 const char *pr__inv_describe(const inv_t *inv, char *buf, size_t n);
@@ -491,14 +492,30 @@ void pr__intake_poll(pr__engine_t *eng);
 /* A new invocation of record `rkm` of `part` (which it then owns); NULL
  * when out of memory. Its offset is not taken. */
 inv_t *pr__intake_inv(part_t *part, rd_kafka_message_t *rkm);
+
+/* --- decode.c (the handler's thread) ----------------------------------- */
+
+/* Sets inv->skip (and skip_warn) by pr__record_verdict(), after letting
+ * go of its librdkafka message. */
+void pr__decode_prepare(inv_t *inv);
+
+/* --- record.c (no engine state; fuzzed by tests/fuzz/fuzz_record.c) --- */
+
+/* Why a record with these bytes is skipped at intake (no key, a key that
+ * is not UTF-8 text or holds a NUL byte, no payload), or NULL. */
+const char *pr__record_check(const void *key, size_t key_len,
+                             const void *payload);
 /* A new invocation of a message of `part` from its parts (copied). */
 inv_t *pr__inv_message(part_t *part, const void *key, size_t key_len,
                        const void *payload, size_t len, int64_t offset,
                        int64_t timestamp);
-
-/* --- decode.c (the handler's thread) ----------------------------------- */
-
-void pr__decode_prepare(inv_t *inv);
+/* Why message `m` is skipped before its handler (the payload is not JSON
+ * (*warn set), `group_id`'s own output, a type allowed_events filters
+ * out), or NULL. `json_state`: 1 or -1 when the payload was judged
+ * already, else 0. Sets m->json when a filter needs the tree. */
+const char *pr__record_verdict(prosody_message_t *m, int json_state,
+                               const char *group_id, const pr__value_t *allowed,
+                               int *warn);
 /* Does `json` pass allowed_events (a list of type prefixes)? */
 int pr__decode_allowed(const pr__value_t *allowed_events, json_t *json);
 

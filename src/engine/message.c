@@ -1,6 +1,7 @@
 /*
  * message.c - invocations (the engine's unit of work: one record or one
- * fired timer) and the public message and timer accessors.
+ * fired timer) and the public timer accessors (the message accessors are
+ * in record.c).
  *
  * Threads: pr__inv_* run on the engine thread; the public accessors on the
  * handler's thread while its event runs.
@@ -18,29 +19,6 @@ void pr__inv_timer_close(uv_timer_t **t) {
     uv_close((uv_handle_t *)*t, timer_free_cb);
     *t = NULL;
   }
-}
-
-void pr__inv_shed(inv_t *inv, int keep_trace) {
-  hdr_copy_t *h, *next;
-  const void *v;
-  size_t len;
-  if (inv->msg.json)
-    json_decref(inv->msg.json);
-  inv->msg.json = NULL;
-  /* Telemetry reports the trace context once the result is in. */
-  if (inv->msg.headers &&
-      !(keep_trace && inv->eng->tm &&
-        !rd_kafka_header_get_last(inv->msg.headers, "traceparent", &v, &len))) {
-    rd_kafka_headers_destroy(inv->msg.headers);
-    inv->msg.headers = NULL;
-  }
-  for (h = inv->msg.hdr_copies; h; h = next) {
-    next = h->next;
-    free(h->name);
-    free(h->value);
-    free(h);
-  }
-  inv->msg.hdr_copies = NULL;
 }
 
 void pr__inv_free(inv_t *inv) {
@@ -86,88 +64,6 @@ void pr__inv_release_rkm(inv_t *inv) {
   rd_kafka_message_destroy(inv->rkm);
   inv->rkm = NULL;
   inv->msg.headers = hdrs;
-}
-
-PROSODY_EXPORT const char *prosody_message_topic(const prosody_message_t *m) {
-  return m->topic;
-}
-
-PROSODY_EXPORT int32_t prosody_message_partition(const prosody_message_t *m) {
-  return m->partition;
-}
-
-PROSODY_EXPORT int64_t prosody_message_offset(const prosody_message_t *m) {
-  return m->offset;
-}
-
-PROSODY_EXPORT int64_t prosody_message_timestamp(const prosody_message_t *m) {
-  return m->timestamp;
-}
-
-PROSODY_EXPORT const char *prosody_message_key(const prosody_message_t *m) {
-  return m->key;
-}
-
-PROSODY_EXPORT const char *prosody_message_payload(const prosody_message_t *m) {
-  return m->payload;
-}
-
-PROSODY_EXPORT size_t prosody_message_payload_len(const prosody_message_t *m) {
-  return m->payload_len;
-}
-
-/* The tree is built on first use (the payload was validated at decode),
- * on the asking thread; concurrent first calls agree on one tree. */
-PROSODY_EXPORT const struct json_t *
-prosody_message_json(const prosody_message_t *m) {
-  prosody_message_t *mm = (prosody_message_t *)m;
-  json_t *j, *none = NULL;
-  if (!m)
-    return NULL;
-  j = __atomic_load_n(&mm->json, __ATOMIC_ACQUIRE);
-  if (j || !m->payload)
-    return j;
-  if (!(j = json_loadb(m->payload, m->payload_len, JSON_DECODE_ANY, NULL)))
-    return NULL;
-  if (!__atomic_compare_exchange_n(&mm->json, &none, j, 0, __ATOMIC_ACQ_REL,
-                                   __ATOMIC_ACQUIRE)) {
-    json_decref(j);
-    j = none;
-  }
-  return j;
-}
-
-PROSODY_EXPORT const char *prosody_message_header(const prosody_message_t *m,
-                                                  const char *name) {
-  prosody_message_t *mm = (prosody_message_t *)m;
-  const void *v;
-  size_t len;
-  hdr_copy_t *h;
-  const char *out = NULL;
-  if (!m || !name || !m->headers ||
-      rd_kafka_header_get_last(m->headers, name, &v, &len))
-    return NULL;
-  pthread_mutex_lock(&mm->hdr_lock);
-  for (h = mm->hdr_copies; h; h = h->next)
-    if (!strcmp(h->name, name)) {
-      out = h->value;
-      break;
-    }
-  if (!out && (h = calloc(1, sizeof(*h)))) {
-    h->name = strdup(name);
-    h->value = pr__strndup(v, len);
-    if (h->name && h->value) {
-      h->next = mm->hdr_copies;
-      mm->hdr_copies = h;
-      out = h->value;
-    } else {
-      free(h->name);
-      free(h->value);
-      free(h);
-    }
-  }
-  pthread_mutex_unlock(&mm->hdr_lock);
-  return out;
 }
 
 PROSODY_EXPORT const char *prosody_timer_key(const prosody_timer_t *timer) {

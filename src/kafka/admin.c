@@ -39,7 +39,7 @@ struct prosody_admin {
   atomic_int all_down;
   atomic_int down_reports;
   pthread_mutex_t err_lock; /* guards last_error */
-  char last_error[256];     /* the latest error-callback text */
+  char last_error[512];     /* the latest error-callback text (explained) */
 };
 
 static void admin_error_cb(rd_kafka_t *rk, int err, const char *reason,
@@ -51,7 +51,7 @@ static void admin_error_cb(rd_kafka_t *rk, int err, const char *reason,
     return; /* "1/1 brokers are down": the error before it says why */
   }
   pthread_mutex_lock(&admin->err_lock);
-  snprintf(admin->last_error, sizeof(admin->last_error), "%s", reason);
+  pr__kafka_explain(reason, admin->last_error, sizeof(admin->last_error));
   pthread_mutex_unlock(&admin->err_lock);
 }
 
@@ -222,7 +222,7 @@ static prosody_err_t reach_cluster(prosody_admin_t *admin, const char *what,
     if (atomic_load(&admin->all_down) &&
         (atomic_load(&admin->down_reports) != reports ||
          pr__now_ns() - start > STALE_DOWN_MS * INT64_C(1000000))) {
-      char last[256];
+      char last[512];
       pthread_mutex_lock(&admin->err_lock);
       memcpy(last, admin->last_error, sizeof(last));
       pthread_mutex_unlock(&admin->err_lock);

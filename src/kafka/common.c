@@ -1,11 +1,17 @@
 /*
  * common.c - what every librdkafka handle shares: base configuration, log
- * routing into our logger, error classification and bounded destruction.
+ * routing into our logger, error classification, bounded destruction, and
+ * what a bootstrap address shows when no broker answers.
  */
+#include <errno.h>
+#include <netdb.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "../util/util.h"
 #include "kafka.h"
@@ -250,4 +256,173 @@ char *pr__join_list(char **items, size_t n) {
     *p = '\0';
   }
   return out;
+}
+
+/* ---- what a bootstrap address shows ------------------------------------ */
+
+/* What a reply that is not Kafka's looks like, from its first 4 bytes. */
+static const char *looks_like(const unsigned char b[4]) {
+  if (!memcmp(b, "HTTP", 4))
+    return " (it began \"HTTP\": an HTTP server)";
+  if (b[0] >= 0x83 && b[0] <= 0x85 && b[1] == 0)
+    return " (a CQL frame: Cassandra's protocol)";
+  if (b[0] == 0x15 && b[1] == 0x03)
+    return " (a TLS alert: a TLS listener)";
+  return "";
+}
+
+const char *pr__kafka_explain(const char *reason, char *out, size_t n) {
+  const char *at = strstr(reason, "Invalid response size ");
+  const char *slash = strchr(reason, '/');
+  long long size;
+  unsigned char b[4];
+  /* A reply to the ApiVersion request (the first one on a connection)
+   * whose length field is absurd: not a Kafka broker at all. */
+  if (!at || !strstr(reason, "receive.message.max.bytes") ||
+      !strstr(reason, "APIVERSION_QUERY") || !slash || slash > at) {
+    snprintf(out, n, "%s", reason);
+    return out;
+  }
+  size = strtoll(at + strlen("Invalid response size "), NULL, 10);
+  for (int i = 0; i < 4; i++) /* the bytes librdkafka read as a length */
+    b[i] = (unsigned char)((uint32_t)size >> (24 - 8 * i));
+  snprintf(out, n,
+           "%.*s is not a Kafka broker: it answered Kafka's first request "
+           "(ApiVersion) with bytes that are no Kafka response%s (read as a "
+           "length of %lld bytes); does bootstrap_servers point at another "
+           "service?",
+           (int)(slash - reason), reason, looks_like(b), size);
+  return out;
+}
+
+/* Splits "host:port" or "[v6]:port" into host and port; -1 if malformed. */
+static int split_address(const char *a, size_t len, char *host, size_t hn,
+                         char *port, size_t pn) {
+  const char *colon = NULL;
+  size_t h0 = 0, hl;
+  for (size_t i = 0; i < len; i++)
+    if (a[i] == ':')
+      colon = a + i;
+  if (!colon || (size_t)(a + len - colon - 1) >= pn || colon == a + len - 1)
+    return -1;
+  hl = (size_t)(colon - a);
+  if (hl >= 2 && a[0] == '[' && a[hl - 1] == ']')
+    h0 = 1, hl -= 2;
+  if (hl == 0 || hl >= hn)
+    return -1;
+  memcpy(host, a + h0, hl);
+  host[hl] = '\0';
+  memcpy(port, colon + 1, (size_t)(a + len - colon - 1));
+  port[a + len - colon - 1] = '\0';
+  return 0;
+}
+
+/* Waits for `events` on `fd` until `deadline_ns`; > 0 when ready. */
+static int wait_fd(int fd, short events, int64_t deadline_ns) {
+  struct pollfd p = {fd, events, 0};
+  int64_t left = (deadline_ns - pr__now_ns()) / 1000000;
+  return left > 0 ? poll(&p, 1, (int)left) : 0;
+}
+
+/* What one address shows within `budget_ms` (see pr__kafka_probe). */
+static void probe_one(const char *addr, size_t len, int budget_ms, char *out,
+                      size_t n) {
+  /* ApiVersions v0, correlation id 1, client id "prosody" */
+  static const unsigned char req[] = {0,   0,   0,   17,  0,   18,  0,
+                                      0,   0,   0,   0,   1,   0,   7,
+                                      'p', 'r', 'o', 's', 'o', 'd', 'y'};
+  int64_t deadline = pr__now_ns() + (int64_t)budget_ms * 1000000;
+  struct addrinfo hints = {0}, *ai = NULL;
+  unsigned char rep[8];
+  char host[256], port[16];
+  size_t got = 0;
+  int fd = -1, rc, soerr = 0;
+  socklen_t sl = sizeof(soerr);
+
+  if (split_address(addr, len, host, sizeof(host), port, sizeof(port))) {
+    snprintf(out, n, "\"%.*s\" is not host:port", (int)len, addr);
+    return;
+  }
+  hints.ai_socktype = SOCK_STREAM;
+  if ((rc = getaddrinfo(host, port, &hints, &ai)) || !ai) {
+    snprintf(out, n, "%.*s does not resolve (%s)", (int)len, addr,
+             gai_strerror(rc));
+    return;
+  }
+  fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  rc = fd < 0 ? -1 : connect(fd, ai->ai_addr, ai->ai_addrlen);
+  freeaddrinfo(ai);
+  if (fd < 0) {
+    snprintf(out, n, "no socket to probe %.*s", (int)len, addr);
+    return;
+  }
+  if (rc && errno != EINPROGRESS)
+    soerr = errno;
+  else if (rc && wait_fd(fd, POLLOUT, deadline) <= 0) {
+    snprintf(out, n,
+             "%.*s did not accept a TCP connection within %d ms (nothing "
+             "answers there, or a firewall drops the packets)",
+             (int)len, addr, budget_ms);
+    goto done;
+  } else if (rc)
+    getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl);
+  if (soerr) {
+    snprintf(out, n, "%.*s refused a TCP connection (%s)", (int)len, addr,
+             strerror(soerr));
+    goto done;
+  }
+  if (send(fd, req, sizeof(req), MSG_NOSIGNAL) != (ssize_t)sizeof(req)) {
+    snprintf(out, n, "%.*s accepted a TCP connection but not a request",
+             (int)len, addr);
+    goto done;
+  }
+  while (got < sizeof(rep) && wait_fd(fd, POLLIN, deadline) > 0) {
+    ssize_t r = recv(fd, rep + got, sizeof(rep) - got, 0);
+    if (r <= 0)
+      break;
+    got += (size_t)r;
+  }
+  if (got == 0)
+    snprintf(out, n,
+             "%.*s accepted a TCP connection but sent nothing back to "
+             "Kafka's first request (ApiVersion) within %d ms: it is not a "
+             "Kafka broker, or one that does not answer",
+             (int)len, addr, budget_ms);
+  else if (got == sizeof(rep) && rep[4] == 0 && rep[5] == 0 && rep[6] == 0 &&
+           rep[7] == 1 && rep[0] == 0)
+    snprintf(out, n, "%.*s answers as a Kafka broker", (int)len, addr);
+  else if (got >= 4)
+    snprintf(out, n,
+             "%.*s is not a Kafka broker: it answered Kafka's first request "
+             "(ApiVersion) with bytes that are no Kafka response%s",
+             (int)len, addr, looks_like(rep));
+  else
+    snprintf(out, n,
+             "%.*s is not a Kafka broker: it answered Kafka's first request "
+             "(ApiVersion) with %zu byte(s) and hung up",
+             (int)len, addr, got);
+done:
+  close(fd);
+}
+
+void pr__kafka_probe(const char *bootstrap, int budget_ms, char *out,
+                     size_t n) {
+  const char *p = bootstrap;
+  size_t used = 0;
+  int count = 1;
+  for (const char *c = bootstrap; *c; c++)
+    count += *c == ',';
+  if (count > 3)
+    count = 3;
+  out[0] = '\0';
+  for (int i = 0; i < count && *p && used + 1 < n; i++) {
+    size_t len = strcspn(p, ",");
+    if (i) {
+      snprintf(out + used, n - used, "; ");
+      used += strlen(out + used);
+    }
+    probe_one(p, len, budget_ms / count, out + used, n - used);
+    used += strlen(out + used);
+    p += len + (p[len] == ',');
+  }
 }

@@ -40,6 +40,17 @@ int pr__kafka_destroy_bounded(rd_kafka_t *rk, int timeout_ms, const char *what);
 /* librdkafka's lines about `rk` go to the calling thread's logger (its
  * client's) until pr__kafka_destroy_bounded(rk). */
 void pr__kafka_log_bind(const rd_kafka_t *rk);
+/* librdkafka's broker error `reason` in words a user can act on (into
+ * `out`, returned): a reply to the first request on a connection that is
+ * no Kafka response ("increase receive.message.max.bytes") says the
+ * address is not a Kafka broker; anything else is copied. */
+const char *pr__kafka_explain(const char *reason, char *out, size_t n);
+/* What the first three addresses of `bootstrap` show within `budget_ms`
+ * (shared): no TCP connection, a refused one, silence after Kafka's
+ * ApiVersion request, a reply that is not Kafka's, or a Kafka broker. For
+ * errors when librdkafka reported nothing (it says nothing of a listener
+ * that accepts and stays silent). Blocks; thread-safe. */
+void pr__kafka_probe(const char *bootstrap, int budget_ms, char *out, size_t n);
 /* Joins a host:port list with commas into a new string. */
 char *pr__join_list(char **items, size_t n);
 

@@ -10,10 +10,21 @@
  * A blocking send is an async send plus a refcounted waiter, so a waiter
  * that gives up can never be freed under a late delivery report.
  *
- * librdkafka's own delivery timeout (message.timeout.ms) is send_timeout,
- * so every queued record gets its report about that budget later (its
- * timeout scan runs every second, so up to a second late); a blocking
- * send returns at send_timeout whatever librdkafka's report does.
+ * Honouring send_timeout: librdkafka's own delivery timeout
+ * (message.timeout.ms) is send_timeout, but its timeout scan runs once a
+ * second, so its report of a 1 s timeout could come after 2 s. Every queued
+ * record is therefore on a pending list in send (so deadline) order, and
+ * the poller reports each one still there at its deadline as timed out;
+ * librdkafka's later report only frees it (and is logged if it says the
+ * record was written after all: at-least-once, as any retry). A blocking
+ * send waits for its report, and no more than send_timeout.
+ *
+ * Saying what was seen: broker errors quote librdkafka's report, explained
+ * when it shows the address is not Kafka at all (pr__kafka_explain). A
+ * listener that accepts connections and stays silent makes librdkafka
+ * report nothing for 30 s, so when the oldest pending record has used half
+ * its budget with no broker error, the poller probes the bootstrap
+ * addresses (pr__kafka_probe) and failure messages quote what it saw.
  *
  * Fatal errors (librdkafka rule 7, docs/ARCHITECTURE.md): an idempotent
  * producer can hit a fatal error (e.g. after in-flight requests time out on
@@ -23,8 +34,8 @@
  * same configuration, swaps it in under `rk_lock`, and re-sends what was
  * kept, so each record's callback still fires exactly once. Senders that
  * meet the dead handle wait for the swap within their send budget. A re-sent
- * record gets a fresh delivery budget; one that was in flight may be written
- * twice (at-least-once, as any producer retry).
+ * record is still reported by its first deadline; one that was in flight may
+ * be written twice (at-least-once, as any producer retry).
  *
  * Topic warm-up: librdkafka 2.0.2 does not always ask for a new topic's
  * metadata when the first record for it is queued (when the bootstrap
@@ -65,6 +76,7 @@ struct pr__producer {
   rd_kafka_t *rk;           /* thread-safe handle; replaced on fatal error */
   rd_kafka_conf_t *conf;    /* template for replacements; poller only */
   char *source_system;      /* immutable after _new */
+  char *bootstrap;          /* immutable after _new; NULL in mock mode */
   int send_timeout_ms;      /* immutable after _new */
   int mock;                 /* immutable after _new: ensure topics first */
   pthread_t poller;         /* the only thread calling rd_kafka_poll() */
@@ -79,19 +91,81 @@ struct pr__producer {
   pthread_mutex_t topics_lock; /* guards topics and warm */
   pr__strset_t topics;         /* topics sent to (mock: created) */
   pr__strset_t warm;           /* topics awaiting a metadata request */
-  pthread_mutex_t err_lock;    /* guards last_error */
-  char last_error[256];        /* last error-callback text, "" if none */
+  pthread_mutex_t err_lock;    /* guards last_error and seen */
+  char last_error[512];        /* last error-callback text (explained), ""
+                                  if none */
+  char seen[512];              /* what the bootstrap addresses showed when
+                                  last probed, "" if not since a delivery */
+  atomic_int seen_set;         /* seen is not "" */
+  int64_t probed_ns;           /* poller only: when it last probed */
+  pthread_mutex_t pend_lock;   /* guards the pending list */
+  struct send_req *pend_head, *pend_tail; /* records not reported yet, in
+                                             send (deadline) order */
 };
 
-/* One queued record; freed by the delivery report. */
+/* One queued record; freed by librdkafka's delivery report. */
 typedef struct send_req {
   pr__producer_t *prod;
   prosody_send_cb cb;
   void *opaque;
   int64_t deadline_ns; /* send time + send_timeout (monotonic) */
   uint64_t seq;        /* send order, to re-send kept records in order */
-  char topic[];        /* NUL-terminated copy */
+  struct send_req *prev, *next; /* the pending list (pend_lock) */
+  int linked;                   /* on it (pend_lock) */
+  int reported;                 /* cb called (pend_lock) */
+  char *key;                    /* its first 64 bytes, for messages */
+  char topic[];                 /* NUL-terminated copy, then the key's */
 } send_req_t;
+
+/* Takes `req` off the pending list (pend_lock held). */
+static void pend_unlink(pr__producer_t *prod, send_req_t *req) {
+  if (!req->linked)
+    return;
+  *(req->prev ? &req->prev->next : &prod->pend_head) = req->next;
+  *(req->next ? &req->next->prev : &prod->pend_tail) = req->prev;
+  req->prev = req->next = NULL;
+  req->linked = 0;
+}
+
+/* 1 if the caller is to report `req` (call its cb): it was not reported
+ * yet. Either way it is off the pending list. */
+static int pend_take(pr__producer_t *prod, send_req_t *req) {
+  int first;
+  pthread_mutex_lock(&prod->pend_lock);
+  pend_unlink(prod, req);
+  first = !req->reported;
+  req->reported = 1;
+  pthread_mutex_unlock(&prod->pend_lock);
+  return first;
+}
+
+/* "; last broker error: ..." or "; <what the probe saw>" or "". */
+static void broker_seen(pr__producer_t *prod, char *out, size_t n) {
+  pthread_mutex_lock(&prod->err_lock);
+  if (prod->last_error[0])
+    snprintf(out, n, "; last broker error: %s", prod->last_error);
+  else if (prod->seen[0])
+    snprintf(out, n, "; %s", prod->seen);
+  else
+    out[0] = '\0';
+  pthread_mutex_unlock(&prod->err_lock);
+}
+
+/* Reports `req` as not delivered with librdkafka's error `kerr`. */
+static void report_failure(pr__producer_t *prod, send_req_t *req,
+                           rd_kafka_resp_err_t kerr) {
+  prosody_err_t err = pr__kafka_classify(kerr);
+  char seen[800], msg[1200], budget[32];
+  broker_seen(prod, seen, sizeof(seen));
+  pr__duration_format((int64_t)prod->send_timeout_ms * 1000000, budget,
+                      sizeof(budget));
+  snprintf(msg, sizeof(msg),
+           "record for topic \"%s\" (key \"%s\") was not delivered: %s%s%s%s",
+           req->topic, req->key, rd_kafka_err2str(kerr),
+           err == PROSODY_ERR_TIMEOUT ? " within send_timeout " : "",
+           err == PROSODY_ERR_TIMEOUT ? budget : "", seen);
+  req->cb(err, msg, NULL, req->opaque);
+}
 
 /* Keeps a failed record for re-sending; 0 on success. */
 static int keep_for_resend(pr__producer_t *prod, const rd_kafka_message_t *m,
@@ -139,7 +213,20 @@ static void dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque) {
   if (m->err && atomic_load(&prod->fatal) && !atomic_load(&prod->destroying) &&
       pr__now_ns() < req->deadline_ns && keep_for_resend(prod, m, req) == 0)
     return; /* re-sent on the replacement handle */
-  if (!m->err) {
+  if (!m->err && atomic_load(&prod->seen_set)) {
+    pthread_mutex_lock(&prod->err_lock); /* a broker answers: stale */
+    prod->seen[0] = '\0';
+    atomic_store(&prod->seen_set, 0);
+    pthread_mutex_unlock(&prod->err_lock);
+  }
+  if (!pend_take(prod, req)) {
+    /* one line per topic, so repeats fold into a count */
+    if (!m->err)
+      PR_WARN("producer",
+              "a record for topic \"%s\" reported as not delivered within "
+              "send_timeout was written after all (at-least-once)",
+              req->topic);
+  } else if (!m->err) {
     prosody_delivery_t d = {req->topic, m->partition, m->offset};
     if (prod->tm) {
       char key[1024];
@@ -155,40 +242,28 @@ static void dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque) {
       pr__tm_emit(prod->tm, &ev);
     }
     req->cb(PROSODY_OK, NULL, &d, req->opaque);
-  } else {
-    prosody_err_t err = pr__kafka_classify(m->err);
-    char last[256], msg[768];
-    char budget[32];
-    pthread_mutex_lock(&prod->err_lock);
-    memcpy(last, prod->last_error, sizeof(last));
-    pthread_mutex_unlock(&prod->err_lock);
-    pr__duration_format((int64_t)prod->send_timeout_ms * 1000000, budget,
-                        sizeof(budget));
-    snprintf(msg, sizeof(msg),
-             "record for topic \"%s\" (key \"%.*s\") was not delivered: "
-             "%s%s%s%s%s",
-             req->topic, m->key_len > 64 ? 64 : (int)m->key_len,
-             m->key ? (const char *)m->key : "", rd_kafka_err2str(m->err),
-             err == PROSODY_ERR_TIMEOUT ? " within send_timeout " : "",
-             err == PROSODY_ERR_TIMEOUT ? budget : "",
-             *last ? "; last broker error: " : "", last);
-    req->cb(err, msg, NULL, req->opaque);
-  }
+  } else
+    report_failure(prod, req, m->err);
   free(req);
 }
 
 static void error_cb(rd_kafka_t *rk, int err, const char *reason,
                      void *opaque) {
   pr__producer_t *prod = opaque;
+  char text[512];
   (void)rk;
-  pthread_mutex_lock(&prod->err_lock);
-  snprintf(prod->last_error, sizeof(prod->last_error), "%s", reason);
-  pthread_mutex_unlock(&prod->err_lock);
+  pr__kafka_explain(reason, text, sizeof(text));
+  /* "1/1 brokers are down": the error before it said why */
+  if (err != RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN) {
+    pthread_mutex_lock(&prod->err_lock);
+    snprintf(prod->last_error, sizeof(prod->last_error), "%s", text);
+    pthread_mutex_unlock(&prod->err_lock);
+  }
   if (err == RD_KAFKA_RESP_ERR__FATAL) {
     atomic_store(&prod->fatal, 1);
-    PR_ERROR("producer", "fatal producer error: %s", reason);
+    PR_ERROR("producer", "fatal producer error: %s", text);
   } else
-    PR_WARN("producer", "%s (%s)", reason,
+    PR_WARN("producer", "%s (%s)", text,
             rd_kafka_err2name((rd_kafka_resp_err_t)err));
 }
 
@@ -207,10 +282,11 @@ static void resend_one(rd_kafka_t *rk, resend_t *r) {
              "record for topic \"%s\" was not delivered: re-sending after a "
              "fatal producer error failed: %s",
              r->req->topic, rd_kafka_err2str(kerr));
-    r->req->cb(pr__kafka_classify(kerr) == PROSODY_ERR_PERMANENT
-                   ? PROSODY_ERR_PERMANENT
-                   : PROSODY_ERR_TRANSIENT,
-               msg, NULL, r->req->opaque);
+    if (pend_take(r->req->prod, r->req))
+      r->req->cb(pr__kafka_classify(kerr) == PROSODY_ERR_PERMANENT
+                     ? PROSODY_ERR_PERMANENT
+                     : PROSODY_ERR_TRANSIENT,
+                 msg, NULL, r->req->opaque);
     free(r->req);
   }
   free(r->key);
@@ -224,7 +300,8 @@ static void fail_kept(pr__producer_t *prod, const char *why) {
     char msg[512];
     snprintf(msg, sizeof(msg), "record for topic \"%s\" was not delivered: %s",
              r->req->topic, why);
-    r->req->cb(PROSODY_ERR_TRANSIENT, msg, NULL, r->req->opaque);
+    if (pend_take(prod, r->req))
+      r->req->cb(PROSODY_ERR_TRANSIENT, msg, NULL, r->req->opaque);
     free(r->req);
     free(r->key);
     free(r->value);
@@ -321,16 +398,74 @@ static void warm_one(pr__producer_t *prod) {
   free(topic);
 }
 
+/* Reports every pending record whose deadline has passed as timed out
+ * (poller thread); librdkafka's own report of it only frees it. Returns
+ * the next deadline, or 0 if none is pending. */
+static int64_t expire_due(pr__producer_t *prod) {
+  for (;;) {
+    send_req_t *req;
+    int64_t next;
+    pthread_mutex_lock(&prod->pend_lock);
+    req = prod->pend_head;
+    next = req ? req->deadline_ns : 0;
+    if (req && next <= pr__now_ns()) {
+      pend_unlink(prod, req);
+      req->reported = 1;
+    } else
+      req = NULL;
+    pthread_mutex_unlock(&prod->pend_lock);
+    if (!req)
+      return next;
+    report_failure(prod, req, RD_KAFKA_RESP_ERR__MSG_TIMED_OUT);
+  }
+}
+
+/* Once the oldest pending record has used half its send_timeout while no
+ * broker error explains the wait, probes the bootstrap addresses (at most
+ * once a send_timeout, and a second) so reports can say what is there
+ * (poller thread). */
+static void look(pr__producer_t *prod, int64_t next_deadline) {
+  int64_t now = pr__now_ns();
+  int64_t budget_ns = prod->send_timeout_ms * INT64_C(1000000);
+  int64_t every =
+      budget_ns > INT64_C(1000000000) ? budget_ns : INT64_C(1000000000);
+  int quiet, probe_ms = prod->send_timeout_ms / 4;
+  char seen[sizeof(prod->seen)];
+  if (!prod->bootstrap || !next_deadline ||
+      next_deadline - now > budget_ns / 2 ||
+      (prod->probed_ns && now - prod->probed_ns < every))
+    return;
+  pthread_mutex_lock(&prod->err_lock);
+  quiet = !prod->last_error[0];
+  pthread_mutex_unlock(&prod->err_lock);
+  if (!quiet)
+    return;
+  prod->probed_ns = now;
+  if (probe_ms > 200)
+    probe_ms = 200;
+  pr__kafka_probe(prod->bootstrap, probe_ms < 10 ? 10 : probe_ms, seen,
+                  sizeof(seen));
+  pthread_mutex_lock(&prod->err_lock);
+  memcpy(prod->seen, seen, sizeof(seen));
+  atomic_store(&prod->seen_set, 1);
+  pthread_mutex_unlock(&prod->err_lock);
+}
+
 static void *poller_main(void *arg) {
   pr__producer_t *prod = arg;
   pthread_setname_np(pthread_self(), "prosody-send");
   pr__log_adopt(prod->logger);
   in_callback_thread = 1;
   while (!atomic_load(&prod->stop)) {
-    rd_kafka_poll(prod->rk, 50); /* only this thread replaces prod->rk */
+    int64_t next = expire_due(prod), ms = 50;
+    if (next)
+      ms = (next - pr__now_ns()) / 1000000 + 1;
+    /* only this thread replaces prod->rk */
+    rd_kafka_poll(prod->rk, ms < 0 ? 0 : ms > 50 ? 50 : (int)ms);
     if (atomic_load(&prod->fatal) && !atomic_load(&prod->destroying))
       recover(prod);
     warm_one(prod);
+    look(prod, expire_due(prod)); /* after the reports just served */
   }
   return NULL;
 }
@@ -355,11 +490,16 @@ pr__producer_t *pr__producer_new(const pr__settings_t *st,
   }
   pthread_mutex_init(&prod->err_lock, NULL);
   pthread_mutex_init(&prod->topics_lock, NULL);
+  pthread_mutex_init(&prod->pend_lock, NULL);
   pthread_rwlock_init(&prod->rk_lock, NULL);
   prod->send_timeout_ms = (int)PR_CFG_MS(st, SEND_TIMEOUT);
   if (prod->send_timeout_ms < 1)
     prod->send_timeout_ms = 1;
   prod->mock = PR_CFG_BOOL(st, MOCK);
+  if (!prod->mock && bootstrap && !(prod->bootstrap = strdup(bootstrap))) {
+    pr__errf(errstr, errstr_size, "out of memory");
+    goto fail;
+  }
 
   kconf = pr__kafka_conf_new(bootstrap, prod->mock, errstr, errstr_size);
   if (!kconf)
@@ -410,11 +550,28 @@ fail:
   pthread_rwlock_destroy(&prod->rk_lock);
   pthread_mutex_destroy(&prod->err_lock);
   pthread_mutex_destroy(&prod->topics_lock);
+  pthread_mutex_destroy(&prod->pend_lock);
   pr__strset_clear(&prod->topics);
   pr__strset_clear(&prod->warm);
+  free(prod->bootstrap);
   free(prod->source_system);
   free(prod);
   return NULL;
+}
+
+/* Waits (bounded) until every record is reported (delivered, failed, or
+ * past its deadline); the poller keeps serving callbacks meanwhile. */
+static void await_reported(pr__producer_t *prod, int64_t budget_ns) {
+  int64_t deadline = pr__now_ns() + budget_ns;
+  for (;;) {
+    int pending;
+    pthread_mutex_lock(&prod->pend_lock);
+    pending = prod->pend_head != NULL;
+    pthread_mutex_unlock(&prod->pend_lock);
+    if (!pending || pr__now_ns() >= deadline)
+      return;
+    usleep(1000);
+  }
 }
 
 /* Waits (bounded) until librdkafka holds no record and no unserved
@@ -436,10 +593,13 @@ void pr__producer_destroy(pr__producer_t *prod) {
   if (!prod)
     return;
   /* Callbacks run on the poller thread, not the caller's: let outstanding
-   * records finish within send_timeout, fail the rest (purged records
-   * report an error; kept ones are no longer re-sent), then stop it. */
+   * records finish within their send_timeout (those past it are reported
+   * already, though librdkafka still holds them), fail the rest (purged
+   * records report an error; kept ones are no longer re-sent), then stop
+   * it. */
   atomic_store(&prod->destroying, 1);
-  await_empty(prod, (int64_t)prod->send_timeout_ms * 1000000);
+  await_reported(prod,
+                 (int64_t)prod->send_timeout_ms * 1000000 + INT64_C(100000000));
   pthread_rwlock_rdlock(&prod->rk_lock);
   rd_kafka_purge(prod->rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
   pthread_rwlock_unlock(&prod->rk_lock);
@@ -463,8 +623,10 @@ void pr__producer_destroy(pr__producer_t *prod) {
   pthread_rwlock_destroy(&prod->rk_lock);
   pthread_mutex_destroy(&prod->err_lock);
   pthread_mutex_destroy(&prod->topics_lock);
+  pthread_mutex_destroy(&prod->pend_lock);
   pr__strset_clear(&prod->topics);
   pr__strset_clear(&prod->warm);
+  free(prod->bootstrap);
   free(prod->source_system);
   free(prod);
 }
@@ -645,7 +807,7 @@ prosody_err_t pr__producer_send_async_ex(
   rd_kafka_resp_err_t kerr;
   rd_kafka_headers_t *hdrs;
   send_req_t *req;
-  size_t tlen;
+  size_t tlen, klen;
   int64_t deadline;
 
   if (!cb) {
@@ -659,7 +821,8 @@ prosody_err_t pr__producer_send_async_ex(
   if (err)
     return err;
   tlen = strlen(topic);
-  req = malloc(sizeof(*req) + tlen + 1);
+  klen = strnlen(key, 64);
+  req = calloc(1, sizeof(*req) + tlen + klen + 2);
   if (!req) {
     pr__errf(errstr, errstr_size, "out of memory");
     return PROSODY_ERR_NOMEM;
@@ -668,12 +831,17 @@ prosody_err_t pr__producer_send_async_ex(
   req->cb = cb;
   req->opaque = opaque;
   memcpy(req->topic, topic, tlen + 1);
+  req->key = req->topic + tlen + 1;
+  memcpy(req->key, key, klen);
 
   deadline = pr__now_ns() + (int64_t)prod->send_timeout_ms * 1000000;
   req->deadline_ns = deadline;
   req->seq = atomic_fetch_add(&prod->seq, 1);
   for (;;) {
     hdrs = make_headers(prod, trace, extra);
+    /* Queued and on the pending list at once: neither its report nor its
+     * expiry can come first. */
+    pthread_mutex_lock(&prod->pend_lock);
     pthread_rwlock_rdlock(&prod->rk_lock);
     kerr = rd_kafka_producev(prod->rk, RD_KAFKA_V_TOPIC(topic),
                              RD_KAFKA_V_KEY((void *)key, strlen(key)),
@@ -682,6 +850,13 @@ prosody_err_t pr__producer_send_async_ex(
                              RD_KAFKA_V_HEADERS(hdrs), RD_KAFKA_V_OPAQUE(req),
                              RD_KAFKA_V_END);
     pthread_rwlock_unlock(&prod->rk_lock);
+    if (!kerr) {
+      req->prev = prod->pend_tail;
+      *(req->prev ? &req->prev->next : &prod->pend_head) = req;
+      prod->pend_tail = req;
+      req->linked = 1;
+    }
+    pthread_mutex_unlock(&prod->pend_lock);
     if (!kerr)
       return PROSODY_OK; /* headers and req now belong to librdkafka */
     rd_kafka_headers_destroy(hdrs);
@@ -711,7 +886,7 @@ typedef struct waiter {
   int done;          /* guarded by lock */
   int refs;          /* guarded by lock: the sender and the report */
   prosody_err_t err; /* guarded by lock */
-  char errstr[768];  /* guarded by lock */
+  char errstr[1200]; /* guarded by lock */
 } waiter_t;
 
 static void waiter_unref_locked(waiter_t *w) {
@@ -745,10 +920,9 @@ prosody_err_t pr__producer_send(pr__producer_t *prod, const char *topic,
   struct timespec deadline;
   prosody_err_t err;
   waiter_t *w;
-  /* librdkafka times records out on a 1 s scan, so its report of a
-   * 1 s send_timeout can come after 2 s: the caller waits send_timeout
-   * (plus the poller's latency) and no longer; a report after that is
-   * dropped with the waiter's last reference. */
+  /* The poller reports a record at its deadline: the caller waits
+   * send_timeout (plus the poller's latency) and no longer; a report after
+   * that is dropped with the waiter's last reference. */
   int wait_ms = prod->send_timeout_ms + 50;
 
   if (in_callback_thread) {
@@ -788,17 +962,15 @@ prosody_err_t pr__producer_send(pr__producer_t *prod, const char *topic,
     if (err)
       pr__errf(errstr, errstr_size, "%s", w->errstr);
   } else {
-    char last[256], budget[32];
+    char seen[800], budget[32];
     err = PROSODY_ERR_TIMEOUT;
-    pthread_mutex_lock(&prod->err_lock);
-    memcpy(last, prod->last_error, sizeof(last));
-    pthread_mutex_unlock(&prod->err_lock);
+    broker_seen(prod, seen, sizeof(seen));
     pr__duration_format((int64_t)prod->send_timeout_ms * 1000000, budget,
                         sizeof(budget));
     pr__errf(errstr, errstr_size,
              "record for topic \"%s\" (key \"%.64s\") was not acknowledged "
-             "within send_timeout %s%s%s",
-             topic, key, budget, *last ? "; last broker error: " : "", last);
+             "within send_timeout %s%s",
+             topic, key, budget, seen);
   }
   waiter_unref_locked(w);
   return err;

@@ -1,0 +1,202 @@
+/*
+ * record.c - a record's bytes as the engine takes them, with no engine
+ * state: the key check at intake, the copy into an invocation, the
+ * payload's verdict at decode, and what the handler reads of it (the
+ * prosody_message_* accessors). The libFuzzer target
+ * tests/fuzz/fuzz_record.c drives these functions with hostile records.
+ *
+ * Threads: the key check and the copy on the engine thread; the verdict
+ * and the accessors on the handler's thread.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+const char *pr__record_check(const void *key, size_t key_len,
+                             const void *payload) {
+  if (!key)
+    return "no key";
+  if (!pr__utf8_valid(key, key_len) || memchr(key, 0, key_len))
+    return "key is not valid UTF-8 text";
+  if (!payload)
+    return "no payload";
+  return NULL;
+}
+
+inv_t *pr__inv_message(part_t *part, const void *key, size_t key_len,
+                       const void *payload, size_t len, int64_t offset,
+                       int64_t timestamp) {
+  /* One allocation: the inv, then its key and payload (NUL-terminated). */
+  inv_t *inv = calloc(1, sizeof(*inv) + key_len + len + 2);
+  if (!inv)
+    return NULL;
+  inv->eng = part->eng;
+  inv->part = part;
+  inv->msg.topic = part->topic;
+  inv->msg.partition = part->partition;
+  inv->msg.offset = offset;
+  inv->msg.timestamp = timestamp;
+  inv->inline_strings = 1;
+  inv->msg.key = (char *)(inv + 1);
+  memcpy(inv->msg.key, key, key_len);
+  inv->msg.key[key_len] = '\0';
+  inv->msg.payload = inv->msg.key + key_len + 1;
+  memcpy(inv->msg.payload, payload, len);
+  inv->msg.payload[len] = '\0';
+  inv->msg.payload_len = len;
+  inv->unprepared = 1;
+  pthread_mutex_init(&inv->msg.hdr_lock, NULL);
+  return inv;
+}
+
+int pr__decode_allowed(const pr__value_t *list, json_t *json) {
+  json_t *type;
+  const char *t;
+  if (!list->isset || list->list_n == 0)
+    return 1;
+  type = json_is_object(json) ? json_object_get(json, "type") : NULL;
+  if (!type || !json_is_string(type))
+    return 1; /* no type: processed */
+  t = json_string_value(type);
+  for (size_t i = 0; i < list->list_n; i++)
+    if (!strncmp(t, list->list[i], strlen(list->list[i])))
+      return 1;
+  return 0;
+}
+
+const char *pr__record_verdict(prosody_message_t *m, int json_state,
+                               const char *group_id, const pr__value_t *allowed,
+                               int *warn) {
+  json_error_t jerr;
+  int valid;
+  const void *v;
+  size_t len;
+  *warn = 0;
+  if (allowed->isset && allowed->list_n > 0) {
+    /* The filter reads the payload's "type": parse it now. */
+    m->json = json_loadb(m->payload, m->payload_len, JSON_DECODE_ANY, &jerr);
+    valid = m->json != NULL;
+  } else {
+    /* Validated only: the tree is built if the handler asks for it
+     * (prosody_message_json), at several times the cost. */
+    valid = json_state ? json_state > 0
+                       : pr__json_valid(m->payload, m->payload_len);
+  }
+  if (!valid) {
+    *warn = 1;
+    return "payload is not valid JSON";
+  }
+  if (m->headers &&
+      !rd_kafka_header_get_last(m->headers, "source-system", &v, &len) &&
+      len == strlen(group_id) && !memcmp(v, group_id, len))
+    return "our own output";
+  if (!pr__decode_allowed(allowed, m->json))
+    return "event type not allowed";
+  return NULL;
+}
+
+void pr__inv_shed(inv_t *inv, int keep_trace) {
+  hdr_copy_t *h, *next;
+  const void *v;
+  size_t len;
+  if (inv->msg.json)
+    json_decref(inv->msg.json);
+  inv->msg.json = NULL;
+  /* Telemetry reports the trace context once the result is in. */
+  if (inv->msg.headers &&
+      !(keep_trace && inv->eng->tm &&
+        !rd_kafka_header_get_last(inv->msg.headers, "traceparent", &v, &len))) {
+    rd_kafka_headers_destroy(inv->msg.headers);
+    inv->msg.headers = NULL;
+  }
+  for (h = inv->msg.hdr_copies; h; h = next) {
+    next = h->next;
+    free(h->name);
+    free(h->value);
+    free(h);
+  }
+  inv->msg.hdr_copies = NULL;
+}
+
+PROSODY_EXPORT const char *prosody_message_topic(const prosody_message_t *m) {
+  return m->topic;
+}
+
+PROSODY_EXPORT int32_t prosody_message_partition(const prosody_message_t *m) {
+  return m->partition;
+}
+
+PROSODY_EXPORT int64_t prosody_message_offset(const prosody_message_t *m) {
+  return m->offset;
+}
+
+PROSODY_EXPORT int64_t prosody_message_timestamp(const prosody_message_t *m) {
+  return m->timestamp;
+}
+
+PROSODY_EXPORT const char *prosody_message_key(const prosody_message_t *m) {
+  return m->key;
+}
+
+PROSODY_EXPORT const char *prosody_message_payload(const prosody_message_t *m) {
+  return m->payload;
+}
+
+PROSODY_EXPORT size_t prosody_message_payload_len(const prosody_message_t *m) {
+  return m->payload_len;
+}
+
+/* The tree is built on first use (the payload was validated at decode),
+ * on the asking thread; concurrent first calls agree on one tree. */
+PROSODY_EXPORT const struct json_t *
+prosody_message_json(const prosody_message_t *m) {
+  prosody_message_t *mm = (prosody_message_t *)m;
+  json_t *j, *none = NULL;
+  if (!m)
+    return NULL;
+  j = __atomic_load_n(&mm->json, __ATOMIC_ACQUIRE);
+  if (j || !m->payload)
+    return j;
+  if (!(j = json_loadb(m->payload, m->payload_len, JSON_DECODE_ANY, NULL)))
+    return NULL;
+  if (!__atomic_compare_exchange_n(&mm->json, &none, j, 0, __ATOMIC_ACQ_REL,
+                                   __ATOMIC_ACQUIRE)) {
+    json_decref(j);
+    j = none;
+  }
+  return j;
+}
+
+PROSODY_EXPORT const char *prosody_message_header(const prosody_message_t *m,
+                                                  const char *name) {
+  prosody_message_t *mm = (prosody_message_t *)m;
+  const void *v;
+  size_t len;
+  hdr_copy_t *h;
+  const char *out = NULL;
+  if (!m || !name || !m->headers ||
+      rd_kafka_header_get_last(m->headers, name, &v, &len))
+    return NULL;
+  pthread_mutex_lock(&mm->hdr_lock);
+  for (h = mm->hdr_copies; h; h = h->next)
+    if (!strcmp(h->name, name)) {
+      out = h->value;
+      break;
+    }
+  if (!out && (h = calloc(1, sizeof(*h)))) {
+    h->name = strdup(name);
+    h->value = pr__strndup(v, len);
+    if (h->name && h->value) {
+      h->next = mm->hdr_copies;
+      mm->hdr_copies = h;
+      out = h->value;
+    } else {
+      free(h->name);
+      free(h->value);
+      free(h);
+    }
+  }
+  pthread_mutex_unlock(&mm->hdr_lock);
+  return out;
+}
