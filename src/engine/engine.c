@@ -188,8 +188,7 @@ static prosody_err_t consumer_start(pr__engine_t *eng, const char *bootstrap,
   rd_kafka_conf_set_rebalance_cb(kconf, pr__rebalance_cb);
   rd_kafka_conf_set_error_cb(kconf, error_cb);
   rd_kafka_conf_set_opaque(kconf, eng);
-  eng->rk = rd_kafka_new(RD_KAFKA_CONSUMER, kconf, why, sizeof(why));
-  pr__kafka_log_bind(eng->rk);
+  eng->rk = pr__kafka_new(RD_KAFKA_CONSUMER, kconf, why, sizeof(why));
   if (!eng->rk) {
     rd_kafka_conf_destroy(kconf);
     pr__errf(errstr, errstr_size, "could not create the Kafka consumer: %s",

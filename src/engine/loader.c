@@ -77,12 +77,11 @@ static int consumer_new(pr__loader_t *l, pr__load_t *r) {
     fail(r, errstr);
     return -1;
   }
-  if (!(l->rk = rd_kafka_new(RD_KAFKA_CONSUMER, kc, errstr, sizeof(errstr)))) {
+  if (!(l->rk = pr__kafka_new(RD_KAFKA_CONSUMER, kc, errstr, sizeof(errstr)))) {
     rd_kafka_conf_destroy(kc);
     fail(r, errstr);
     return -1;
   }
-  pr__kafka_log_bind(l->rk);
   return 0;
 }
 

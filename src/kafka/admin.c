@@ -98,7 +98,7 @@ prosody_admin_new(prosody_config_t *conf, char *errstr, size_t errstr_size) {
   pthread_mutex_init(&admin->err_lock, NULL);
   rd_kafka_conf_set_error_cb(kconf, admin_error_cb);
   rd_kafka_conf_set_opaque(kconf, admin);
-  admin->rk = rd_kafka_new(RD_KAFKA_PRODUCER, kconf, why, sizeof(why));
+  admin->rk = pr__kafka_new(RD_KAFKA_PRODUCER, kconf, why, sizeof(why));
   if (!admin->rk) {
     rd_kafka_conf_destroy(kconf);
     pr__errf(errstr, errstr_size, "could not create the admin handle: %s", why);

@@ -21,46 +21,115 @@
 typedef struct log_bind {
   const rd_kafka_t *rk;
   pr__logger_t *logger;
+  uint64_t seq; /* which binding: a freed handle's address may come back */
 } log_bind_t;
-static pthread_mutex_t bind_lock = PTHREAD_MUTEX_INITIALIZER;
-static log_bind_t *binds;
+/* Held by log_cb while it writes to a bound logger, so that once
+ * log_unbind() returns no line is being written to it (recursive: a log
+ * callback may make a client, which binds). */
+static pthread_mutex_t bind_lock = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
+static log_bind_t *binds; /* under bind_lock, oldest first */
 static size_t nbinds, capbinds;
+static uint64_t bind_seq;
 
-void pr__kafka_log_bind(const rd_kafka_t *rk) {
-  pr__logger_t *lg = pr__log_current();
-  if (!rk || !lg)
-    return;
-  pthread_mutex_lock(&bind_lock);
-  if (!pr__grow(&binds, &capbinds, nbinds, sizeof(*binds), 8)) {
-    binds[nbinds].rk = rk;
-    binds[nbinds++].logger = lg;
-  } /* else its lines go to the thread's logger or the default */
-  pthread_mutex_unlock(&bind_lock);
+/* Lines of handles being made (pr__kafka_new): librdkafka's threads may
+ * log before rd_kafka_new() returns, when nothing is bound yet; they wait
+ * here (at most PEND_MAX) for the binding. Under bind_lock. */
+#define PEND_MAX 64
+typedef struct pend {
+  const rd_kafka_t *rk;
+  pr__log_level_t level;
+  char *line;
+} pend_t;
+static pend_t pending[PEND_MAX];
+static int npending, creating;
+
+/* Writes one line to `lg` (NULL: the calling thread's or the default). */
+static void write_line(pr__logger_t *lg, pr__log_level_t level,
+                       const char *line) {
+  pr__logger_t *prev = NULL;
+  if (lg)
+    prev = pr__log_adopt(lg);
+  pr__log(level, "kafka", "%s", line);
+  if (lg)
+    pr__log_adopt(prev);
 }
 
-static void log_unbind(const rd_kafka_t *rk) {
+/* Lines held for `rk` (NULL: all of them) go to `lg`. Under bind_lock. */
+static void flush_pending(const rd_kafka_t *rk, pr__logger_t *lg) {
+  int kept = 0;
+  for (int i = 0; i < npending; i++) {
+    if (!rk || pending[i].rk == rk) {
+      write_line(lg, pending[i].level, pending[i].line);
+      free(pending[i].line);
+    } else {
+      pending[kept++] = pending[i];
+    }
+  }
+  npending = kept;
+}
+
+rd_kafka_t *pr__kafka_new(rd_kafka_type_t type, rd_kafka_conf_t *conf,
+                          char *errstr, size_t errstr_size) {
+  pr__logger_t *lg = pr__log_current();
+  rd_kafka_t *rk;
+  if (lg) {
+    pthread_mutex_lock(&bind_lock);
+    creating++;
+    pthread_mutex_unlock(&bind_lock);
+  }
+  rk = rd_kafka_new(type, conf, errstr, errstr_size);
+  if (!lg)
+    return rk;
+  pthread_mutex_lock(&bind_lock);
+  if (rk && !pr__grow(&binds, &capbinds, nbinds, sizeof(*binds), 8)) {
+    binds[nbinds].rk = rk;
+    binds[nbinds].seq = ++bind_seq;
+    binds[nbinds++].logger = lg;
+  } /* else its lines go to the thread's logger or the default */
+  if (rk)
+    flush_pending(rk, lg);
+  if (--creating == 0)
+    flush_pending(NULL, NULL); /* a handle that never bound */
+  pthread_mutex_unlock(&bind_lock);
+  return rk;
+}
+
+/* The binding of `rk` (its sequence number; 0: none). */
+static uint64_t bind_of(const rd_kafka_t *rk) {
+  uint64_t seq = 0;
+  pthread_mutex_lock(&bind_lock);
+  for (size_t i = nbinds; i-- > 0 && !seq;)
+    if (binds[i].rk == rk)
+      seq = binds[i].seq;
+  pthread_mutex_unlock(&bind_lock);
+  return seq;
+}
+
+/* Removes binding `seq`; once this returns no line is being written to its
+ * logger. */
+static void log_unbind(uint64_t seq) {
   pthread_mutex_lock(&bind_lock);
   for (size_t i = 0; i < nbinds; i++)
-    if (binds[i].rk == rk) {
-      binds[i] = binds[--nbinds];
+    if (binds[i].seq == seq) {
+      memmove(binds + i, binds + i + 1, (nbinds - i - 1) * sizeof(*binds));
+      nbinds--;
       break;
     }
   pthread_mutex_unlock(&bind_lock);
 }
 
+/* Under bind_lock. */
 static pr__logger_t *bound_logger(const rd_kafka_t *rk) {
   pr__logger_t *lg = NULL;
-  pthread_mutex_lock(&bind_lock);
-  for (size_t i = 0; i < nbinds && !lg; i++)
+  for (size_t i = nbinds; i-- > 0 && !lg;) /* the newest handle first */
     if (binds[i].rk == rk)
       lg = binds[i].logger;
-  pthread_mutex_unlock(&bind_lock);
   return lg;
 }
 
 static void log_cb(const rd_kafka_t *rk, int level, const char *fac,
                    const char *buf) {
-  pr__logger_t *lg = rk ? bound_logger(rk) : NULL, *prev = NULL;
+  pr__logger_t *lg, *prev = NULL;
   pr__log_level_t l = level <= 3   ? PR_LOG_ERROR
                       : level == 4 ? PR_LOG_WARN
                       : level == 5 ? PR_LOG_INFO
@@ -69,11 +138,26 @@ static void log_cb(const rd_kafka_t *rk, int level, const char *fac,
    * docs/ARCHITECTURE.md): a warning, whatever level librdkafka gives it. */
   if (l == PR_LOG_ERROR && fac && !strcmp(fac, "FAIL"))
     l = PR_LOG_WARN;
+  pthread_mutex_lock(&bind_lock);
+  lg = rk ? bound_logger(rk) : NULL;
+  if (!lg && rk && creating > 0 && npending < PEND_MAX) {
+    /* Perhaps a handle being made: held until it is bound. */
+    size_t n = strlen(rd_kafka_name(rk)) + strlen(fac) + strlen(buf) + 8;
+    if ((pending[npending].line = malloc(n))) {
+      snprintf(pending[npending].line, n, "%s: [%s] %s", rd_kafka_name(rk), fac,
+               buf);
+      pending[npending].rk = rk;
+      pending[npending++].level = l;
+      pthread_mutex_unlock(&bind_lock);
+      return;
+    }
+  }
   if (lg)
     prev = pr__log_adopt(lg);
   pr__log(l, "kafka", "%s: [%s] %s", rk ? rd_kafka_name(rk) : "-", fac, buf);
   if (lg)
     pr__log_adopt(prev);
+  pthread_mutex_unlock(&bind_lock);
 }
 
 int pr__kafka_conf_set(rd_kafka_conf_t *kconf, const char *name,
@@ -186,6 +270,7 @@ static void *destroy_thread(void *arg) {
 int pr__kafka_destroy_bounded(rd_kafka_t *rk, int timeout_ms,
                               const char *what) {
   destroy_job_t *job;
+  uint64_t seq = bind_of(rk);
   pthread_t thr;
   pthread_condattr_t attr;
   struct timespec deadline;
@@ -193,10 +278,12 @@ int pr__kafka_destroy_bounded(rd_kafka_t *rk, int timeout_ms,
 
   if (!rk)
     return 0;
-  log_unbind(rk); /* its client's logger may go once this returns */
+  /* Its lines go to its client's logger until it is destroyed (or
+   * abandoned): that logger may go once this returns. */
   job = calloc(1, sizeof(*job));
   if (!job) {
     rd_kafka_destroy(rk);
+    log_unbind(seq);
     return 0;
   }
   job->rk = rk;
@@ -207,6 +294,7 @@ int pr__kafka_destroy_bounded(rd_kafka_t *rk, int timeout_ms,
   pthread_condattr_destroy(&attr);
   if (pthread_create(&thr, NULL, destroy_thread, job) != 0) {
     rd_kafka_destroy(rk);
+    log_unbind(seq);
     pthread_mutex_destroy(&job->lock);
     pthread_cond_destroy(&job->cond);
     free(job);
@@ -221,6 +309,7 @@ int pr__kafka_destroy_bounded(rd_kafka_t *rk, int timeout_ms,
   if (!done)
     job->abandoned = 1;
   pthread_mutex_unlock(&job->lock);
+  log_unbind(seq); /* an abandoned handle's later lines: the default's */
   if (!done) {
     pthread_detach(thr);
     PR_ERROR("kafka",

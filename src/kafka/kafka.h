@@ -37,9 +37,11 @@ prosody_err_t pr__kafka_classify(rd_kafka_resp_err_t err);
  * (librdkafka rule 9, docs/ARCHITECTURE.md). Returns 0 if destroyed, -1 if
  * abandoned. */
 int pr__kafka_destroy_bounded(rd_kafka_t *rk, int timeout_ms, const char *what);
-/* librdkafka's lines about `rk` go to the calling thread's logger (its
- * client's) until pr__kafka_destroy_bounded(rk). */
-void pr__kafka_log_bind(const rd_kafka_t *rk);
+/* rd_kafka_new(), with librdkafka's lines about the handle going to the
+ * calling thread's logger (its client's) from its first line until
+ * pr__kafka_destroy_bounded(). */
+rd_kafka_t *pr__kafka_new(rd_kafka_type_t type, rd_kafka_conf_t *conf,
+                          char *errstr, size_t errstr_size);
 /* librdkafka's broker error `reason` in words a user can act on (into
  * `out`, returned): a reply to the first request on a connection that is
  * no Kafka response ("increase receive.message.max.bytes") says the

@@ -335,8 +335,7 @@ static void recover(pr__producer_t *prod) {
 
   kconf = rd_kafka_conf_dup(prod->conf);
   fresh =
-      kconf ? rd_kafka_new(RD_KAFKA_PRODUCER, kconf, err, sizeof(err)) : NULL;
-  pr__kafka_log_bind(fresh);
+      kconf ? pr__kafka_new(RD_KAFKA_PRODUCER, kconf, err, sizeof(err)) : NULL;
   if (!fresh) {
     if (kconf)
       rd_kafka_conf_destroy(kconf);
@@ -522,8 +521,7 @@ pr__producer_t *pr__producer_new(const pr__settings_t *st,
   rd_kafka_conf_set_opaque(kconf, prod);
   prod->conf = rd_kafka_conf_dup(kconf);
 
-  prod->rk = rd_kafka_new(RD_KAFKA_PRODUCER, kconf, why, sizeof(why));
-  pr__kafka_log_bind(prod->rk);
+  prod->rk = pr__kafka_new(RD_KAFKA_PRODUCER, kconf, why, sizeof(why));
   if (!prod->rk || !prod->conf) {
     if (!prod->rk)
       rd_kafka_conf_destroy(kconf);

@@ -114,13 +114,12 @@ static rd_kafka_t *producer(pr__tm_t *t) {
                           sizeof(errstr))) {
     rd_kafka_conf_set_dr_msg_cb(kc, dr_cb);
     rd_kafka_conf_set_opaque(kc, t);
-    if ((rk = rd_kafka_new(RD_KAFKA_PRODUCER, kc, errstr, sizeof(errstr))))
+    if ((rk = pr__kafka_new(RD_KAFKA_PRODUCER, kc, errstr, sizeof(errstr))))
       kc = NULL;
   }
   if (kc)
     rd_kafka_conf_destroy(kc);
   if (rk) {
-    pr__kafka_log_bind(rk);
     atomic_store(&t->rk, rk);
   } else {
     atomic_store(&t->failed_new, 1);
