@@ -91,9 +91,8 @@ static int child_main(char **argv) {
   t_set(conf, "log", "error");
   {
     /* Kafka's default 45 s session would make each kill cost 45 s; a
-     * broker accepts 6 s at the least. The mock's rebalance waits a
-     * session less 1 s for every member, then the dead one's session:
-     * 3 s there keeps each kill's stall near Kafka's. */
+     * broker accepts 6 s at the least. The mock took about 11 s to give a
+     * dead member's partitions away with 6 s, about 5 s with 3 s. */
     pr__test_opts_t test = {.memory_timers = !t_real_bootstrap(),
                             .session_timeout_ms =
                                 t_real_bootstrap() ? 6000 : 3000};
