@@ -11,8 +11,9 @@
  * consumer in the same group; one while a second consumer joins (the first
  * is killed once the rebalance has taken its partitions); one right after a
  * consumer was asked to stop (SIGTERM: it calls prosody_unsubscribe, which
- * drains). A last consumer then runs until the group's committed offsets
- * reach the end of every partition.
+ * drains; the last fifth of the values is produced just before, so that it
+ * has work in flight). A last consumer then runs until the group's committed
+ * offsets reach the end of every partition.
  *
  * From the recorded handlings: no value lost; each key's values handled
  * for the first time in sequence order; every duplicate is of a record at
@@ -255,11 +256,11 @@ static int crash(child_t *c, kill_rec_t *k) {
   return drained;
 }
 
-/* A moment in the `slot`th ninth of the values, after what is done. */
+/* A moment in the `slot`th tenth of the values, after what is done. */
 static int moment(unsigned *seed, int slot) {
-  int ninth = N / 9, want = slot * ninth + ninth / 4 +
-                            (int)(rand_r(seed) % (unsigned)(ninth * 3 / 4));
-  return want > distinct + ninth / 4 ? want : distinct + ninth / 4;
+  int tenth = N / 10, want = slot * tenth + tenth / 4 +
+                             (int)(rand_r(seed) % (unsigned)(tenth * 3 / 4));
+  return want > distinct + tenth / 4 ? want : distinct + tenth / 4;
 }
 
 /* The checks and figures, from the handlings in file order. */
@@ -347,7 +348,9 @@ int main(int argc, char **argv) {
   CHECK((fd = mkstemp(rec_path)) >= 0, "mkstemp");
   close(fd);
   t_create_topic(topic, PARTS);
-  t_produce(topic, 0, N, KEYS); /* key i % KEYS, seq i */
+  /* Key i % KEYS, seq i. The last fifth waits for the drain: however far
+   * the first consumers got, the one that drains has work in flight. */
+  t_produce(topic, 0, N * 4 / 5, KEYS);
 
   /* Five kills of a consumer working alone, each replaced at once. */
   start(&a, 0);
@@ -365,7 +368,8 @@ int main(int argc, char **argv) {
   await(&a, "assigned ", PARTS, 60);
   crash(&a, k);
   /* Ask the second to stop, and kill it while it drains. */
-  wait_distinct(moment(&seed, 7), 60);
+  t_produce(topic, N * 4 / 5, N, KEYS);
+  wait_distinct(moment(&seed, 8), 60);
   k = before_kill("drain");
   kill(b.pid, SIGTERM);
   await(&b, "draining", -1, 10);
