@@ -28,6 +28,7 @@
  */
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 
 #include "config/config.h"
@@ -202,11 +203,16 @@ static void wait_distinct(int want, double seconds) {
 static void start(child_t *c, int index) {
   int fds[2];
   char idx[16];
+  pid_t parent = getpid();
   CHECK(pipe(fds) == 0, "pipe");
   snprintf(idx, sizeof(idx), "%d", index);
   c->pid = fork();
   CHECK(c->pid >= 0, "fork");
   if (c->pid == 0) {
+    /* A failed check ends the test: its consumers end with it. */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent)
+      _exit(1);
     dup2(fds[1], STDOUT_FILENO);
     close(fds[0]);
     execl(exe, exe, "--child", idx, t_real_bootstrap() ? "-" : t_bootstrap(),
@@ -351,6 +357,7 @@ int main(int argc, char **argv) {
   snprintf(rec_path, sizeof(rec_path), "/tmp/prosody-crash-XXXXXX");
   CHECK((fd = mkstemp(rec_path)) >= 0, "mkstemp");
   close(fd);
+  printf("handlings recorded in %s (removed if the test passes)\n", rec_path);
   t_create_topic(topic, PARTS);
   /* Key i % KEYS, seq i. The last fifth waits for the drain: however far
    * the first consumers got, the one that drains has work in flight. */
