@@ -89,12 +89,19 @@ static inline const char *t_real_bootstrap(void) {
   return b && *b ? b : "127.0.0.1:9094";
 }
 
+/* Set in a child process of the mock tier: the address of its parent's
+ * embedded mock cluster, which t_config() and t_bootstrap() then join
+ * instead of starting a cluster of their own. */
+static const char *t_mock_address;
+
 /* The address a plain librdkafka client should use. */
 static inline const char *t_bootstrap(void) {
   static char buf[256];
   char err[512];
   if (t_real_bootstrap())
     return t_real_bootstrap();
+  if (t_mock_address)
+    return t_mock_address;
   CHECK(prosody_mock_bootstrap_servers(buf, sizeof(buf), err, sizeof(err)) ==
             PROSODY_OK,
         "mock cluster: %s", err);
@@ -115,9 +122,9 @@ static inline prosody_config_t *t_config(void) {
   char err[1024];
   prosody_config_t *conf = prosody_config_new();
   CHECK(conf, "out of memory");
-  if (t_real_bootstrap())
-    CHECK_OK(prosody_config_set(conf, "bootstrap_servers", t_real_bootstrap(),
-                                err, sizeof(err)),
+  if (t_real_bootstrap() || t_mock_address)
+    CHECK_OK(prosody_config_set(conf, "bootstrap_servers", t_bootstrap(), err,
+                                sizeof(err)),
              err);
   else
     CHECK_OK(prosody_config_set(conf, "mock", "true", err, sizeof(err)), err);
