@@ -27,7 +27,8 @@
 #include "kafka.h"
 
 #define PR_TM_QUEUE 100000 /* records waiting in the producer, at most */
-#define PR_TM_MAX 4096     /* bytes of one event; exception text truncated */
+#define PR_TM_STACK 4096   /* an event longer than this is built on the heap */
+#define PR_TM_EXC_MAX 4096 /* bytes of an exception's text kept */
 
 struct pr__tm {
   char *bootstrap, *topic;
@@ -165,9 +166,11 @@ static size_t utf8_len(const unsigned char *s, size_t left) {
 }
 
 /* A JSON string: escaped; invalid UTF-8 bytes become U+FFFD. */
-static void put_str(buf_t *b, const char *s) {
+/* A JSON string of at most `max` bytes of s (a cut inside a character
+ * ends in U+FFFD). */
+static void put_str_n(buf_t *b, const char *s, size_t max) {
   const unsigned char *u = (const unsigned char *)s;
-  size_t len = strlen(s);
+  size_t len = strnlen(s, max);
   put(b, "\"", 1);
   for (size_t i = 0; i < len;) {
     char esc[8];
@@ -199,6 +202,8 @@ static void put_str(buf_t *b, const char *s) {
   }
   put(b, "\"", 1);
 }
+
+static void put_str(buf_t *b, const char *s) { put_str_n(b, s, SIZE_MAX); }
 
 static void put_field_str(buf_t *b, const char *name, const char *v) {
   put(b, ",\"", 2);
@@ -246,8 +251,10 @@ size_t pr__tm_json(const pr__tm_t *t, const pr__tm_event_t *ev, int64_t now_ms,
     put_field_str(&b, "demandType", ev->failure_demand ? "failure" : "normal");
   if (ev->error_category)
     put_field_str(&b, "errorCategory", ev->error_category);
-  if (ev->exception)
-    put_field_str(&b, "exception", ev->exception);
+  if (ev->exception) {
+    put(&b, ",\"exception\":", 13);
+    put_str_n(&b, ev->exception, PR_TM_EXC_MAX);
+  }
   if (ev->traceparent)
     put_field_str(&b, "traceParent", ev->traceparent);
   if (ev->tracestate)
@@ -258,19 +265,35 @@ size_t pr__tm_json(const pr__tm_t *t, const pr__tm_event_t *ev, int64_t now_ms,
   return b.n;
 }
 
+/* Room for the event's JSON at worst (every byte escaped as \uXXXX). */
+static size_t json_room(const pr__tm_t *t, const pr__tm_event_t *ev) {
+  size_t text = strlen(ev->topic) + strlen(ev->key) + strlen(ev->source) +
+                strlen(t->hostname) +
+                (ev->exception ? strnlen(ev->exception, PR_TM_EXC_MAX) : 0) +
+                (ev->traceparent ? strlen(ev->traceparent) : 0) +
+                (ev->tracestate ? strlen(ev->tracestate) : 0);
+  return 512 + 6 * text;
+}
+
 void pr__tm_emit(pr__tm_t *t, const pr__tm_event_t *ev) {
   rd_kafka_t *rk;
-  char json[PR_TM_MAX];
-  size_t len;
+  char stack[PR_TM_STACK], *json = stack;
+  size_t len, room;
   rd_kafka_resp_err_t err;
   if (!t || !(rk = producer(t)))
     return;
+  if ((room = json_room(t, ev)) > sizeof(stack) && !(json = malloc(room))) {
+    atomic_fetch_add(&t->dropped, 1);
+    return;
+  }
   len = pr__tm_json(t, ev, ev->at_ms ? ev->at_ms : pr__wall_ms(), json,
-                    sizeof(json));
+                    json == stack ? sizeof(stack) : room);
   err = rd_kafka_producev(rk, RD_KAFKA_V_TOPIC(t->topic),
                           RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
                           RD_KAFKA_V_KEY(ev->key, strlen(ev->key)),
                           RD_KAFKA_V_VALUE(json, len), RD_KAFKA_V_END);
+  if (json != stack)
+    free(json);
   if (err)
     atomic_fetch_add(&t->dropped, 1);
   else
