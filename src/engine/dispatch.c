@@ -278,8 +278,8 @@ static void start(inv_t *inv) {
   }
 }
 
-/* The scheduler's urgent events: one whose partition is half way to its
- * backpressure limit, and a message that holds its partition's commit
+/* The scheduler's urgent events: one whose partition's offset window is
+ * half way to its limit, and a message that holds its partition's commit
  * position (the oldest offset not finished): holding either back holds
  * the whole partition back. */
 int pr__dispatch_urgent(const pr__sched_task_t *t) {

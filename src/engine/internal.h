@@ -262,8 +262,9 @@ struct part {
                             on the consumer queue */
   int stopped;           /* backpressure: its queue is not read, its
                             timers not fired, until the backlog halves */
-  int pressed;           /* half way to that limit: its waiting events get
-                            the scheduler's full wait boost */
+  int pressed;           /* its offset window half way to its limit: its
+                            waiting events get the scheduler's full wait
+                            boost */
   pr__tracker_t tracker;
   kq_t **buckets;
   size_t nbuckets, nkeys;

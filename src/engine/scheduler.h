@@ -19,7 +19,8 @@
  *
  * An urgent task (the `urgent` callback says so: the engine's are the
  * events that hold their partition's commit position, and those of a
- * partition half way to its backpressure limit) gets the full wait boost
+ * partition whose offset window is half way to its limit) gets the full
+ * wait boost
  * at once: holding such an event back would hold back every key of its
  * partition, which stops reading at its limit until its backlog halves.
  *
