@@ -299,34 +299,22 @@ static void leave(inv_t *inv, int commit) {
   pr__outcome_finish(inv, commit);
 }
 
-/* The key's row is written (`commit`) or abandoned: the events held for
- * it go too. */
-static void release_held(part_t *part, const char *key, int kind, int commit) {
-  kq_t *kq = pr__kq_get(part, key, 0);
-  pr__dk_t *dk = kq ? kq->dk[kind] : NULL;
-  if (!dk)
-    return;
-  if (commit)
-    dk->row_written = 1;
-  for (inv_t *inv = dk->deferring, *next; inv; inv = next) {
-    next = inv->df_next; /* leave() unlinks it */
-    if (inv->df_held)
-      leave(inv, commit);
-  }
-}
-
 /* Leaves with `commit`; the first event of a newly deferred key takes the
- * events held for its key row along. */
+ * events held for its key row along. They leave first: while `inv` is
+ * still counted, the partition (a zombie's too) and the key stay. */
 static void leave_all(inv_t *inv, int commit) {
-  part_t *part = inv->part;
-  int kind = PR_DF_KIND(inv), head = inv->df_key_at != 0;
-  char *key = head ? strdup(inv->msg.key) : NULL;
+  kq_t *kq = inv->df_key_at ? pr__kq_get(inv->part, inv->msg.key, 0) : NULL;
+  pr__dk_t *dk = kq ? kq->dk[PR_DF_KIND(inv)] : NULL;
+  if (dk) {
+    if (commit)
+      dk->row_written = 1;
+    for (inv_t *h = dk->deferring, *next; h; h = next) {
+      next = h->df_next; /* leave() unlinks it */
+      if (h->df_held)
+        leave(h, commit);
+    }
+  }
   leave(inv, commit); /* frees inv */
-  if (key)
-    release_held(part, key, kind, commit);
-  else if (head) /* out of memory: the partition's release takes them */
-    PR_ERROR("defer", "out of memory releasing deferred events");
-  free(key);
 }
 
 static void written(void *arg, prosody_err_t err, const char *errstr) {

@@ -120,9 +120,11 @@ static void emit(inv_t *inv, int phase, int64_t at_ms) {
 }
 
 void pr__inv_emit_ran(inv_t *inv) {
-  int64_t now_ms = pr__wall_ms(), now_ns = pr__now_ns();
+  int64_t now_ms, now_ns;
   if (!inv->eng->tm)
     return;
+  now_ms = pr__wall_ms();
+  now_ns = pr__now_ns();
   /* Its start, in wall-clock time (started_ns is monotonic). */
   emit(inv, 0,
        inv->started_ns > 0 ? now_ms - (now_ns - inv->started_ns) / 1000000

@@ -205,11 +205,17 @@ static void put_str_n(buf_t *b, const char *s, size_t max) {
 
 static void put_str(buf_t *b, const char *s) { put_str_n(b, s, SIZE_MAX); }
 
-static void put_field_str(buf_t *b, const char *name, const char *v) {
+/* ,"name":"v" with at most `max` bytes of v. */
+static void put_field_str_n(buf_t *b, const char *name, const char *v,
+                            size_t max) {
   put(b, ",\"", 2);
   put(b, name, strlen(name));
   put(b, "\":", 2);
-  put_str(b, v);
+  put_str_n(b, v, max);
+}
+
+static void put_field_str(buf_t *b, const char *name, const char *v) {
+  put_field_str_n(b, name, v, SIZE_MAX);
 }
 
 static void put_field_int(buf_t *b, const char *name, int64_t v) {
@@ -251,10 +257,8 @@ size_t pr__tm_json(const pr__tm_t *t, const pr__tm_event_t *ev, int64_t now_ms,
     put_field_str(&b, "demandType", ev->failure_demand ? "failure" : "normal");
   if (ev->error_category)
     put_field_str(&b, "errorCategory", ev->error_category);
-  if (ev->exception) {
-    put(&b, ",\"exception\":", 13);
-    put_str_n(&b, ev->exception, PR_TM_EXC_MAX);
-  }
+  if (ev->exception)
+    put_field_str_n(&b, "exception", ev->exception, PR_TM_EXC_MAX);
   if (ev->traceparent)
     put_field_str(&b, "traceParent", ev->traceparent);
   if (ev->tracestate)
