@@ -63,11 +63,14 @@ async def test_metrics_scraped_and_parsed(clients, topic, recorder):
         done = value(fams, "prosody_records_skipped", "_total", reason="duplicate") == 1
         committed = fams["prosody_partition_committed_offset"].samples
         lag = [s for s in fams["prosody_partition_lag"].samples]
-        # (a deferred message is committed before its retry runs: the
-        # in-flight gauge must have seen the retries end too)
+        # (a deferred message is committed before its retry runs, and the
+        # in-flight gauge's snapshot may predate the last retry: a handler
+        # call is counted when the engine sees it end, after the handler
+        # recorded its message, so wait for that count too)
+        ended = value(fams, "prosody_handler_calls", "_total", kind="message", result="success")
         if (done and len(committed) == 4 and sum(s.value for s in committed) == 51
                 and len(lag) == 4 and all(s.value == 0 for s in lag)
-                and value(fams, "prosody_handlers_in_flight") == 0):
+                and ended >= 50 and value(fams, "prosody_handlers_in_flight") == 0):
             break
         assert asyncio.get_running_loop().time() < deadline, fams
         await asyncio.sleep(0.1)
