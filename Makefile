@@ -6,6 +6,8 @@
 #   make test           every tier: unit, mock cluster, real Kafka (started
 #                       and stopped here unless already running)
 #   make test-quick     unit + mock-cluster tests only
+#   make test-cluster   faults of a three-broker Kafka cluster (started and
+#                       stopped here unless already running)
 #   make test-sanitize  unit + mock tests under ASan+UBSan, then TSan
 #   make bench          optimised build, benchmarks (bench/results/latest.json)
 #   make fuzz           the libFuzzer targets (CQL decoder, JSON validator,
@@ -23,7 +25,7 @@ CTEST   = ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 
 PKGS := rdkafka jansson libuv libmicrohttpd libcurl libxxhash cmocka
 
-.PHONY: fuzz all deps configure demo test test-quick test-real test-sanitize \
+.PHONY: fuzz all deps configure demo test test-quick test-real test-cluster test-sanitize \
         bench install docs format format-check clean
 
 all: configure
@@ -51,6 +53,9 @@ test-quick: all
 
 test-real: all
 	scripts/run-tests.sh $(BUILD) real
+
+test-cluster: all
+	scripts/run-tests.sh $(BUILD) cluster
 
 test-sanitize: deps
 	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DPROSODY_WERROR=ON \

@@ -6,6 +6,9 @@
 # again if started here; logs stay in
 # ${PROSODY_SERVICES_RUN:-/tmp/prosody-services}/<service>/logs).
 #   scripts/run-tests.sh BUILD_DIR [all|real]
+#   scripts/run-tests.sh BUILD_DIR cluster   the `cluster` label alone, against
+#                        the three-node cluster of scripts/services/kafka-cluster
+#                        (started here unless all three nodes answer)
 set -uo pipefail
 build="${1:-build}"
 tier="${2:-all}"
@@ -22,6 +25,18 @@ cleanup() {
 trap cleanup EXIT
 
 t0=$(date +%s)
+if [ "$tier" = cluster ]; then
+  if ! "$root/scripts/services/kafka-cluster" status >/dev/null 2>&1; then
+    "$root/scripts/services/kafka-cluster" start || exit 1
+    started+=(kafka-cluster)
+  fi
+  report="$(cd "$build" && pwd)/cluster-report.txt"
+  : >"$report"
+  PROSODY_CLUSTER_REPORT="$report" ctest --test-dir "$build" --output-on-failure -L cluster || rc=1
+  cat "$report"
+  echo "run-tests: cluster tier finished in $(( $(date +%s) - t0 )) s, $([ $rc = 0 ] && echo PASSED || echo FAILED)"
+  exit $rc
+fi
 py=0 # the Python package is built (its suite runs in both tiers)
 if [ "$tier" = all ]; then
   ctest --test-dir "$build" --output-on-failure -j "$jobs" -L 'unit|mock' || rc=1

@@ -2,10 +2,11 @@
 """Readiness probe for a Kafka broker, standard library only.
 
 Sends a real Metadata request (API key 3, version 1, no topics) over a raw TCP
-socket and checks that the response lists the expected broker id.
+socket and checks that the response lists the expected broker id (and, with
+--brokers N, at least N brokers: a cluster whose members all registered).
 
-Usage: kafka_check.py [--host 127.0.0.1] [--port 9094] [--broker-id 1] [--timeout 5] [-v]
-Exit status: 0 when the broker answers and lists the broker id, 1 otherwise.
+Usage: kafka_check.py [--host 127.0.0.1] [--port 9094] [--broker-id 1] [--brokers N] [--timeout 5] [-v]
+Exit status: 0 when the broker answers and lists the broker id (and N brokers), 1 otherwise.
 """
 import argparse
 import socket
@@ -82,6 +83,7 @@ def main():
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=9094)
     p.add_argument("--broker-id", type=int, default=1)
+    p.add_argument("--brokers", type=int, default=1)
     p.add_argument("--timeout", type=float, default=5.0)
     p.add_argument("-v", "--verbose", action="store_true")
     a = p.parse_args()
@@ -94,11 +96,15 @@ def main():
     if a.verbose:
         listed = ", ".join("%d@%s:%d" % b for b in brokers) or "none"
         print("kafka_check: brokers [%s], controller %d" % (listed, controller_id))
-    if any(b[0] == a.broker_id for b in brokers):
-        return 0
-    if a.verbose:
-        print("kafka_check: broker %d not listed" % a.broker_id, file=sys.stderr)
-    return 1
+    if not any(b[0] == a.broker_id for b in brokers):
+        if a.verbose:
+            print("kafka_check: broker %d not listed" % a.broker_id, file=sys.stderr)
+        return 1
+    if len(brokers) < a.brokers:
+        if a.verbose:
+            print("kafka_check: %d of %d brokers listed" % (len(brokers), a.brokers), file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

@@ -5,8 +5,15 @@
  * for the Admin API and metadata queries (never shared with a consumer:
  * librdkafka rule 6, docs/ARCHITECTURE.md). Against a real cluster,
  * CreateTopics/DeleteTopics results are awaited on a private queue; then
- * metadata is polled until the topic shows every partition with a leader
- * (or is gone), so callers can produce or subscribe at once. Against the
+ * metadata is polled until every broker of the cluster has answered that
+ * the topic shows every partition with a leader (or is gone), so callers
+ * can produce or subscribe at once: a new topic reaches the brokers one by
+ * one, and a producer that asks a broker still without it marks the topic
+ * unknown and fails its records (librdkafka 2.0.2, whatever
+ * topic.metadata.propagation.max.ms says). The handle keeps a connection
+ * to every broker (enable.sparse.connections=false), and librdkafka sends
+ * each metadata request to a random connected one, so the polls reach them
+ * all. Against the
  * mock cluster, which has no admin protocol, topics are created with the
  * mock's own API (mock.c). Metadata is always requested for all topics: a
  * request naming an unknown topic would auto-create it on the mock.
@@ -96,6 +103,12 @@ prosody_admin_new(prosody_config_t *conf, char *errstr, size_t errstr_size) {
   if (!kconf)
     goto fail_mock;
   pthread_mutex_init(&admin->err_lock, NULL);
+  if (!admin->mock && pr__kafka_conf_set(kconf, "enable.sparse.connections",
+                                         "false", why, sizeof(why))) {
+    rd_kafka_conf_destroy(kconf);
+    pr__errf(errstr, errstr_size, "admin configuration: %s", why);
+    goto fail_mock;
+  }
   rd_kafka_conf_set_error_cb(kconf, admin_error_cb);
   rd_kafka_conf_set_opaque(kconf, admin);
   admin->rk = pr__kafka_new(RD_KAFKA_PRODUCER, kconf, why, sizeof(why));
@@ -245,10 +258,42 @@ static prosody_err_t reach_cluster(prosody_admin_t *admin, const char *what,
   return PROSODY_OK;
 }
 
+/* Brokers whose metadata answered as awaited, by broker id. */
+#define MAX_CONFIRM 64
+typedef struct confirmed {
+  int32_t id[MAX_CONFIRM];
+  int n;
+} confirmed_t;
+
+static void confirm(confirmed_t *c, int32_t id) {
+  for (int i = 0; i < c->n; i++)
+    if (c->id[i] == id)
+      return;
+  if (c->n < MAX_CONFIRM)
+    c->id[c->n++] = id;
+}
+
+/* 1 when every broker listed in `md` (the first MAX_CONFIRM) confirmed. */
+static int all_confirmed(const confirmed_t *c,
+                         const struct rd_kafka_metadata *md) {
+  for (int b = 0; b < md->broker_cnt && b < MAX_CONFIRM; b++) {
+    int found = 0;
+    for (int i = 0; i < c->n && !found; i++)
+      found = c->id[i] == md->brokers[b].id;
+    if (!found)
+      return 0;
+  }
+  return 1;
+}
+
 /* Partitions with a leader for `topic` in all-topics metadata: -1 when the
- * topic is absent (or reports an error), -2 when metadata failed. */
+ * topic is absent (or reports an error), -2 when metadata failed. With
+ * `done` (not NULL): the answering broker confirms when the topic is ready
+ * with `want` partitions (0: any), or with `gone` absent; *done is set
+ * once every broker of the cluster confirmed. */
 static int topic_state(prosody_admin_t *admin, const char *topic,
-                       int timeout_ms, int *ready, char *why, size_t why_size) {
+                       int timeout_ms, int *ready, char *why, size_t why_size,
+                       int want, int gone, confirmed_t *c, int *done) {
   const struct rd_kafka_metadata *md;
   rd_kafka_resp_err_t kerr;
   int count = -1;
@@ -273,28 +318,35 @@ static int topic_state(prosody_admin_t *admin, const char *topic,
         *ready = 0;
     break;
   }
+  if (done) {
+    if (gone ? count == -1 : *ready && (want <= 0 || count == want))
+      confirm(c, md->orig_broker_id);
+    *done = c->n > 0 && all_confirmed(c, md);
+    if (!*done && c->n > 0)
+      pr__errf(why, why_size, "%d of %d brokers show it so far", c->n,
+               md->broker_cnt);
+  }
   rd_kafka_metadata_destroy(md);
   return count;
 }
 
-/* Polls metadata until the topic is ready with `want` partitions (0: any),
- * or, with `gone`, until it is absent. */
+/* Polls metadata until every broker answered that the topic is ready with
+ * `want` partitions (0: any), or, with `gone`, that it is absent. */
 static prosody_err_t await_topic(prosody_admin_t *admin, const char *topic,
                                  int want, int gone, int64_t deadline,
                                  char *errstr, size_t errstr_size) {
   char why[256] = "";
+  confirmed_t c = {.n = 0};
   for (;;) {
     int64_t left_ms = (deadline - pr__now_ns()) / 1000000;
-    int ready, n;
+    int ready, done = 0;
     if (left_ms <= 0)
       break;
-    n = topic_state(admin, topic, (int)(left_ms < 5000 ? left_ms : 5000),
-                    &ready, why, sizeof(why));
-    if (gone && n == -1)
+    topic_state(admin, topic, (int)(left_ms < 5000 ? left_ms : 5000), &ready,
+                why, sizeof(why), want, gone, &c, &done);
+    if (done)
       return PROSODY_OK;
-    if (!gone && ready && (want <= 0 || n == want))
-      return PROSODY_OK;
-    usleep(50000);
+    usleep(c.n ? 10000 : 50000);
   }
   pr__errf(errstr, errstr_size,
            "topic \"%s\" was %s but the cluster's metadata did not show it %s "
@@ -509,7 +561,8 @@ PROSODY_EXPORT prosody_err_t prosody_admin_delete_topic(prosody_admin_t *admin,
     return err;
 
   if (admin->mock) {
-    int n = topic_state(admin, name, 5000, &ready, why, sizeof(why));
+    int n = topic_state(admin, name, 5000, &ready, why, sizeof(why), 0, 0, NULL,
+                        NULL);
     if (n == -2) {
       pr__errf(errstr, errstr_size, "deleting topic \"%s\": %s", name, why);
       return PROSODY_ERR_TRANSIENT;

@@ -150,15 +150,20 @@ static inline const char *t_topic(const char *prefix) {
   return out;
 }
 
-static inline void t_create_topic(const char *topic, int partitions) {
+static inline void t_create_topic_rf(const char *topic, int partitions,
+                                     int replicas) {
   char err[1024];
   prosody_topic_options_t o = PROSODY_TOPIC_OPTIONS_INIT;
   prosody_admin_t *admin = prosody_admin_new(t_config(), err, sizeof(err));
   CHECK(admin, "admin: %s", err);
   o.partitions = partitions;
-  o.replication_factor = 1;
+  o.replication_factor = (int16_t)replicas;
   CHECK_OK(prosody_admin_create_topic(admin, topic, &o, err, sizeof(err)), err);
   prosody_admin_destroy(admin);
+}
+
+static inline void t_create_topic(const char *topic, int partitions) {
+  t_create_topic_rf(topic, partitions, 1);
 }
 
 /* One record read back. */
