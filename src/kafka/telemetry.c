@@ -111,6 +111,10 @@ static rd_kafka_t *producer(pr__tm_t *t) {
                           sizeof(errstr)) &&
       !pr__kafka_conf_set(kc, "message.timeout.ms", "30000", errstr,
                           sizeof(errstr)) &&
+      /* Only failures are counted: a report per delivered event would
+       * cost a queue operation and a wake-up each. */
+      !pr__kafka_conf_set(kc, "delivery.report.only.error", "true", errstr,
+                          sizeof(errstr)) &&
       !pr__kafka_conf_set(kc, "queue.buffering.max.messages", queue, errstr,
                           sizeof(errstr))) {
     rd_kafka_conf_set_dr_msg_cb(kc, dr_cb);
