@@ -473,6 +473,17 @@ static void retry_later(inv_t *inv) {
     pr__outcome_finish(inv, 0);
     return;
   }
+  if (inv->df_gone) {
+    /* Unscheduled while it ran: its entry was removed then, and writing
+     * its retry count would bring it back (an UPDATE makes the row). It
+     * ends as a dropped timer does: the queue moves on. */
+    PR_INFO("defer",
+            "%s: deferred retry %d failed after the timer was unscheduled; "
+            "not retried",
+            pr__inv_describe(inv, ev, sizeof(ev)), (int)inv->df_retries);
+    pr__outcome_finish(inv, 1);
+    return;
+  }
   r = dk ? req_new(inv->part, kq->key, kind) : NULL;
   PR_WARN("defer", "%s: deferred retry %d failed: %s; next retry in %llds",
           pr__inv_describe(inv, ev, sizeof(ev)), (int)inv->df_retries,

@@ -94,10 +94,12 @@ void pr__firing_deleted(part_t *part, const char *key, int64_t time_s,
     if (!i->is_timer ||
         (time_s >= 0 ? i->time_s != time_s : i->time_s == keep_s))
       continue;
-    if (i->state == INV_QUEUED || i->state == INV_READY)
+    if (i->state == INV_QUEUED || i->state == INV_READY) {
       i->dropped = 1;
-    else
+    } else {
       i->rearmed = 0;
+      i->df_gone = i->df_loaded;
+    }
   }
 }
 

@@ -152,6 +152,9 @@ struct inv {
   int64_t time_s;           /* is_timer: the timer's time */
   int rearmed;              /* is_timer: scheduled again while firing */
   int dropped;              /* is_timer: unscheduled before it started */
+  int df_gone;              /* df_loaded timer unscheduled while it ran: its
+                               defer entry is removed, a failure must not
+                               write it back */
   int deleted;              /* is_timer: already deleted from the store */
   int state;                /* enum inv_state */
   int attempt;              /* attempts started so far */

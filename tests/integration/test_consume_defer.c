@@ -531,6 +531,52 @@ static void unscheduled_timer(void) {
   printf("unscheduled timer: left its defer queue; the key's next ran\n");
 }
 
+/* A deferred timer whose retry unschedules it and fails anyway: the entry
+ * its key's queue lost must not come back with the failure's retry count
+ * (Cassandra's UPDATE makes a missing row), so the key's next timer runs
+ * and the unscheduled one is not tried again. */
+static atomic_int su_tries, su_later_ran;
+static atomic_llong su_base;
+
+static prosody_result_t on_su_timer(prosody_context_t *ctx,
+                                    const prosody_timer_t *t, void *op) {
+  char err[256];
+  (void)op;
+  if (prosody_timer_time(t) != atomic_load(&su_base)) {
+    atomic_fetch_add(&su_later_ran, 1);
+    return PROSODY_SUCCESS;
+  }
+  if (atomic_fetch_add(&su_tries, 1) == 1) /* its first deferred retry */
+    CHECK_OK(prosody_unschedule(ctx, atomic_load(&su_base), err, sizeof(err)),
+             err);
+  return PROSODY_TRANSIENT;
+}
+
+static void self_unscheduled_timer(void) {
+  char topic[128], group[160];
+  prosody_handler_t h = {on_ut_message, on_su_timer, NULL, 0};
+  prosody_client_t *c;
+  int64_t base = ((int64_t)wall_s() + 2) * 1000;
+
+  snprintf(topic, sizeof(topic), "%s", t_topic("defer-selfun"));
+  snprintf(group, sizeof(group), "%s-g", topic);
+  t_create_topic(topic, 1);
+  atomic_store(&su_base, base);
+  send_to(topic, "su", "at", base);
+  send_to(topic, "su", "at", base + 1000);
+  c = consume(group, topic, &h, "1m", "1.0");
+  CHECK(t_wait_at_least(&su_later_ran, 1, 30),
+        "the key's next timer did not run (the unscheduled one was tried %d "
+        "times)",
+        atomic_load(&su_tries));
+  stop(c);
+  CHECK(atomic_load(&su_tries) == 2,
+        "the timer that unscheduled itself was tried %d times, want 2",
+        atomic_load(&su_tries));
+  printf("self-unscheduled timer: not retried after its failing retry; the "
+         "key's next ran\n");
+}
+
 /* ---- a deferred offset gone from Kafka (real tier) ------------------- */
 
 static atomic_int gfaulty = 1, gtries, gdone_seq = -1;
@@ -821,6 +867,7 @@ int main(void) {
   refused_key_row();
   refused_timer_row();
   unscheduled_timer();
+  self_unscheduled_timer();
   failing_key();
   failing_timer();
   gone_offset();
