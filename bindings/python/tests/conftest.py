@@ -77,20 +77,32 @@ def recorder() -> Recorder:
 
 
 @pytest.fixture
-async def topic() -> Any:
-    """A fresh 4-partition topic, deleted afterwards."""
-    name = unique("py-topic")
+async def _topics() -> Any:
+    """The test's topics, deleted at its very end: `clients` depends on this
+    fixture, so its consumers have left before their topic goes (a consumer
+    whose topic was deleted under it can take librdkafka 30 s to close)."""
+    names: List[str] = []
+    yield names
     admin = AdminClient(**admin_options())
-    await admin.create_topic(name, partition_count=4, replication_factor=1)
-    yield name
-    try:
-        await admin.delete_topic(name)
-    except Exception:  # noqa: BLE001 - best effort cleanup
-        pass
+    for name in names:
+        try:
+            await admin.delete_topic(name)
+        except Exception:  # noqa: BLE001 - best effort cleanup
+            pass
 
 
 @pytest.fixture
-async def clients() -> Any:
+async def topic(_topics: List[str]) -> Any:
+    """A fresh 4-partition topic, deleted after the test's clients left."""
+    name = unique("py-topic")
+    admin = AdminClient(**admin_options())
+    await admin.create_topic(name, partition_count=4, replication_factor=1)
+    _topics.append(name)
+    return name
+
+
+@pytest.fixture
+async def clients(_topics: List[str]) -> Any:
     """Makes clients for a test and unsubscribes them all at the end."""
     made: List[ProsodyClient] = []
 
