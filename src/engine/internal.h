@@ -153,6 +153,7 @@ struct inv {
   int rearmed;              /* is_timer: scheduled again while firing */
   int dropped;              /* is_timer: unscheduled before it started */
   int deleted;              /* is_timer: already deleted from the store */
+  int delete_failures;      /* is_timer: failed deletes (retried) so far */
   int state;                /* enum inv_state */
   int attempt;              /* attempts started so far */
   prosody_result_t result;  /* set by the completer before posting */
