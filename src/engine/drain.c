@@ -23,9 +23,10 @@ void pr__drain_release_idle(pr__engine_t *eng, part_t *only) {
       while (kq) {
         kq_t *knext = kq->next;
         inv_t *inv = kq->head, *keep = NULL;
-        /* The head may be running (or in a DLQ send), and the events its
-         * run claimed behind it belong to the run's worker; everything
-         * else is released without commit. */
+        /* The head may be running (or in a failure-topic send or a fired
+         * timer's store delete, with no retry timer pending), and the
+         * events its run claimed behind it belong to the run's worker;
+         * everything else is released without commit. */
         if (inv && (inv->state == INV_RUNNING ||
                     (inv->state == INV_DLQ && !inv->timer))) {
           keep = inv;

@@ -127,9 +127,26 @@ void pr__firing_finished(inv_t *inv, int commit) {
 
 static void timer_deleted_cb(void *arg, prosody_err_t err, const char *errstr) {
   inv_t *inv = arg;
+  pr__engine_t *eng = inv->eng;
+  part_t *part = inv->part;
   char ev[160];
-  inv->part->active--;
-  inv->eng->dlq_inflight--;
+  part->active--;
+  eng->dlq_inflight--;
+  /* A failure that is not permanent (Cassandra down or slow) is retried
+   * with backoff while the partition stays: a timer left stored would fire
+   * again after the next assignment, although it succeeded. The key waits
+   * meanwhile, so that its next event sees the timer gone. */
+  if (err && err != PROSODY_ERR_PERMANENT && eng->phase == PH_RUNNING &&
+      !part->revoking && !part->zombie) {
+    if (inv->delete_failures++ % 10 == 0)
+      PR_WARN("timers", "%s: could not delete the fired timer: %s; retrying",
+              pr__inv_describe(inv, ev, sizeof(ev)),
+              errstr ? errstr : prosody_err_name(err));
+    pr__outcome_arm_retry(inv,
+                          pr__outcome_backoff_ms(eng, inv->delete_failures));
+    inv->state = INV_DLQ; /* on_retry deletes again */
+    return;
+  }
   if (err)
     PR_ERROR("timers",
              "%s: could not delete the fired timer (it may fire "

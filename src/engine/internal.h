@@ -156,6 +156,7 @@ struct inv {
                                defer entry is removed, a failure must not
                                write it back */
   int deleted;              /* is_timer: already deleted from the store */
+  int delete_failures;      /* is_timer: failed deletes (retried) so far */
   int state;                /* enum inv_state */
   int attempt;              /* attempts started so far */
   prosody_result_t result;  /* set by the completer before posting */

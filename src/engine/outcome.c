@@ -69,7 +69,9 @@ void pr__outcome_arm_retry(inv_t *inv, uint64_t ms) {
   pr__inv_timer_close(&inv->timer);
   inv->timer = malloc(sizeof(uv_timer_t));
   if (!inv->timer) { /* no timer: try again at once */
-    if (inv->state == INV_DLQ)
+    if (inv->state == INV_DLQ && inv->is_timer)
+      pr__firing_delete(inv);
+    else if (inv->state == INV_DLQ)
       pr__dlq_send(inv);
     else if (inv->state == INV_DEFERRING)
       pr__df_write(inv);
@@ -84,6 +86,10 @@ void pr__outcome_arm_retry(inv_t *inv, uint64_t ms) {
 
 static void on_retry(uv_timer_t *t) {
   inv_t *inv = t->data;
+  /* It fired: from now on a timer means a retry is pending (the drain keeps
+   * a failure-topic send or timer delete in flight, and releases one that
+   * waits for its retry). */
+  pr__inv_timer_close(&inv->timer);
   if (inv->state == INV_DEFERRING) {
     pr__df_write(inv); /* gives up itself when released */
     return;
@@ -92,7 +98,9 @@ static void on_retry(uv_timer_t *t) {
     pr__outcome_finish(inv, 0); /* released: redelivered later */
     return;
   }
-  if (inv->state == INV_DLQ)
+  if (inv->state == INV_DLQ && inv->is_timer)
+    pr__firing_delete(inv); /* a fired timer's delete failed */
+  else if (inv->state == INV_DLQ)
     pr__dlq_send(inv);
   else
     pr__dispatch_schedule(inv);
