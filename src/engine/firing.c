@@ -142,9 +142,11 @@ static void timer_deleted_cb(void *arg, prosody_err_t err, const char *errstr) {
       PR_WARN("timers", "%s: could not delete the fired timer: %s; retrying",
               pr__inv_describe(inv, ev, sizeof(ev)),
               errstr ? errstr : prosody_err_name(err));
+    /* Still INV_DLQ (pr__firing_delete set it): on_retry deletes again.
+     * Nothing after this call: with no memory for the timer it deletes at
+     * once, and a store answering at once may finish (free) the event. */
     pr__outcome_arm_retry(inv,
                           pr__outcome_backoff_ms(eng, inv->delete_failures));
-    inv->state = INV_DLQ; /* on_retry deletes again */
     return;
   }
   if (err)
