@@ -54,7 +54,7 @@
  * updated by its handlers and log callback in shared memory. */
 typedef struct soak_side {
   atomic_long handled, bad_attempts, scheduled, schedule_failed, fired;
-  atomic_long assigned, revoked;
+  atomic_long assigned, revoked, subscribe_retries;
   atomic_int probe_port;
 } soak_side_t;
 
@@ -144,6 +144,7 @@ static int run_consumer(const char *topic, const char *group, int stats_fd,
   prosody_handler_t h = {on_message, on_timer, NULL, 0};
   prosody_client_t *c;
   char err[1024];
+  prosody_err_t e;
   sigset_t set;
   int sig;
   CHECK(st != MAP_FAILED, "mmap: %s", strerror(errno));
@@ -165,7 +166,18 @@ static int run_consumer(const char *topic, const char *group, int stats_fd,
   prosody_config_set_log_cb(conf, on_log, s);
   c = prosody_client_new(conf, err, sizeof(err));
   CHECK(c, "%s: %s", side_name, err);
-  CHECK_OK(prosody_subscribe(c, &h, err, sizeof(err)), err);
+  /* Cassandra unreachable (restarted by other work on the machine): retry
+   * every second, as an application would, until it answers or SIGTERM. */
+  while ((e = prosody_subscribe(c, &h, err, sizeof(err))) != PROSODY_OK) {
+    struct timespec second = {1, 0};
+    CHECK(prosody_err_is_transient(e), "%s: %s", side_name, err);
+    atomic_fetch_add(&s->subscribe_retries, 1);
+    fprintf(stderr, "[%s] subscribe: %s; retrying in 1 s\n", side_name, err);
+    if (sigtimedwait(&set, NULL, &second) > 0) {
+      prosody_client_destroy(c);
+      return 0;
+    }
+  }
   if (measured)
     atomic_store(&s->probe_port, prosody_probe_port(c));
   sigwait(&set, &sig);
@@ -221,11 +233,12 @@ static void *produce(void *topic) {
 static pid_t spawn(const char *mode, const char *topic, const char *group,
                    int stats_fd) {
   char fd[16];
-  pid_t pid = fork();
+  pid_t pid;
+  snprintf(fd, sizeof(fd), "%d", stats_fd);
+  pid = fork();
   CHECK(pid >= 0, "fork: %s", strerror(errno));
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGTERM); /* never outlive the orchestrator */
-    snprintf(fd, sizeof(fd), "%d", stats_fd);
     execl("/proc/self/exe", "soak", mode, topic, group, fd, (char *)NULL);
     _exit(127);
   }
@@ -295,21 +308,48 @@ static long metric(const char *body, const char *name) {
   return -1;
 }
 
+/* The group's committed offsets and the partitions' end offsets, summed
+ * into s->committed and s->lag, through `rk` (a handle of the
+ * orchestrator's, in `group` but never subscribed); 0 on success. */
+static int read_offsets(rd_kafka_t *rk, const char *topic, int np,
+                        sample_t *s) {
+  rd_kafka_topic_partition_list_t *parts =
+      rd_kafka_topic_partition_list_new(np);
+  int rc = 0;
+  s->committed = s->lag = 0;
+  for (int p = 0; p < np; p++)
+    rd_kafka_topic_partition_list_add(parts, topic, p);
+  if (rd_kafka_committed(rk, parts, 10000))
+    rc = -1;
+  for (int p = 0; p < np && !rc; p++) {
+    int64_t lo, hi, done = parts->elems[p].offset;
+    if (rd_kafka_query_watermark_offsets(rk, topic, p, &lo, &hi, 10000) ||
+        parts->elems[p].err)
+      rc = -1;
+    done = done < 0 ? 0 : done;
+    s->committed += done;
+    s->lag += hi - done;
+  }
+  rd_kafka_topic_partition_list_destroy(parts);
+  return rc;
+}
+
+/* One sample; the offsets are read up to three times (a failed reading
+ * leaves committed at -1, which fails the commits criterion). */
 static void take_sample(sample_t *s, double t, pid_t pid, const soak_side_t *c,
-                        const char *topic, const char *group, int member) {
+                        rd_kafka_t *rk, const char *topic, int np, int member) {
   static char body[32768];
-  int64_t committed[256], end[256];
-  int np = t_committed(group, topic, committed, end);
-  int port = atomic_load(&c->probe_port);
+  int port = atomic_load(&c->probe_port), tries = 0;
   memset(s, 0, sizeof(*s));
   s->t = t;
   s->rss_kib = status_field(pid, "VmRSS");
   s->threads = status_field(pid, "Threads");
   s->fds = count_fds(pid);
-  for (int p = 0; p < np; p++) {
-    int64_t done = committed[p] < 0 ? 0 : committed[p];
-    s->committed += done;
-    s->lag += end[p] - done;
+  while (read_offsets(rk, topic, np, s) && ++tries < 3)
+    sleep(1);
+  if (tries == 3) {
+    fprintf(stderr, "soak: the committed offsets could not be read\n");
+    s->committed = s->lag = -1;
   }
   s->handled = atomic_load(&c->handled);
   s->fired = atomic_load(&c->fired);
@@ -326,23 +366,24 @@ static void take_sample(sample_t *s, double t, pid_t pid, const soak_side_t *c,
 /* The samples' table: its header, and sample i's row (with the change
  * since sample i - 1). */
 static void print_header(FILE *out) {
-  fprintf(out, "| minute | RSS MiB | fds | threads | committed | "
+  fprintf(out, "| minute | at | RSS MiB | fds | threads | committed | "
                "commits/min | lag | handled/min | timers fired/min | "
                "failing-key attempts/min | deferred | timers pending | "
                "partitions | member |\n");
-  fprintf(out, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  fprintf(out,
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
 }
 
 static void print_row(FILE *out, const sample_t *s, int i) {
   const sample_t *a = &s[i], *b = i ? &s[i - 1] : &s[0];
   fprintf(out,
-          "| %d | %.1f | %ld | %ld | %lld | %lld | %lld | %ld | %ld | %ld "
-          "| %ld | %ld | %ld | %s |\n",
-          i, (double)a->rss_kib / 1024.0, a->fds, a->threads,
-          (long long)a->committed, (long long)(a->committed - b->committed),
-          (long long)a->lag, a->handled - b->handled, a->fired - b->fired,
-          a->bad - b->bad, a->deferred, a->pending, a->assigned_parts,
-          a->member ? "in" : "");
+          "| %d | %d:%02d | %.1f | %ld | %ld | %lld | %lld | %lld | %ld | %ld "
+          "| %ld | %ld | %ld | %ld | %s |\n",
+          i, (int)a->t / 60, (int)a->t % 60, (double)a->rss_kib / 1024.0,
+          a->fds, a->threads, (long long)a->committed,
+          (long long)(a->committed - b->committed), (long long)a->lag,
+          a->handled - b->handled, a->fired - b->fired, a->bad - b->bad,
+          a->deferred, a->pending, a->assigned_parts, a->member ? "in" : "");
   fflush(out);
 }
 
@@ -416,14 +457,17 @@ static void report(FILE *out, const sample_t *s, int n, const char *topic,
       "\nTotals: consumer handled %ld, scheduled %ld timers (%ld "
       "failed), %ld fired, `" BAD_KEY "` attempted %ld times, %ld "
       "assignments and %ld revocations; members handled %ld, %ld "
-      "timers fired, `" BAD_KEY "` attempted %ld times. Sent %ld (%ld "
-      "failed).\n\n",
+      "timers fired, `" BAD_KEY "` attempted %ld times; subscriptions "
+      "retried (Cassandra unreachable): consumer %ld, members %ld. Sent "
+      "%ld (%ld failed).\n\n",
       atomic_load(&st->consumer.handled), atomic_load(&st->consumer.scheduled),
       atomic_load(&st->consumer.schedule_failed),
       atomic_load(&st->consumer.fired), atomic_load(&st->consumer.bad_attempts),
       atomic_load(&st->consumer.assigned), atomic_load(&st->consumer.revoked),
       atomic_load(&st->member.handled), atomic_load(&st->member.fired),
-      atomic_load(&st->member.bad_attempts), atomic_load(&sent),
+      atomic_load(&st->member.bad_attempts),
+      atomic_load(&st->consumer.subscribe_retries),
+      atomic_load(&st->member.subscribe_retries), atomic_load(&sent),
       atomic_load(&send_failed));
   for (int i = 0; i < nchecks; i++)
     fprintf(out, "- %s: %s\n", checks[i], ok[i] ? "pass" : "**FAIL**");
@@ -437,6 +481,7 @@ static int orchestrate(int minutes, const char *summary_path) {
   int stats_fd = memfd_create("soak-stats", 0);
   soak_stats_t *st;
   pthread_t producer;
+  rd_kafka_t *reader;
   pid_t consumer, member = 0;
   double t0, member_since = 0, next_join;
   const char *checks[8];
@@ -457,12 +502,22 @@ static int orchestrate(int minutes, const char *summary_path) {
       usleep(100000);
     CHECK(atomic_load(&st->consumer.assigned), "no partitions in 180 s");
   }
+  /* Made after the consumer started, which must not inherit its sockets. */
+  {
+    char err[512];
+    rd_kafka_conf_t *kc = rd_kafka_conf_new();
+    rd_kafka_conf_set(kc, "bootstrap.servers", t_bootstrap(), err, sizeof(err));
+    rd_kafka_conf_set(kc, "group.id", group, err, sizeof(err));
+    rd_kafka_conf_set(kc, "enable.auto.commit", "false", err, sizeof(err));
+    reader = rd_kafka_new(RD_KAFKA_CONSUMER, kc, err, sizeof(err));
+    CHECK(reader, "offset reader: %s", err);
+  }
   pthread_create(&producer, NULL, produce, (void *)topic);
   t0 = t_now();
   next_join = t0 + 90;
   printf("soak: %d minutes, topic %s, consumer pid %d, %ld records/s\n",
          minutes, topic, (int)consumer, rate);
-  take_sample(&s[0], 0, consumer, &st->consumer, topic, group, 0);
+  take_sample(&s[0], 0, consumer, &st->consumer, reader, topic, partitions, 0);
   print_header(stdout);
   print_row(stdout, s, 0);
   for (int k = 1; k <= minutes;) {
@@ -491,8 +546,8 @@ static int orchestrate(int minutes, const char *summary_path) {
       leaves++;
     }
     if (now - t0 >= 60.0 * k) {
-      take_sample(&s[k], now - t0, consumer, &st->consumer, topic, group,
-                  !!member);
+      take_sample(&s[k], now - t0, consumer, &st->consumer, reader, topic,
+                  partitions, !!member);
       print_row(stdout, s, k);
       k++;
     }
@@ -504,12 +559,10 @@ static int orchestrate(int minutes, const char *summary_path) {
     member_killed += !stop_child(member, 45);
     leaves++;
   }
-  if (!dead && !stop_child(consumer, 60)) {
-    fprintf(stderr, "soak: the consumer did not stop within 60 s\n");
-    dead = 1;
-  }
   if (dead)
     return 1;
+  checks[nchecks] = "the consumer left the group and exited within 60 s";
+  ok[nchecks++] = stop_child(consumer, 60);
 
   {
     int commits = 1, timers = 1, n = minutes, third = n - 2 * n / 3;
@@ -553,6 +606,7 @@ static int orchestrate(int minutes, const char *summary_path) {
       fprintf(stderr, "soak: FAILED: %s\n", checks[i]);
       failed = 1;
     }
+  rd_kafka_destroy(reader);
   free(s);
   return failed;
 }
