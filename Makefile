@@ -13,6 +13,10 @@
 #   make fuzz           the libFuzzer targets (CQL decoder, JSON validator,
 #                       option values, record intake),
 #                       FUZZ_SECONDS (600) each
+#   make soak           a long run against real Kafka and Cassandra (started
+#                       here unless running): messages, timers, a member
+#                       joining and leaving, one failing key; SOAK_MINUTES
+#                       (30); summary in build-soak/soak-summary.md
 #   make install        install into PREFIX (default /usr/local)
 #   make docs           regenerate docs/CONFIGURATION.md from the option table
 #   make format         clang-format every C file
@@ -25,7 +29,7 @@ CTEST   = ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 
 PKGS := rdkafka jansson libuv libmicrohttpd libcurl libxxhash cmocka
 
-.PHONY: fuzz all deps configure demo test test-quick test-real test-cluster test-sanitize \
+.PHONY: fuzz soak all deps configure demo test test-quick test-real test-cluster test-sanitize \
         bench install docs format format-check clean
 
 all: configure
@@ -74,6 +78,10 @@ FUZZ_SECONDS ?= 600
 fuzz: deps
 	scripts/fuzz.sh $(FUZZ_SECONDS)
 
+SOAK_MINUTES ?= 30
+soak: deps
+	SOAK_MINUTES=$(SOAK_MINUTES) scripts/soak.sh
+
 bench: deps
 	cmake -S . -B build-release -DCMAKE_BUILD_TYPE=Release -DPROSODY_TESTS=OFF
 	cmake --build build-release -j $(JOBS)
@@ -92,4 +100,4 @@ format-check: deps
 	clang-format --dry-run --Werror $$(git ls-files '*.c' '*.h')
 
 clean:
-	rm -rf build build-asan build-tsan build-release
+	rm -rf build build-asan build-tsan build-release build-soak

@@ -14,22 +14,14 @@ build="${1:-build}"
 tier="${2:-all}"
 root="$(cd "$(dirname "$0")/.." && pwd)"
 jobs="${JOBS:-2}"
-started=()
 rc=0
-
-cleanup() {
-  for svc in "${started[@]}"; do
-    "$root/scripts/services/$svc" stop || true
-  done
-}
-trap cleanup EXIT
+WHO=run-tests
+# shellcheck source=services/ensure.sh
+. "$root/scripts/services/ensure.sh"
 
 t0=$(date +%s)
 if [ "$tier" = cluster ]; then
-  if ! "$root/scripts/services/kafka-cluster" status >/dev/null 2>&1; then
-    "$root/scripts/services/kafka-cluster" start || exit 1
-    started+=(kafka-cluster)
-  fi
+  ensure kafka-cluster
   report="$(cd "$build" && pwd)/cluster-report.txt"
   : >"$report"
   PROSODY_CLUSTER_REPORT="$report" ctest --test-dir "$build" --output-on-failure -L cluster || rc=1
@@ -61,16 +53,6 @@ else
   rc=1
 fi
 
-ensure() { # ensure SERVICE: start it unless it already answers
-  if ! "$root/scripts/services/$1" status >/dev/null 2>&1; then
-    if "$root/scripts/services/$1" start; then
-      started+=("$1")
-    else
-      echo "run-tests: could not start $1 for the real tier" >&2
-      exit 1
-    fi
-  fi
-}
 [ -n "${PROSODY_TEST_BOOTSTRAP:-}" ] || ensure kafka
 [ -n "${PROSODY_TEST_CASSANDRA:-}" ] || ensure cassandra
 ctest --test-dir "$build" --output-on-failure -j "$jobs" -L real || rc=1
