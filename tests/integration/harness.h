@@ -15,6 +15,7 @@
 #include <librdkafka/rdkafka.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -61,6 +62,26 @@ static inline int t_wait_at_least(atomic_int *v, int want, double seconds) {
  * byte; returns 1 when `line` holds a whole line (NUL-terminated, without
  * the newline), 0 when none is complete yet, -1 at end of file. `*len`
  * keeps the partial line between calls. */
+/* *v read under `mu` (a counter that handlers raise holding `mu`). */
+static inline int t_locked_int(pthread_mutex_t *mu, const int *v) {
+  int n;
+  pthread_mutex_lock(mu);
+  n = *v;
+  pthread_mutex_unlock(mu);
+  return n;
+}
+
+/* Waits until *v (read under `mu`) reaches `want`, or `seconds` pass;
+ * returns the last reading. */
+static inline int t_wait_locked(pthread_mutex_t *mu, const int *v, int want,
+                                double seconds) {
+  double deadline = t_now() + seconds;
+  int n;
+  while ((n = t_locked_int(mu, v)) < want && t_now() < deadline)
+    usleep(10000);
+  return n;
+}
+
 static inline int t_read_line(int fd, char *line, size_t size, size_t *len) {
   struct pollfd p = {fd, POLLIN, 0};
   char c;

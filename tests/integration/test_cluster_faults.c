@@ -141,21 +141,10 @@ static void log_add(log_t *l, int seq, int part) {
   pthread_mutex_unlock(&l->mu);
 }
 
-static int log_count(log_t *l, const int *v) {
-  int n;
-  pthread_mutex_lock(&l->mu);
-  n = *v;
-  pthread_mutex_unlock(&l->mu);
-  return n;
-}
-
 static void wait_for(log_t *l, const int *v, int want, double seconds,
                      const char *what) {
-  double deadline = t_now() + seconds;
-  while (log_count(l, v) < want && t_now() < deadline)
-    usleep(5000);
-  CHECK(log_count(l, v) >= want, "%s: %d of %d after %.0f s", what,
-        log_count(l, v), want, seconds);
+  int n = t_wait_locked(&l->mu, v, want, seconds);
+  CHECK(n >= want, "%s: %d of %d after %.0f s", what, n, want, seconds);
 }
 
 /* The longest gap between two events of one partition in [from, to), with
@@ -394,7 +383,7 @@ static void leader_kill(void) {
   t_kill = t_now();
   cluster("kill", leader);
   printf("killed node %d (leader of partition 0) with %d of %d handled\n",
-         leader, log_count(&handlings, &distinct), n_values);
+         leader, t_locked_int(&handlings.mu, &distinct), n_values);
   recover(leader, &p, group, topic);
   CHECK(!prosody_unsubscribe(c), "unsubscribe");
   prosody_client_destroy(c);
@@ -465,7 +454,7 @@ static void produce_only(void) {
   if (other == l0)
     other = l0 % 3 + 1;
   wait_for(&acks, &acks.n, n_values * 5 / 8, 90, "acknowledged");
-  CHECK(log_count(&acks, &acks.n) < n_values * 7 / 8,
+  CHECK(t_locked_int(&acks.mu, &acks.n) < n_values * 7 / 8,
         "sending went too fast for the kill");
   t_kill = t_now();
   cluster("kill", other);

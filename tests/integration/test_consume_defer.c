@@ -379,21 +379,12 @@ static prosody_result_t on_timer(prosody_context_t *ctx,
   return PROSODY_SUCCESS;
 }
 
-static int timer_count(const int *n) {
-  int v;
-  pthread_mutex_lock(&lock);
-  v = *n;
-  pthread_mutex_unlock(&lock);
-  return v;
-}
-
 static void failing_timer(void) {
   char topic[128], group[160], err[1024], key[32], payload[64];
   prosody_handler_t h = {on_schedule, on_timer, NULL, 0};
   prosody_config_t *conf;
   prosody_client_t *c, *p;
   int64_t base = ((int64_t)wall_s() + 2) * 1000;
-  double deadline;
 
   snprintf(topic, sizeof(topic), "%s", t_topic("defer-timer"));
   snprintf(group, sizeof(group), "%s-g", topic);
@@ -417,8 +408,7 @@ static void failing_timer(void) {
   CHECK(t_wait_at_least(&healthy_timers, TIMER_KEYS, 60),
         "healthy timers fired: %d of %d", atomic_load(&healthy_timers),
         TIMER_KEYS);
-  for (deadline = t_now() + 30; timer_count(&ttries) < 4 && t_now() < deadline;)
-    usleep(20000);
+  t_wait_locked(&lock, &ttries, 4, 30);
   pthread_mutex_lock(&lock);
   CHECK(ttries >= 4, "the failing timer was tried %d times", ttries);
   for (int i = 0; i < ttries && i < MAX_TRIES; i++) {
@@ -437,8 +427,7 @@ static void failing_timer(void) {
   pthread_mutex_unlock(&lock);
 
   atomic_store(&tfaulty, 0);
-  for (deadline = t_now() + 30; timer_count(&tdones) < 3 && t_now() < deadline;)
-    usleep(20000);
+  t_wait_locked(&lock, &tdones, 3, 30);
   stop(c);
   pthread_mutex_lock(&lock);
   CHECK(tdones == 3,
@@ -692,8 +681,6 @@ static prosody_result_t on_refused(prosody_context_t *ctx,
   return PROSODY_SUCCESS;
 }
 
-static int rdones_now(void) { return timer_count(&rdones); }
-
 /* A key is deferred but the store refuses its key row (a test option
  * refuses every such write): its messages' entries are written, yet
  * nothing says the key is deferred. The first message is not committed
@@ -709,7 +696,7 @@ static void refused_key_row(void) {
   pr__test_opts_t refuse = {.defer_refuse_rows = 1000000};
   prosody_client_t *c;
   int64_t committed[1], end[1];
-  int keys[40];
+  int keys[40], n;
   double t0, took;
 
   snprintf(topic, sizeof(topic), "%s", t_topic("defer-row"));
@@ -743,17 +730,15 @@ static void refused_key_row(void) {
   /* The next consumer handles the key's messages as they come. */
   atomic_store(&rfault, 0);
   c = consume_with(group, topic, &h, "1m", "1.0", NULL, 0, 0);
-  for (double deadline = t_now() + 30; rdones_now() < 3 && t_now() < deadline;)
-    usleep(20000);
-  CHECK(rdones_now() == 3, "key-77's messages handled: %d of 3", rdones_now());
+  n = t_wait_locked(&lock, &rdones, 3, 30);
+  CHECK(n == 3, "key-77's messages handled: %d of 3", n);
   /* Deferred again, at 31: the entries below it are dropped. */
   atomic_store(&rfault, 1);
   t_produce_keyed(topic, 30, 32, keys);
   CHECK(t_wait_at_least(&gtries, 2, 30), "key-77 was not tried again");
   atomic_store(&rfault, 0);
   t_produce_keyed(topic, 32, 40, keys);
-  for (double deadline = t_now() + 30; rdones_now() < 5 && t_now() < deadline;)
-    usleep(20000);
+  t_wait_locked(&lock, &rdones, 5, 30);
   CHECK(t_wait_committed(group, topic, ~0u, committed, end, 30),
         "committed %lld of %lld", (long long)committed[0], (long long)end[0]);
   stop(c);
@@ -846,9 +831,7 @@ static void refused_timer_row(void) {
 
   atomic_store(&rtfault, 0);
   c = consume_with(group, topic, &h, "1m", "1.0", NULL, 0, 0);
-  for (double deadline = t_now() + 30;
-       timer_count(&rtdones) < 3 && t_now() < deadline;)
-    usleep(20000);
+  t_wait_locked(&lock, &rtdones, 3, 30);
   stop(c);
   pthread_mutex_lock(&lock);
   CHECK(rtdones == 3,

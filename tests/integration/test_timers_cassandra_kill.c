@@ -125,14 +125,6 @@ static prosody_result_t on_timer(prosody_context_t *ctx,
   return PROSODY_SUCCESS;
 }
 
-static int locked_read(const int *v) {
-  int n;
-  pthread_mutex_lock(&lock);
-  n = *v;
-  pthread_mutex_unlock(&lock);
-  return n;
-}
-
 /* Waits up to `seconds` until no timer was handled for QUIET_MS; returns
  * how long ago the last one was. */
 static int64_t wait_quiet(double seconds) {
@@ -146,14 +138,6 @@ static int64_t wait_quiet(double seconds) {
       return ago;
     usleep(5000);
   }
-}
-
-/* Waits until *v >= want (a counter the handlers raise) or `seconds`. */
-static int wait_count(const int *v, int want, double seconds) {
-  double deadline = t_now() + seconds;
-  while (locked_read(v) < want && t_now() < deadline)
-    usleep(20000);
-  return locked_read(v);
 }
 
 static prosody_client_t *consumer(const char *topic, const char *group) {
@@ -256,8 +240,8 @@ int main(void) {
   slab_from = keys[0].time_ms / 1000 / SLAB_S;
   c = consumer(topic, group);
   produce(topic, 't', base, SPACING_MS);
-  CHECK(wait_count(&scheduled, KEYS, 60) == KEYS, "%d of %d timers scheduled",
-        locked_read(&scheduled), KEYS);
+  CHECK(t_wait_locked(&lock, &scheduled, KEYS, 60) == KEYS,
+        "%d of %d timers scheduled", t_locked_int(&lock, &scheduled), KEYS);
   CHECK(wall_ms() < keys[0].time_ms,
         "scheduling took too long: timers were due before it ended");
 
@@ -265,8 +249,8 @@ int main(void) {
    * (its delete was acknowledged by then), and start again at three
    * quarters (or 15 s): down longer than a CQL request's timeout (12 s),
    * so that deletes fail and are retried. */
-  CHECK(wait_count(&handled_keys, KEYS / 4, 60) >= KEYS / 4,
-        "only %d timers handled", locked_read(&handled_keys));
+  CHECK(t_wait_locked(&lock, &handled_keys, KEYS / 4, 60) >= KEYS / 4,
+        "only %d timers handled", t_locked_int(&lock, &handled_keys));
   quiet_ms = wait_quiet(5);
   CHECK(quiet_ms >= QUIET_MS, "timers kept firing: no %d ms without one",
         QUIET_MS);
@@ -274,17 +258,17 @@ int main(void) {
   kill_ms = wall_ms();
   cassandra_down = 1;
   CHECK(service("kill") == 0, "cassandra kill failed");
-  at_kill = locked_read(&handled_keys);
-  wait_count(&handled_keys, KEYS * 3 / 4, 15);
+  at_kill = t_locked_int(&lock, &handled_keys);
+  t_wait_locked(&lock, &handled_keys, KEYS * 3 / 4, 15);
   CHECK(service("start") == 0, "cassandra start failed");
   cassandra_down = 0;
   t_up = t_now();
   up_ms = wall_ms();
-  at_up = locked_read(&handled_keys);
+  at_up = t_locked_int(&lock, &handled_keys);
 
   /* None lost, none handled again. */
-  wait_count(&handled_keys, KEYS,
-             (double)(keys[KEYS - 1].time_ms - wall_ms()) / 1000 + 60);
+  t_wait_locked(&lock, &handled_keys, KEYS,
+                (double)(keys[KEYS - 1].time_ms - wall_ms()) / 1000 + 60);
   t_all = t_now();
   pthread_mutex_lock(&lock);
   for (int k = 0; k < KEYS; k++) {
@@ -345,7 +329,7 @@ int main(void) {
   t0 = t_now();
   c = consumer(topic, group);
   produce(topic, 's', SENTINEL_MS, 0);
-  wait_count(&sentinels_fired, KEYS, 90);
+  t_wait_locked(&lock, &sentinels_fired, KEYS, 90);
   pthread_mutex_lock(&lock);
   again = 0;
   for (int k = 0; k < KEYS; k++)
