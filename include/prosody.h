@@ -401,6 +401,18 @@ prosody_message_json(const prosody_message_t *m);
  * NULL. */
 PROSODY_EXPORT const char *prosody_message_header(const prosody_message_t *m,
                                                   const char *name);
+/*
+ * The W3C traceparent of the trace context the handler runs in, or NULL
+ * when there is none; valid while the handler runs. When the client
+ * exports spans (otel_exporter_otlp_endpoint set) it is the context of
+ * the message's `receive` span, and `*spanned` (may be NULL) is set to 1:
+ * make the handler's own spans its children. Otherwise it is the record's
+ * own `traceparent` header and `*spanned` is 0: a binding applies
+ * message_spans itself. Records a handler sends (prosody_send* without a
+ * trace) and timers it schedules carry this context.
+ */
+PROSODY_EXPORT const char *
+prosody_message_traceparent(const prosody_message_t *m, int *spanned);
 
 /* 1 once the invocation should stop (handler timeout, shutdown, revoke). */
 PROSODY_EXPORT int prosody_should_cancel(const prosody_context_t *ctx);
@@ -523,6 +535,12 @@ PROSODY_EXPORT prosody_err_t prosody_context_on_cancel(prosody_context_t *ctx,
  * since the epoch, a whole second). */
 PROSODY_EXPORT const char *prosody_timer_key(const prosody_timer_t *timer);
 PROSODY_EXPORT int64_t prosody_timer_time(const prosody_timer_t *timer);
+/* As prosody_message_traceparent(), for a fired timer: its `trigger`
+ * span's context (`*spanned` 1), or without export the context it was
+ * scheduled in (`*spanned` 0: apply timer_spans yourself); NULL when it
+ * was scheduled without one. */
+PROSODY_EXPORT const char *prosody_timer_traceparent(const prosody_timer_t *t,
+                                                     int *spanned);
 
 /*
  * Starts consuming `subscribed_topics` as member of `group_id` with

@@ -24,6 +24,7 @@ struct prosody_client {
   char *bootstrap;          /* effective bootstrap.servers */
   pr__producer_t *producer; /* thread-safe */
   pr__tm_t *tm;             /* telemetry (thread-safe), or NULL */
+  pr_otel_t *otel;          /* span exporter (thread-safe), or NULL */
   pthread_mutex_t lock;     /* guards engine (subscribe/unsubscribe) */
   pr__engine_t *engine;     /* the running consumer, or NULL */
   pr__probe_t *probe;       /* probe server while subscribed, or NULL */
@@ -31,6 +32,9 @@ struct prosody_client {
   pr__logger_t *logger;     /* its threads' and calls' logger */
   int abandoned;            /* an engine outlived its stop: keep logger */
 };
+
+/* How long a closing client waits for its last spans to be exported. */
+#define OTEL_CLOSE_FLUSH_MS 2000
 
 /* The client's public functions log to its logger. */
 #define LOG_SCOPE(c) pr__logger_t *prev_logger_ = pr__log_adopt((c)->logger)
@@ -104,6 +108,19 @@ prosody_client_new(prosody_config_t *conf, char *errstr, size_t errstr_size) {
     goto fail_mock;
   c->tm = pr__tm_new(&c->st, c->bootstrap);
   pr__producer_set_telemetry(c->producer, c->tm);
+  if (PR_CFG_SET(&c->st, OTEL_ENDPOINT)) {
+    pr_otel_config_t oc = {
+        .endpoint = PR_CFG_STR(&c->st, OTEL_ENDPOINT),
+        .json = PR_CFG_ENUM(&c->st, OTEL_PROTOCOL) == 1,
+        .service_name = PR_CFG_STR(&c->st, OTEL_SERVICE_NAME),
+        .resource_attributes = getenv("OTEL_RESOURCE_ATTRIBUTES")};
+    if (!(c->otel = pr__otel_open(&oc, errstr, errstr_size))) {
+      pr__producer_destroy(c->producer);
+      pr__tm_free(c->tm);
+      goto fail_mock;
+    }
+    pr__producer_set_otel(c->producer, c->otel);
+  }
   pthread_mutex_init(&c->lock, NULL);
   c->conf = conf;
   PR_DEBUG("client", "client ready (bootstrap %s, source-system \"%s\")",
@@ -137,8 +154,11 @@ PROSODY_EXPORT void prosody_client_destroy(prosody_client_t *c) {
     pr__producer_destroy(c->producer);
     /* After the producer: its last reports emit. An engine that outlived
      * its stop may still emit: its telemetry stays, as its logger does. */
-    if (!c->abandoned)
+    if (!c->abandoned) {
       pr__tm_free(c->tm);
+      /* Spans still queued get a moment to leave. */
+      pr__otel_close(c->otel, OTEL_CLOSE_FLUSH_MS);
+    }
     LOG_SCOPE_END();
   }
   pthread_mutex_destroy(&c->lock);

@@ -119,7 +119,7 @@ const permanent = (...types) => classifier(PermanentError, types);
 const transient = (...types) => classifier(TransientError, types);
 
 const RESULT = { success: 0, transient: 1, permanent: 2 };
-const STRIDE = 12; // slots per event in a batch from the addon
+const STRIDE = 13; // slots per event in a batch from the addon
 
 function outcome(e) {
   const permanentFailure = e instanceof EventHandlerError
@@ -491,12 +491,13 @@ class ProsodyClient {
       method = handler && handler.onMessage;
       if (this._tracing) {
         rec = { kind: 'message', topic: event.topic, partition: event.partition, offset: event.offset,
-                key: event.key, traceparent: b[i + 9], tracestate: b[i + 10], baggage: b[i + 11] };
+                key: event.key, traceparent: b[i + 9], tracestate: b[i + 10], baggage: b[i + 11],
+                spanned: b[i + 12] === 1 };
       }
     } else {
       event = { key: b[i + 3], time: new Date(b[i + 4]) };
       method = handler && handler.onTimer;
-      if (this._tracing) rec = { kind: 'timer', key: event.key };
+      if (this._tracing) rec = { kind: 'timer', key: event.key, traceparent: b[i + 9], spanned: b[i + 12] === 1 };
     }
     let span = null;
     const finish = (result, text) => {
@@ -516,7 +517,8 @@ class ProsodyClient {
     let promise;
     try {
       if (this._tracing) {
-        [promise, span] = withSpan(rec, this._follows[rec.kind],
+        // A span of libprosody's own already applied messageSpans/timerSpans.
+        [promise, span] = withSpan(rec, !rec.spanned && this._follows[rec.kind],
                                    () => method.call(handler, context, event, controller.signal));
       } else {
         promise = method.call(handler, context, event, controller.signal);

@@ -715,6 +715,21 @@ static void head_read(void *arg, prosody_err_t err, const char *errstr,
     pr__load_free(r);
     return;
   }
+  if ((r->span = pr__span_start(eng->otel, "load", PR_SPAN_CLIENT, NULL,
+                                PR_SPAN_CHILD, NULL))) {
+    char p[16];
+    snprintf(p, sizeof(p), "%d", (int)r->partition);
+    pr__span_attr_str(r->span, "messaging.system", "kafka", SIZE_MAX);
+    pr__span_attr_str(r->span, "messaging.operation.type", "receive", SIZE_MAX);
+    pr__span_attr_str(r->span, "messaging.destination.name", r->topic,
+                      SIZE_MAX);
+    pr__span_attr_str(r->span, "messaging.destination.partition.id", p,
+                      SIZE_MAX);
+    pr__span_attr_int(r->span, "messaging.kafka.offset", r->offset);
+    pr__span_attr_str(r->span, "messaging.kafka.message.key", r->key, SIZE_MAX);
+    pr__span_attr_str(r->span, "messaging.consumer.group.name", eng->group_id,
+                      SIZE_MAX);
+  }
   pr__loader_post(eng->loader, r);
 }
 
@@ -736,6 +751,12 @@ void pr__df_loaded(pr__load_t *r) {
   pr__engine_t *eng = r->eng;
   rd_kafka_message_t *m = r->rkm;
   inv_t *inv;
+  if (r->span) { /* the fetch is over, whatever comes of it */
+    if (r->error || r->gone)
+      pr__span_set_error(r->span, r->error ? r->error : "the offset is gone");
+    pr__span_end(r->span);
+    r->span = NULL;
+  }
   if (!dk || dk->position != r->offset) {
     pr__load_free(r);
     return;

@@ -53,6 +53,8 @@ static int complete_attempt(prosody_context_t *ctx, prosody_result_t result,
   inv = slot->owner;
   if (result != PROSODY_SUCCESS && result != PROSODY_PERMANENT)
     result = PROSODY_TRANSIENT; /* a failure without a class */
+  if (inv->tr)
+    pr__trace_end(inv, result, message ? message : slot->error);
   if (result == PROSODY_SUCCESS &&
       !(inv->eng->handler.flags & PROSODY_HANDLER_ASYNC)) {
     /* What only the handler needed (a failure keeps it for the retry or
@@ -77,6 +79,11 @@ static int complete_attempt(prosody_context_t *ctx, prosody_result_t result,
   inv->mail.kind = MAIL_DONE;
   pr__mail_post(inv->eng, &inv->mail);
   return go_on;
+}
+
+/* The context a send from a running handler continues (its thread). */
+static int send_parent(const void *arg, pr_span_ctx_t *out) {
+  return pr__trace_of(arg, out);
 }
 
 /* Runs the handler for `inv` (a worker, or the engine thread for an
@@ -104,11 +111,18 @@ static void run_handler(void *arg) {
     if (inv->unprepared)
       pr__decode_prepare(inv);
     if (inv->skip) {
+      pr__trace_filtered(inv);
       r = PROSODY_SUCCESS; /* pr__outcome_handler_done commits past it */
     } else if (!inv->is_timer) {
+      pr__trace_start(inv);
+      pr__send_parent_set(send_parent, inv);
       r = h->on_message(ctx, &inv->msg, h->opaque);
+      pr__send_parent_set(NULL, NULL);
     } else if (h->on_timer) {
+      pr__trace_start(inv);
+      pr__send_parent_set(send_parent, inv);
       r = h->on_timer(ctx, &inv->tmr, h->opaque);
+      pr__send_parent_set(NULL, NULL);
     } else {
       PR_WARN("engine",
               "timer of key \"%.64s\" at %lld fired but the handler has no "

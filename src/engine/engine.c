@@ -242,6 +242,11 @@ prosody_err_t pr__engine_start(const pr__settings_t *st, const char *bootstrap,
   eng->st = st;
   eng->producer = producer;
   eng->tm = pr__producer_telemetry(producer);
+  eng->otel = pr__producer_otel(producer);
+  eng->span_rel[0] =
+      PR_CFG_ENUM(st, MESSAGE_SPANS) ? PR_SPAN_FOLLOWS_FROM : PR_SPAN_CHILD;
+  eng->span_rel[1] =
+      PR_CFG_ENUM(st, TIMER_SPANS) ? PR_SPAN_FOLLOWS_FROM : PR_SPAN_CHILD;
   eng->handler = *handler;
   eng->group_id = PR_CFG_STR(st, GROUP_ID);
   eng->mode = PR_CFG_ENUM(st, MODE);

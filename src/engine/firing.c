@@ -47,10 +47,11 @@ static int deleted_meanwhile(const part_t *part, const char *key,
 }
 
 /* A stored timer was found by a load: queue it unless it is firing. */
-static void timer_loaded(part_t *part, const char *key, int64_t time_s) {
+static void timer_loaded(part_t *part, const char *key, int64_t time_s,
+                         const pr_span_ctx_t *trace) {
   if (pr__firing_find(part, key, time_s))
     return;
-  if (pr__tq_add(part->tq, key, time_s) < 0)
+  if (pr__tq_add_ctx(part->tq, key, time_s, trace) < 0)
     PR_ERROR("timers", "out of memory loading a timer of %s[%d]", part->topic,
              part->partition);
 }
@@ -58,7 +59,7 @@ static void timer_loaded(part_t *part, const char *key, int64_t time_s) {
 /* A timer was written by a handler: queue it if its slab is loaded (or
  * loading); a firing one of the same second is rearmed (or undropped). */
 void pr__firing_written(pr__engine_t *eng, part_t *part, const char *key,
-                        int64_t time_s) {
+                        int64_t time_s, const pr_span_ctx_t *trace) {
   inv_t *f = pr__firing_find(part, key, time_s);
   if (f) {
     if (f->state == INV_QUEUED || f->state == INV_READY)
@@ -68,7 +69,7 @@ void pr__firing_written(pr__engine_t *eng, part_t *part, const char *key,
     return;
   }
   if (pr__slab_of(time_s, eng->slab_s) <= part->horizon)
-    timer_loaded(part, key, time_s);
+    timer_loaded(part, key, time_s, trace);
 }
 
 /* Timers of `key` were deleted: (key, time_s), or all but `keep_s` when
@@ -232,12 +233,16 @@ void pr__firing_due(pr__engine_t *eng) {
   for (part_t *part = eng->parts; part; part = part->next) {
     char *key;
     int64_t t;
+    pr_span_ctx_t trace;
     if (part->revoking || !part->tq || pr__df_listing(part))
       continue;
-    while (timer_room(part) && pr__tq_pop_due(part->tq, now_s, &key, &t) > 0) {
+    while (timer_room(part) &&
+           pr__tq_pop_due_ctx(part->tq, now_s, &key, &t, &trace) > 0) {
       inv_t *inv = pr__firing_inv(part, key, t);
+      if (inv && trace.valid && (inv->tr = calloc(1, sizeof(*inv->tr))))
+        inv->tr->from = trace; /* its span links back to it */
       if (!inv)
-        (void)pr__tq_add(part->tq, key, t); /* try again later */
+        (void)pr__tq_add_ctx(part->tq, key, t, &trace); /* again later */
       free(key);
       if (!inv)
         break;
@@ -298,7 +303,7 @@ static void slab_loaded(void *arg, prosody_err_t err, const char *errstr,
     for (size_t i = 0; i < n; i++)
       if (recs[i].type == PR_TIMER_APPLICATION &&
           !deleted_meanwhile(part, recs[i].key, recs[i].time_s))
-        timer_loaded(part, recs[i].key, recs[i].time_s);
+        timer_loaded(part, recs[i].key, recs[i].time_s, &recs[i].ctx);
   load_done(part);
   free(r);
   pr__firing_arm(eng);

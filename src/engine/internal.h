@@ -46,6 +46,7 @@
 
 #include "../config/config.h"
 #include "../kafka/kafka.h"
+#include "../otel/otel.h"
 #include "../stores/stores.h"
 #include "../timers/timers.h"
 #include "../util/util.h"
@@ -110,6 +111,18 @@ struct prosody_timer {
   int64_t time_ms;
 };
 
+/* An event's tracing (trace.c), made when it has a trace context or its
+ * client exports spans. Written by the thread about to run an attempt,
+ * before the handler starts; read while it runs. */
+typedef struct pr__itrace {
+  pr_span_t *span;    /* the running attempt's span (owned by the thread
+                         running it; ended with its result), or NULL */
+  pr_span_ctx_t from; /* a timer: the context it was scheduled in */
+  pr_span_ctx_t ctx;  /* the context the handler runs in */
+  int spanned;        /* ... which is the client's own span's */
+  char tp[PR_TRACEPARENT_LEN + 1]; /* ctx as a traceparent */
+} pr__itrace_t;
+
 enum inv_state {
   INV_QUEUED,     /* in its key FIFO, not started */
   INV_READY,      /* head of its key, waiting in the scheduler */
@@ -147,6 +160,7 @@ struct inv {
   prosody_message_t msg;    /* a timer: key, topic, partition; offset -1 */
   struct prosody_timer tmr; /* is_timer: the fired timer */
   pr__ctx_t *cslot;         /* the running attempt's context slot, or NULL */
+  pr__itrace_t *tr;         /* its tracing (trace.c), or NULL */
   prosody_context_t *ctx;   /* its handle */
   int is_timer;             /* a timer firing, not a message */
   int64_t time_s;           /* is_timer: the timer's time */
@@ -229,6 +243,7 @@ typedef struct pr__load {
   rd_kafka_message_t *rkm; /* loaded: the record */
   int gone;                /* loaded: the offset is not there any more */
   char *error;             /* a failure (owned) */
+  pr_span_t *span;         /* a fetch: its `load` span (engine thread) */
   char *topic, *key;       /* in the same allocation */
 } pr__load_t;
 typedef struct pr__loader pr__loader_t;
@@ -335,7 +350,9 @@ struct pr__engine {
   /* Immutable after start. */
   const pr__settings_t *st;
   pr__producer_t *producer;
-  pr__tm_t *tm; /* the client's telemetry (thread-safe), or NULL */
+  pr__tm_t *tm;    /* the client's telemetry (thread-safe), or NULL */
+  pr_otel_t *otel; /* the client's span exporter (thread-safe), or NULL */
+  pr_span_relation_t span_rel[2]; /* message_spans, timer_spans */
   prosody_handler_t handler;
   const char *group_id;
   int mode;
@@ -524,6 +541,21 @@ const char *pr__record_verdict(prosody_message_t *m, int json_state,
 /* Does `json` pass allowed_events (a list of type prefixes)? */
 int pr__decode_allowed(const pr__value_t *allowed_events, json_t *json);
 
+/* --- trace.c ---------------------------------------------------------- */
+
+/* Starts the attempt's span (`receive` or `trigger`) when the client
+ * exports spans, and sets the context its handler runs in (the thread
+ * about to run the handler). */
+void pr__trace_start(inv_t *inv);
+/* Ends the attempt's span with its result (the completing thread). */
+void pr__trace_end(inv_t *inv, prosody_result_t result, const char *error);
+/* A `message.filtered` span for a record skipped before its handler. */
+void pr__trace_filtered(inv_t *inv);
+/* The context the running attempt's handler runs in (under the attempt's
+ * context lock): 0, or -1 when there is none. */
+int pr__trace_of(const inv_t *inv, pr_span_ctx_t *out);
+void pr__trace_free(inv_t *inv);
+
 /* --- dispatch.c ------------------------------------------------------- */
 
 void pr__dispatch_enqueue(inv_t *inv);
@@ -675,7 +707,7 @@ void pr__dlq_done(inv_t *inv);
 pr__tseg_t pr__firing_seg(const char *topic, int32_t partition);
 inv_t *pr__firing_find(part_t *part, const char *key, int64_t time_s);
 void pr__firing_written(pr__engine_t *eng, part_t *part, const char *key,
-                        int64_t time_s);
+                        int64_t time_s, const pr_span_ctx_t *trace);
 void pr__firing_deleted(part_t *part, const char *key, int64_t time_s,
                         int64_t keep_s);
 void pr__firing_finished(inv_t *inv, int commit);

@@ -45,6 +45,7 @@ void pr__load_free(pr__load_t *r) {
     return;
   if (r->rkm)
     rd_kafka_message_destroy(r->rkm);
+  pr__span_discard(r->span);
   free(r->error);
   free(r);
 }

@@ -35,6 +35,7 @@ void pr__inv_free(inv_t *inv) {
   pthread_mutex_destroy(&inv->msg.hdr_lock);
   if (inv->cslot)
     pr__ctx_release(inv->cslot);
+  pr__trace_free(inv);
   free(inv->result_error);
   free(inv->dlq_errstr);
   free(inv);

@@ -194,6 +194,25 @@ char *pr__engine_metrics(pr__engine_t *eng) {
             "full) or not delivered",
             NULL, &dropped);
   }
+  if (eng->otel) {
+    pr_otel_stats_t os;
+    atomic_uint_fast64_t exported, dropped, failed;
+    pr__otel_stats(eng->otel, &os);
+    atomic_init(&exported, os.exported);
+    atomic_init(&dropped, os.dropped);
+    atomic_init(&failed, os.failed_requests);
+    counter(&o, "prosody_spans_exported_total",
+            "Spans the OTLP receiver accepted (this client's, producer "
+            "included)",
+            NULL, &exported);
+    counter(&o, "prosody_spans_dropped_total",
+            "Spans dropped: the export queue was full, the receiver failed "
+            "or did not answer in time, or the client closed first",
+            NULL, &dropped);
+    counter(&o, "prosody_span_export_failures_total",
+            "OTLP export requests that failed (no answer, or not 2xx)", NULL,
+            &failed);
+  }
   counter(&o, "prosody_timers_scheduled_total",
           "Timers written by the handler's timer calls", NULL,
           &m->timers_scheduled);

@@ -31,6 +31,8 @@ typedef struct top {
   int kind;
   prosody_context_t *ctx;
   int64_t time_s;
+  pr_span_ctx_t trace; /* the calling handler's context, kept with the timer
+                          (set at submission, under the attempt's lock) */
   /* Engine thread, while it runs the operation. */
   pr__engine_t *eng;
   char *key, *topic;
@@ -97,7 +99,7 @@ static void top_written(void *arg, prosody_err_t err, const char *errstr) {
   pr__emit_timer_op(op->eng, PR_TM_TIMER_SCHEDULED, op->topic, op->partition,
                     op->key, op->time_s);
   if (part) {
-    pr__firing_written(op->eng, part, op->key, op->time_s);
+    pr__firing_written(op->eng, part, op->key, op->time_s, &op->trace);
     pr__firing_arm(op->eng);
   }
   if (op->kind == TOP_CLEAR_AND_SCHEDULE) /* the new timer is written */
@@ -186,7 +188,7 @@ static void run_op(pr__engine_t *eng, top_t *op) {
   case TOP_SCHEDULE:
   case TOP_CLEAR_AND_SCHEDULE:
     st->ops->put(st, &seg, op->key, op->time_s, PR_TIMER_APPLICATION,
-                 top_written, op);
+                 &op->trace, top_written, op);
     break;
   case TOP_UNSCHEDULE:
     st->ops->del(st, &seg, op->key, op->time_s, PR_TIMER_APPLICATION,
@@ -216,6 +218,8 @@ static prosody_err_t top_submit(top_t *op, char *errstr, size_t errstr_size) {
     return PROSODY_ERR_STATE;
   }
   eng = ((inv_t *)slot->owner)->eng;
+  if (op->kind == TOP_SCHEDULE || op->kind == TOP_CLEAR_AND_SCHEDULE)
+    (void)pr__trace_of(slot->owner, &op->trace);
   if (pr__engine_current() == eng) {
     /* A blocking call cannot wait for a store that answers through this
      * very thread; a callback can: the store completes it later here. */

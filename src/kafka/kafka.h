@@ -16,6 +16,7 @@
 #include <librdkafka/rdkafka_mock.h>
 
 #include "../config/config.h"
+#include "../otel/otel.h"
 #include "prosody.h"
 
 /* ---- common.c ---- */
@@ -181,6 +182,17 @@ void pr__tm_free(pr__tm_t *t);
 
 /* The producer of a client (client.c; tests inject faults through it). */
 pr__producer_t *pr__client_producer(prosody_client_t *client);
+
+/* The trace context a send from this thread continues when its caller
+ * gives none: set by the engine around a handler's call, so a handler's
+ * sends carry its span's context (`fn(arg, out)`: 0 and `out`, or -1 for
+ * none). NULL clears it. Thread-local. */
+typedef int (*pr__send_parent_fn)(const void *arg, pr_span_ctx_t *out);
+void pr__send_parent_set(pr__send_parent_fn fn, const void *arg);
+/* The client's span exporter (or NULL): sends get `send` spans. Set once,
+ * before the first send. */
+void pr__producer_set_otel(pr__producer_t *prod, pr_otel_t *otel);
+pr_otel_t *pr__producer_otel(pr__producer_t *prod);
 
 /* Checks a W3C traceparent; 0 if valid, -1 with the reason. */
 int pr__traceparent_check(const char *tp, char *why, size_t why_size);

@@ -69,8 +69,10 @@ typedef struct resend {
 } resend_t;
 
 struct pr__producer {
-  pr__tm_t *tm; /* the client's telemetry (borrowed), or NULL; set before
-                   the first send */
+  pr_otel_t *otel; /* the client's span exporter (borrowed), or NULL; set
+                      before the first send */
+  pr__tm_t *tm;    /* the client's telemetry (borrowed), or NULL; set before
+                      the first send */
   pthread_rwlock_t rk_lock; /* guards the rk pointer: users of the handle
                                hold it shared, the poller swaps it */
   rd_kafka_t *rk;           /* thread-safe handle; replaced on fatal error */
@@ -114,8 +116,29 @@ typedef struct send_req {
   int linked;                   /* on it (pend_lock) */
   int reported;                 /* cb called (pend_lock) */
   char *key;                    /* its first 64 bytes, for messages */
-  char topic[];                 /* NUL-terminated copy, then the key's */
+  pr_span_t *span; /* its `send` span (ended with its report), or NULL */
+  char topic[];    /* NUL-terminated copy, then the key's */
 } send_req_t;
+
+/* Ends a record's `send` span with its report. */
+static void send_span_end(send_req_t *req, const rd_kafka_message_t *m,
+                          rd_kafka_resp_err_t err) {
+  char part[16];
+  if (!req->span)
+    return;
+  if (err) {
+    pr__span_attr_str(req->span, "error.type", rd_kafka_err2name(err),
+                      SIZE_MAX);
+    pr__span_set_error(req->span, rd_kafka_err2str(err));
+  } else if (m) {
+    snprintf(part, sizeof(part), "%d", (int)m->partition);
+    pr__span_attr_str(req->span, "messaging.destination.partition.id", part,
+                      SIZE_MAX);
+    pr__span_attr_int(req->span, "messaging.kafka.offset", m->offset);
+  }
+  pr__span_end(req->span);
+  req->span = NULL;
+}
 
 /* Takes `req` off the pending list (pend_lock held). */
 static void pend_unlink(pr__producer_t *prod, send_req_t *req) {
@@ -244,6 +267,7 @@ static void dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque) {
     req->cb(PROSODY_OK, NULL, &d, req->opaque);
   } else
     report_failure(prod, req, m->err);
+  send_span_end(req, m, m->err);
   free(req);
 }
 
@@ -287,6 +311,7 @@ static void resend_one(rd_kafka_t *rk, resend_t *r) {
                      ? PROSODY_ERR_PERMANENT
                      : PROSODY_ERR_TRANSIENT,
                  msg, NULL, r->req->opaque);
+    send_span_end(r->req, NULL, kerr);
     free(r->req);
   }
   free(r->key);
@@ -302,6 +327,7 @@ static void fail_kept(pr__producer_t *prod, const char *why) {
              r->req->topic, why);
     if (pend_take(prod, r->req))
       r->req->cb(PROSODY_ERR_TRANSIENT, msg, NULL, r->req->opaque);
+    send_span_end(r->req, NULL, RD_KAFKA_RESP_ERR__FATAL);
     free(r->req);
     free(r->key);
     free(r->value);
@@ -629,6 +655,21 @@ void pr__producer_destroy(pr__producer_t *prod) {
   free(prod);
 }
 
+void pr__producer_set_otel(pr__producer_t *prod, pr_otel_t *otel) {
+  prod->otel = otel;
+}
+
+pr_otel_t *pr__producer_otel(pr__producer_t *prod) { return prod->otel; }
+
+/* The engine's hook for the running handler's context (this thread). */
+static _Thread_local pr__send_parent_fn parent_fn;
+static _Thread_local const void *parent_arg;
+
+void pr__send_parent_set(pr__send_parent_fn fn, const void *arg) {
+  parent_fn = fn;
+  parent_arg = arg;
+}
+
 void pr__producer_set_telemetry(pr__producer_t *prod, pr__tm_t *tm) {
   prod->tm = tm;
 }
@@ -797,6 +838,41 @@ static prosody_err_t first_use(pr__producer_t *prod, const char *topic,
   return err;
 }
 
+/* The trace context a record carries: its `send` span's when the client
+ * exports spans (a child of `trace`'s traceparent, or of the running
+ * handler's context), else `trace` as given, or the running handler's
+ * context. Returns the trace to write (`*eff`, with its traceparent in
+ * `tp`, or `trace` itself). */
+static const prosody_trace_t *send_trace(pr__producer_t *prod, send_req_t *req,
+                                         const char *topic, const char *key,
+                                         const prosody_trace_t *trace,
+                                         prosody_trace_t *eff, char *tp) {
+  pr_span_ctx_t parent = {0};
+  pr_span_t *s;
+  if (trace && trace->traceparent)
+    (void)pr__span_ctx_parse(trace->traceparent, SIZE_MAX, &parent);
+  else if (parent_fn && parent_fn(parent_arg, &parent))
+    parent.valid = false;
+  if (prod->otel &&
+      (s = pr__span_start(prod->otel, "send", PR_SPAN_PRODUCER, &parent,
+                          PR_SPAN_CHILD, trace ? trace->tracestate : NULL))) {
+    pr__span_attr_str(s, "messaging.system", "kafka", SIZE_MAX);
+    pr__span_attr_str(s, "messaging.operation.type", "send", SIZE_MAX);
+    pr__span_attr_str(s, "messaging.destination.name", topic, SIZE_MAX);
+    pr__span_attr_str(s, "messaging.kafka.message.key", key, SIZE_MAX);
+    req->span = s;
+    parent = *pr__span_ctx(s);
+  } else if (trace && trace->traceparent) {
+    return trace;
+  }
+  if (!parent.valid)
+    return trace;
+  *eff = trace ? *trace : (prosody_trace_t){0};
+  pr__span_ctx_format(&parent, tp);
+  eff->traceparent = tp;
+  return eff;
+}
+
 prosody_err_t pr__producer_send_async_ex(
     pr__producer_t *prod, const char *topic, const char *key, const char *json,
     const prosody_trace_t *trace, const rd_kafka_headers_t *extra,
@@ -807,6 +883,8 @@ prosody_err_t pr__producer_send_async_ex(
   send_req_t *req;
   size_t tlen, klen;
   int64_t deadline;
+  prosody_trace_t eff;
+  char tp[PR_TRACEPARENT_LEN + 1];
 
   if (!cb) {
     pr__errf(errstr, errstr_size, "callback is NULL");
@@ -831,6 +909,7 @@ prosody_err_t pr__producer_send_async_ex(
   memcpy(req->topic, topic, tlen + 1);
   req->key = req->topic + tlen + 1;
   memcpy(req->key, key, klen);
+  trace = send_trace(prod, req, topic, key, trace, &eff, tp);
 
   deadline = pr__now_ns() + (int64_t)prod->send_timeout_ms * 1000000;
   req->deadline_ns = deadline;
@@ -867,6 +946,7 @@ prosody_err_t pr__producer_send_async_ex(
       break;
     usleep(1000);
   }
+  send_span_end(req, NULL, kerr);
   free(req);
   err =
       kerr == RD_KAFKA_RESP_ERR__QUEUE_FULL || kerr == RD_KAFKA_RESP_ERR__FATAL

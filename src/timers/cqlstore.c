@@ -103,8 +103,8 @@ typedef struct cqlstore {
   pr__cql_t *cql; /* the worker's session: worker thread only */
   char *group;
   int64_t slab_s, retention_s;
-  pr__cql_stmt_t *ins_slab, *ins_key, *ins_slabs, *del_slab, *del_key, *sel_key,
-      *sel_slabs, *sel_slab;
+  pr__cql_stmt_t *ins_slab, *ins_slab_span, *ins_key, *ins_slabs, *del_slab,
+      *del_key, *sel_key, *sel_slabs, *sel_slab;
   /* Worker thread only: the send queue (see the top of the file). */
   op_t *q_head, *q_tail;
   size_t qlen;
@@ -132,6 +132,7 @@ struct op {
   char *key;
   int64_t keep_s;
   pr__timer_type_t type;
+  char span[PR_TRACEPARENT_LEN + 1]; /* S_PUT: its trace context, or "" */
   pr__tstore_done_cb done;
   pr__tstore_times_cb times_cb;
   pr__tstore_recs_cb recs_cb;
@@ -353,6 +354,8 @@ static pr__cql_bstmt_t row_of(cqlstore_t *st, op_t *o, int slab_row,
     v[n++] = pr__cv_bigint(o->time_s);
     v[n++] = pr__cv_text(o->key);
     v[n++] = pr__cv_tinyint((int8_t)o->type);
+    if (put && o->span[0]) /* else no column written: no tombstone */
+      v[n++] = pr__cv_text(o->span);
   } else {
     v[n++] = pr__cv_text(o->key);
     v[n++] = pr__cv_tinyint((int8_t)o->type);
@@ -360,9 +363,11 @@ static pr__cql_bstmt_t row_of(cqlstore_t *st, op_t *o, int slab_row,
   }
   if (put)
     v[n++] = pr__cv_int(ttl);
-  return (pr__cql_bstmt_t){slab_row ? (put ? st->ins_slab : st->del_slab)
-                                    : (put ? st->ins_key : st->del_key),
-                           v, n};
+  return (pr__cql_bstmt_t){
+      slab_row ? (put ? (o->span[0] ? st->ins_slab_span : st->ins_slab)
+                      : st->del_slab)
+               : (put ? st->ins_key : st->del_key),
+      v, n};
 }
 
 /* Sends ops[from, to) of the group's live ops as one unlogged batch of
@@ -370,7 +375,7 @@ static pr__cql_bstmt_t row_of(cqlstore_t *st, op_t *o, int slab_row,
 static void send_rows(group_t *g, op_t **ops, size_t n, int slab_row) {
   cqlstore_t *st = g->st;
   greq_t *r = malloc(sizeof(*r) + n * sizeof(op_t *));
-  pr__cql_val_t *v = malloc(n * 6 * sizeof(*v));
+  pr__cql_val_t *v = malloc(n * 7 * sizeof(*v));
   pr__cql_bstmt_t *b = malloc(n * sizeof(*b));
   if (!r || !v || !b) {
     for (size_t i = 0; i < n; i++)
@@ -385,7 +390,7 @@ static void send_rows(group_t *g, op_t **ops, size_t n, int slab_row) {
   for (size_t i = 0; i < n; i++) {
     r->ops[i] = ops[i];
     ops[i]->waits++;
-    b[i] = row_of(st, ops[i], slab_row, v + i * 6);
+    b[i] = row_of(st, ops[i], slab_row, v + i * 7);
   }
   g->out++;
   pr__cql_batch_run(st->cql, PR_CQL_BATCH_UNLOGGED, b, (uint16_t)n, rows_done,
@@ -606,20 +611,23 @@ static op_t *op_for(pr__tstore_t *s, const pr__tseg_t *seg, const char *key,
 /* Posts an operation on one timer (key, time, type). */
 static void post_timer(pr__tstore_t *s, const pr__tseg_t *seg, const char *key,
                        int64_t time_s, pr__timer_type_t type, int send,
-                       pr__tstore_done_cb cb, void *arg) {
+                       const pr_span_ctx_t *ctx, pr__tstore_done_cb cb,
+                       void *arg) {
   op_t *o = op_for(s, seg, key, R_DONE, NULL, (void *)cb, arg);
   if (o) {
     o->time_s = time_s;
     o->type = type;
     o->send = send;
+    if (ctx && ctx->valid)
+      pr__span_ctx_format(ctx, o->span);
     post(o);
   }
 }
 
 static void c_put(pr__tstore_t *s, const pr__tseg_t *seg, const char *key,
-                  int64_t time_s, pr__timer_type_t type, pr__tstore_done_cb cb,
-                  void *arg) {
-  post_timer(s, seg, key, time_s, type, S_PUT, cb, arg);
+                  int64_t time_s, pr__timer_type_t type,
+                  const pr_span_ctx_t *ctx, pr__tstore_done_cb cb, void *arg) {
+  post_timer(s, seg, key, time_s, type, S_PUT, ctx, cb, arg);
 }
 
 /* Deletes (key, times[0..n)) from both timer tables in one batch. */
@@ -655,7 +663,7 @@ static void delete_times(cqlstore_t *st, op_t *o, const char *key,
 static void c_del(pr__tstore_t *s, const pr__tseg_t *seg, const char *key,
                   int64_t time_s, pr__timer_type_t type, pr__tstore_done_cb cb,
                   void *arg) {
-  post_timer(s, seg, key, time_s, type, S_DEL, cb, arg);
+  post_timer(s, seg, key, time_s, type, S_DEL, NULL, cb, arg);
 }
 
 /* Paged SELECT of a key's times; `next` runs once all pages are in. */
@@ -827,7 +835,7 @@ static void load_cb(void *arg, prosody_err_t err, const char *errstr,
     return;
   }
   for (int32_t i = 0; i < res->nrows; i++) {
-    const pr__cql_cell_t *kc = pr__cql_cell(res, i, 0);
+    const pr__cql_cell_t *kc = pr__cql_cell(res, i, 0), *sc;
     char *key;
     int64_t t;
     int8_t type;
@@ -850,6 +858,11 @@ static void load_cb(void *arg, prosody_err_t err, const char *errstr,
     o->recs[o->nrecs].key = key;
     o->recs[o->nrecs].time_s = t;
     o->recs[o->nrecs].type = (pr__timer_type_t)type;
+    sc = pr__cql_cell(res, i, 3);
+    if (!sc->p || sc->len <= 0 ||
+        pr__span_ctx_parse((const char *)sc->p, (size_t)sc->len,
+                           &o->recs[o->nrecs].ctx))
+      o->recs[o->nrecs].ctx.valid = false;
     o->nrecs++;
   }
   more = keep_paging(o, res);
@@ -949,6 +962,10 @@ pr__tstore_t *pr__cqlstore_new(const pr__cql_conf_t *conf, const char *keyspace,
        "INSERT INTO %s.timers_by_slab (segment, slab, time, key, type) "
        "VALUES (?, ?, ?, ?, ?) USING TTL ?",
        keyspace);
+  STMT(ins_slab_span,
+       "INSERT INTO %s.timers_by_slab (segment, slab, time, key, type, span) "
+       "VALUES (?, ?, ?, ?, ?, ?) USING TTL ?",
+       keyspace);
   STMT(ins_key,
        "INSERT INTO %s.timers_by_key (segment, key, type, time) VALUES (?, "
        "?, ?, ?) USING TTL ?",
@@ -971,8 +988,8 @@ pr__tstore_t *pr__cqlstore_new(const pr__cql_conf_t *conf, const char *keyspace,
   STMT(sel_slabs, "SELECT slab FROM %s.timer_slabs WHERE segment = ?",
        keyspace);
   STMT(sel_slab,
-       "SELECT key, time, type FROM %s.timers_by_slab WHERE segment = ? AND "
-       "slab = ?",
+       "SELECT key, time, type, span FROM %s.timers_by_slab WHERE segment = ? "
+       "AND slab = ?",
        keyspace);
 #undef STMT
   if (pr__cqlw_start(st->w, errstr, errstr_size))

@@ -56,10 +56,10 @@ static void seg_free(seg_t *g) {
 }
 
 static void m_put(pr__tstore_t *s, const pr__tseg_t *seg, const char *key,
-                  int64_t time_s, pr__timer_type_t type, pr__tstore_done_cb cb,
-                  void *arg) {
+                  int64_t time_s, pr__timer_type_t type,
+                  const pr_span_ctx_t *ctx, pr__tstore_done_cb cb, void *arg) {
   seg_t *g = seg_find((memstore_t *)s, seg, 1);
-  if (!g || pr__tq_add(g->tq[type], key, time_s) < 0) {
+  if (!g || pr__tq_add_ctx(g->tq[type], key, time_s, ctx) < 0) {
     cb(arg, PROSODY_ERR_NOMEM, "out of memory storing a timer");
     return;
   }
@@ -115,10 +115,12 @@ static int push_i64(collect_t *c, int64_t x) {
   return 0;
 }
 
-static void add_slab(void *arg, const char *key, int64_t time_s) {
+static void add_slab(void *arg, const char *key, int64_t time_s,
+                     const pr_span_ctx_t *ctx) {
   collect_t *c = arg;
   int64_t slab = pr__slab_of(time_s, c->slab_s);
   (void)key;
+  (void)ctx;
   if (c->n && c->v[c->n - 1] == slab)
     return; /* cheap de-duplication; sorted below */
   if (push_i64(c, slab))
@@ -151,7 +153,8 @@ static void m_slabs(pr__tstore_t *s, const pr__tseg_t *seg, int64_t slab_s,
   free(c.v);
 }
 
-static void add_rec(void *arg, const char *key, int64_t time_s) {
+static void add_rec(void *arg, const char *key, int64_t time_s,
+                    const pr_span_ctx_t *ctx) {
   collect_t *c = arg;
   if (pr__grow(&c->recs, &c->caprecs, c->nrecs, sizeof(*c->recs), 16)) {
     c->oom = 1;
@@ -160,6 +163,10 @@ static void add_rec(void *arg, const char *key, int64_t time_s) {
   c->recs[c->nrecs].key = key; /* valid while the store is untouched */
   c->recs[c->nrecs].time_s = time_s;
   c->recs[c->nrecs].type = c->type;
+  if (ctx)
+    c->recs[c->nrecs].ctx = *ctx;
+  else
+    c->recs[c->nrecs].ctx.valid = false;
   c->nrecs++;
 }
 

@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../otel/otel.h"
 #include "prosody.h"
 
 #define PR_TIMER_MAX_S INT64_C(4294967295) /* 2106-02-07T06:28:15Z */
@@ -52,6 +53,10 @@ void pr__tq_free(pr__tq_t *tq);
 size_t pr__tq_size(const pr__tq_t *tq);
 /* Adds (key, time); 1 if added, 0 if it was there, -1 out of memory. */
 int pr__tq_add(pr__tq_t *tq, const char *key, int64_t time_s);
+/* The same, keeping the trace context of the span that scheduled it (a
+ * valid `ctx` replaces the one kept; NULL or invalid: none added). */
+int pr__tq_add_ctx(pr__tq_t *tq, const char *key, int64_t time_s,
+                   const pr_span_ctx_t *ctx);
 /* Removes (key, time); 1 if removed, 0 if absent. */
 int pr__tq_remove(pr__tq_t *tq, const char *key, int64_t time_s);
 /* Removes every timer of `key` except the one at `keep_s` (-1: none);
@@ -65,13 +70,19 @@ int64_t pr__tq_next_time(const pr__tq_t *tq);
  * `*key` (malloc'd; the caller frees) and its time into `*time_s`. 1 if one
  * was taken, 0 if none is due, -1 out of memory (nothing removed). */
 int pr__tq_pop_due(pr__tq_t *tq, int64_t now_s, char **key, int64_t *time_s);
+/* The same, with its trace context copied into `*ctx` (valid false when it
+ * has none). */
+int pr__tq_pop_due_ctx(pr__tq_t *tq, int64_t now_s, char **key, int64_t *time_s,
+                       pr_span_ctx_t *ctx);
 /* The times of `key`, ascending, into a malloc'd array (NULL when none);
  * -1 out of memory. */
 int pr__tq_key_times(const pr__tq_t *tq, const char *key, int64_t **times,
                      size_t *n);
-/* Calls `fn` for every timer whose time is in [from_s, to_s). */
+/* Calls `fn` for every timer whose time is in [from_s, to_s), with its
+ * trace context or NULL. */
 void pr__tq_each_in(const pr__tq_t *tq, int64_t from_s, int64_t to_s,
-                    void (*fn)(void *arg, const char *key, int64_t time_s),
+                    void (*fn)(void *arg, const char *key, int64_t time_s,
+                               const pr_span_ctx_t *ctx),
                     void *arg);
 
 /* ------------------------------------------------------------------------ */
@@ -98,6 +109,7 @@ typedef struct pr__trec {
   const char *key;
   int64_t time_s;
   pr__timer_type_t type;
+  pr_span_ctx_t ctx; /* the scheduling span's context (valid false: none) */
 } pr__trec_t;
 
 typedef void (*pr__tstore_done_cb)(void *arg, prosody_err_t err,
@@ -111,10 +123,12 @@ typedef void (*pr__tstore_times_cb)(void *arg, prosody_err_t err,
                                     size_t n);
 
 typedef struct pr__tstore_ops {
-  /* Writes (key, time, type); writing one that exists keeps one. */
+  /* Writes (key, time, type) with the trace context of the span that
+   * scheduled it (NULL: none); writing one that exists keeps one (with
+   * the later context). */
   void (*put)(pr__tstore_t *s, const pr__tseg_t *seg, const char *key,
-              int64_t time_s, pr__timer_type_t type, pr__tstore_done_cb cb,
-              void *arg);
+              int64_t time_s, pr__timer_type_t type, const pr_span_ctx_t *ctx,
+              pr__tstore_done_cb cb, void *arg);
   /* Deletes (key, time, type); absent is not an error. */
   void (*del)(pr__tstore_t *s, const pr__tseg_t *seg, const char *key,
               int64_t time_s, pr__timer_type_t type, pr__tstore_done_cb cb,

@@ -19,6 +19,7 @@ typedef struct entry {
   int64_t time_s;
   size_t hidx;        /* position in the heap */
   struct entry *next; /* next later timer of the same key */
+  pr_span_ctx_t *ctx; /* the scheduling trace context (owned), or NULL */
 } entry_t;
 
 struct tkey {
@@ -57,6 +58,7 @@ void pr__tq_free(pr__tq_t *tq) {
       kn = k->next;
       for (; e; e = en) {
         en = e->next;
+        free(e->ctx);
         free(e);
       }
       free(k->key);
@@ -187,7 +189,22 @@ static void heap_remove(pr__tq_t *tq, entry_t *e) {
 
 /* --- operations --------------------------------------------------------- */
 
+/* Sets or replaces an entry's context; -1 out of memory. */
+static int entry_ctx(entry_t *e, const pr_span_ctx_t *ctx) {
+  if (!ctx || !ctx->valid)
+    return 0;
+  if (!e->ctx && !(e->ctx = malloc(sizeof(*e->ctx))))
+    return -1;
+  *e->ctx = *ctx;
+  return 0;
+}
+
 int pr__tq_add(pr__tq_t *tq, const char *key, int64_t time_s) {
+  return pr__tq_add_ctx(tq, key, time_s, NULL);
+}
+
+int pr__tq_add_ctx(pr__tq_t *tq, const char *key, int64_t time_s,
+                   const pr_span_ctx_t *ctx) {
   tkey_t *k;
   entry_t *e, **pp;
   if (pr__grow(&tq->heap, &tq->cap, tq->n, sizeof(*tq->heap), 64))
@@ -197,8 +214,9 @@ int pr__tq_add(pr__tq_t *tq, const char *key, int64_t time_s) {
   for (pp = &k->head; *pp && (*pp)->time_s < time_s; pp = &(*pp)->next)
     ;
   if (*pp && (*pp)->time_s == time_s)
-    return 0;
-  if (!(e = calloc(1, sizeof(*e)))) {
+    return entry_ctx(*pp, ctx) ? -1 : 0;
+  if (!(e = calloc(1, sizeof(*e))) || entry_ctx(e, ctx)) {
+    free(e);
     key_drop_if_empty(tq, k);
     return -1;
   }
@@ -217,6 +235,7 @@ static void entry_drop(pr__tq_t *tq, entry_t **pp) {
   entry_t *e = *pp;
   *pp = e->next;
   heap_remove(tq, e);
+  free(e->ctx);
   free(e);
 }
 
@@ -266,6 +285,11 @@ int64_t pr__tq_next_time(const pr__tq_t *tq) {
 }
 
 int pr__tq_pop_due(pr__tq_t *tq, int64_t now_s, char **key, int64_t *time_s) {
+  return pr__tq_pop_due_ctx(tq, now_s, key, time_s, NULL);
+}
+
+int pr__tq_pop_due_ctx(pr__tq_t *tq, int64_t now_s, char **key, int64_t *time_s,
+                       pr_span_ctx_t *ctx) {
   entry_t *e;
   char *copy;
   if (!tq->n || tq->heap[0]->time_s > now_s)
@@ -275,6 +299,12 @@ int pr__tq_pop_due(pr__tq_t *tq, int64_t now_s, char **key, int64_t *time_s) {
     return -1;
   *key = copy;
   *time_s = e->time_s;
+  if (ctx) {
+    if (e->ctx)
+      *ctx = *e->ctx;
+    else
+      ctx->valid = false;
+  }
   pr__tq_remove(tq, copy, e->time_s);
   return 1;
 }
@@ -298,11 +328,12 @@ int pr__tq_key_times(const pr__tq_t *tq, const char *key, int64_t **times,
 }
 
 void pr__tq_each_in(const pr__tq_t *tq, int64_t from_s, int64_t to_s,
-                    void (*fn)(void *arg, const char *key, int64_t time_s),
+                    void (*fn)(void *arg, const char *key, int64_t time_s,
+                               const pr_span_ctx_t *ctx),
                     void *arg) {
   for (size_t i = 0; i < tq->n; i++) {
     const entry_t *e = tq->heap[i];
     if (e->time_s >= from_s && e->time_s < to_s)
-      fn(arg, e->k->key, e->time_s);
+      fn(arg, e->k->key, e->time_s, e->ctx);
   }
 }

@@ -136,7 +136,7 @@ static void test_many(pr__tstore_t *s, const pr__tseg_t *segs, int nsegs) {
       for (int i = 0; i < PER_KEY; i++) {
         snprintf(key, sizeof(key), "key-%03d", k);
         s->ops->put(s, &segs[sg], key, time_of(k, i), PR_TIMER_APPLICATION,
-                    on_done, NULL);
+                    NULL, on_done, NULL);
         want++;
       }
   await_n(s, &answered, want, 60);
@@ -195,6 +195,45 @@ static void test_many(pr__tstore_t *s, const pr__tseg_t *segs, int nsegs) {
   }
 }
 
+/* A timer keeps the trace context it was written with (the newest, when
+ * written again); one written without has none. */
+static void test_trace(pr__tstore_t *s, const pr__tseg_t *seg) {
+  const char *tp1 = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+  const char *tp2 = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00";
+  pr_span_ctx_t c1, c2;
+  got_t g = {0};
+  int64_t t = base_s + 5 * SLAB_S; /* a slab of its own */
+  char out[PR_TRACEPARENT_LEN + 1];
+  CHECK(!pr__span_ctx_parse(tp1, SIZE_MAX, &c1) &&
+            !pr__span_ctx_parse(tp2, SIZE_MAX, &c2),
+        "traceparents");
+  answered = failed = 0;
+  s->ops->put(s, seg, "traced", t, PR_TIMER_APPLICATION, &c1, on_done, NULL);
+  s->ops->put(s, seg, "traced", t + 1, PR_TIMER_APPLICATION, &c1, on_done,
+              NULL);
+  s->ops->put(s, seg, "traced", t + 1, PR_TIMER_APPLICATION, &c2, on_done,
+              NULL);
+  s->ops->put(s, seg, "plain", t, PR_TIMER_APPLICATION, NULL, on_done, NULL);
+  await_n(s, &answered, 4, 30);
+  CHECK(!failed, "puts failed: %s", last_errstr);
+  s->ops->load_slab(s, seg, SLAB_S, pr__slab_of(t, SLAB_S), on_recs, &g);
+  await_got(s, &g);
+  CHECK(g.n == 3, "%zu timers in the slab", g.n);
+  for (size_t i = 0; i < g.n; i++) {
+    const pr__trec_t *r = &g.recs[i];
+    if (!strcmp(r->key, "plain")) {
+      CHECK(!r->ctx.valid, "a timer written without a context has one");
+      continue;
+    }
+    CHECK(r->ctx.valid, "timer %s at %lld lost its context", r->key,
+          (long long)r->time_s);
+    pr__span_ctx_format(&r->ctx, out);
+    CHECK(!strcmp(out, r->time_s == t ? tp1 : tp2), "context %s at %lld", out,
+          (long long)r->time_s);
+  }
+  got_free(&g);
+}
+
 /* A put and a delete of one timer, issued back to back, land in that
  * order; so do puts and deletes queued behind other writes. */
 static void test_order(pr__tstore_t *s, const pr__tseg_t *seg) {
@@ -207,14 +246,14 @@ static void test_order(pr__tstore_t *s, const pr__tseg_t *seg) {
     /* Other writes in the same round, so the pairs share groups. */
     for (int i = 0; i < 20; i++)
       s->ops->put(s, seg, "noise", base_s + 100 + round * 20 + i,
-                  PR_TIMER_APPLICATION, on_done, NULL);
-    s->ops->put(s, seg, key, t, PR_TIMER_APPLICATION, on_done, NULL);
+                  PR_TIMER_APPLICATION, NULL, on_done, NULL);
+    s->ops->put(s, seg, key, t, PR_TIMER_APPLICATION, NULL, on_done, NULL);
     s->ops->del(s, seg, key, t, PR_TIMER_APPLICATION, on_done, NULL);
     s->ops->del(s, seg, key, t + 1, PR_TIMER_APPLICATION, on_done, NULL);
-    s->ops->put(s, seg, key, t + 1, PR_TIMER_APPLICATION, on_done, NULL);
-    s->ops->put(s, seg, key, t + 2, PR_TIMER_APPLICATION, on_done, NULL);
+    s->ops->put(s, seg, key, t + 1, PR_TIMER_APPLICATION, NULL, on_done, NULL);
+    s->ops->put(s, seg, key, t + 2, PR_TIMER_APPLICATION, NULL, on_done, NULL);
     s->ops->del(s, seg, key, t + 2, PR_TIMER_APPLICATION, on_done, NULL);
-    s->ops->put(s, seg, key, t + 2, PR_TIMER_APPLICATION, on_done, NULL);
+    s->ops->put(s, seg, key, t + 2, PR_TIMER_APPLICATION, NULL, on_done, NULL);
     /* A read queued behind them sees them. */
     s->ops->key_times(s, seg, key, PR_TIMER_APPLICATION, on_times, &g);
     await_got(s, &g);
@@ -258,7 +297,8 @@ static void test_unreachable(void) {
   CHECK(s, "%s", err);
   answered = failed = 0;
   for (int i = 0; i < 50; i++)
-    s->ops->put(s, &seg, "k", base_s + i, PR_TIMER_APPLICATION, on_done, NULL);
+    s->ops->put(s, &seg, "k", base_s + i, PR_TIMER_APPLICATION, NULL, on_done,
+                NULL);
   s->ops->del(s, &seg, "k", base_s, PR_TIMER_APPLICATION, on_done, NULL);
   await_n(s, &answered, 51, 30);
   CHECK(failed == 51, "%d of 51 writes failed without Cassandra", failed);
@@ -266,7 +306,8 @@ static void test_unreachable(void) {
   /* Destroyed with writes queued and in flight: each is answered. */
   answered = failed = 0;
   for (int i = 0; i < 50; i++)
-    s->ops->put(s, &seg, "k", base_s + i, PR_TIMER_APPLICATION, on_done, NULL);
+    s->ops->put(s, &seg, "k", base_s + i, PR_TIMER_APPLICATION, NULL, on_done,
+                NULL);
   s->ops->destroy(s);
   CHECK(answered == 50 && failed == 50, "%d answered, %d failed at destroy",
         answered, failed);
@@ -299,6 +340,7 @@ int main(void) {
   CHECK(s, "%s", err);
   test_many(s, segs, 2);
   test_order(s, &segs[0]);
+  test_trace(s, &segs[0]);
   s->ops->destroy(s);
   test_unreachable();
   printf("ok: timer store\n");

@@ -120,6 +120,47 @@ static void test_tq_basics(void **state) {
 /* The queue against a brute-force model under random operations. */
 #define MK 16
 #define MT 64
+/* A queued timer keeps its scheduling context: the newest given, none
+ * when added without one, and it comes out with the timer. */
+static void test_tq_trace(void **state) {
+  pr__tq_t *tq = pr__tq_new();
+  pr_span_ctx_t c1, c2, got;
+  char *key;
+  int64_t t;
+  char tp[PR_TRACEPARENT_LEN + 1];
+  (void)state;
+  assert_int_equal(
+      pr__span_ctx_parse(
+          "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", SIZE_MAX,
+          &c1),
+      0);
+  assert_int_equal(
+      pr__span_ctx_parse(
+          "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00", SIZE_MAX,
+          &c2),
+      0);
+  assert_int_equal(pr__tq_add_ctx(tq, "a", 10, &c1), 1);
+  assert_int_equal(pr__tq_add_ctx(tq, "a", 10, &c2), 0); /* replaced */
+  assert_int_equal(pr__tq_add(tq, "a", 10), 0);          /* kept */
+  assert_int_equal(pr__tq_add(tq, "b", 11), 1);
+  assert_int_equal(pr__tq_pop_due_ctx(tq, 20, &key, &t, &got), 1);
+  assert_string_equal(key, "a");
+  assert_true(got.valid);
+  pr__span_ctx_format(&got, tp);
+  assert_string_equal(
+      tp, "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00");
+  free(key);
+  assert_int_equal(pr__tq_pop_due_ctx(tq, 20, &key, &t, &got), 1);
+  assert_string_equal(key, "b");
+  assert_false(got.valid);
+  free(key);
+  /* Removed with its context (ASan would see a leak otherwise). */
+  assert_int_equal(pr__tq_add_ctx(tq, "c", 12, &c1), 1);
+  assert_int_equal(pr__tq_remove(tq, "c", 12), 1);
+  assert_int_equal(pr__tq_add_ctx(tq, "d", 13, &c1), 1);
+  pr__tq_free(tq);
+}
+
 static void test_tq_model(void **state) {
   pr__tq_t *tq = pr__tq_new();
   static unsigned char model[MK][MT];
@@ -227,7 +268,7 @@ static void test_memstore(void **state) {
 #define PUT(sg, k, t)                                                          \
   do {                                                                         \
     memset(&r, 0, sizeof(r));                                                  \
-    s->ops->put(s, &(sg), k, t, PR_TIMER_APPLICATION, done_cb, &r);            \
+    s->ops->put(s, &(sg), k, t, PR_TIMER_APPLICATION, NULL, done_cb, &r);      \
     assert_int_equal(r.calls, 1);                                              \
     assert_int_equal(r.err, PROSODY_OK);                                       \
   } while (0)
@@ -292,6 +333,7 @@ int main(void) {
       cmocka_unit_test(test_rounding), cmocka_unit_test(test_range),
       cmocka_unit_test(test_slabs),    cmocka_unit_test(test_tq_basics),
       cmocka_unit_test(test_tq_model), cmocka_unit_test(test_memstore),
+      cmocka_unit_test(test_tq_trace),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -269,13 +269,15 @@ static void set_str(napi_env env, napi_value o, const char *name,
 
 /* Each event takes STRIDE slots of the batch array handed to JavaScript:
  * [kind, id, ev, topic, partition, offset, timestamp, key, payload,
- *  traceparent, tracestate, baggage] for a message (kind 0), [kind, id, ev,
- * key, time] for a timer (kind 1), [kind, id, ev] for a cancellation (kind
- * 2). `ev` is an external handle for complete() and the context calls. The
- * payload is the record's JSON text: V8's JSON.parse builds the objects
- * several times faster than property-by-property N-API calls would from
- * libprosody's parsed tree (measured: docs/BENCHMARKS.md). */
-#define STRIDE 12
+ *  traceparent, tracestate, baggage, spanned] for a message (kind 0),
+ * [kind, id, ev, key, time, -, -, -, -, traceparent, -, -, spanned] for a
+ * timer (kind 1), [kind, id, ev] for a cancellation (kind 2). `spanned`
+ * is 1 when the traceparent is libprosody's own span (the handler's span
+ * is then its child), else a hole. `ev` is an external handle for complete()
+ * and the context calls. The payload is the record's JSON text: V8's JSON.parse
+ * builds the objects several times faster than property-by-property N-API calls
+ * would from libprosody's parsed tree (measured: docs/BENCHMARKS.md). */
+#define STRIDE 13
 
 typedef struct batch {
   napi_value array;
@@ -312,6 +314,7 @@ static void put_head(napi_env env, batch_t *b, int kind, event_t *ev) {
 }
 
 static void put_event(napi_env env, batch_t *b, event_t *ev) {
+  int spanned = 0;
   if (ev->msg) {
     const prosody_message_t *m = ev->msg;
     const char *topic = prosody_message_topic(m);
@@ -327,8 +330,10 @@ static void put_event(napi_env env, batch_t *b, event_t *ev) {
     put_str(env, b, 7, prosody_message_key(m), NAPI_AUTO_LENGTH);
     put_str(env, b, 8, prosody_message_payload(m),
             prosody_message_payload_len(m));
-    put_str(env, b, 9, prosody_message_header(m, "traceparent"),
+    put_str(env, b, 9, prosody_message_traceparent(m, &spanned),
             NAPI_AUTO_LENGTH);
+    if (spanned)
+      put_num(env, b, 12, 1);
     put_str(env, b, 10, prosody_message_header(m, "tracestate"),
             NAPI_AUTO_LENGTH);
     put_str(env, b, 11, prosody_message_header(m, "baggage"), NAPI_AUTO_LENGTH);
@@ -336,6 +341,10 @@ static void put_event(napi_env env, batch_t *b, event_t *ev) {
     put_head(env, b, 1, ev);
     put_str(env, b, 3, prosody_timer_key(ev->timer), NAPI_AUTO_LENGTH);
     put_num(env, b, 4, (double)prosody_timer_time(ev->timer));
+    put_str(env, b, 9, prosody_timer_traceparent(ev->timer, &spanned),
+            NAPI_AUTO_LENGTH);
+    if (spanned)
+      put_num(env, b, 12, 1);
   }
   b->n += STRIDE;
 }

@@ -933,16 +933,17 @@ static PyObject *trace_context(ClientObject *c, ContextObject *cx,
                                const item_t *it) {
   PyObject *res, *attrs, *run_in = NULL;
   const char *tp = NULL, *ts = NULL, *bg = NULL, *name;
-  int follows;
+  int follows, spanned = 0;
   if (!otel_enabled)
     return NULL;
   if (it->kind == IT_MESSAGE) {
     const prosody_message_t *m = it->event;
-    tp = prosody_message_header(m, "traceparent");
+    tp = prosody_message_traceparent(m, &spanned);
     ts = prosody_message_header(m, "tracestate");
     bg = prosody_message_header(m, "baggage");
     name = "prosody.receive";
-    follows = c->spans_follow[0];
+    /* A span of libprosody's own already applied message_spans. */
+    follows = !spanned && c->spans_follow[0];
     attrs = Py_BuildValue(
         "{s:s,s:s,s:i,s:L,s:s}", "messaging.system", "kafka",
         "messaging.destination.name", prosody_message_topic(m),
@@ -951,8 +952,9 @@ static PyObject *trace_context(ClientObject *c, ContextObject *cx,
         "messaging.kafka.message.key", prosody_message_key(m));
   } else {
     const prosody_timer_t *t = it->event;
+    tp = prosody_timer_traceparent(t, &spanned);
     name = "prosody.trigger";
-    follows = c->spans_follow[1];
+    follows = !spanned && c->spans_follow[1];
     attrs = Py_BuildValue("{s:s,s:s}", "messaging.system", "kafka",
                           "prosody.timer.key", prosody_timer_key(t));
   }

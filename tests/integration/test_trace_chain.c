@@ -1,0 +1,358 @@
+/*
+ * Trace propagation across send -> consume -> schedule -> timer, asserted
+ * in a real Jaeger (started by scripts/services/jaeger; the real tier).
+ *
+ * An upstream client sends record "first" under a trace of the test's own
+ * (root span P0 in trace T0). The consumer's handler schedules a timer and
+ * sends record "second" from within the handler; a third client, whose
+ * source system is the consumer's group, sends a record the consumer
+ * filters out. Then Jaeger must hold, with the consumer's service name:
+ *   T0: send (child of P0) -> receive "first" -> send -> receive "second"
+ *   T0: send -> message.filtered
+ *   a new trace: trigger, with a FOLLOWS_FROM link to receive "first"
+ * with the messaging attributes, and the contexts the handlers saw
+ * (prosody_message_traceparent / prosody_timer_traceparent) are those
+ * spans'.
+ */
+#include <curl/curl.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+
+#define JAEGER_OTLP "http://127.0.0.1:4318"
+#define JAEGER_QUERY "http://127.0.0.1:16686"
+#define T0 "4bf92f3577b34da6a3ce929d0e0e4736"
+#define P0 "00f067aa0ba902b7"
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static int got_first, got_second, got_timer;
+static char tp_first[64], tp_second[64], tp_timer[64];
+static int spanned_first, spanned_timer;
+static prosody_client_t *consumer;
+static const char *topic;
+
+static prosody_result_t on_message(prosody_context_t *ctx,
+                                   const prosody_message_t *m, void *opaque) {
+  char err[512];
+  int spanned = 0;
+  const char *tp = prosody_message_traceparent(m, &spanned);
+  (void)opaque;
+  if (strstr(prosody_message_payload(m), "\"first\"")) {
+    CHECK_OK(prosody_schedule(ctx, (int64_t)(t_now() * 1000) + 1000, err,
+                              sizeof(err)),
+             err);
+    /* No trace given: the record carries this handler's context. */
+    CHECK_OK(prosody_send(consumer, topic, "k2", "{\"type\":\"second\"}", NULL,
+                          err, sizeof(err)),
+             err);
+    pthread_mutex_lock(&mu);
+    snprintf(tp_first, sizeof(tp_first), "%s", tp ? tp : "");
+    spanned_first = spanned;
+    got_first = 1;
+    pthread_mutex_unlock(&mu);
+  } else if (strstr(prosody_message_payload(m), "\"second\"")) {
+    pthread_mutex_lock(&mu);
+    snprintf(tp_second, sizeof(tp_second), "%s", tp ? tp : "");
+    got_second = 1;
+    pthread_mutex_unlock(&mu);
+  }
+  return PROSODY_SUCCESS;
+}
+
+static prosody_result_t on_timer(prosody_context_t *ctx,
+                                 const prosody_timer_t *t, void *opaque) {
+  int spanned = 0;
+  const char *tp = prosody_timer_traceparent(t, &spanned);
+  (void)ctx;
+  (void)opaque;
+  pthread_mutex_lock(&mu);
+  snprintf(tp_timer, sizeof(tp_timer), "%s", tp ? tp : "");
+  spanned_timer = spanned;
+  got_timer = 1;
+  pthread_mutex_unlock(&mu);
+  return PROSODY_SUCCESS;
+}
+
+/* --- Jaeger's query API -------------------------------------------------- */
+
+typedef struct buf {
+  char *p;
+  size_t n;
+} buf_t;
+
+static size_t on_body(char *d, size_t sz, size_t nm, void *arg) {
+  buf_t *b = arg;
+  char *g = realloc(b->p, b->n + sz * nm + 1);
+  CHECK(g, "out of memory");
+  memcpy(g + b->n, d, sz * nm);
+  b->n += sz * nm;
+  g[b->n] = '\0';
+  b->p = g;
+  return sz * nm;
+}
+
+/* The spans of trace `id` (32 hex) once Jaeger holds at least `want` of
+ * them (polled for up to 30 s), as Jaeger's JSON (owned). */
+static json_t *trace_spans(const char *id, size_t want, json_t **processes) {
+  char url[256];
+  double deadline = t_now() + 30;
+  snprintf(url, sizeof(url), JAEGER_QUERY "/api/traces/%s", id);
+  for (;;) {
+    buf_t b = {0};
+    long status = 0;
+    CURL *c = curl_easy_init();
+    json_t *doc, *spans = NULL;
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 5000L);
+    if (curl_easy_perform(c) == CURLE_OK)
+      curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+    curl_easy_cleanup(c);
+    doc = status == 200 && b.p ? json_loads(b.p, 0, NULL) : NULL;
+    free(b.p);
+    if (doc) {
+      json_t *t = json_array_get(json_object_get(doc, "data"), 0);
+      spans = json_object_get(t, "spans");
+      if (spans && json_array_size(spans) >= want) {
+        json_incref(spans);
+        *processes = json_incref(json_object_get(t, "processes"));
+        json_decref(doc);
+        return spans;
+      }
+      json_decref(doc);
+    }
+    CHECK(t_now() < deadline,
+          "Jaeger has not shown %zu spans of trace %s within 30 s (status "
+          "%ld)",
+          want, id, status);
+    usleep(200000);
+  }
+}
+
+static const char *str_of(json_t *o, const char *k) {
+  return json_string_value(json_object_get(o, k));
+}
+
+/* The span with `name` whose reference of type `ref` is `parent_span`
+ * (NULL: any); NULL when none. */
+static json_t *find_span(json_t *spans, const char *name, const char *ref,
+                         const char *parent_trace, const char *parent_span) {
+  size_t i, j;
+  json_t *s, *r;
+  json_array_foreach(spans, i, s) {
+    if (strcmp(str_of(s, "operationName"), name))
+      continue;
+    json_array_foreach(json_object_get(s, "references"), j, r) {
+      if (!strcmp(str_of(r, "refType"), ref) &&
+          (!parent_trace || !strcmp(str_of(r, "traceID"), parent_trace)) &&
+          (!parent_span || !strcmp(str_of(r, "spanID"), parent_span)))
+        return s;
+    }
+  }
+  return NULL;
+}
+
+/* The span's tag `key` as text ("" when absent). */
+static const char *tag(json_t *span, const char *key, char *out, size_t n) {
+  size_t i;
+  json_t *t;
+  out[0] = '\0';
+  json_array_foreach(json_object_get(span, "tags"), i, t) {
+    if (strcmp(str_of(t, "key"), key))
+      continue;
+    json_t *v = json_object_get(t, "value");
+    if (json_is_string(v))
+      snprintf(out, n, "%s", json_string_value(v));
+    else if (json_is_integer(v))
+      snprintf(out, n, "%lld", (long long)json_integer_value(v));
+    else if (json_is_true(v))
+      snprintf(out, n, "true");
+  }
+  return out;
+}
+
+/* "00-<trace>-<span>-01" -> its parts. */
+static void split_tp(const char *tp, char trace[33], char span[17]) {
+  CHECK(strlen(tp) == 55, "not a traceparent: \"%s\"", tp);
+  memcpy(trace, tp + 3, 32);
+  trace[32] = '\0';
+  memcpy(span, tp + 36, 16);
+  span[16] = '\0';
+}
+
+static prosody_client_t *sender(const char *service, const char *source) {
+  char err[1024];
+  prosody_config_t *conf = t_config();
+  prosody_client_t *c;
+  t_set(conf, "otel_exporter_otlp_endpoint", JAEGER_OTLP);
+  t_set(conf, "otel_service_name", service);
+  t_set(conf, "source_system", source);
+  CHECK(c = prosody_client_new(conf, err, sizeof(err)), "client: %s", err);
+  return c;
+}
+
+int main(void) {
+  char err[1024], service[96], group[96], v[256];
+  char t_first[33], s_first[17], t_second[33], s_second[17], t_timer[33],
+      s_timer[17];
+  prosody_trace_t root = {.traceparent = "00-" T0 "-" P0 "-01"};
+  prosody_handler_t h = {on_message, on_timer, NULL, 0};
+  prosody_client_t *up, *looped;
+  prosody_config_t *conf;
+  json_t *spans, *procs, *send1, *recv1, *send2, *recv2, *sendf, *filtered,
+      *trig;
+
+  curl_global_init(CURL_GLOBAL_DEFAULT);
+  topic = t_topic("trace-chain");
+  snprintf(group, sizeof(group), "trace-chain-%d", (int)getpid());
+  snprintf(service, sizeof(service), "prosody-chain-%d-%ld", (int)getpid(),
+           (long)(t_now() * 1000) % 100000);
+  t_create_topic(topic, 1);
+
+  conf = t_consumer_config(group, topic);
+  t_set(conf, "otel_exporter_otlp_endpoint", JAEGER_OTLP);
+  t_set(conf, "otel_service_name", service);
+  t_set(conf, "source_system", "chain-consumer"); /* its sends are read */
+  CHECK(consumer = prosody_client_new(conf, err, sizeof(err)), "client: %s",
+        err);
+  CHECK_OK(prosody_subscribe(consumer, &h, err, sizeof(err)), err);
+
+  up = sender("chain-upstream", "upstream");
+  looped = sender("chain-looped", group); /* the consumer's own output */
+  CHECK_OK(prosody_send(up, topic, "k1", "{\"type\":\"first\"}", &root, err,
+                        sizeof(err)),
+           err);
+  CHECK_OK(prosody_send(looped, topic, "k3", "{\"type\":\"looped\"}", NULL, err,
+                        sizeof(err)),
+           err);
+  CHECK(t_wait_locked(&mu, &got_second, 1, 60), "second record not handled");
+  CHECK(t_wait_locked(&mu, &got_timer, 1, 60), "timer did not fire");
+  /* Closing flushes each client's spans. */
+  prosody_client_destroy(consumer);
+  prosody_client_destroy(up);
+  prosody_client_destroy(looped);
+
+  CHECK(spanned_first && spanned_timer,
+        "handlers did not run in the client's spans (%d %d)", spanned_first,
+        spanned_timer);
+  split_tp(tp_first, t_first, s_first);
+  split_tp(tp_second, t_second, s_second);
+  split_tp(tp_timer, t_timer, s_timer);
+  CHECK(!strcmp(t_first, T0) && !strcmp(t_second, T0),
+        "messages left the producer's trace: %s %s", tp_first, tp_second);
+  CHECK(strcmp(t_timer, T0), "timer_spans follows_from: a new trace");
+
+  /* T0: send, receive, send, receive, send, message.filtered. */
+  spans = trace_spans(T0, 5, &procs);
+  send1 = find_span(spans, "send", "CHILD_OF", T0, P0);
+  CHECK(send1, "no send span child of the caller's span");
+  recv1 = find_span(spans, "receive", "CHILD_OF", T0, str_of(send1, "spanID"));
+  CHECK(recv1, "no receive span child of the send span");
+  CHECK(!strcmp(str_of(recv1, "spanID"), s_first),
+        "the handler saw %s, not its receive span %s", s_first,
+        str_of(recv1, "spanID"));
+  send2 = find_span(spans, "send", "CHILD_OF", T0, s_first);
+  CHECK(send2, "the handler's send is not a child of its receive span");
+  recv2 = find_span(spans, "receive", "CHILD_OF", T0, str_of(send2, "spanID"));
+  CHECK(recv2 && !strcmp(str_of(recv2, "spanID"), s_second),
+        "no receive span of the second record under the handler's send");
+  CHECK(!strcmp(tag(recv1, "messaging.system", v, sizeof(v)), "kafka"),
+        "messaging.system %s", v);
+  CHECK(!strcmp(tag(recv1, "messaging.destination.name", v, sizeof(v)), topic),
+        "destination %s", v);
+  CHECK(!strcmp(tag(recv1, "messaging.destination.partition.id", v, sizeof(v)),
+                "0"),
+        "partition %s", v);
+  CHECK(!strcmp(tag(recv1, "messaging.kafka.offset", v, sizeof(v)), "0"),
+        "offset %s", v);
+  CHECK(!strcmp(tag(recv1, "messaging.kafka.message.key", v, sizeof(v)), "k1"),
+        "key %s", v);
+  CHECK(
+      !strcmp(tag(recv1, "messaging.consumer.group.name", v, sizeof(v)), group),
+      "group %s", v);
+  CHECK(!strcmp(tag(send2, "messaging.destination.name", v, sizeof(v)), topic),
+        "send destination %s", v);
+  CHECK(!strcmp(tag(send2, "messaging.kafka.offset", v, sizeof(v)), "1") ||
+            !strcmp(v, "2"),
+        "send offset %s", v);
+  {
+    const char *pid = str_of(recv1, "processID");
+    json_t *p = json_object_get(procs, pid);
+    CHECK(p && !strcmp(str_of(p, "serviceName"), service),
+          "receive span's service is not %s", service);
+  }
+  json_decref(spans);
+  json_decref(procs);
+
+  /* The filtered record: a trace of its own (sent without a context). */
+  {
+    /* Found through the consumer's service: search by operation. */
+    char url_path[512];
+    buf_t b = {0};
+    CURL *c = curl_easy_init();
+    json_t *doc;
+    double deadline = t_now() + 30;
+    snprintf(url_path, sizeof(url_path),
+             JAEGER_QUERY "/api/traces?service=%s&operation=message.filtered"
+                          "&limit=5",
+             service);
+    for (filtered = NULL; !filtered;) {
+      b.n = 0;
+      curl_easy_setopt(c, CURLOPT_URL, url_path);
+      curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+      curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
+      if (curl_easy_perform(c) == CURLE_OK && b.p &&
+          (doc = json_loads(b.p, 0, NULL))) {
+        json_t *t = json_array_get(json_object_get(doc, "data"), 0);
+        json_t *ss = json_object_get(t, "spans");
+        sendf = ss ? find_span(ss, "send", "CHILD_OF", NULL, NULL) : NULL;
+        for (size_t i = 0; ss && i < json_array_size(ss); i++) {
+          json_t *s = json_array_get(ss, i);
+          if (!strcmp(str_of(s, "operationName"), "message.filtered"))
+            filtered = json_incref(s);
+        }
+        (void)sendf;
+        json_decref(doc);
+      }
+      CHECK(filtered || t_now() < deadline,
+            "no message.filtered span in Jaeger within 30 s");
+      if (!filtered)
+        usleep(200000);
+    }
+    curl_easy_cleanup(c);
+    free(b.p);
+    CHECK(!strcmp(tag(filtered, "prosody.filter.reason", v, sizeof(v)),
+                  "our own output"),
+          "filter reason \"%s\"", v);
+    CHECK(!strcmp(tag(filtered, "messaging.kafka.message.key", v, sizeof(v)),
+                  "k3"),
+          "filtered key %s", v);
+    json_decref(filtered);
+  }
+
+  /* The timer: a trace of its own, linked to the scheduling span. */
+  spans = trace_spans(t_timer, 1, &procs);
+  trig = find_span(spans, "trigger", "FOLLOWS_FROM", T0, s_first);
+  CHECK(trig, "no trigger span linked (FOLLOWS_FROM) to receive span %s",
+        s_first);
+  CHECK(!strcmp(str_of(trig, "spanID"), s_timer),
+        "the timer handler saw %s, not its trigger span", s_timer);
+  CHECK(!strcmp(tag(trig, "messaging.kafka.message.key", v, sizeof(v)), "k1"),
+        "timer key %s", v);
+  for (size_t i = 0; i < json_array_size(json_object_get(trig, "references"));
+       i++)
+    CHECK(strcmp(str_of(json_array_get(json_object_get(trig, "references"), i),
+                        "refType"),
+                 "CHILD_OF"),
+          "the trigger span has a parent: follows_from makes a new trace");
+  json_decref(spans);
+  json_decref(procs);
+  curl_global_cleanup();
+  printf("ok: send -> receive -> send -> receive, filtered, and a linked "
+         "trigger span, in Jaeger\n");
+  return 0;
+}
