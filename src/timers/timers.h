@@ -124,8 +124,9 @@ typedef void (*pr__tstore_times_cb)(void *arg, prosody_err_t err,
 
 typedef struct pr__tstore_ops {
   /* Writes (key, time, type) with the trace context of the span that
-   * scheduled it (NULL: none); writing one that exists keeps one (with
-   * the later context). */
+   * scheduled it (NULL: none); writing one that exists keeps one, with
+   * the later context (Cassandra: of two writes of one timer coalesced
+   * into one batch, either). */
   void (*put)(pr__tstore_t *s, const pr__tseg_t *seg, const char *key,
               int64_t time_s, pr__timer_type_t type, const pr_span_ctx_t *ctx,
               pr__tstore_done_cb cb, void *arg);
