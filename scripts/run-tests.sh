@@ -2,7 +2,9 @@
 # Runs the test tiers for `make test`: unit and mock-cluster tests (C, then
 # the Python and Node packages' suites), then the real tier (C, Python,
 # Node) against
-# Apache Kafka on localhost:9094 and Apache Cassandra on localhost:9042 (each started here unless it already runs, and stopped
+# Apache Kafka on localhost:9094, Apache Cassandra on localhost:9042 and
+# Jaeger (OTLP/HTTP 127.0.0.1:4318, query API 127.0.0.1:16686; for
+# real.test_otel_jaeger; PROSODY_TEST_JAEGER=1 skips starting it) (each started here unless it already runs, and stopped
 # again if started here; logs stay in
 # ${PROSODY_SERVICES_RUN:-/tmp/prosody-services}/<service>/logs).
 #   scripts/run-tests.sh BUILD_DIR [all|real]
@@ -55,6 +57,7 @@ fi
 
 [ -n "${PROSODY_TEST_BOOTSTRAP:-}" ] || ensure kafka
 [ -n "${PROSODY_TEST_CASSANDRA:-}" ] || ensure cassandra
+[ -n "${PROSODY_TEST_JAEGER:-}" ] || ensure jaeger
 ctest --test-dir "$build" --output-on-failure -j "$jobs" -L real || rc=1
 if [ "$py" = 1 ]; then
   "$root/scripts/python-tests.sh" real || rc=1

@@ -1,0 +1,576 @@
+/*
+ * otel.c - span contexts (W3C traceparent), spans, and their exporter over
+ * OTLP/HTTP (issue 16; the contract is otel.h).
+ *
+ * Threads:
+ * - span functions: the thread that owns the span (otel.h); ids come from
+ *   a per-thread PRNG (xoshiro256**) seeded from getrandom(), no lock;
+ * - pr__span_end(): any thread; takes `o->lock` only to append to the
+ *   queue (or to count a drop), never waits for room or for the network;
+ * - the exporter thread (one per pr_otel_t, exporter_main): takes batches
+ *   off the queue under `o->lock`, encodes and POSTs them with its own
+ *   libcurl easy handle without the lock, then updates the counters and
+ *   wakes flushers (`o->done`) under the lock;
+ * - pr__otel_flush/close/stats: any thread (close: the owner, once).
+ */
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include <curl/curl.h>
+#include <pthread.h>
+
+#include "../util/util.h"
+#include "otel_int.h"
+
+/* ------------------------------------------------------------ span context */
+
+static int hexnib(char c) {
+  if (c >= '0' && c <= '9')
+    return c - '0';
+  if (c >= 'a' && c <= 'f')
+    return c - 'a' + 10;
+  return -1;
+}
+
+/* Lower-case hex into bytes; -1 on another character. *zero: all zero. */
+static int unhex(const char *s, uint8_t *out, size_t n, bool *zero) {
+  *zero = true;
+  for (size_t i = 0; i < n; i++) {
+    int h = hexnib(s[2 * i]), l = hexnib(s[2 * i + 1]);
+    if (h < 0 || l < 0)
+      return -1;
+    out[i] = (uint8_t)(h << 4 | l);
+    if (out[i])
+      *zero = false;
+  }
+  return 0;
+}
+
+int pr__span_ctx_parse(const char *s, size_t len, pr_span_ctx_t *out) {
+  uint8_t ver, flags;
+  bool zero;
+  memset(out, 0, sizeof *out);
+  if (!s)
+    return -1;
+  if (len == SIZE_MAX)
+    len = strlen(s);
+  /* version "-" trace-id(32) "-" parent-id(16) "-" flags(2); a future
+   * version (not 00, not ff) may carry more after a '-'. */
+  if (len < PR_TRACEPARENT_LEN || s[2] != '-' || s[35] != '-' || s[52] != '-' ||
+      unhex(s, &ver, 1, &zero) || ver == 0xff ||
+      (len > PR_TRACEPARENT_LEN && (ver == 0 || s[55] != '-')))
+    return -1;
+  if (unhex(s + 3, out->trace_id, PR_TRACE_ID_LEN, &zero) || zero)
+    goto bad;
+  if (unhex(s + 36, out->span_id, PR_SPAN_ID_LEN, &zero) || zero)
+    goto bad;
+  if (unhex(s + 53, &flags, 1, &zero))
+    goto bad;
+  out->flags = flags;
+  out->valid = true;
+  return 0;
+bad:
+  memset(out, 0, sizeof *out);
+  return -1;
+}
+
+static void hex(const uint8_t *p, size_t n, char *out) {
+  static const char dig[] = "0123456789abcdef";
+  for (size_t i = 0; i < n; i++) {
+    out[2 * i] = dig[p[i] >> 4];
+    out[2 * i + 1] = dig[p[i] & 15];
+  }
+}
+
+void pr__span_ctx_format(const pr_span_ctx_t *c,
+                         char out[PR_TRACEPARENT_LEN + 1]) {
+  memcpy(out, "00-", 3);
+  hex(c->trace_id, PR_TRACE_ID_LEN, out + 3);
+  out[35] = '-';
+  hex(c->span_id, PR_SPAN_ID_LEN, out + 36);
+  out[52] = '-';
+  hex(&c->flags, 1, out + 53);
+  out[55] = 0;
+}
+
+/* --------------------------------------------------------------------- ids */
+
+/* xoshiro256** per thread, seeded from getrandom() (splitmix64 of the clock
+ * and the thread's address if getrandom fails). */
+static _Thread_local uint64_t rng_s[4];
+static _Thread_local bool rng_seeded;
+
+static uint64_t splitmix64(uint64_t *x) {
+  uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+static uint64_t rng_next(void) {
+  uint64_t r, t;
+  if (!rng_seeded) {
+    if (getrandom(rng_s, sizeof rng_s, 0) != (ssize_t)sizeof rng_s) {
+      uint64_t x = (uint64_t)pr__now_ns() ^ (uint64_t)(uintptr_t)&rng_s;
+      for (int i = 0; i < 4; i++)
+        rng_s[i] = splitmix64(&x);
+    }
+    if (!(rng_s[0] | rng_s[1] | rng_s[2] | rng_s[3]))
+      rng_s[0] = 1;
+    rng_seeded = true;
+  }
+  r = rotl(rng_s[1] * 5, 7) * 9;
+  t = rng_s[1] << 17;
+  rng_s[2] ^= rng_s[0];
+  rng_s[3] ^= rng_s[1];
+  rng_s[1] ^= rng_s[2];
+  rng_s[0] ^= rng_s[3];
+  rng_s[2] ^= t;
+  rng_s[3] = rotl(rng_s[3], 45);
+  return r;
+}
+
+static void rand_id(uint8_t *p, size_t n) {
+  bool zero;
+  do {
+    zero = true;
+    for (size_t i = 0; i < n; i += 8) {
+      uint64_t v = rng_next();
+      for (size_t j = 0; j < 8 && i + j < n; j++) {
+        p[i + j] = (uint8_t)(v >> (8 * j));
+        if (p[i + j])
+          zero = false;
+      }
+    }
+  } while (zero);
+}
+
+static uint64_t wall_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+/* ---------------------------------------------------------------- exporter */
+
+struct pr_otel {
+  /* Immutable after pr__otel_open. */
+  char *url;
+  bool json;
+  pr__otel_resource_t res;
+  size_t queue_max, batch_max;
+  int64_t delay_ns;
+  long timeout_ms;
+  pthread_t thread;
+  atomic_bool abort; /* close gave up flushing: cut the request short */
+
+  /* Everything below: `lock`. `wake` wakes the exporter thread (a span
+   * queued, a flush asked, stop); `done` wakes flushers (a batch done). */
+  pthread_mutex_t lock;
+  pthread_cond_t wake, done;
+  pr_span_t *head, *tail; /* FIFO by seq */
+  size_t queued;
+  uint64_t seq;          /* last seq given by pr__span_end */
+  uint64_t flush_upto;   /* send spans up to this seq without delay */
+  size_t inflight;       /* spans taken by the thread, not yet resolved */
+  uint64_t inflight_seq; /* seq of the first of them */
+  bool stop;
+  pr_otel_stats_t stats;
+};
+
+static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
+static CURLcode curl_init_rc;
+static void curl_init(void) {
+  curl_init_rc = curl_global_init(CURL_GLOBAL_ALL);
+}
+
+static void span_free(pr_span_t *s) {
+  for (int i = 0; i < s->nattrs; i++)
+    free(s->attrs[i].s);
+  free(s->tracestate);
+  free(s->status_msg);
+  free(s);
+}
+
+static size_t discard_body(char *p, size_t size, size_t n, void *ud) {
+  (void)p;
+  (void)ud;
+  return size * n;
+}
+
+static int progress(void *ud, curl_off_t a, curl_off_t b, curl_off_t c,
+                    curl_off_t d) {
+  pr_otel_t *o = ud;
+  (void)a;
+  (void)b;
+  (void)c;
+  (void)d;
+  return atomic_load(&o->abort) ? 1 : 0;
+}
+
+/* POSTs one encoded batch; true when the receiver answered 2xx. */
+static bool post(pr_otel_t *o, CURL *h, const void *body, size_t len) {
+  long code = 0;
+  CURLcode rc;
+  curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
+  curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
+  rc = curl_easy_perform(h);
+  if (rc != CURLE_OK) {
+    pr__log(PR_LOG_DEBUG, "otel", "export to %s failed: %s", o->url,
+            curl_easy_strerror(rc));
+    return false;
+  }
+  curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &code);
+  if (code < 200 || code > 299) {
+    pr__log(PR_LOG_DEBUG, "otel", "export to %s: HTTP %ld", o->url, code);
+    return false;
+  }
+  return true;
+}
+
+/* Encodes and sends `n` spans; true when accepted. */
+static bool send_batch(pr_otel_t *o, CURL *h, pr_span_t **batch, size_t n) {
+  bool ok = false;
+  if (!h)
+    return false;
+  if (o->json) {
+    char *text = pr__otel_encode_json(&o->res, batch, n);
+    if (text)
+      ok = post(o, h, text, strlen(text));
+    free(text);
+  } else {
+    pr__otel_buf_t b = {0};
+    if (!pr__otel_encode_pb(&o->res, batch, n, &b))
+      ok = post(o, h, b.p, b.len);
+    free(b.p);
+  }
+  return ok;
+}
+
+static CURL *make_handle(pr_otel_t *o, struct curl_slist **hdrs) {
+  CURL *h = curl_easy_init();
+  if (!h)
+    return NULL;
+  *hdrs =
+      curl_slist_append(NULL, o->json ? "Content-Type: application/json"
+                                      : "Content-Type: application/x-protobuf");
+  curl_easy_setopt(h, CURLOPT_URL, o->url);
+  curl_easy_setopt(h, CURLOPT_HTTPHEADER, *hdrs);
+  curl_easy_setopt(h, CURLOPT_POST, 1L);
+  curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, o->timeout_ms);
+  curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, discard_body);
+  curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, progress);
+  curl_easy_setopt(h, CURLOPT_XFERINFODATA, o);
+  curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
+  return h;
+}
+
+static void *exporter_main(void *arg) {
+  pr_otel_t *o = arg;
+  struct curl_slist *hdrs = NULL;
+  CURL *h = make_handle(o, &hdrs);
+  pr_span_t **batch = calloc(o->batch_max, sizeof *batch);
+  pthread_mutex_lock(&o->lock);
+  for (;;) {
+    size_t n = 0;
+    bool ok;
+    if (o->stop)
+      break;
+    if (!o->head) {
+      pthread_cond_wait(&o->wake, &o->lock);
+      continue;
+    }
+    if (o->queued < o->batch_max && o->head->seq > o->flush_upto) {
+      int64_t due = o->head->enqueued_ns + o->delay_ns;
+      if (pr__now_ns() < due) {
+        struct timespec ts;
+        pr__deadline_after(CLOCK_MONOTONIC, due - pr__now_ns(), &ts);
+        pthread_cond_timedwait(&o->wake, &o->lock, &ts);
+        continue;
+      }
+    }
+    o->inflight_seq = o->head->seq;
+    while (o->head && n < o->batch_max && batch) {
+      batch[n++] = o->head;
+      o->head = o->head->next;
+    }
+    if (!o->head)
+      o->tail = NULL;
+    o->queued -= n;
+    o->inflight = n;
+    pthread_mutex_unlock(&o->lock);
+
+    ok = batch && send_batch(o, h, batch, n);
+    for (size_t i = 0; i < n; i++)
+      span_free(batch[i]);
+
+    pthread_mutex_lock(&o->lock);
+    if (ok) {
+      o->stats.exported += n;
+    } else {
+      o->stats.failed_requests++;
+      o->stats.dropped += n;
+    }
+    o->inflight = 0;
+    pthread_cond_broadcast(&o->done);
+    if (!batch) /* no memory for a batch: everything queued is dropped */
+      break;
+  }
+  /* Stopped: what is still queued is dropped. */
+  while (o->head) {
+    pr_span_t *s = o->head;
+    o->head = s->next;
+    o->stats.dropped++;
+    span_free(s);
+  }
+  o->tail = NULL;
+  o->queued = 0;
+  pthread_cond_broadcast(&o->done);
+  pthread_mutex_unlock(&o->lock);
+  free(batch);
+  if (h)
+    curl_easy_cleanup(h);
+  curl_slist_free_all(hdrs);
+  return NULL;
+}
+
+pr_otel_t *pr__otel_open(const pr_otel_config_t *cfg, char *err,
+                         size_t err_size) {
+  pr_otel_t *o;
+  size_t n;
+  pthread_condattr_t ca;
+  if (!cfg->endpoint || (strncmp(cfg->endpoint, "http://", 7) &&
+                         strncmp(cfg->endpoint, "https://", 8))) {
+    pr__errf(err, err_size,
+             "otel_exporter_otlp_endpoint: \"%.200s\" is not an http:// or "
+             "https:// URL",
+             cfg->endpoint ? cfg->endpoint : "");
+    return NULL;
+  }
+  pthread_once(&curl_once, curl_init);
+  if (curl_init_rc != CURLE_OK) {
+    pr__errf(err, err_size, "otel: curl_global_init failed: %s",
+             curl_easy_strerror(curl_init_rc));
+    return NULL;
+  }
+  o = calloc(1, sizeof *o);
+  if (!o)
+    goto oom;
+  if (pr__otel_resource_parse(cfg->service_name, cfg->resource_attributes,
+                              &o->res, err, err_size)) {
+    free(o);
+    return NULL;
+  }
+  n = strlen(cfg->endpoint);
+  if (n && cfg->endpoint[n - 1] == '/')
+    n--;
+  o->url = malloc(n + sizeof "/v1/traces");
+  if (!o->url) {
+    pr__otel_resource_free(&o->res);
+    free(o);
+    goto oom;
+  }
+  memcpy(o->url, cfg->endpoint, n);
+  memcpy(o->url + n, "/v1/traces", sizeof "/v1/traces");
+  o->json = cfg->json;
+  o->queue_max = cfg->queue_max ? cfg->queue_max : 2048;
+  o->batch_max = cfg->batch_max ? cfg->batch_max : 512;
+  o->delay_ns = (int64_t)(cfg->delay_ms ? cfg->delay_ms : 1000) * 1000000;
+  o->timeout_ms = cfg->timeout_ms ? (long)cfg->timeout_ms : 10000;
+  atomic_init(&o->abort, false);
+  pthread_mutex_init(&o->lock, NULL);
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&o->wake, &ca);
+  pthread_cond_init(&o->done, &ca);
+  pthread_condattr_destroy(&ca);
+  if (pthread_create(&o->thread, NULL, exporter_main, o)) {
+    pthread_cond_destroy(&o->wake);
+    pthread_cond_destroy(&o->done);
+    pthread_mutex_destroy(&o->lock);
+    pr__otel_resource_free(&o->res);
+    free(o->url);
+    free(o);
+    pr__errf(err, err_size, "otel: cannot start the exporter thread");
+    return NULL;
+  }
+  return o;
+oom:
+  pr__errf(err, err_size, "out of memory");
+  return NULL;
+}
+
+int pr__otel_flush(pr_otel_t *o, uint32_t timeout_ms) {
+  struct timespec ts;
+  uint64_t target;
+  int rc = 0;
+  if (!o)
+    return 0;
+  pr__deadline_after(CLOCK_MONOTONIC, (int64_t)timeout_ms * 1000000, &ts);
+  pthread_mutex_lock(&o->lock);
+  target = o->seq;
+  if (o->flush_upto < target)
+    o->flush_upto = target;
+  pthread_cond_signal(&o->wake);
+  /* Done when no queued or in-flight span has seq <= target (the queue is
+   * in seq order, and the batch in flight was its head). */
+  while ((o->head && o->head->seq <= target) ||
+         (o->inflight && o->inflight_seq <= target)) {
+    if (o->stop && !o->head && !o->inflight)
+      break;
+    if (pthread_cond_timedwait(&o->done, &o->lock, &ts) == ETIMEDOUT) {
+      rc = ((o->head && o->head->seq <= target) ||
+            (o->inflight && o->inflight_seq <= target))
+               ? -1
+               : 0;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&o->lock);
+  return rc;
+}
+
+void pr__otel_close(pr_otel_t *o, uint32_t flush_ms) {
+  if (!o)
+    return;
+  pr__otel_flush(o, flush_ms);
+  atomic_store(&o->abort, true); /* a request still running ends now */
+  pthread_mutex_lock(&o->lock);
+  o->stop = true;
+  pthread_cond_signal(&o->wake);
+  pthread_mutex_unlock(&o->lock);
+  pthread_join(o->thread, NULL);
+  pthread_cond_destroy(&o->wake);
+  pthread_cond_destroy(&o->done);
+  pthread_mutex_destroy(&o->lock);
+  pr__otel_resource_free(&o->res);
+  free(o->url);
+  free(o);
+}
+
+void pr__otel_stats(pr_otel_t *o, pr_otel_stats_t *out) {
+  if (!o) {
+    memset(out, 0, sizeof *out);
+    return;
+  }
+  pthread_mutex_lock(&o->lock);
+  *out = o->stats;
+  pthread_mutex_unlock(&o->lock);
+}
+
+/* ------------------------------------------------------------------- spans */
+
+pr_span_t *pr__span_start(pr_otel_t *exp, const char *name, pr_span_kind_t kind,
+                          const pr_span_ctx_t *from, pr_span_relation_t rel,
+                          const char *tracestate) {
+  pr_span_t *s;
+  if (!exp)
+    return NULL;
+  s = calloc(1, sizeof *s);
+  if (!s)
+    return NULL;
+  if (tracestate && *tracestate && !(s->tracestate = pr__strdup(tracestate))) {
+    free(s);
+    return NULL;
+  }
+  s->exp = exp;
+  s->name = name;
+  s->kind = kind;
+  if (from && from->valid) {
+    s->ctx.flags = from->flags;
+    if (rel == PR_SPAN_CHILD) {
+      memcpy(s->ctx.trace_id, from->trace_id, PR_TRACE_ID_LEN);
+      memcpy(s->parent_id, from->span_id, PR_SPAN_ID_LEN);
+      s->has_parent = true;
+    } else {
+      rand_id(s->ctx.trace_id, PR_TRACE_ID_LEN);
+      s->link = *from;
+    }
+  } else {
+    s->ctx.flags = 1; /* sampled */
+    rand_id(s->ctx.trace_id, PR_TRACE_ID_LEN);
+  }
+  rand_id(s->ctx.span_id, PR_SPAN_ID_LEN);
+  s->ctx.valid = true;
+  s->start_ns = wall_ns();
+  return s;
+}
+
+const pr_span_ctx_t *pr__span_ctx(const pr_span_t *s) {
+  return s ? &s->ctx : NULL;
+}
+
+void pr__span_attr_str(pr_span_t *s, const char *key, const char *v,
+                       size_t len) {
+  pr_span_attr_t *a;
+  if (!s || !v || s->nattrs >= PR_SPAN_ATTR_MAX)
+    return;
+  if (len == SIZE_MAX)
+    len = strlen(v);
+  a = &s->attrs[s->nattrs];
+  if (!(a->s = pr__strndup(v, len)))
+    return;
+  a->key = key;
+  a->is_str = true;
+  a->slen = len;
+  s->nattrs++;
+}
+
+void pr__span_attr_int(pr_span_t *s, const char *key, int64_t v) {
+  pr_span_attr_t *a;
+  if (!s || s->nattrs >= PR_SPAN_ATTR_MAX)
+    return;
+  a = &s->attrs[s->nattrs++];
+  a->key = key;
+  a->is_str = false;
+  a->i = v;
+}
+
+void pr__span_set_error(pr_span_t *s, const char *message) {
+  if (!s)
+    return;
+  s->error = true;
+  free(s->status_msg);
+  s->status_msg = message ? pr__strdup(message) : NULL;
+}
+
+void pr__span_end(pr_span_t *s) {
+  pr_otel_t *o;
+  bool dropped = false;
+  if (!s)
+    return;
+  o = s->exp;
+  s->end_ns = wall_ns();
+  s->enqueued_ns = pr__now_ns();
+  s->next = NULL;
+  pthread_mutex_lock(&o->lock);
+  s->seq = ++o->seq;
+  if (o->stop || o->queued >= o->queue_max) {
+    o->stats.dropped++;
+    dropped = true;
+  } else {
+    if (o->tail)
+      o->tail->next = s;
+    else
+      o->head = s;
+    o->tail = s;
+    if (++o->queued == 1 || o->queued >= o->batch_max)
+      pthread_cond_signal(&o->wake);
+  }
+  pthread_mutex_unlock(&o->lock);
+  if (dropped)
+    span_free(s);
+}
+
+void pr__span_discard(pr_span_t *s) {
+  if (s)
+    span_free(s);
+}
