@@ -8,7 +8,7 @@
  * source system is the consumer's group, sends a record the consumer
  * filters out. Then Jaeger must hold, with the consumer's service name:
  *   T0: send (child of P0) -> receive "first" -> send -> receive "second"
- *   T0: send -> message.filtered
+ *   a trace of its own: send -> message.filtered
  *   a new trace: trigger, with a FOLLOWS_FROM link to receive "first"
  * with the messaging attributes, and the contexts the handlers saw
  * (prosody_message_traceparent / prosody_timer_traceparent) are those
@@ -24,8 +24,10 @@
 
 #define JAEGER_OTLP "http://127.0.0.1:4318"
 #define JAEGER_QUERY "http://127.0.0.1:16686"
-#define T0 "4bf92f3577b34da6a3ce929d0e0e4736"
 #define P0 "00f067aa0ba902b7"
+
+/* The caller's trace: new in each run (Jaeger keeps earlier runs'). */
+static char T0[33];
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static int got_first, got_second, got_timer;
@@ -94,42 +96,43 @@ static size_t on_body(char *d, size_t sz, size_t nm, void *arg) {
   return sz * nm;
 }
 
+/* GET `url`; its JSON body when the answer is 200 (owned), else NULL. */
+static json_t *get_json(const char *url) {
+  buf_t b = {0};
+  long status = 0;
+  json_t *doc;
+  CURL *c = curl_easy_init();
+  curl_easy_setopt(c, CURLOPT_URL, url);
+  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+  curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
+  curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 5000L);
+  if (curl_easy_perform(c) == CURLE_OK)
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+  curl_easy_cleanup(c);
+  doc = status == 200 && b.p ? json_loads(b.p, 0, NULL) : NULL;
+  free(b.p);
+  return doc;
+}
+
 /* The spans of trace `id` (32 hex) once Jaeger holds at least `want` of
- * them (polled for up to 30 s), as Jaeger's JSON (owned). */
+ * them (polled for up to 30 s), and its processes (both owned). */
 static json_t *trace_spans(const char *id, size_t want, json_t **processes) {
   char url[256];
   double deadline = t_now() + 30;
   snprintf(url, sizeof(url), JAEGER_QUERY "/api/traces/%s", id);
-  for (;;) {
-    buf_t b = {0};
-    long status = 0;
-    CURL *c = curl_easy_init();
-    json_t *doc, *spans = NULL;
-    curl_easy_setopt(c, CURLOPT_URL, url);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
-    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 5000L);
-    if (curl_easy_perform(c) == CURLE_OK)
-      curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
-    curl_easy_cleanup(c);
-    doc = status == 200 && b.p ? json_loads(b.p, 0, NULL) : NULL;
-    free(b.p);
-    if (doc) {
-      json_t *t = json_array_get(json_object_get(doc, "data"), 0);
-      spans = json_object_get(t, "spans");
-      if (spans && json_array_size(spans) >= want) {
-        json_incref(spans);
-        *processes = json_incref(json_object_get(t, "processes"));
-        json_decref(doc);
-        return spans;
-      }
+  for (;; usleep(200000)) {
+    json_t *doc = get_json(url);
+    json_t *t = json_array_get(json_object_get(doc, "data"), 0);
+    json_t *spans = json_object_get(t, "spans");
+    if (spans && json_array_size(spans) >= want) {
+      json_incref(spans);
+      *processes = json_incref(json_object_get(t, "processes"));
       json_decref(doc);
+      return spans;
     }
+    json_decref(doc);
     CHECK(t_now() < deadline,
-          "Jaeger has not shown %zu spans of trace %s within 30 s (status "
-          "%ld)",
-          want, id, status);
-    usleep(200000);
+          "Jaeger has not shown %zu spans of trace %s within 30 s", want, id);
   }
 }
 
@@ -199,14 +202,19 @@ int main(void) {
   char err[1024], service[96], group[96], v[256];
   char t_first[33], s_first[17], t_second[33], s_second[17], t_timer[33],
       s_timer[17];
-  prosody_trace_t root = {.traceparent = "00-" T0 "-" P0 "-01"};
+  char root_tp[64];
+  prosody_trace_t root = {.traceparent = root_tp};
   prosody_handler_t h = {on_message, on_timer, NULL, 0};
   prosody_client_t *up, *looped;
   prosody_config_t *conf;
-  json_t *spans, *procs, *send1, *recv1, *send2, *recv2, *sendf, *filtered,
-      *trig;
+  json_t *spans, *procs, *send1, *recv1, *send2, *recv2, *filtered, *trig;
 
   curl_global_init(CURL_GLOBAL_DEFAULT);
+  srand((unsigned)(getpid() ^ (int)(t_now() * 1000)));
+  for (int i = 0; i < 32; i++)
+    T0[i] = "0123456789abcdef"[rand() % 16];
+  T0[0] = '1'; /* never all zero */
+  snprintf(root_tp, sizeof(root_tp), "00-%s-%s-01", T0, P0);
   topic = t_topic("trace-chain");
   snprintf(group, sizeof(group), "trace-chain-%d", (int)getpid());
   snprintf(service, sizeof(service), "prosody-chain-%d-%ld", (int)getpid(),
@@ -246,8 +254,8 @@ int main(void) {
         "messages left the producer's trace: %s %s", tp_first, tp_second);
   CHECK(strcmp(t_timer, T0), "timer_spans follows_from: a new trace");
 
-  /* T0: send, receive, send, receive, send, message.filtered. */
-  spans = trace_spans(T0, 5, &procs);
+  /* T0: send, receive, send, receive. */
+  spans = trace_spans(T0, 4, &procs);
   send1 = find_span(spans, "send", "CHILD_OF", T0, P0);
   CHECK(send1, "no send span child of the caller's span");
   recv1 = find_span(spans, "receive", "CHILD_OF", T0, str_of(send1, "spanID"));
@@ -288,43 +296,33 @@ int main(void) {
   json_decref(spans);
   json_decref(procs);
 
-  /* The filtered record: a trace of its own (sent without a context). */
+  /* The filtered record: a trace of its own (sent without a context),
+   * found through Jaeger's search by service and operation. */
   {
-    /* Found through the consumer's service: search by operation. */
-    char url_path[512];
-    buf_t b = {0};
-    CURL *c = curl_easy_init();
-    json_t *doc;
+    char url[512];
     double deadline = t_now() + 30;
-    snprintf(url_path, sizeof(url_path),
+    json_t *send3 = NULL;
+    snprintf(url, sizeof(url),
              JAEGER_QUERY "/api/traces?service=%s&operation=message.filtered"
                           "&limit=5",
              service);
-    for (filtered = NULL; !filtered;) {
-      b.n = 0;
-      curl_easy_setopt(c, CURLOPT_URL, url_path);
-      curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
-      curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
-      if (curl_easy_perform(c) == CURLE_OK && b.p &&
-          (doc = json_loads(b.p, 0, NULL))) {
-        json_t *t = json_array_get(json_object_get(doc, "data"), 0);
-        json_t *ss = json_object_get(t, "spans");
-        sendf = ss ? find_span(ss, "send", "CHILD_OF", NULL, NULL) : NULL;
-        for (size_t i = 0; ss && i < json_array_size(ss); i++) {
-          json_t *s = json_array_get(ss, i);
-          if (!strcmp(str_of(s, "operationName"), "message.filtered"))
-            filtered = json_incref(s);
-        }
-        (void)sendf;
-        json_decref(doc);
-      }
+    for (filtered = NULL; !filtered; usleep(200000)) {
+      json_t *doc = get_json(url);
+      json_t *ss = json_object_get(
+          json_array_get(json_object_get(doc, "data"), 0), "spans");
+      send3 = ss ? find_span(ss, "send", "CHILD_OF", NULL, NULL) : NULL;
+      for (size_t i = 0; !send3 && i < json_array_size(ss); i++)
+        if (!strcmp(str_of(json_array_get(ss, i), "operationName"), "send"))
+          send3 = json_array_get(ss, i); /* a root: no references */
+      if (send3)
+        filtered = find_span(ss, "message.filtered", "CHILD_OF", NULL,
+                             str_of(send3, "spanID"));
+      json_incref(filtered);
+      json_decref(doc);
       CHECK(filtered || t_now() < deadline,
-            "no message.filtered span in Jaeger within 30 s");
-      if (!filtered)
-        usleep(200000);
+            "no message.filtered span under its send span in Jaeger within "
+            "30 s");
     }
-    curl_easy_cleanup(c);
-    free(b.p);
     CHECK(!strcmp(tag(filtered, "prosody.filter.reason", v, sizeof(v)),
                   "our own output"),
           "filter reason \"%s\"", v);
