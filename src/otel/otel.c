@@ -169,6 +169,7 @@ struct pr_otel {
   int64_t delay_ns;
   long timeout_ms;
   pthread_t thread;
+  pr__logger_t *logger; /* the opening thread's (its client's) */
   atomic_bool abort; /* close gave up flushing: cut the request short */
 
   /* Everything below: `lock`. `wake` wakes the exporter thread (a span
@@ -223,13 +224,14 @@ static bool post(pr_otel_t *o, CURL *h, const void *body, size_t len) {
   curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
   rc = curl_easy_perform(h);
   if (rc != CURLE_OK) {
-    pr__log(PR_LOG_DEBUG, "otel", "export to %s failed: %s", o->url,
+    pr__log(PR_LOG_WARN, "otel", "span export to %s failed: %s", o->url,
             curl_easy_strerror(rc));
     return false;
   }
   curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &code);
   if (code < 200 || code > 299) {
-    pr__log(PR_LOG_DEBUG, "otel", "export to %s: HTTP %ld", o->url, code);
+    pr__log(PR_LOG_WARN, "otel", "span export to %s answered HTTP %ld",
+            o->url, code);
     return false;
   }
   return true;
@@ -276,7 +278,9 @@ static CURL *make_handle(pr_otel_t *o, struct curl_slist **hdrs) {
 static void *exporter_main(void *arg) {
   pr_otel_t *o = arg;
   struct curl_slist *hdrs = NULL;
-  CURL *h = make_handle(o, &hdrs);
+  CURL *h;
+  pr__log_adopt(o->logger); /* its client's log */
+  h = make_handle(o, &hdrs);
   pr_span_t **batch = calloc(o->batch_max, sizeof *batch);
   pthread_mutex_lock(&o->lock);
   for (;;) {
@@ -392,6 +396,7 @@ pr_otel_t *pr__otel_open(const pr_otel_config_t *cfg, char *err,
   pthread_cond_init(&o->wake, &ca);
   pthread_cond_init(&o->done, &ca);
   pthread_condattr_destroy(&ca);
+  o->logger = pr__log_current();
   if (pthread_create(&o->thread, NULL, exporter_main, o)) {
     pthread_cond_destroy(&o->wake);
     pthread_cond_destroy(&o->done);
