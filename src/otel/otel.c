@@ -170,7 +170,7 @@ struct pr_otel {
   long timeout_ms;
   pthread_t thread;
   pr__logger_t *logger; /* the opening thread's (its client's) */
-  atomic_bool abort; /* close gave up flushing: cut the request short */
+  atomic_bool abort;    /* close gave up flushing: cut the request short */
 
   /* Everything below: `lock`. `wake` wakes the exporter thread (a span
    * queued, a flush asked, stop); `done` wakes flushers (a batch done). */
@@ -230,8 +230,8 @@ static bool post(pr_otel_t *o, CURL *h, const void *body, size_t len) {
   }
   curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &code);
   if (code < 200 || code > 299) {
-    pr__log(PR_LOG_WARN, "otel", "span export to %s answered HTTP %ld",
-            o->url, code);
+    pr__log(PR_LOG_WARN, "otel", "span export to %s answered HTTP %ld", o->url,
+            code);
     return false;
   }
   return true;
