@@ -34,7 +34,7 @@ function napiInclude() {
 }
 
 function pkgConfig(flag) {
-  const pkgs = ['rdkafka', 'jansson', 'libuv', 'libmicrohttpd'];
+  const pkgs = ['rdkafka', 'jansson', 'libuv', 'libmicrohttpd', 'libcurl'];
   try {
     return execFileSync('pkg-config', [flag, ...pkgs], { encoding: 'utf8' }).trim().split(/\s+/).filter(Boolean);
   } catch (e) {

@@ -1,7 +1,7 @@
 """Builds the native module `prosody.prosody` and, first, libprosody itself
 from the same source tree (CMake, static library), so the installed package
 needs only the system libraries scripts/deps.sh installs (librdkafka,
-jansson, libuv, libmicrohttpd)."""
+jansson, libuv, libmicrohttpd, libcurl)."""
 
 import os
 import shlex
@@ -13,7 +13,7 @@ from setuptools.command.build_ext import build_ext
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-PKGS = ["rdkafka", "jansson", "libuv", "libmicrohttpd"]
+PKGS = ["rdkafka", "jansson", "libuv", "libmicrohttpd", "libcurl"]
 
 
 def pkg_config(flag):
