@@ -65,9 +65,9 @@ typedef struct pr_span pr_span_t;
  * `rel` says (and the new span keeps `from`'s flags); without one, the root
  * of a new trace (sampled). `tracestate` (may be NULL) is copied and
  * exported with the span. NULL when `exp` is NULL or memory ran out. */
-pr_span_t *pr__span_start(pr_otel_t *exp, const char *name,
-                          pr_span_kind_t kind, const pr_span_ctx_t *from,
-                          pr_span_relation_t rel, const char *tracestate);
+pr_span_t *pr__span_start(pr_otel_t *exp, const char *name, pr_span_kind_t kind,
+                          const pr_span_ctx_t *from, pr_span_relation_t rel,
+                          const char *tracestate);
 /* The span's own context (to propagate: headers, timer rows, handlers);
  * NULL for a NULL span. */
 const pr_span_ctx_t *pr__span_ctx(const pr_span_t *s);
@@ -87,13 +87,13 @@ void pr__span_discard(pr_span_t *s);
 
 /* An exporter's settings (from the client's options). */
 typedef struct pr_otel_config {
-  const char *endpoint; /* base URL: spans go to <endpoint>/v1/traces */
-  bool json;            /* http/json instead of http/protobuf */
-  const char *service_name;        /* NULL: "prosody" */
+  const char *endpoint;     /* base URL: spans go to <endpoint>/v1/traces */
+  bool json;                /* http/json instead of http/protobuf */
+  const char *service_name; /* NULL: "prosody" */
   const char *resource_attributes; /* "k=v,k2=v2" (OTEL_RESOURCE_ATTRIBUTES;
                                       values percent-decoded), or NULL */
-  size_t queue_max;    /* spans waiting at most; 0: 2048 */
-  size_t batch_max;    /* spans in one request at most; 0: 512 */
+  size_t queue_max;                /* spans waiting at most; 0: 2048 */
+  size_t batch_max;                /* spans in one request at most; 0: 512 */
   uint32_t delay_ms;   /* a waiting span is sent within this; 0: 1000 */
   uint32_t timeout_ms; /* one request's bound; 0: 10000 */
 } pr_otel_config_t;
