@@ -152,6 +152,42 @@ static void rand_id(uint8_t *p, size_t n) {
   } while (zero);
 }
 
+/* A NUL-terminated copy of `len` bytes, valid UTF-8 (OTLP strings must be:
+ * a receiver rejects the whole request otherwise): each byte that starts
+ * no valid sequence becomes U+FFFD. NULL when out of memory. */
+static char *utf8_copy(const char *v, size_t len, size_t *out_len) {
+  char *out;
+  size_t o = 0;
+  if (pr__utf8_valid(v, len)) {
+    *out_len = len;
+    return pr__strndup(v, len);
+  }
+  if (!(out = malloc(3 * len + 1)))
+    return NULL;
+  for (size_t i = 0; i < len;) {
+    size_t k = 1;
+    while (k <= 4 && i + k <= len && !pr__utf8_valid(v + i, k))
+      k++;
+    if (k <= 4 && i + k <= len) {
+      memcpy(out + o, v + i, k);
+      o += k;
+      i += k;
+    } else {
+      memcpy(out + o, "\xef\xbf\xbd", 3);
+      o += 3;
+      i++;
+    }
+  }
+  out[o] = 0;
+  *out_len = o;
+  return out;
+}
+
+static char *utf8_dup(const char *s) {
+  size_t n;
+  return utf8_copy(s, strlen(s), &n);
+}
+
 static uint64_t wall_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
@@ -477,7 +513,7 @@ pr_span_t *pr__span_start(pr_otel_t *exp, const char *name, pr_span_kind_t kind,
   s = calloc(1, sizeof *s);
   if (!s)
     return NULL;
-  if (tracestate && *tracestate && !(s->tracestate = pr__strdup(tracestate))) {
+  if (tracestate && *tracestate && !(s->tracestate = utf8_dup(tracestate))) {
     free(s);
     return NULL;
   }
@@ -516,11 +552,10 @@ void pr__span_attr_str(pr_span_t *s, const char *key, const char *v,
   if (len == SIZE_MAX)
     len = strlen(v);
   a = &s->attrs[s->nattrs];
-  if (!(a->s = pr__strndup(v, len)))
+  if (!(a->s = utf8_copy(v, len, &a->slen)))
     return;
   a->key = key;
   a->is_str = true;
-  a->slen = len;
   s->nattrs++;
 }
 
@@ -539,7 +574,7 @@ void pr__span_set_error(pr_span_t *s, const char *message) {
     return;
   s->error = true;
   free(s->status_msg);
-  s->status_msg = message ? pr__strdup(message) : NULL;
+  s->status_msg = message ? utf8_dup(message) : NULL;
 }
 
 void pr__span_end(pr_span_t *s) {

@@ -357,6 +357,14 @@ static void test_ids_and_relations(void **state) {
   assert_memory_equal(s->link.trace_id, from.trace_id, 16);
   assert_memory_equal(s->link.span_id, from.span_id, 8);
   assert_int_equal(s->ctx.flags, 0);
+  /* Strings are kept valid UTF-8 (a receiver rejects a whole request
+   * otherwise): a stray byte becomes U+FFFD, a valid sequence stays. */
+  pr__span_attr_str(s, "bin", "a\xff\xc3\xa9\xe2\x82", 6);
+  assert_string_equal(s->attrs[0].s,
+                      "a\xef\xbf\xbd\xc3\xa9\xef\xbf\xbd\xef\xbf\xbd");
+  assert_int_equal(s->attrs[0].slen, 12);
+  pr__span_set_error(s, "bad \x80");
+  assert_string_equal(s->status_msg, "bad \xef\xbf\xbd");
   /* Attributes beyond 16 are ignored. */
   for (int i = 0; i < 20; i++)
     pr__span_attr_int(s, "i", i);
