@@ -294,9 +294,17 @@ static CURL *make_handle(pr_otel_t *o, struct curl_slist **hdrs) {
   CURL *h = curl_easy_init();
   if (!h)
     return NULL;
-  *hdrs =
+  struct curl_slist *l =
       curl_slist_append(NULL, o->json ? "Content-Type: application/json"
                                       : "Content-Type: application/x-protobuf");
+  /* No "Expect: 100-continue" round trip before a large batch. */
+  struct curl_slist *l2 = l ? curl_slist_append(l, "Expect:") : NULL;
+  if (!l2) {
+    curl_slist_free_all(l);
+    curl_easy_cleanup(h);
+    return NULL;
+  }
+  *hdrs = l2;
   curl_easy_setopt(h, CURLOPT_URL, o->url);
   curl_easy_setopt(h, CURLOPT_HTTPHEADER, *hdrs);
   curl_easy_setopt(h, CURLOPT_POST, 1L);
