@@ -365,8 +365,10 @@ static void *exporter_main(void *arg) {
     }
     o->inflight = 0;
     pthread_cond_broadcast(&o->done);
-    if (!batch) /* no memory for a batch: everything queued is dropped */
+    if (!batch) { /* no memory for a batch: drop everything from now on */
+      o->stop = true;
       break;
+    }
   }
   /* Stopped: what is still queued is dropped. */
   while (o->head) {
@@ -492,6 +494,11 @@ void pr__otel_close(pr_otel_t *o, uint32_t flush_ms) {
   pthread_cond_signal(&o->wake);
   pthread_mutex_unlock(&o->lock);
   pthread_join(o->thread, NULL);
+  while (o->head) { /* ended after the thread stopped (no memory) */
+    pr_span_t *s = o->head;
+    o->head = s->next;
+    span_free(s);
+  }
   pthread_cond_destroy(&o->wake);
   pthread_cond_destroy(&o->done);
   pthread_mutex_destroy(&o->lock);
