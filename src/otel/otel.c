@@ -20,6 +20,7 @@
 #include <string.h>
 #include <sys/random.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <curl/curl.h>
 #include <pthread.h>
@@ -251,8 +252,8 @@ static int progress(void *ud, curl_off_t a, curl_off_t b, curl_off_t c,
   return atomic_load(&o->abort) ? 1 : 0;
 }
 
-/* POSTs one encoded batch; true when the receiver answered 2xx. */
-static bool post(pr_otel_t *o, CURL *h, const void *body, size_t len) {
+/* POSTs one encoded batch: the HTTP status, or 0 when no answer came. */
+static long post_once(pr_otel_t *o, CURL *h, const void *body, size_t len) {
   long code = 0;
   CURLcode rc;
   curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
@@ -261,14 +262,27 @@ static bool post(pr_otel_t *o, CURL *h, const void *body, size_t len) {
   if (rc != CURLE_OK) {
     pr__log(PR_LOG_DEBUG, "otel", "export to %s failed: %s", o->url,
             curl_easy_strerror(rc));
-    return false;
+    return 0;
   }
   curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &code);
-  if (code < 200 || code > 299) {
+  if (code < 200 || code > 299)
     pr__log(PR_LOG_DEBUG, "otel", "export to %s: HTTP %ld", o->url, code);
-    return false;
+  return code;
+}
+
+/* True when the receiver accepted the batch (2xx). A 429, 502, 503 or 504
+ * (the receiver is busy or restarting) is retried once after
+ * PR_OTEL_RETRY_MS, unless the exporter is closing. */
+#define PR_OTEL_RETRY_MS 200
+static bool post(pr_otel_t *o, CURL *h, const void *body, size_t len) {
+  long code = post_once(o, h, body, len);
+  if (code == 429 || code == 502 || code == 503 || code == 504) {
+    for (int i = 0; i < PR_OTEL_RETRY_MS / 10 && !atomic_load(&o->abort); i++)
+      usleep(10000);
+    if (!atomic_load(&o->abort))
+      code = post_once(o, h, body, len);
   }
-  return true;
+  return code >= 200 && code <= 299;
 }
 
 /* Encodes and sends `n` spans; true when accepted. */
