@@ -102,9 +102,19 @@ void pr__span_ctx_format(const pr_span_ctx_t *c,
 /* --------------------------------------------------------------------- ids */
 
 /* xoshiro256** per thread, seeded from getrandom() (splitmix64 of the clock
- * and the thread's address if getrandom fails). */
+ * and the thread's address if getrandom fails). A fork() child reseeds:
+ * its thread would otherwise repeat the parent's ids (rng_gen, bumped by a
+ * pthread_atfork child handler). */
 static _Thread_local uint64_t rng_s[4];
 static _Thread_local bool rng_seeded;
+static _Thread_local unsigned rng_seen_gen;
+static atomic_uint rng_gen;
+static pthread_once_t rng_once = PTHREAD_ONCE_INIT;
+
+static void rng_forked(void) {
+  atomic_fetch_add_explicit(&rng_gen, 1, memory_order_relaxed);
+}
+static void rng_atfork(void) { pthread_atfork(NULL, NULL, rng_forked); }
 
 static uint64_t splitmix64(uint64_t *x) {
   uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
@@ -117,7 +127,10 @@ static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 
 static uint64_t rng_next(void) {
   uint64_t r, t;
-  if (!rng_seeded) {
+  unsigned gen = atomic_load_explicit(&rng_gen, memory_order_relaxed);
+  if (!rng_seeded || rng_seen_gen != gen) {
+    pthread_once(&rng_once, rng_atfork);
+    rng_seen_gen = gen;
     if (getrandom(rng_s, sizeof rng_s, 0) != (ssize_t)sizeof rng_s) {
       uint64_t x = (uint64_t)pr__now_ns() ^ (uint64_t)(uintptr_t)&rng_s;
       for (int i = 0; i < 4; i++)

@@ -11,6 +11,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 #include <jansson.h>
@@ -371,6 +373,30 @@ static void test_ids_and_relations(void **state) {
   pr__span_attr_str(s, "s", "x", SIZE_MAX);
   assert_int_equal(s->nattrs, 16);
   pr__span_discard(s);
+
+  /* A fork() child does not repeat its parent's ids. */
+  {
+    int fds[2];
+    uint8_t mine[8], childs[8];
+    pid_t pid;
+    s = pr__span_start(o, "seed", PR_SPAN_INTERNAL, NULL, PR_SPAN_CHILD, NULL);
+    pr__span_discard(s);
+    assert_int_equal(pipe(fds), 0);
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+      s = pr__span_start(o, "c", PR_SPAN_INTERNAL, NULL, PR_SPAN_CHILD, NULL);
+      _exit(write(fds[1], s->ctx.span_id, 8) == 8 ? 0 : 1);
+    }
+    s = pr__span_start(o, "p", PR_SPAN_INTERNAL, NULL, PR_SPAN_CHILD, NULL);
+    memcpy(mine, s->ctx.span_id, 8);
+    pr__span_discard(s);
+    assert_int_equal(read(fds[0], childs, 8), 8);
+    waitpid(pid, NULL, 0);
+    close(fds[0]);
+    close(fds[1]);
+    assert_memory_not_equal(mine, childs, 8);
+  }
 
   /* NULL everywhere does nothing. */
   assert_null(
