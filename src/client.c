@@ -113,7 +113,7 @@ prosody_client_new(prosody_config_t *conf, char *errstr, size_t errstr_size) {
         .endpoint = PR_CFG_STR(&c->st, OTEL_ENDPOINT),
         .json = PR_CFG_ENUM(&c->st, OTEL_PROTOCOL) == 1,
         .service_name = PR_CFG_STR(&c->st, OTEL_SERVICE_NAME),
-        .resource_attributes = getenv("OTEL_RESOURCE_ATTRIBUTES")};
+        .resource_attributes = PR_CFG_STR(&c->st, OTEL_RESOURCE_ATTRIBUTES)};
     if (!(c->otel = pr__otel_open(&oc, errstr, errstr_size))) {
       pr__producer_destroy(c->producer);
       pr__tm_free(c->tm);

@@ -20,6 +20,7 @@
 #include <string.h>
 #include <sys/random.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <curl/curl.h>
 #include <pthread.h>
@@ -101,9 +102,19 @@ void pr__span_ctx_format(const pr_span_ctx_t *c,
 /* --------------------------------------------------------------------- ids */
 
 /* xoshiro256** per thread, seeded from getrandom() (splitmix64 of the clock
- * and the thread's address if getrandom fails). */
+ * and the thread's address if getrandom fails). A fork() child reseeds:
+ * its thread would otherwise repeat the parent's ids (rng_gen, bumped by a
+ * pthread_atfork child handler). */
 static _Thread_local uint64_t rng_s[4];
 static _Thread_local bool rng_seeded;
+static _Thread_local unsigned rng_seen_gen;
+static atomic_uint rng_gen;
+static pthread_once_t rng_once = PTHREAD_ONCE_INIT;
+
+static void rng_forked(void) {
+  atomic_fetch_add_explicit(&rng_gen, 1, memory_order_relaxed);
+}
+static void rng_atfork(void) { pthread_atfork(NULL, NULL, rng_forked); }
 
 static uint64_t splitmix64(uint64_t *x) {
   uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
@@ -116,7 +127,10 @@ static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 
 static uint64_t rng_next(void) {
   uint64_t r, t;
-  if (!rng_seeded) {
+  unsigned gen = atomic_load_explicit(&rng_gen, memory_order_relaxed);
+  if (!rng_seeded || rng_seen_gen != gen) {
+    pthread_once(&rng_once, rng_atfork);
+    rng_seen_gen = gen;
     if (getrandom(rng_s, sizeof rng_s, 0) != (ssize_t)sizeof rng_s) {
       uint64_t x = (uint64_t)pr__now_ns() ^ (uint64_t)(uintptr_t)&rng_s;
       for (int i = 0; i < 4; i++)
@@ -150,6 +164,42 @@ static void rand_id(uint8_t *p, size_t n) {
       }
     }
   } while (zero);
+}
+
+/* A NUL-terminated copy of `len` bytes, valid UTF-8 (OTLP strings must be:
+ * a receiver rejects the whole request otherwise): each byte that starts
+ * no valid sequence becomes U+FFFD. NULL when out of memory. */
+static char *utf8_copy(const char *v, size_t len, size_t *out_len) {
+  char *out;
+  size_t o = 0;
+  if (pr__utf8_valid(v, len)) {
+    *out_len = len;
+    return pr__strndup(v, len);
+  }
+  if (!(out = malloc(3 * len + 1)))
+    return NULL;
+  for (size_t i = 0; i < len;) {
+    size_t k = 1;
+    while (k <= 4 && i + k <= len && !pr__utf8_valid(v + i, k))
+      k++;
+    if (k <= 4 && i + k <= len) {
+      memcpy(out + o, v + i, k);
+      o += k;
+      i += k;
+    } else {
+      memcpy(out + o, "\xef\xbf\xbd", 3);
+      o += 3;
+      i++;
+    }
+  }
+  out[o] = 0;
+  *out_len = o;
+  return out;
+}
+
+static char *utf8_dup(const char *s) {
+  size_t n;
+  return utf8_copy(s, strlen(s), &n);
 }
 
 static uint64_t wall_ns(void) {
@@ -216,8 +266,8 @@ static int progress(void *ud, curl_off_t a, curl_off_t b, curl_off_t c,
   return atomic_load(&o->abort) ? 1 : 0;
 }
 
-/* POSTs one encoded batch; true when the receiver answered 2xx. */
-static bool post(pr_otel_t *o, CURL *h, const void *body, size_t len) {
+/* POSTs one encoded batch: the HTTP status, or 0 when no answer came. */
+static long post_once(pr_otel_t *o, CURL *h, const void *body, size_t len) {
   long code = 0;
   CURLcode rc;
   curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
@@ -226,15 +276,28 @@ static bool post(pr_otel_t *o, CURL *h, const void *body, size_t len) {
   if (rc != CURLE_OK) {
     pr__log(PR_LOG_WARN, "otel", "span export to %s failed: %s", o->url,
             curl_easy_strerror(rc));
-    return false;
+    return 0;
   }
   curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &code);
-  if (code < 200 || code > 299) {
+  if (code < 200 || code > 299)
     pr__log(PR_LOG_WARN, "otel", "span export to %s answered HTTP %ld", o->url,
             code);
-    return false;
+  return code;
+}
+
+/* True when the receiver accepted the batch (2xx). A 429, 502, 503 or 504
+ * (the receiver is busy or restarting) is retried once after
+ * PR_OTEL_RETRY_MS, unless the exporter is closing. */
+#define PR_OTEL_RETRY_MS 200
+static bool post(pr_otel_t *o, CURL *h, const void *body, size_t len) {
+  long code = post_once(o, h, body, len);
+  if (code == 429 || code == 502 || code == 503 || code == 504) {
+    for (int i = 0; i < PR_OTEL_RETRY_MS / 10 && !atomic_load(&o->abort); i++)
+      usleep(10000);
+    if (!atomic_load(&o->abort))
+      code = post_once(o, h, body, len);
   }
-  return true;
+  return code >= 200 && code <= 299;
 }
 
 /* Encodes and sends `n` spans; true when accepted. */
@@ -260,9 +323,17 @@ static CURL *make_handle(pr_otel_t *o, struct curl_slist **hdrs) {
   CURL *h = curl_easy_init();
   if (!h)
     return NULL;
-  *hdrs =
+  struct curl_slist *l =
       curl_slist_append(NULL, o->json ? "Content-Type: application/json"
                                       : "Content-Type: application/x-protobuf");
+  /* No "Expect: 100-continue" round trip before a large batch. */
+  struct curl_slist *l2 = l ? curl_slist_append(l, "Expect:") : NULL;
+  if (!l2) {
+    curl_slist_free_all(l);
+    curl_easy_cleanup(h);
+    return NULL;
+  }
+  *hdrs = l2;
   curl_easy_setopt(h, CURLOPT_URL, o->url);
   curl_easy_setopt(h, CURLOPT_HTTPHEADER, *hdrs);
   curl_easy_setopt(h, CURLOPT_POST, 1L);
@@ -325,8 +396,10 @@ static void *exporter_main(void *arg) {
     }
     o->inflight = 0;
     pthread_cond_broadcast(&o->done);
-    if (!batch) /* no memory for a batch: everything queued is dropped */
+    if (!batch) { /* no memory for a batch: drop everything from now on */
+      o->stop = true;
       break;
+    }
   }
   /* Stopped: what is still queued is dropped. */
   while (o->head) {
@@ -453,6 +526,11 @@ void pr__otel_close(pr_otel_t *o, uint32_t flush_ms) {
   pthread_cond_signal(&o->wake);
   pthread_mutex_unlock(&o->lock);
   pthread_join(o->thread, NULL);
+  while (o->head) { /* ended after the thread stopped (no memory) */
+    pr_span_t *s = o->head;
+    o->head = s->next;
+    span_free(s);
+  }
   pthread_cond_destroy(&o->wake);
   pthread_cond_destroy(&o->done);
   pthread_mutex_destroy(&o->lock);
@@ -482,7 +560,7 @@ pr_span_t *pr__span_start(pr_otel_t *exp, const char *name, pr_span_kind_t kind,
   s = calloc(1, sizeof *s);
   if (!s)
     return NULL;
-  if (tracestate && *tracestate && !(s->tracestate = pr__strdup(tracestate))) {
+  if (tracestate && *tracestate && !(s->tracestate = utf8_dup(tracestate))) {
     free(s);
     return NULL;
   }
@@ -521,11 +599,10 @@ void pr__span_attr_str(pr_span_t *s, const char *key, const char *v,
   if (len == SIZE_MAX)
     len = strlen(v);
   a = &s->attrs[s->nattrs];
-  if (!(a->s = pr__strndup(v, len)))
+  if (!(a->s = utf8_copy(v, len, &a->slen)))
     return;
   a->key = key;
   a->is_str = true;
-  a->slen = len;
   s->nattrs++;
 }
 
@@ -544,7 +621,7 @@ void pr__span_set_error(pr_span_t *s, const char *message) {
     return;
   s->error = true;
   free(s->status_msg);
-  s->status_msg = message ? pr__strdup(message) : NULL;
+  s->status_msg = message ? utf8_dup(message) : NULL;
 }
 
 void pr__span_end(pr_span_t *s) {

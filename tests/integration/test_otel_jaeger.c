@@ -220,8 +220,22 @@ static void run(const char *otlp, const char *query, bool json) {
   CHECK(st.exported == 3 && st.dropped == 0 && st.failed_requests == 0,
         "exported %" PRIu64 " dropped %" PRIu64 " failed %" PRIu64, st.exported,
         st.dropped, st.failed_requests);
+  /* Many more, in several batches (512 spans per request at most). */
+  for (int i = 0; i < 1500; i++) {
+    pr_span_t *b =
+        pr__span_start(o, "bulk", PR_SPAN_INTERNAL, NULL, PR_SPAN_CHILD, NULL);
+    pr__span_attr_int(b, "i", i);
+    pr__span_attr_str(b, "padding", "0123456789abcdefghijklmnopqrstuvwxyz",
+                      SIZE_MAX);
+    pr__span_end(b);
+  }
+  CHECK(pr__otel_flush(o, 20000) == 0, "flush of 1500 spans timed out");
+  pr__otel_stats(o, &st);
+  CHECK(st.exported == 1503 && st.dropped == 0 && st.failed_requests == 0,
+        "exported %" PRIu64 " dropped %" PRIu64 " failed %" PRIu64, st.exported,
+        st.dropped, st.failed_requests);
   pr__otel_close(o, 1000);
-  printf("%s: exported 3 spans (traces %s, %s)\n", service, root_trace,
+  printf("%s: exported 1503 spans (traces %s, %s)\n", service, root_trace,
          ff_trace);
 
   /* The first trace: the root and its child. */

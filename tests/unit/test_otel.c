@@ -11,6 +11,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 #include <jansson.h>
@@ -357,12 +359,44 @@ static void test_ids_and_relations(void **state) {
   assert_memory_equal(s->link.trace_id, from.trace_id, 16);
   assert_memory_equal(s->link.span_id, from.span_id, 8);
   assert_int_equal(s->ctx.flags, 0);
+  /* Strings are kept valid UTF-8 (a receiver rejects a whole request
+   * otherwise): a stray byte becomes U+FFFD, a valid sequence stays. */
+  pr__span_attr_str(s, "bin", "a\xff\xc3\xa9\xe2\x82", 6);
+  assert_string_equal(s->attrs[0].s,
+                      "a\xef\xbf\xbd\xc3\xa9\xef\xbf\xbd\xef\xbf\xbd");
+  assert_int_equal(s->attrs[0].slen, 12);
+  pr__span_set_error(s, "bad \x80");
+  assert_string_equal(s->status_msg, "bad \xef\xbf\xbd");
   /* Attributes beyond 16 are ignored. */
   for (int i = 0; i < 20; i++)
     pr__span_attr_int(s, "i", i);
   pr__span_attr_str(s, "s", "x", SIZE_MAX);
   assert_int_equal(s->nattrs, 16);
   pr__span_discard(s);
+
+  /* A fork() child does not repeat its parent's ids. */
+  {
+    int fds[2];
+    uint8_t mine[8], childs[8];
+    pid_t pid;
+    s = pr__span_start(o, "seed", PR_SPAN_INTERNAL, NULL, PR_SPAN_CHILD, NULL);
+    pr__span_discard(s);
+    assert_int_equal(pipe(fds), 0);
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+      s = pr__span_start(o, "c", PR_SPAN_INTERNAL, NULL, PR_SPAN_CHILD, NULL);
+      _exit(write(fds[1], s->ctx.span_id, 8) == 8 ? 0 : 1);
+    }
+    s = pr__span_start(o, "p", PR_SPAN_INTERNAL, NULL, PR_SPAN_CHILD, NULL);
+    memcpy(mine, s->ctx.span_id, 8);
+    pr__span_discard(s);
+    assert_int_equal(read(fds[0], childs, 8), 8);
+    waitpid(pid, NULL, 0);
+    close(fds[0]);
+    close(fds[1]);
+    assert_memory_not_equal(mine, childs, 8);
+  }
 
   /* NULL everywhere does nothing. */
   assert_null(

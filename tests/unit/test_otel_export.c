@@ -6,7 +6,9 @@
  * Both: 10 000 spans ended in well under the bound only a blocking
  * implementation would exceed; the counters reach the expected values
  * (awaited with a bounded poll, never a fixed sleep); close returns within
- * its flush bound.
+ * its flush bound. And against a loopback HTTP receiver of its own: the
+ * path and content type, a 503 retried once, a 400 counted and not
+ * retried, batches of at most batch_max, flush.
  */
 #include <inttypes.h>
 #include <setjmp.h>
@@ -182,10 +184,175 @@ static void test_slow_receiver(void **state) {
   close(fd);
 }
 
+/* A loopback HTTP/1.1 receiver (keep-alive, one connection at a time):
+ * answers each request with the next status of `script` (the last one
+ * repeating) and records what it was sent. */
+typedef struct receiver {
+  int fd, port;
+  const int *script;
+  size_t nscript;
+  pthread_t th;
+  pthread_mutex_t lock; /* guards the fields below */
+  int requests;
+  char path[64], content_type[64];
+  size_t body_bytes;
+} receiver_t;
+
+static const char *header(const char *head, const char *name, char *out,
+                          size_t n) {
+  const char *p = strcasestr(head, name);
+  size_t i = 0;
+  if (!p)
+    return NULL;
+  p += strlen(name);
+  while (*p == ' ')
+    p++;
+  while (*p && *p != '\r' && i + 1 < n)
+    out[i++] = *p++;
+  out[i] = 0;
+  return out;
+}
+
+static void *receiver_main(void *arg) {
+  receiver_t *r = arg;
+  static char buf[1 << 20];
+  for (;;) {
+    int c = accept(r->fd, NULL, NULL);
+    size_t have = 0;
+    if (c < 0)
+      return NULL;
+    for (;;) { /* one request after another on this connection */
+      char *end, cl[32] = "0", path[64] = "", ct[64] = "", reply[128];
+      size_t head_len, body;
+      int status;
+      ssize_t got;
+      while (!(end = memmem(buf, have, "\r\n\r\n", 4))) {
+        if (have == sizeof buf ||
+            (got = read(c, buf + have, sizeof buf - have)) <= 0)
+          goto next;
+        have += (size_t)got;
+      }
+      head_len = (size_t)(end - buf) + 4;
+      end[2] = 0; /* the headers as a string */
+      header(buf, "Content-Length:", cl, sizeof cl);
+      header(buf, "Content-Type:", ct, sizeof ct);
+      sscanf(buf, "POST %63s", path);
+      body = (size_t)atol(cl);
+      while (have < head_len + body) {
+        if (head_len + body > sizeof buf ||
+            (got = read(c, buf + have, sizeof buf - have)) <= 0)
+          goto next;
+        have += (size_t)got;
+      }
+      pthread_mutex_lock(&r->lock);
+      status = r->script[(size_t)r->requests < r->nscript ? (size_t)r->requests
+                                                          : r->nscript - 1];
+      r->requests++;
+      snprintf(r->path, sizeof r->path, "%s", path);
+      snprintf(r->content_type, sizeof r->content_type, "%s", ct);
+      r->body_bytes += body;
+      pthread_mutex_unlock(&r->lock);
+      snprintf(reply, sizeof reply,
+               "HTTP/1.1 %d X\r\nContent-Length: 0\r\n\r\n", status);
+      if (write(c, reply, strlen(reply)) < 0)
+        goto next;
+      memmove(buf, buf + head_len + body, have - head_len - body);
+      have -= head_len + body;
+    }
+  next:
+    close(c);
+  }
+}
+
+static void receiver_start(receiver_t *r, const int *script, size_t n) {
+  memset(r, 0, sizeof *r);
+  r->script = script;
+  r->nscript = n;
+  pthread_mutex_init(&r->lock, NULL);
+  r->fd = listen_loopback(&r->port);
+  assert_int_equal(pthread_create(&r->th, NULL, receiver_main, r), 0);
+}
+
+static void receiver_stop(receiver_t *r) {
+  shutdown(r->fd, SHUT_RDWR);
+  pthread_join(r->th, NULL);
+  close(r->fd);
+  pthread_mutex_destroy(&r->lock);
+}
+
+static int one_exported(const pr_otel_stats_t *st) { return st->exported >= 1; }
+
+/* A receiver that answers: 503 once (retried), then 200; what it was
+ * sent; the delay sends a lone span without a flush. */
+static void test_answering_receiver(void **state) {
+  static const int script[] = {503, 200};
+  receiver_t r;
+  char url[64], err[256];
+  pr_otel_t *o;
+  pr_otel_stats_t st;
+  (void)state;
+  receiver_start(&r, script, 2);
+  snprintf(url, sizeof url, "http://127.0.0.1:%d/", r.port);
+  pr_otel_config_t cfg = {.endpoint = url, .delay_ms = 50, .timeout_ms = 2000};
+  o = pr__otel_open(&cfg, err, sizeof err);
+  assert_non_null(o);
+  pr__span_end(
+      pr__span_start(o, "one", PR_SPAN_INTERNAL, NULL, PR_SPAN_CHILD, NULL));
+  st = await_stats(o, one_exported, 5000);
+  assert_int_equal(st.exported, 1);
+  assert_int_equal(st.failed_requests, 0);
+  assert_int_equal(st.dropped, 0);
+  pthread_mutex_lock(&r.lock);
+  assert_int_equal(r.requests, 2); /* 503, then the retry */
+  assert_string_equal(r.path, "/v1/traces");
+  assert_string_equal(r.content_type, "application/x-protobuf");
+  pthread_mutex_unlock(&r.lock);
+  /* 1200 more, in requests of at most 512, all accepted by the flush. */
+  for (int i = 0; i < 1200; i++)
+    pr__span_end(
+        pr__span_start(o, "many", PR_SPAN_INTERNAL, NULL, PR_SPAN_CHILD, NULL));
+  assert_int_equal(pr__otel_flush(o, 5000), 0);
+  pr__otel_stats(o, &st);
+  assert_int_equal(st.exported, 1201);
+  assert_int_equal(st.dropped, 0);
+  pthread_mutex_lock(&r.lock);
+  /* At least three more: 512 + 512 + 176 (more when ending them took
+   * longer than the delay, on a slow machine). */
+  assert_true(r.requests >= 5);
+  pthread_mutex_unlock(&r.lock);
+  pr__otel_close(o, 1000);
+  receiver_stop(&r);
+
+  /* JSON, and a receiver that refuses (400): counted, never retried. */
+  static const int refuse[] = {400};
+  receiver_start(&r, refuse, 1);
+  snprintf(url, sizeof url, "http://127.0.0.1:%d", r.port);
+  cfg.endpoint = url;
+  cfg.json = true;
+  o = pr__otel_open(&cfg, err, sizeof err);
+  assert_non_null(o);
+  for (int i = 0; i < 10; i++)
+    pr__span_end(
+        pr__span_start(o, "x", PR_SPAN_INTERNAL, NULL, PR_SPAN_CHILD, NULL));
+  assert_int_equal(pr__otel_flush(o, 5000), 0);
+  pr__otel_stats(o, &st);
+  assert_int_equal(st.exported, 0);
+  assert_int_equal(st.dropped, 10);
+  assert_int_equal(st.failed_requests, 1);
+  pthread_mutex_lock(&r.lock);
+  assert_int_equal(r.requests, 1);
+  assert_string_equal(r.content_type, "application/json");
+  assert_string_equal(r.path, "/v1/traces");
+  pthread_mutex_unlock(&r.lock);
+  pr__otel_close(o, 1000);
+  receiver_stop(&r);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_closed_port),
       cmocka_unit_test(test_slow_receiver),
+      cmocka_unit_test(test_answering_receiver),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
