@@ -50,3 +50,33 @@ for (const spans of ['child', 'follows_from']) {
     }
   });
 }
+
+// With OTLP export on, libprosody makes its own send and receive spans (to a
+// closed port here: dropped, but their contexts exist), and the package's
+// span is a child of the core's receive span, which already applied
+// messageSpans: never linked by the package itself.
+for (const spans of ['child', 'follows_from']) {
+  test(`handler span under the core's span (${spans})`, async (t) => {
+    exporter.reset();
+    const make = clientFactory(t);
+    const topic = await freshTopic();
+    const rec = new Recorder();
+    const c = make({ groupId: unique('g'), subscribedTopics: topic, messageSpans: spans,
+                     otelExporterOtlpEndpoint: 'http://127.0.0.1:1' });
+    await c.subscribe({ onMessage: async () => { rec.add(true); } });
+    const tracer = otel.trace.getTracer('test');
+    const sender = tracer.startSpan('producer-work');
+    await otel.context.with(otel.trace.setSpan(otel.context.active(), sender),
+                            () => c.send(topic, 'traced', { x: 1 }));
+    sender.end();
+    await rec.waitCount(1);
+    await new Promise((r) => setImmediate(r));
+    const r = exporter.getFinishedSpans().filter((s) => s.name === 'prosody.receive')[0];
+    const s = sender.spanContext();
+    assert.deepStrictEqual(r.links, []);
+    assert.ok(r.parentSpanId, 'a child of the core span');
+    assert.notStrictEqual(r.parentSpanId, s.spanId);
+    if (spans === 'child') assert.strictEqual(r.spanContext().traceId, s.traceId);
+    else assert.notStrictEqual(r.spanContext().traceId, s.traceId);
+  });
+}

@@ -73,3 +73,32 @@ async def test_send_without_span_has_no_trace(clients, topic, recorder):
     await asyncio.sleep(0)
     receive = [s for s in EXPORTER.get_finished_spans() if s.name == "prosody.receive"][0]
     assert receive.parent is None
+
+
+@pytest.mark.parametrize("spans", ["child", "follows_from"])
+async def test_handler_span_under_core_span(clients, topic, recorder, spans):
+    """With OTLP export on, libprosody makes its own `send` and `receive`
+    spans (here to a closed port: they are dropped, but their contexts
+    exist), and the package's span is a child of the core's `receive` span,
+    which already applied message_spans."""
+    EXPORTER.clear()
+    c = clients(group_id=unique("g"), subscribed_topics=topic, message_spans=spans,
+                otel_exporter_otlp_endpoint="http://127.0.0.1:1")
+    await c.subscribe(SeesSpan(recorder))
+    tracer = trace.get_tracer("test")
+    with tracer.start_as_current_span("producer-work") as sender:
+        await c.send(topic, "traced", {"x": 1})
+    sender_ctx = sender.get_span_context()
+    await recorder.wait_count(1)
+    await asyncio.sleep(0)
+    receive = [s for s in EXPORTER.get_finished_spans() if s.name == "prosody.receive"][0]
+    # Never linked by the package itself: the core's span did that.
+    assert list(receive.links) == []
+    assert receive.parent is not None
+    # Its parent is the core's receive span, not the sender's span: the
+    # core's send and receive spans stand between them.
+    assert receive.parent.span_id != sender_ctx.span_id
+    if spans == "child":
+        assert receive.context.trace_id == sender_ctx.trace_id
+    else:
+        assert receive.context.trace_id != sender_ctx.trace_id
