@@ -75,7 +75,15 @@ static int complete_attempt(prosody_context_t *ctx, prosody_result_t result,
   inv->result_error = message       ? strdup(message)
                       : slot->error ? strdup(slot->error)
                                     : NULL;
+  /* Its telemetry events are built and queued here, by the worker, not by
+   * the engine thread (the pipeline's serial stage); an asynchronous
+   * handler's completing thread is the host's loop: the engine emits them
+   * instead. */
+  inv->emitted = inv->eng->tm && !inv->skip &&
+                 !(inv->eng->handler.flags & PROSODY_HANDLER_ASYNC);
   pthread_mutex_unlock(&slot->lock);
+  if (inv->emitted) /* reads the inv only: it lives until the post */
+    pr__inv_emit_ran(inv);
   inv->mail.kind = MAIL_DONE;
   pr__mail_post(inv->eng, &inv->mail);
   return go_on;

@@ -186,6 +186,9 @@ struct inv {
   int unprepared;           /* a message decode has not seen yet */
   const char *skip;         /* set by decode: why the record is skipped */
   int skip_warn;            /* ... and whether that is worth a warning */
+  int emitted;              /* the attempt's telemetry events were queued
+                               by its completing thread (set with the
+                               result) */
   int inline_strings;       /* msg.key/payload live in this allocation */
   int json_state;           /* payload checked at intake: 1 valid, -1 not;
                                0 unchecked (decode checks it) */
@@ -625,7 +628,9 @@ void pr__df_defer(inv_t *inv);
 /* A new message of a deferred key: it joins the key's defer queue. */
 void pr__df_join(inv_t *inv);
 /* Telemetry of an event whose handler ran: dispatched (at its start),
- * then succeeded or failed (message.c). */
+ * then succeeded or failed (message.c). Any thread holding the inv: the
+ * worker that completes a synchronous handler's attempt, else the engine
+ * thread. */
 void pr__inv_emit_ran(inv_t *inv);
 /* Telemetry of a timer operation: scheduled or cancelled (message.c). */
 void pr__emit_timer_op(pr__engine_t *eng, pr__tm_type_t type, const char *topic,

@@ -3,8 +3,9 @@
  * fired timer) and the public timer accessors (the message accessors are
  * in record.c).
  *
- * Threads: pr__inv_* run on the engine thread; the public accessors on the
- * handler's thread while its event runs.
+ * Threads: pr__inv_* run on the engine thread (pr__inv_emit_ran also on
+ * the worker completing an attempt, see dispatch.c); the public accessors on
+ * the handler's thread while its event runs.
  */
 #include <stdlib.h>
 #include <string.h>

@@ -293,7 +293,8 @@ void pr__outcome_handler_done(inv_t *inv) {
                                                                 : 1],
           1);
   pr__hist_observe(&eng->metrics.handler_time, inv->run_ns);
-  pr__inv_emit_ran(inv);
+  if (!inv->emitted) /* else its worker did (complete_attempt) */
+    pr__inv_emit_ran(inv);
   pr__df_count(eng, inv->result, pr__now_ns());
   decided(inv, pr__outcome_decide(inv));
 }
