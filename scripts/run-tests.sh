@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Runs the test tiers for `make test`: unit and mock-cluster tests (C, then
 # the Python and Node packages' suites), then the real tier (C, Python,
-# Node) against
-# Apache Kafka on localhost:9094, Apache Cassandra on localhost:9042 and
-# Jaeger (OTLP/HTTP 127.0.0.1:4318, query API 127.0.0.1:16686; for
-# real.test_otel_jaeger; PROSODY_TEST_JAEGER=1 skips starting it) (each started here unless it already runs, and stopped
-# again if started here; logs stay in
+# Node) against Apache Kafka on localhost:9094, Apache Cassandra on
+# localhost:9042 and Jaeger (OTLP/HTTP 127.0.0.1:4318, query API
+# 127.0.0.1:16686, for the span tests real.test_otel_jaeger and
+# real.test_trace_chain; PROSODY_TEST_JAEGER=1 skips starting it), each
+# started here unless it already runs, and stopped again if started here
+# (logs stay in
 # ${PROSODY_SERVICES_RUN:-/tmp/prosody-services}/<service>/logs).
 #   scripts/run-tests.sh BUILD_DIR [all|real]
 #   scripts/run-tests.sh BUILD_DIR cluster   the `cluster` label alone, against
