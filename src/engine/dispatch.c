@@ -347,7 +347,8 @@ void pr__dispatch_schedule(inv_t *inv) {
     start(inv);
     return;
   }
-  pr__inv_release_rkm(inv);
+  /* Waiting: its librdkafka message goes on the next tick
+   * (pr__part_release_waiting), if no worker has let go of it by then. */
   inv->sched.key = inv->kq->sk;
   inv->sched.cls = inv->attempt > 0 ? PR_SCHED_FAILURE : PR_SCHED_NORMAL;
   if (pr__sched_push(&eng->sched, &inv->sched, pr__now_ns())) {
@@ -413,8 +414,7 @@ void pr__dispatch_enqueue(inv_t *inv) {
   if (eng->dd_on && !inv->is_timer)
     pr__dd_intake(inv);
   if (kq->tail) {
-    pr__inv_release_rkm(inv);
-    kq->tail->next = inv;
+    kq->tail->next = inv; /* its message: as in pr__dispatch_schedule() */
     kq->tail = inv;
   } else {
     kq->head = kq->tail = inv;

@@ -168,7 +168,9 @@ struct inv {
   int64_t deadline_ns;      /* RUNNING with a timeout: when it expires */
   int timed;                /* in the deadline list */
   rd_kafka_message_t *rkm;  /* the record, until its headers are detached
-                               (owned), else NULL; see pr__inv_release_rkm */
+                               (owned), else NULL; see pr__inv_release_rkm.
+                               While RUNNING the handler's thread's (decode
+                               releases it), else the engine thread's */
   int unprepared;           /* a message decode has not seen yet */
   const char *skip;         /* set by decode: why the record is skipped */
   int skip_warn;            /* ... and whether that is worth a warning */
@@ -468,6 +470,8 @@ void pr__part_queue_close(part_t *part);
 void pr__part_release(pr__engine_t *eng, part_t *part);
 void pr__part_count(pr__engine_t *eng);
 void pr__part_check_stalls(pr__engine_t *eng);
+/* Waiting events let go of their librdkafka messages (the tick). */
+void pr__part_release_waiting(pr__engine_t *eng);
 /* The key's queue in `part`, created if `create`; NULL if absent or out
  * of memory. */
 kq_t *pr__kq_get(part_t *part, const char *key, int create);

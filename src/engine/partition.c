@@ -78,6 +78,19 @@ void pr__kq_remove(part_t *part, kq_t *kq) {
   free(kq);
 }
 
+/* Every waiting event of the live partitions lets go of its librdkafka
+ * message (engine thread, every poll_interval: pr__inv_release_rkm). A
+ * running one (started or claimed by a run) is its worker's: not
+ * touched. */
+void pr__part_release_waiting(pr__engine_t *eng) {
+  for (part_t *part = eng->parts; part; part = part->next)
+    for (size_t b = 0; part->buckets && b < part->nbuckets; b++)
+      for (kq_t *kq = part->buckets[b]; kq; kq = kq->next)
+        for (inv_t *inv = kq->head; inv; inv = inv->next)
+          if (inv->rkm && inv->state != INV_RUNNING)
+            pr__inv_release_rkm(inv);
+}
+
 void pr__kq_trim(part_t *part, kq_t *kq) {
   if (!kq->head && !kq->dk[0] && !kq->dk[1])
     pr__kq_remove(part, kq);
