@@ -642,6 +642,20 @@ static void test_json_member(void **state) {
   assert_int_equal(n, 5);
   assert_memory_equal(out, "\xc3\xa9\xe2\x82\xac", 5);
 #undef ID
+  /* pr__json_find: stops at the id (validity unknown: 0), else judges the
+   * whole text as pr__json_scan does */
+#define FIND(json) pr__json_find(json, strlen(json), "id", &v, &n)
+  assert_int_equal(FIND("{\"a\":[1,{\"id\":\"in\"}],\"id\":\"x\",}"), 0);
+  assert_int_equal(n, 1);
+  assert_memory_equal(v, "x", 1);
+  assert_int_equal(FIND("{\"id\":7,\"n\":1}"), 1);
+  assert_null(v);
+  assert_int_equal(FIND("{\"id\":7,}"), -1);
+  assert_null(v);
+  assert_int_equal(FIND("{\"a\":tru,\"id\":\"x\"}"), -1); /* before it */
+  assert_null(v);
+  assert_int_equal(FIND("{\"id\":\"x\xff\"}"), -1); /* the id itself */
+#undef FIND
 }
 
 /* Each input of the id matters, and an "id" is not an offset. */
