@@ -348,7 +348,7 @@ void pr__dispatch_schedule(inv_t *inv) {
     return;
   }
   /* Waiting: its librdkafka message goes on the next tick
-   * (pr__part_release_waiting), if no worker has let go of it by then. */
+   * (pr__part_tick_keys), if no worker has let go of it by then. */
   inv->sched.key = inv->kq->sk;
   inv->sched.cls = inv->attempt > 0 ? PR_SCHED_FAILURE : PR_SCHED_NORMAL;
   if (pr__sched_push(&eng->sched, &inv->sched, pr__now_ns())) {

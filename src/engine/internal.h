@@ -255,6 +255,8 @@ struct kq {
   pr__dk_t *dk[2];     /* deferred messages [PR_DEFER_MESSAGES] or timers
                           [PR_DEFER_TIMERS]: the key's later ones of that
                           kind join the store's queue, not this one */
+  int idle;            /* empty at the last tick and not asked for since:
+                          the next tick removes it (pr__part_tick_keys) */
 };
 
 /* An assigned partition (engine thread). */
@@ -470,8 +472,9 @@ void pr__part_queue_close(part_t *part);
 void pr__part_release(pr__engine_t *eng, part_t *part);
 void pr__part_count(pr__engine_t *eng);
 void pr__part_check_stalls(pr__engine_t *eng);
-/* Waiting events let go of their librdkafka messages (the tick). */
-void pr__part_release_waiting(pr__engine_t *eng);
+/* The tick: waiting events let go of their librdkafka messages, key
+ * queues empty since the last tick go. */
+void pr__part_tick_keys(pr__engine_t *eng);
 /* The key's queue in `part`, created if `create`; NULL if absent or out
  * of memory. */
 kq_t *pr__kq_get(part_t *part, const char *key, int create);

@@ -55,7 +55,7 @@ const char *pr__inv_describe(const inv_t *inv, char *buf, size_t n) {
  * the handler's thread, off the engine thread; one that waits (behind its
  * key, for the limiter, for a dedup lookup or a retry) keeps its message
  * until the engine's next tick, which lets go of every waiting event's
- * (pr__part_release_waiting): most events wait far less than a
+ * (pr__part_tick_keys): most events wait far less than a
  * poll_interval, and parsing their headers on the engine thread (the
  * pipeline's serial stage) cost a fifth of its time. So the memory of
  * waiting records is their own copies, bounded by max_uncommitted per

@@ -91,8 +91,9 @@ static void test_key_queues(void **state) {
   pr__sched_fini(&eng.sched);
 }
 
-/* Detaching the head hands over the key's next event; the last one
- * removes the key's queue. */
+/* Detaching the head hands over the key's next event; the emptied queue
+ * stays for the key's next event until a tick finds it still empty since
+ * the last one (a revoking partition's goes at once). */
 static void test_key_fifo_detach(void **state) {
   pr__engine_t eng;
   part_t part;
@@ -113,8 +114,27 @@ static void test_key_fifo_detach(void **state) {
   assert_ptr_equal(kq->head, &i2);
   assert_int_equal(part.invs, 1);
   assert_null(pr__kq_detach(&i2));
-  assert_null(pr__kq_get(&part, "k", 0));
   assert_int_equal(part.invs, 0);
+  eng.parts = &part;
+  pr__part_tick_keys(&eng);                        /* empty: marked */
+  assert_ptr_equal(pr__kq_get(&part, "k", 0), kq); /* asked for: kept */
+  assert_null(kq->head);
+  pr__part_tick_keys(&eng);
+  assert_ptr_equal(pr__kq_get(&part, "k", 0), kq);
+  assert_int_equal(part.nkeys, 1);
+  pr__part_tick_keys(&eng);
+  pr__part_tick_keys(&eng); /* empty since the last tick: removed */
+  assert_null(pr__kq_get(&part, "k", 0));
+  assert_int_equal(part.nkeys, 0);
+  /* a revoking partition's emptied queue goes at once */
+  kq = pr__kq_get(&part, "k", 1);
+  i1.kq = kq;
+  i1.next = NULL;
+  kq->head = kq->tail = &i1;
+  part.invs = 1;
+  part.revoking = 1;
+  assert_null(pr__kq_detach(&i1));
+  assert_null(pr__kq_get(&part, "k", 0));
   free(part.buckets);
   pr__sched_fini(&eng.sched);
 }
