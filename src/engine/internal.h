@@ -175,6 +175,8 @@ struct inv {
   const char *skip;         /* set by decode: why the record is skipped */
   int skip_warn;            /* ... and whether that is worth a warning */
   int inline_strings;       /* msg.key/payload live in this allocation */
+  size_t room;              /* bytes after the struct (pr__inv_alloc), 0
+                               for an inv of another size */
   int json_state;           /* payload checked at intake: 1 valid, -1 not;
                                0 unchecked (decode checks it) */
   /* Deduplication (dedup.c). */
@@ -382,6 +384,9 @@ struct pr__engine {
   int may_wake;          /* this iteration has not woken a worker yet */
   part_t *parts;
   part_t *zombies; /* released partitions with handlers still running */
+  inv_t *inv_pool; /* freed message invs kept for reuse (linked by next;
+                      pr__inv_alloc, pr__inv_free) ... */
+  int inv_pool_n;  /* ... how many */
 
   int resumed;       /* a partition left backpressure: read queues */
   int running;       /* handlers started, not completed */
@@ -446,6 +451,16 @@ void pr__mail_close(pr__engine_t *eng);
 
 /* --- message.c -------------------------------------------------------- */
 
+/* A zeroed inv with at least `room` bytes after it (for its key and
+ * payload), from the engine's free list when one fits; NULL when out of
+ * memory. `eng` may be NULL (no free list). */
+inv_t *pr__inv_alloc(pr__engine_t *eng, size_t room);
+/* The free list keeps at most this many invs (each a few hundred bytes
+ * plus its key and payload); their room is rounded up to a multiple of
+ * the step, so that similar records share them (record.c). */
+#define PR_INV_POOL_MAX 1024
+#define PR_INV_ROOM_STEP 256
+/* Frees an inv (back to the free list when it came from pr__inv_alloc). */
 void pr__inv_free(inv_t *inv);
 /* Frees what only the handler needed (JSON tree, headers, header copies):
  * on success, by the worker that ran it, so the engine thread does not

@@ -37,6 +37,12 @@ void pr__inv_free(inv_t *inv) {
     pr__ctx_release(inv->cslot);
   free(inv->result_error);
   free(inv->dlq_errstr);
+  if (inv->room && inv->eng && inv->eng->inv_pool_n < PR_INV_POOL_MAX) {
+    inv->next = inv->eng->inv_pool;
+    inv->eng->inv_pool = inv;
+    inv->eng->inv_pool_n++;
+    return;
+  }
   free(inv);
 }
 
