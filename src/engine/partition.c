@@ -93,8 +93,9 @@ void pr__part_tick_keys(pr__engine_t *eng) {
       while ((kq = *pp)) {
         if (kq->head || kq->dk[0] || kq->dk[1]) {
           kq->idle = 0;
+          /* The state first: a running event's rkm is its worker's. */
           for (inv_t *inv = kq->head; inv; inv = inv->next)
-            if (inv->rkm && inv->state != INV_RUNNING)
+            if (inv->state != INV_RUNNING && inv->rkm)
               pr__inv_release_rkm(inv);
         } else if (kq->idle) {
           *pp = kq->next; /* pr__kq_remove, without the hash */
