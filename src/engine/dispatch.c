@@ -295,8 +295,11 @@ int pr__dispatch_urgent(const pr__sched_task_t *t) {
  * other keys get their turn. */
 static int monopolized(inv_t *inv) {
   pr__engine_t *eng = inv->eng;
-  double share = pr__sched_share(&eng->sched, inv->kq->sk, pr__now_ns());
+  double share;
   char why[256], window[32];
+  if (!pr__sched_may_exceed(&eng->sched, inv->kq->sk, eng->mono_threshold))
+    return 0; /* the common case, without the window's sum nor the clock */
+  share = pr__sched_share(&eng->sched, inv->kq->sk, pr__now_ns());
   if (share <= eng->mono_threshold)
     return 0;
   PR_BUMP(eng->metrics.rejected_monopoly, 1);
