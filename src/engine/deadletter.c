@@ -33,6 +33,7 @@ void pr__dlq_send(inv_t *inv) {
   char *tp = NULL, *ts = NULL, *bg = NULL;
   prosody_err_t e;
 
+  pr__inv_release_rkm(inv); /* never ran: its headers are still in it */
   inv->state = INV_DLQ;
   inv->part->active++;
   eng->dlq_inflight++;

@@ -214,9 +214,13 @@ void pr__dd_intake(inv_t *inv) {
   char small[128], *id = NULL;
   size_t vn = 0, idn = 0;
   if (memmem(inv->msg.payload, inv->msg.payload_len, "\"id\"", 4)) {
+    /* Read up to the id only (the engine thread is the pipeline's serial
+     * stage): the id is the one a full scan would give, and the rest is
+     * validated by decode on the handler's thread. Without an id the
+     * whole payload was read: decode need not validate again. */
     int valid =
-        pr__json_scan(inv->msg.payload, inv->msg.payload_len, "id", &v, &vn);
-    inv->json_state = valid ? 1 : -1; /* decode need not validate again */
+        pr__json_find(inv->msg.payload, inv->msg.payload_len, "id", &v, &vn);
+    inv->json_state = valid; /* 0: not known */
   }
   if (v && (id = vn <= sizeof(small) ? small : malloc(vn)))
     idn = pr__json_unescape(v, vn, id);

@@ -317,8 +317,11 @@ int pr__dispatch_urgent(const pr__sched_task_t *t) {
  * other keys get their turn. */
 static int monopolized(inv_t *inv) {
   pr__engine_t *eng = inv->eng;
-  double share = pr__sched_share(&eng->sched, inv->kq->sk, pr__now_ns());
+  double share;
   char why[256], window[32];
+  if (!pr__sched_may_exceed(&eng->sched, inv->kq->sk, eng->mono_threshold))
+    return 0; /* the common case, without the window's sum nor the clock */
+  share = pr__sched_share(&eng->sched, inv->kq->sk, pr__now_ns());
   if (share <= eng->mono_threshold)
     return 0;
   PR_BUMP(eng->metrics.rejected_monopoly, 1);
@@ -369,7 +372,8 @@ void pr__dispatch_schedule(inv_t *inv) {
     start(inv);
     return;
   }
-  pr__inv_release_rkm(inv);
+  /* Waiting: its librdkafka message goes on the next tick
+   * (pr__part_tick_keys), if no worker has let go of it by then. */
   inv->sched.key = inv->kq->sk;
   inv->sched.cls = inv->attempt > 0 ? PR_SCHED_FAILURE : PR_SCHED_NORMAL;
   if (pr__sched_push(&eng->sched, &inv->sched, pr__now_ns())) {
@@ -435,8 +439,7 @@ void pr__dispatch_enqueue(inv_t *inv) {
   if (eng->dd_on && !inv->is_timer)
     pr__dd_intake(inv);
   if (kq->tail) {
-    pr__inv_release_rkm(inv);
-    kq->tail->next = inv;
+    kq->tail->next = inv; /* its message: as in pr__dispatch_schedule() */
     kq->tail = inv;
   } else {
     kq->head = kq->tail = inv;

@@ -107,6 +107,7 @@ static void on_tick(uv_timer_t *t) {
   pr__df_tick(eng);
   pr__intake_poll(eng);
   pr__part_check_stalls(eng);
+  pr__part_tick_keys(eng);
   pr__metrics_snapshot(eng);
 }
 
@@ -158,6 +159,11 @@ static void engine_free(pr__engine_t *eng) {
   pr__df_close(eng);
   pr__sched_fini(&eng->sched);
   pr__metrics_fini(&eng->metrics);
+  while (eng->inv_pool) {
+    inv_t *inv = eng->inv_pool;
+    eng->inv_pool = inv->next;
+    free(inv);
+  }
   pthread_mutex_destroy(&eng->lock);
   pthread_cond_destroy(&eng->cond);
   free(eng);

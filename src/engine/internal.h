@@ -182,7 +182,9 @@ struct inv {
   int64_t deadline_ns;      /* RUNNING with a timeout: when it expires */
   int timed;                /* in the deadline list */
   rd_kafka_message_t *rkm;  /* the record, until its headers are detached
-                               (owned), else NULL; see pr__inv_release_rkm */
+                               (owned), else NULL; see pr__inv_release_rkm.
+                               While RUNNING the handler's thread's (decode
+                               releases it), else the engine thread's */
   int unprepared;           /* a message decode has not seen yet */
   const char *skip;         /* set by decode: why the record is skipped */
   int skip_warn;            /* ... and whether that is worth a warning */
@@ -190,6 +192,8 @@ struct inv {
                                by its completing thread (set with the
                                result) */
   int inline_strings;       /* msg.key/payload live in this allocation */
+  size_t room;              /* bytes after the struct (pr__inv_alloc), 0
+                               for an inv of another size */
   int json_state;           /* payload checked at intake: 1 valid, -1 not;
                                0 unchecked (decode checks it) */
   /* Deduplication (dedup.c). */
@@ -271,6 +275,8 @@ struct kq {
   pr__dk_t *dk[2];     /* deferred messages [PR_DEFER_MESSAGES] or timers
                           [PR_DEFER_TIMERS]: the key's later ones of that
                           kind join the store's queue, not this one */
+  int idle;            /* empty at the last tick and not asked for since:
+                          the next tick removes it (pr__part_tick_keys) */
 };
 
 /* An assigned partition (engine thread). */
@@ -398,6 +404,9 @@ struct pr__engine {
   int may_wake;          /* this iteration has not woken a worker yet */
   part_t *parts;
   part_t *zombies; /* released partitions with handlers still running */
+  inv_t *inv_pool; /* freed message invs kept for reuse (linked by next;
+                      pr__inv_alloc, pr__inv_free) ... */
+  int inv_pool_n;  /* ... how many */
 
   int resumed;       /* a partition left backpressure: read queues */
   int running;       /* handlers started, not completed */
@@ -462,6 +471,16 @@ void pr__mail_close(pr__engine_t *eng);
 
 /* --- message.c -------------------------------------------------------- */
 
+/* A zeroed inv with at least `room` bytes after it (for its key and
+ * payload), from the engine's free list when one fits; NULL when out of
+ * memory. `eng` may be NULL (no free list). */
+inv_t *pr__inv_alloc(pr__engine_t *eng, size_t room);
+/* The free list keeps at most this many invs (each a few hundred bytes
+ * plus its key and payload); their room is rounded up to a multiple of
+ * the step, so that similar records share them (record.c). */
+#define PR_INV_POOL_MAX 1024
+#define PR_INV_ROOM_STEP 256
+/* Frees an inv (back to the free list when it came from pr__inv_alloc). */
 void pr__inv_free(inv_t *inv);
 /* Frees what only the handler needed (JSON tree, headers, header copies):
  * on success, by the worker that ran it, so the engine thread does not
@@ -488,6 +507,9 @@ void pr__part_queue_close(part_t *part);
 void pr__part_release(pr__engine_t *eng, part_t *part);
 void pr__part_count(pr__engine_t *eng);
 void pr__part_check_stalls(pr__engine_t *eng);
+/* The tick: waiting events let go of their librdkafka messages, key
+ * queues empty since the last tick go. */
+void pr__part_tick_keys(pr__engine_t *eng);
 /* The key's queue in `part`, created if `create`; NULL if absent or out
  * of memory. */
 kq_t *pr__kq_get(part_t *part, const char *key, int create);

@@ -39,6 +39,12 @@ void pr__inv_free(inv_t *inv) {
   pr__trace_free(inv);
   free(inv->result_error);
   free(inv->dlq_errstr);
+  if (inv->room && inv->eng && inv->eng->inv_pool_n < PR_INV_POOL_MAX) {
+    inv->next = inv->eng->inv_pool;
+    inv->eng->inv_pool = inv;
+    inv->eng->inv_pool_n++;
+    return;
+  }
   free(inv);
 }
 
@@ -53,11 +59,16 @@ const char *pr__inv_describe(const inv_t *inv, char *buf, size_t n) {
 
 /* Detaches a message's headers and frees its librdkafka message. A
  * message from librdkafka pins the fetch buffer it came in (a whole fetch
- * response), so a record that waits (behind its key, or for the limiter)
- * lets go of it at once, on the engine thread; one that starts at once is
- * released by pr__decode_prepare() on the handler's thread. Either way the
- * memory of waiting records is their own copies, bounded by max_uncommitted per
- * partition. */
+ * response). An event that starts is released by pr__decode_prepare() on
+ * the handler's thread, off the engine thread; one that waits (behind its
+ * key, for the limiter, for a dedup lookup or a retry) keeps its message
+ * until the engine's next tick, which lets go of every waiting event's
+ * (pr__part_tick_keys): most events wait far less than a
+ * poll_interval, and parsing their headers on the engine thread (the
+ * pipeline's serial stage) cost a fifth of its time. So the memory of
+ * waiting records is their own copies, bounded by max_uncommitted per
+ * partition, plus the fetch buffers of at most one poll_interval's events.
+ * Engine thread, or the thread about to run the event's handler. */
 void pr__inv_release_rkm(inv_t *inv) {
   rd_kafka_headers_t *hdrs = NULL;
   if (!inv->rkm)

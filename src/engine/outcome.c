@@ -240,6 +240,7 @@ pr__verdict_t pr__outcome_decide(inv_t *inv) {
 static void decided(inv_t *inv, pr__verdict_t v);
 
 void pr__outcome_reject(inv_t *inv, const char *why) {
+  pr__inv_release_rkm(inv); /* its headers: the failure topic's, a defer's */
   inv->attempt++;
   inv->result = PROSODY_TRANSIENT;
   free(inv->result_error);

@@ -28,8 +28,10 @@ kq_t *pr__kq_get(part_t *part, const char *key, int create) {
       return NULL;
   }
   for (kq = part->buckets[h % part->nbuckets]; kq; kq = kq->next)
-    if (!strcmp(kq->key, key))
+    if (!strcmp(kq->key, key)) {
+      kq->idle = 0;
       return kq;
+    }
   if (!create)
     return NULL;
   if (part->nkeys >= part->nbuckets * 2) { /* grow the table */
@@ -76,6 +78,38 @@ void pr__kq_remove(part_t *part, kq_t *kq) {
   part->nkeys--;
   pr__sched_unpin(&part->eng->sched, kq->sk);
   free(kq);
+}
+
+/* The tick's pass over the live partitions' key queues (engine thread,
+ * every poll_interval): every waiting event lets go of its librdkafka
+ * message (pr__inv_release_rkm; a running one, started or claimed by a
+ * run, is its worker's: not touched), and a queue that has stayed empty
+ * since the last tick is removed (pr__kq_detach keeps emptied ones for
+ * reuse). */
+void pr__part_tick_keys(pr__engine_t *eng) {
+  for (part_t *part = eng->parts; part; part = part->next) {
+    for (size_t b = 0; part->buckets && b < part->nbuckets; b++) {
+      kq_t **pp = &part->buckets[b], *kq;
+      while ((kq = *pp)) {
+        if (kq->head || kq->dk[0] || kq->dk[1]) {
+          kq->idle = 0;
+          /* The state first: a running event's rkm is its worker's. */
+          for (inv_t *inv = kq->head; inv; inv = inv->next)
+            if (inv->state != INV_RUNNING && inv->rkm)
+              pr__inv_release_rkm(inv);
+        } else if (kq->idle) {
+          *pp = kq->next; /* pr__kq_remove, without the hash */
+          part->nkeys--;
+          pr__sched_unpin(&eng->sched, kq->sk);
+          free(kq);
+          continue;
+        } else {
+          kq->idle = 1;
+        }
+        pp = &kq->next;
+      }
+    }
+  }
 }
 
 void pr__kq_trim(part_t *part, kq_t *kq) {
@@ -149,7 +183,12 @@ inv_t *pr__kq_detach(inv_t *inv) {
     if (!kq->head)
       kq->tail = NULL;
     next = kq->head;
-    pr__kq_trim(part, kq);
+    /* An emptied queue stays for the key's next event until the tick
+     * trims it (pr__part_tick_keys): most keys come back within a tick,
+     * and a queue costs an allocation and a scheduler pin. Released
+     * partitions and a draining engine trim at once. */
+    if (part->revoking || part->zombie || part->eng->phase != PH_RUNNING)
+      pr__kq_trim(part, kq);
   }
   part->invs--;
   return next;

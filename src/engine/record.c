@@ -24,11 +24,30 @@ const char *pr__record_check(const void *key, size_t key_len,
   return NULL;
 }
 
+/* The engine's free list (pr__inv_free puts them back), here so that
+ * this file stands alone for its fuzz target. */
+inv_t *pr__inv_alloc(pr__engine_t *eng, size_t room) {
+  inv_t *inv = eng ? eng->inv_pool : NULL;
+  size_t have;
+  if (inv && inv->room >= room) { /* the engine thread's */
+    eng->inv_pool = inv->next;
+    eng->inv_pool_n--;
+    have = inv->room;
+  } else {
+    have = (room + PR_INV_ROOM_STEP - 1) / PR_INV_ROOM_STEP * PR_INV_ROOM_STEP;
+    if (!(inv = malloc(sizeof(*inv) + have)))
+      return NULL;
+  }
+  memset(inv, 0, sizeof(*inv)); /* not the room: its user writes it */
+  inv->room = have;
+  return inv;
+}
+
 inv_t *pr__inv_message(part_t *part, const void *key, size_t key_len,
                        const void *payload, size_t len, int64_t offset,
                        int64_t timestamp) {
   /* One allocation: the inv, then its key and payload (NUL-terminated). */
-  inv_t *inv = calloc(1, sizeof(*inv) + key_len + len + 2);
+  inv_t *inv = pr__inv_alloc(part->eng, key_len + len + 2);
   if (!inv)
     return NULL;
   inv->eng = part->eng;

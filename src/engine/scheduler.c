@@ -29,6 +29,7 @@ struct pr__sched_key {
 struct busy {
   int64_t idx[PR_SCHED_BUSY_SLOTS];
   int64_t ns[PR_SCHED_BUSY_SLOTS];
+  int64_t total; /* the sum of ns[], recent or not: a bound on the share */
 };
 
 /* 2^(-elapsed / half-life). */
@@ -217,11 +218,19 @@ void pr__sched_busy(pr__sched_t *s, pr__sched_key_t *k, int64_t start_ns,
       upto = end_ns;
     if (k->busy->idx[slot] != idx) {
       k->busy->idx[slot] = idx;
+      k->busy->total -= k->busy->ns[slot];
       k->busy->ns[slot] = 0;
     }
     k->busy->ns[slot] += upto - t;
+    k->busy->total += upto - t;
     t = upto;
   }
+}
+
+int pr__sched_may_exceed(const pr__sched_t *s, const pr__sched_key_t *k,
+                         double share) {
+  return s->window_ns && k->busy &&
+         (double)k->busy->total > share * (double)s->window_ns;
 }
 
 double pr__sched_share(const pr__sched_t *s, const pr__sched_key_t *k,

@@ -116,6 +116,11 @@ void pr__sched_busy(pr__sched_t *s, pr__sched_key_t *k, int64_t start_ns,
  * of the window (0 without window_ns). */
 double pr__sched_share(const pr__sched_t *s, const pr__sched_key_t *k,
                        int64_t now_ns);
+/* 0 when the key's share cannot be above `share` (its handler time in
+ * all the buckets kept, old ones too, is not): a test without the
+ * window's sum, for the dispatch of every event; else 1. */
+int pr__sched_may_exceed(const pr__sched_t *s, const pr__sched_key_t *k,
+                         double share);
 /* The key's name, for messages. */
 const char *pr__sched_key_name(const pr__sched_key_t *k);
 

@@ -217,15 +217,30 @@ int pr__json_valid(const char *text, size_t len) {
   return pr__json_scan(text, len, NULL, NULL, NULL);
 }
 
-/* Values iteratively: `stack` holds the open containers ('[' or '{'). */
+static int scan(const char *text, size_t len, const char *member,
+                const char **value, size_t *value_len, int stop);
+
 int pr__json_scan(const char *text, size_t len, const char *member,
                   const char **value, size_t *value_len) {
+  return scan(text, len, member, value, value_len, 0) > 0;
+}
+
+int pr__json_find(const char *text, size_t len, const char *member,
+                  const char **value, size_t *value_len) {
+  return scan(text, len, member, value, value_len, 1);
+}
+
+/* Values iteratively: `stack` holds the open containers ('[' or '{').
+ * 1: valid, -1: not; 0: `stop` and the member's string was found (the
+ * rest is not read). */
+static int scan(const char *text, size_t len, const char *member,
+                const char **value, size_t *value_len, int stop) {
   scan_t s = {(const unsigned char *)text, (const unsigned char *)text + len};
   char small[64], *stack = small;
   size_t depth = 0, cap = sizeof(small);
   size_t mlen = member ? strlen(member) : 0;
   const unsigned char *k = NULL; /* the last key read */
-  int ok = 0;
+  int ok = -1;
 
   if (value)
     *value = NULL;
@@ -269,6 +284,10 @@ int pr__json_scan(const char *text, size_t len, const char *member,
           goto out;
         *value = (const char *)v;
         *value_len = (size_t)(s.p - 1 - v);
+        if (stop) {
+          ok = 0;
+          goto out;
+        }
         break;
       }
       if (string(&s))
@@ -296,7 +315,7 @@ int pr__json_scan(const char *text, size_t len, const char *member,
     for (;;) {
       skip_ws(&s);
       if (depth == 0) {
-        ok = s.p == s.end;
+        ok = s.p == s.end ? 1 : -1;
         goto out;
       }
       if (s.p >= s.end)

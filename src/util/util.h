@@ -37,6 +37,11 @@ int pr__json_valid(const char *text, size_t len);
  * the quotes), else *value is NULL. */
 int pr__json_scan(const char *text, size_t len, const char *member,
                   const char **value, size_t *value_len);
+/* pr__json_scan() that stops at the member's string: 0 when found (*value
+ * set as pr__json_scan() would set it; the rest is not read, so validity
+ * is not known), else 1 if the text is valid, -1 if not. */
+int pr__json_find(const char *text, size_t len, const char *member,
+                  const char **value, size_t *value_len);
 /* Unescapes the text of a JSON string that pr__json_scan() accepted
  * into `out` (at most `n` bytes: unescaping never lengthens); returns the
  * length written (no NUL added). */

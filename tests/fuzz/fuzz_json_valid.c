@@ -24,7 +24,14 @@ static void check_id(const char *text, size_t size, int valid) {
   json_error_t err;
   json_t *j, *id;
   char *out;
+  const char *fv;
+  size_t fvn;
+  int found = pr__json_find(text, size, "id", &fv, &fvn);
   if (pr__json_scan(text, size, "id", &v, &vn) != valid)
+    abort();
+  /* pr__json_find: the same id; stopped at it, or the same verdict */
+  if (fv != v || (v && fvn != vn) || (found && found != (valid ? 1 : -1)) ||
+      (!found && !v))
     abort();
   if (!valid || !v)
     return;

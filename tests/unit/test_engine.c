@@ -91,8 +91,9 @@ static void test_key_queues(void **state) {
   pr__sched_fini(&eng.sched);
 }
 
-/* Detaching the head hands over the key's next event; the last one
- * removes the key's queue. */
+/* Detaching the head hands over the key's next event; the emptied queue
+ * stays for the key's next event until a tick finds it still empty since
+ * the last one (a revoking partition's goes at once). */
 static void test_key_fifo_detach(void **state) {
   pr__engine_t eng;
   part_t part;
@@ -113,8 +114,27 @@ static void test_key_fifo_detach(void **state) {
   assert_ptr_equal(kq->head, &i2);
   assert_int_equal(part.invs, 1);
   assert_null(pr__kq_detach(&i2));
-  assert_null(pr__kq_get(&part, "k", 0));
   assert_int_equal(part.invs, 0);
+  eng.parts = &part;
+  pr__part_tick_keys(&eng);                        /* empty: marked */
+  assert_ptr_equal(pr__kq_get(&part, "k", 0), kq); /* asked for: kept */
+  assert_null(kq->head);
+  pr__part_tick_keys(&eng);
+  assert_ptr_equal(pr__kq_get(&part, "k", 0), kq);
+  assert_int_equal(part.nkeys, 1);
+  pr__part_tick_keys(&eng);
+  pr__part_tick_keys(&eng); /* empty since the last tick: removed */
+  assert_null(pr__kq_get(&part, "k", 0));
+  assert_int_equal(part.nkeys, 0);
+  /* a revoking partition's emptied queue goes at once */
+  kq = pr__kq_get(&part, "k", 1);
+  i1.kq = kq;
+  i1.next = NULL;
+  kq->head = kq->tail = &i1;
+  part.invs = 1;
+  part.revoking = 1;
+  assert_null(pr__kq_detach(&i1));
+  assert_null(pr__kq_get(&part, "k", 0));
   free(part.buckets);
   pr__sched_fini(&eng.sched);
 }
@@ -642,6 +662,20 @@ static void test_json_member(void **state) {
   assert_int_equal(n, 5);
   assert_memory_equal(out, "\xc3\xa9\xe2\x82\xac", 5);
 #undef ID
+  /* pr__json_find: stops at the id (validity unknown: 0), else judges the
+   * whole text as pr__json_scan does */
+#define FIND(json) pr__json_find(json, strlen(json), "id", &v, &n)
+  assert_int_equal(FIND("{\"a\":[1,{\"id\":\"in\"}],\"id\":\"x\",}"), 0);
+  assert_int_equal(n, 1);
+  assert_memory_equal(v, "x", 1);
+  assert_int_equal(FIND("{\"id\":7,\"n\":1}"), 1);
+  assert_null(v);
+  assert_int_equal(FIND("{\"id\":7,}"), -1);
+  assert_null(v);
+  assert_int_equal(FIND("{\"a\":tru,\"id\":\"x\"}"), -1); /* before it */
+  assert_null(v);
+  assert_int_equal(FIND("{\"id\":\"x\xff\"}"), -1); /* the id itself */
+#undef FIND
 }
 
 /* Each input of the id matters, and an "id" is not an offset. */

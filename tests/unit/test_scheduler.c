@@ -312,6 +312,10 @@ static void test_busy_share(void **state) {
   s->window_ns = S(32);
   pr__sched_busy(s, k, T0, T0 + S(8)); /* 8 s of 32 */
   assert_float_equal(pr__sched_share(s, k, T0 + S(8)), 0.25, 1e-9);
+  /* the bound: every bucket kept, old ones too */
+  assert_true(pr__sched_may_exceed(s, k, 0.24));
+  assert_false(pr__sched_may_exceed(s, k, 0.25));
+  assert_false(pr__sched_may_exceed(s, idle, 0.0));
   assert_float_equal(pr__sched_share(s, idle, T0 + S(8)), 0.0, 1e-12);
   pr__sched_busy(s, k, T0 + S(10), T0 + S(10.5)); /* within one bucket */
   assert_float_equal(pr__sched_share(s, k, T0 + S(11)), 8.5 / 32, 1e-9);
@@ -328,6 +332,10 @@ static void test_busy_share(void **state) {
   /* a slot reused by a later bucket starts from zero */
   pr__sched_busy(s, k, T0 + S(200), T0 + S(201));
   assert_float_equal(pr__sched_share(s, k, T0 + S(201)), 1.0 / 32, 1e-9);
+  /* ... and leaves the bound: 31 s in the slots kept from the long run,
+   * and this second */
+  assert_true(pr__sched_may_exceed(s, k, 31.5 / 32));
+  assert_false(pr__sched_may_exceed(s, k, 32.0 / 32));
   pr__sched_unpin(s, k);
   pr__sched_unpin(s, idle);
   done(s);
