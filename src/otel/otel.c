@@ -591,29 +591,37 @@ const pr_span_ctx_t *pr__span_ctx(const pr_span_t *s) {
   return s ? &s->ctx : NULL;
 }
 
+/* The span's next free attribute slot with its key set (counted only once
+ * the caller commits it), or NULL when the span is NULL or full. */
+static pr_span_attr_t *attr_slot(pr_span_t *s, const char *key) {
+  pr_span_attr_t *a;
+  if (!s || s->nattrs >= PR_SPAN_ATTR_MAX)
+    return NULL;
+  a = &s->attrs[s->nattrs];
+  a->key = key;
+  return a;
+}
+
 void pr__span_attr_str(pr_span_t *s, const char *key, const char *v,
                        size_t len) {
-  pr_span_attr_t *a;
-  if (!s || !v || s->nattrs >= PR_SPAN_ATTR_MAX)
+  pr_span_attr_t *a = v ? attr_slot(s, key) : NULL;
+  if (!a)
     return;
   if (len == SIZE_MAX)
     len = strlen(v);
-  a = &s->attrs[s->nattrs];
   if (!(a->s = utf8_copy(v, len, &a->slen)))
     return;
-  a->key = key;
   a->is_str = true;
   s->nattrs++;
 }
 
 void pr__span_attr_int(pr_span_t *s, const char *key, int64_t v) {
-  pr_span_attr_t *a;
-  if (!s || s->nattrs >= PR_SPAN_ATTR_MAX)
+  pr_span_attr_t *a = attr_slot(s, key);
+  if (!a)
     return;
-  a = &s->attrs[s->nattrs++];
-  a->key = key;
   a->is_str = false;
   a->i = v;
+  s->nattrs++;
 }
 
 void pr__span_set_error(pr_span_t *s, const char *message) {

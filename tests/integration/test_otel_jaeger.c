@@ -26,23 +26,9 @@
 #include <curl/curl.h>
 #include <jansson.h>
 
+#include "harness.h"
+#include "jaeger.h"
 #include "otel/otel.h"
-
-#define CHECK(cond, ...)                                                       \
-  do {                                                                         \
-    if (!(cond)) {                                                             \
-      fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond); \
-      fprintf(stderr, __VA_ARGS__);                                            \
-      fprintf(stderr, "\n");                                                   \
-      exit(1);                                                                 \
-    }                                                                          \
-  } while (0)
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 static void hex(const uint8_t *p, size_t n, char *out) {
   for (size_t i = 0; i < n; i++)
@@ -50,59 +36,24 @@ static void hex(const uint8_t *p, size_t n, char *out) {
   out[2 * n] = 0;
 }
 
-typedef struct body {
-  char *p;
-  size_t n;
-} body_t;
-
-static size_t on_body(char *p, size_t size, size_t n, void *ud) {
-  body_t *b = ud;
-  char *np = realloc(b->p, b->n + size * n + 1);
-  if (!np)
-    return 0;
-  memcpy(np + b->n, p, size * n);
-  b->n += size * n;
-  np[b->n] = 0;
-  b->p = np;
-  return size * n;
-}
-
 /* GET <query>/api/traces/<id> until the trace holds `want` spans (at most
  * 20 s); the trace (data[0]), owned by the caller. */
 static json_t *get_trace(const char *query, const char *trace_hex,
                          size_t want) {
   char url[256];
-  double deadline = now_s() + 20;
-  json_t *last = NULL;
+  double deadline = t_now() + 20;
   snprintf(url, sizeof url, "%s/api/traces/%s", query, trace_hex);
   for (;;) {
-    CURL *h = curl_easy_init();
-    body_t b = {0};
     long code = 0;
-    curl_easy_setopt(h, CURLOPT_URL, url);
-    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
-    curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
-    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 3000L);
-    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-    if (curl_easy_perform(h) == CURLE_OK)
-      curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &code);
-    curl_easy_cleanup(h);
-    if (code == 200 && b.p) {
-      json_t *root = json_loads(b.p, 0, NULL);
-      json_t *t = json_array_get(json_object_get(root, "data"), 0);
-      if (t && json_array_size(json_object_get(t, "spans")) >= want) {
-        if (getenv("PROSODY_TEST_VERBOSE"))
-          printf("%s\n", b.p);
-        json_incref(t);
-        json_decref(root);
-        json_decref(last);
-        free(b.p);
-        return t;
-      }
+    json_t *root = t_get_json(url, &code);
+    json_t *t = json_array_get(json_object_get(root, "data"), 0);
+    if (t && json_array_size(json_object_get(t, "spans")) >= want) {
+      json_incref(t);
       json_decref(root);
+      return t;
     }
-    free(b.p);
-    CHECK(now_s() < deadline,
+    json_decref(root);
+    CHECK(t_now() < deadline,
           "trace %s did not reach %zu spans in Jaeger within 20 s (last HTTP "
           "%ld)",
           trace_hex, want, code);

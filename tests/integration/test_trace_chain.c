@@ -10,9 +10,15 @@
  *   T0: send (child of P0) -> receive "first" -> send -> receive "second"
  *   a trace of its own: send -> message.filtered
  *   a new trace: trigger, with a FOLLOWS_FROM link to receive "first"
+ *   a load span for a deferred record fetched again from Kafka
  * with the messaging attributes, and the contexts the handlers saw
  * (prosody_message_traceparent / prosody_timer_traceparent) are those
  * spans'.
+ *
+ * The load span: records "d4" and "d5" (keys k4, k5) fail once each and are
+ * deferred; with defer_cache_size=1 the first of them leaves the cache, so
+ * its retry fetches it from Kafka again (loader.c), under a `load` span
+ * with the record's topic, partition, offset, key and group.
  */
 #include <curl/curl.h>
 #include <jansson.h>
@@ -21,6 +27,7 @@
 #include <string.h>
 
 #include "harness.h"
+#include "jaeger.h"
 
 #define JAEGER_OTLP "http://127.0.0.1:4318"
 #define JAEGER_QUERY "http://127.0.0.1:16686"
@@ -33,6 +40,10 @@ static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static int got_first, got_second, got_timer;
 static char tp_first[64], tp_second[64], tp_timer[64];
 static int spanned_first, spanned_timer;
+/* guarded by mu: attempts of the deferred records "d4" and "d5", and their
+ * offsets */
+static int tries_d[2];
+static int64_t offset_d[2];
 static prosody_client_t *consumer;
 static const char *topic;
 
@@ -55,6 +66,15 @@ static prosody_result_t on_message(prosody_context_t *ctx,
     spanned_first = spanned;
     got_first = 1;
     pthread_mutex_unlock(&mu);
+  } else if (strstr(prosody_message_payload(m), "\"d4\"") ||
+             strstr(prosody_message_payload(m), "\"d5\"")) {
+    int i = strstr(prosody_message_payload(m), "\"d5\"") != NULL;
+    int first;
+    pthread_mutex_lock(&mu);
+    first = tries_d[i]++ == 0;
+    offset_d[i] = prosody_message_offset(m);
+    pthread_mutex_unlock(&mu);
+    return first ? PROSODY_TRANSIENT : PROSODY_SUCCESS; /* deferred once */
   } else if (strstr(prosody_message_payload(m), "\"second\"")) {
     pthread_mutex_lock(&mu);
     snprintf(tp_second, sizeof(tp_second), "%s", tp ? tp : "");
@@ -80,40 +100,6 @@ static prosody_result_t on_timer(prosody_context_t *ctx,
 
 /* --- Jaeger's query API -------------------------------------------------- */
 
-typedef struct buf {
-  char *p;
-  size_t n;
-} buf_t;
-
-static size_t on_body(char *d, size_t sz, size_t nm, void *arg) {
-  buf_t *b = arg;
-  char *g = realloc(b->p, b->n + sz * nm + 1);
-  CHECK(g, "out of memory");
-  memcpy(g + b->n, d, sz * nm);
-  b->n += sz * nm;
-  g[b->n] = '\0';
-  b->p = g;
-  return sz * nm;
-}
-
-/* GET `url`; its JSON body when the answer is 200 (owned), else NULL. */
-static json_t *get_json(const char *url) {
-  buf_t b = {0};
-  long status = 0;
-  json_t *doc;
-  CURL *c = curl_easy_init();
-  curl_easy_setopt(c, CURLOPT_URL, url);
-  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
-  curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
-  curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 5000L);
-  if (curl_easy_perform(c) == CURLE_OK)
-    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
-  curl_easy_cleanup(c);
-  doc = status == 200 && b.p ? json_loads(b.p, 0, NULL) : NULL;
-  free(b.p);
-  return doc;
-}
-
 /* The spans of trace `id` (32 hex) once Jaeger holds at least `want` of
  * them (polled for up to 30 s), and its processes (both owned). */
 static json_t *trace_spans(const char *id, size_t want, json_t **processes) {
@@ -121,7 +107,7 @@ static json_t *trace_spans(const char *id, size_t want, json_t **processes) {
   double deadline = t_now() + 30;
   snprintf(url, sizeof(url), JAEGER_QUERY "/api/traces/%s", id);
   for (;; usleep(200000)) {
-    json_t *doc = get_json(url);
+    json_t *doc = t_get_json(url, NULL);
     json_t *t = json_array_get(json_object_get(doc, "data"), 0);
     json_t *spans = json_object_get(t, "spans");
     if (spans && json_array_size(spans) >= want) {
@@ -225,6 +211,8 @@ int main(void) {
   t_set(conf, "otel_exporter_otlp_endpoint", JAEGER_OTLP);
   t_set(conf, "otel_service_name", service);
   t_set(conf, "source_system", "chain-consumer"); /* its sends are read */
+  t_set(conf, "defer_cache_size", "1"); /* one of d4, d5 is fetched again */
+  t_set(conf, "defer_base", "1s");
   CHECK(consumer = prosody_client_new(conf, err, sizeof(err)), "client: %s",
         err);
   CHECK_OK(prosody_subscribe(consumer, &h, err, sizeof(err)), err);
@@ -239,6 +227,17 @@ int main(void) {
            err);
   CHECK(t_wait_locked(&mu, &got_second, 1, 60), "second record not handled");
   CHECK(t_wait_locked(&mu, &got_timer, 1, 60), "timer did not fire");
+  /* After two successes, so the failure rate (2 of 4) allows deferral. */
+  CHECK_OK(prosody_send(up, topic, "k4", "{\"type\":\"d4\"}", NULL, err,
+                        sizeof(err)),
+           err);
+  CHECK_OK(prosody_send(up, topic, "k5", "{\"type\":\"d5\"}", NULL, err,
+                        sizeof(err)),
+           err);
+  CHECK(t_wait_locked(&mu, &tries_d[0], 2, 60) >= 2 &&
+            t_wait_locked(&mu, &tries_d[1], 2, 60) >= 2,
+        "the deferred records were not retried (attempts %d %d)", tries_d[0],
+        tries_d[1]);
   /* Closing flushes each client's spans. */
   prosody_client_destroy(consumer);
   prosody_client_destroy(up);
@@ -307,7 +306,7 @@ int main(void) {
                           "&limit=5",
              service);
     for (filtered = NULL; !filtered; usleep(200000)) {
-      json_t *doc = get_json(url);
+      json_t *doc = t_get_json(url, NULL);
       json_t *ss = json_object_get(
           json_array_get(json_object_get(doc, "data"), 0), "spans");
       send3 = ss ? find_span(ss, "send", "CHILD_OF", NULL, NULL) : NULL;
@@ -332,6 +331,47 @@ int main(void) {
     json_decref(filtered);
   }
 
+  /* The deferred record fetched again: a `load` span. */
+  {
+    char url[512], key[8], want_off[24];
+    double deadline = t_now() + 30;
+    json_t *load = NULL;
+    snprintf(url, sizeof(url),
+             JAEGER_QUERY "/api/traces?service=%s&operation=load&limit=5",
+             service);
+    while (!load) {
+      json_t *doc = t_get_json(url, NULL);
+      json_t *ss = json_object_get(
+          json_array_get(json_object_get(doc, "data"), 0), "spans");
+      for (size_t i = 0; !load && i < json_array_size(ss); i++)
+        if (!strcmp(str_of(json_array_get(ss, i), "operationName"), "load"))
+          load = json_incref(json_array_get(ss, i));
+      json_decref(doc);
+      CHECK(load || t_now() < deadline, "no load span in Jaeger within 30 s");
+      if (!load)
+        usleep(200000);
+    }
+    snprintf(key, sizeof(key), "%s",
+             tag(load, "messaging.kafka.message.key", v, sizeof(v)));
+    CHECK(!strcmp(key, "k4") || !strcmp(key, "k5"), "load key \"%s\"", key);
+    snprintf(want_off, sizeof(want_off), "%lld",
+             (long long)offset_d[!strcmp(key, "k5")]);
+    CHECK(!strcmp(tag(load, "messaging.kafka.offset", v, sizeof(v)), want_off),
+          "load offset %s, want %s", v, want_off);
+    CHECK(!strcmp(tag(load, "messaging.destination.name", v, sizeof(v)), topic),
+          "load destination %s", v);
+    CHECK(!strcmp(tag(load, "messaging.destination.partition.id", v, sizeof(v)),
+                  "0"),
+          "load partition %s", v);
+    CHECK(!strcmp(tag(load, "messaging.consumer.group.name", v, sizeof(v)),
+                  group),
+          "load group %s", v);
+    CHECK(!strcmp(tag(load, "span.kind", v, sizeof(v)), "client"),
+          "load span.kind %s", v);
+    CHECK(!strcmp(tag(load, "error", v, sizeof(v)), ""), "load failed");
+    json_decref(load);
+  }
+
   /* The timer: a trace of its own, linked to the scheduling span. */
   spans = trace_spans(t_timer, 1, &procs);
   trig = find_span(spans, "trigger", "FOLLOWS_FROM", T0, s_first);
@@ -350,7 +390,7 @@ int main(void) {
   json_decref(spans);
   json_decref(procs);
   curl_global_cleanup();
-  printf("ok: send -> receive -> send -> receive, filtered, and a linked "
-         "trigger span, in Jaeger\n");
+  printf("ok: send -> receive -> send -> receive, filtered, a linked "
+         "trigger span and a load span, in Jaeger\n");
   return 0;
 }
