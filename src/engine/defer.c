@@ -8,14 +8,15 @@
  * The key's retry time lives with it in the store; when it comes, the head
  * of its queue is taken from the defer_cache_size most recently deferred
  * messages kept in memory, or else fetched again from Kafka by the loader
- * (loader.c), and handled as a new event of the key. Handled (or failed
- * permanently), it leaves the queue and the next entry goes on the loop's next
- * tick; failed
- * transiently, it waits a uniform whole number of seconds in [1, max(1,
- * min(defer_base * 2^(n-1), defer_max_delay))] for its n-th retry. An entry
- * whose record is gone from Kafka is skipped with an error naming it. Above the
- * threshold, a failure is not deferred: the retry layer outside retries it in
- * place, which holds the partition (backpressure) until the storm passes.
+ * (loader.c), and handled as a new event of the key. A deferred timer is
+ * made again from (key, time); the same cache keeps its trace context. Handled
+ * (or failed permanently), it leaves the queue and the next entry goes on the
+ * loop's next tick; failed transiently, it waits a uniform whole number of
+ * seconds in [1, max(1, min(defer_base * 2^(n-1), defer_max_delay))] for its
+ * n-th retry. An entry whose record is gone from Kafka is skipped with an error
+ * naming it. Above the threshold, a failure is not deferred: the retry layer
+ * outside retries it in place, which holds the partition (backpressure) until
+ * the storm passes.
  *
  * A partition's deferred keys are read from the store when it is assigned
  * (one read; its records wait until then), so a key deferred by an earlier
@@ -122,12 +123,14 @@ static void dm_free(pr__dmsg_t *d) {
   free(d);
 }
 
-/* A linear search: the list is short and searched once per retry. */
-static pr__dmsg_t *dm_find(pr__engine_t *eng, const char *topic,
-                           int32_t partition, int64_t offset) {
+/* A linear search: the list is short and searched once per retry. A
+ * message is found by its offset, a timer by its key and time. */
+static pr__dmsg_t *dm_find(pr__engine_t *eng, int is_timer, const char *topic,
+                           int32_t partition, const char *key, int64_t offset) {
   for (pr__dmsg_t *d = eng->dm_head; d; d = d->next)
     if (d->offset == offset && d->partition == partition &&
-        !strcmp(d->topic, topic))
+        d->is_timer == is_timer && !strcmp(d->topic, topic) &&
+        (!is_timer || !strcmp(d->key, key)))
       return d;
   return NULL;
 }
@@ -136,12 +139,17 @@ static pr__dmsg_t *dm_find(pr__engine_t *eng, const char *topic,
 static void dm_put(inv_t *inv) {
   pr__engine_t *eng = inv->eng;
   size_t tl = strlen(inv->msg.topic) + 1, kl = strlen(inv->msg.key);
+  size_t pl = inv->is_timer ? 0 : inv->msg.payload_len;
   pr__dmsg_t *d;
-  if (eng->dm_cap == 0 ||
-      !(d = calloc(1, sizeof(*d) + tl + kl + inv->msg.payload_len + 2)))
+  if (inv->is_timer && !(inv->tr && inv->tr->from.valid))
+    return; /* a timer without a context: nothing to keep */
+  if (eng->dm_cap == 0 || !(d = calloc(1, sizeof(*d) + tl + kl + pl + 2)))
     return;
   d->partition = inv->msg.partition;
-  d->offset = inv->msg.offset;
+  d->is_timer = inv->is_timer;
+  if (inv->is_timer)
+    d->from = inv->tr->from;
+  d->offset = inv->is_timer ? inv->time_s : inv->msg.offset;
   d->timestamp = inv->msg.timestamp;
   d->topic = (char *)(d + 1);
   memcpy(d->topic, inv->msg.topic, tl);
@@ -149,8 +157,9 @@ static void dm_put(inv_t *inv) {
   memcpy(d->key, inv->msg.key, kl + 1);
   d->key_len = kl;
   d->payload = d->key + kl + 1;
-  memcpy(d->payload, inv->msg.payload, inv->msg.payload_len + 1);
-  d->len = inv->msg.payload_len;
+  if (!inv->is_timer)
+    memcpy(d->payload, inv->msg.payload, pl + 1);
+  d->len = pl;
   if (inv->msg.headers &&
       !(d->headers = rd_kafka_headers_copy(inv->msg.headers))) {
     free(d);
@@ -165,9 +174,9 @@ static void dm_put(inv_t *inv) {
 }
 
 /* Handled (or gone): not kept any more. */
-static void dm_drop(pr__engine_t *eng, const char *topic, int32_t partition,
-                    int64_t offset) {
-  pr__dmsg_t *d = dm_find(eng, topic, partition, offset);
+static void dm_drop(pr__engine_t *eng, int is_timer, const char *topic,
+                    int32_t partition, const char *key, int64_t offset) {
+  pr__dmsg_t *d = dm_find(eng, is_timer, topic, partition, key, offset);
   if (d) {
     dm_unlink(eng, d);
     dm_free(d);
@@ -177,7 +186,7 @@ static void dm_drop(pr__engine_t *eng, const char *topic, int32_t partition,
 /* The retry of a kept message: a new event of it, or NULL. */
 static inv_t *dm_inv(part_t *part, const char *key, int64_t offset) {
   pr__engine_t *eng = part->eng;
-  pr__dmsg_t *d = dm_find(eng, part->topic, part->partition, offset);
+  pr__dmsg_t *d = dm_find(eng, 0, part->topic, part->partition, key, offset);
   inv_t *inv;
   if (!d || strcmp(d->key, key))
     return NULL;
@@ -427,8 +436,7 @@ static void defer_inv(inv_t *inv, pr__dk_t *dk, int32_t retries,
   dk->deferring = inv;
   PR_BUMP(inv->eng->metrics.deferred, 1);
   pr__inv_release_rkm(inv);
-  if (!inv->is_timer)
-    dm_put(inv);
+  dm_put(inv);
   pr__df_write(inv);
 }
 
@@ -575,8 +583,9 @@ static void advanced(void *arg, prosody_err_t err, const char *errstr) {
       dk_idle(dk, 0); /* the next entry at once */
     }
   }
-  if (!err && r->kind == PR_DEFER_MESSAGES)
-    dm_drop(r->eng, r->topic, r->partition, r->offset);
+  if (!err)
+    dm_drop(r->eng, r->kind == PR_DEFER_TIMERS, r->topic, r->partition, r->key,
+            r->offset);
   pr__load_free(r);
 }
 
@@ -635,14 +644,20 @@ void pr__df_unscheduled(part_t *part, const char *key, int64_t time_s) {
     pr__defer_trim(store, seg, key, INT64_MAX, log_cb, r);
 }
 
-/* A deferred timer's retry: its event, made again from (key, time). */
+/* A deferred timer's retry: its event, made again from (key, time), with
+ * the context it was scheduled in when that is still kept. */
 static void load_timer(part_t *part, pr__dk_t *dk, pr__load_t *r) {
   inv_t *inv = pr__firing_inv(part, r->key, r->offset);
+  pr__dmsg_t *d = inv ? dm_find(part->eng, 1, part->topic, part->partition,
+                                r->key, r->offset)
+                      : NULL;
   pr__load_free(r);
   if (!inv) {
     dk_idle(dk, pr__wall_ms() + 1000);
     return;
   }
+  if (d && (inv->tr = calloc(1, sizeof(*inv->tr))))
+    inv->tr->from = d->from; /* its span links back to it */
   inv->df_loaded = 1;
   inv->df_retries = dk->retries;
   pr__dispatch_enqueue(inv);

@@ -256,10 +256,15 @@ typedef struct pr__load {
 typedef struct pr__loader pr__loader_t;
 
 /* A deferred message kept for its retries (defer.c; engine thread): the
- * defer_cache_size most recently deferred, so a retry needs no fetch. */
+ * defer_cache_size most recently deferred, so a retry needs no fetch. A
+ * deferred timer with a trace context is kept the same way (is_timer,
+ * offset: its time in seconds, no payload), so its retries' spans still
+ * link to the span that scheduled it. */
 typedef struct pr__dmsg {
   struct pr__dmsg *prev, *next; /* most recently used first */
   int32_t partition;
+  int is_timer;
+  pr_span_ctx_t from; /* a timer: the context it was scheduled in */
   int64_t offset, timestamp;
   rd_kafka_headers_t *headers; /* owned, or NULL */
   size_t key_len, len;

@@ -400,4 +400,17 @@ static inline int t_http_get(int port, const char *path, char *body, size_t n) {
   return status;
 }
 
+/* The value of metric `name` (no labels) in the client's /metrics on
+ * `port`, or -1 when it is absent. */
+static inline long long t_metric(int port, const char *name) {
+  char body[32768];
+  const char *p;
+  size_t n = strlen(name);
+  CHECK(t_http_get(port, "/metrics", body, sizeof(body)) == 200, "/metrics");
+  for (p = body; (p = strstr(p, name)); p++)
+    if ((p == body || p[-1] == '\n') && p[n] == ' ')
+      return atoll(p + n + 1);
+  return -1;
+}
+
 #endif /* PR_TEST_HARNESS_H */

@@ -33,17 +33,6 @@ static prosody_result_t on_message(prosody_context_t *ctx,
   return PROSODY_SUCCESS;
 }
 
-/* The value of metric `name` in the client's /metrics, or -1. */
-static long long metric(int port, const char *name) {
-  static char body[65536];
-  char *p;
-  CHECK(t_http_get(port, "/metrics", body, sizeof(body)) == 200, "/metrics");
-  for (p = body; (p = strstr(p, name)); p++)
-    if ((p == body || p[-1] == '\n') && p[strlen(name)] == ' ')
-      return atoll(p + strlen(name) + 1);
-  return -1;
-}
-
 static void run(const char *endpoint, const char *what, int all_dropped) {
   char err[1024], group[64];
   const char *topic = t_topic("trace-down");
@@ -82,11 +71,11 @@ static void run(const char *endpoint, const char *what, int all_dropped) {
    * request for the exporter's timeout: its spans wait in the queue. */
   {
     double deadline = t_now() + 30;
-    while ((dropped = metric(port, "prosody_spans_dropped_total")) < 2 * N &&
+    while ((dropped = t_metric(port, "prosody_spans_dropped_total")) < 2 * N &&
            all_dropped && t_now() < deadline)
       usleep(100000);
   }
-  exported = metric(port, "prosody_spans_exported_total");
+  exported = t_metric(port, "prosody_spans_exported_total");
   CHECK(dropped >= (all_dropped ? 2 * N : 0),
         "%s: %lld spans counted as dropped, want >= %d", what, dropped,
         all_dropped ? 2 * N : 0);
