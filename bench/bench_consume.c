@@ -20,6 +20,12 @@
  * topic) and off, in turn; the line consume-telemetry-DIST gives the rate
  * with it on and ratio = on / off (medians).
  *
+ * The pair also measures the floor: raw librdkafka producing 2n records
+ * of a telemetry event's size with the telemetry producer's settings
+ * (src/kafka/telemetry.c), the CPU each record costs; with two events per
+ * consumed record, off_cpu / (off_cpu + 2 floor) is the best ratio a
+ * CPU-bound run can have while every event is a record of its own.
+ *
  * BENCH_MAX_CONCURRENCY / BENCH_MAX_UNCOMMITTED override those options and
  * BENCH_SKIP_RAW=1 skips the baseline, for profiling; `make bench` uses
  * neither.
@@ -347,6 +353,50 @@ static double run_prosody(const char *topic, long n, int rep) {
   return (double)n / (atomic_load(&pr_last) - atomic_load(&pr_first));
 }
 
+/* CPU per record (us) of raw librdkafka producing `n` telemetry-sized
+ * records over 1 000 keys, flush included, with the settings of the
+ * telemetry producer (src/kafka/telemetry.c). */
+static double telemetry_floor_us(const char *bootstrap, long n) {
+  static const char ev[] =
+      "{\"type\":\"prosody.message.succeeded\",\"eventTime\":\"2026-12-05T08:"
+      "00:00.000Z\",\"topic\":\"bench-consume-uniform\",\"partition\":3,"
+      "\"offset\":123456,\"key\":\"key-0042\",\"source\":\"bench-prosody-"
+      "bench-consume-uniform-0\",\"hostname\":\"localhost\",\"demandType\":"
+      "\"normal\"}";
+  const char *settings[][2] = {{"linger.ms", "100"},
+                               {"acks", "1"},
+                               {"enable.idempotence", "false"},
+                               {"delivery.report.only.error", "true"},
+                               {"queue.buffering.max.messages", "100000"}};
+  char err[512], key[16];
+  rd_kafka_conf_t *kc = rd_kafka_conf_new();
+  rd_kafka_t *rk;
+  double cpu0;
+  rd_kafka_conf_set(kc, "bootstrap.servers", bootstrap, err, sizeof(err));
+  for (size_t i = 0; i < sizeof(settings) / sizeof(settings[0]); i++)
+    rd_kafka_conf_set(kc, settings[i][0], settings[i][1], err, sizeof(err));
+  if (!(rk = rd_kafka_new(RD_KAFKA_PRODUCER, kc, err, sizeof(err)))) {
+    fprintf(stderr, "bench_consume: producer: %s\n", err);
+    exit(1);
+  }
+  cpu0 = cpu_s();
+  for (long i = 0; i < n; i++) {
+    int kl = snprintf(key, sizeof(key), "key-%04ld", i % 1000);
+    while (rd_kafka_producev(rk, RD_KAFKA_V_TOPIC("bench-telemetry-floor"),
+                             RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+                             RD_KAFKA_V_KEY(key, (size_t)kl),
+                             RD_KAFKA_V_VALUE((void *)ev, sizeof(ev) - 1),
+                             RD_KAFKA_V_END))
+      rd_kafka_poll(rk, 1); /* full: wait, unlike telemetry, to count all */
+    if ((i & 1023) == 0)
+      rd_kafka_poll(rk, 0);
+  }
+  rd_kafka_flush(rk, 60000);
+  cpu0 = (cpu_s() - cpu0) * 1e6 / (double)n;
+  rd_kafka_destroy(rk);
+  return cpu0;
+}
+
 int main(int argc, char **argv) {
   long n = argc > 1 ? atol(argv[1]) : 200000;
   int reps = argc > 2 ? atoi(argv[2]) : 3;
@@ -382,7 +432,7 @@ int main(int argc, char **argv) {
   if (getenv("BENCH_TELEMETRY") && !strcmp(getenv("BENCH_TELEMETRY"), "pair")) {
     /* CPU per record too: on a machine busy with other work the rates
      * swing, the CPU each record costs much less. */
-    double on[16], off[16], on_cpu[16], off_cpu[16];
+    double on[16], off[16], on_cpu[16], off_cpu[16], floor_us;
     for (int r = 0; r < reps; r++) {
       int first_off = r % 2; /* the order alternates */
       telemetry_off = first_off;
@@ -401,11 +451,14 @@ int main(int argc, char **argv) {
     qsort(off, (size_t)reps, sizeof(double), bench_cmp_double);
     qsort(on_cpu, (size_t)reps, sizeof(double), bench_cmp_double);
     qsort(off_cpu, (size_t)reps, sizeof(double), bench_cmp_double);
+    floor_us = telemetry_floor_us(bootstrap, 2 * n);
     printf("bench consume-telemetry-%s%s %.0f msg/s ratio=%.3f off=%.0f "
-           "cpu=%.2fus/record off_cpu=%.2fus/record (no-op handler, "
-           "telemetry on against off)\n",
+           "cpu=%.2fus/record off_cpu=%.2fus/record "
+           "producer_floor=%.2fus/event cpu_bound_ratio_max=%.3f (no-op "
+           "handler, telemetry on against off)\n",
            where, dist, on[reps / 2], on[reps / 2] / off[reps / 2],
-           off[reps / 2], on_cpu[reps / 2], off_cpu[reps / 2]);
+           off[reps / 2], on_cpu[reps / 2], off_cpu[reps / 2], floor_us,
+           off_cpu[reps / 2] / (off_cpu[reps / 2] + 2 * floor_us));
     if (real_bootstrap)
       topic_admin(topic, 0);
     return 0;
