@@ -173,12 +173,12 @@ typedef enum prosody_log_level {
 } prosody_log_level_t;
 
 /*
- * A client's log line: its level, the subsystem ("engine", "kafka", "cql",
- * ...; docs/OBSERVABILITY.md lists them) and the message (no timestamp, no newline). Called on
- * the client's own threads (its consumer, its workers, its producer's
- * poller, its Cassandra threads) and on the thread calling the client's
- * functions: it must be thread-safe and return quickly, and it must not
- * call the client back.
+ * A client's log line: its level, the subsystem ("engine", "kafka",
+ * "cql", ...; docs/OBSERVABILITY.md lists them) and the message (no
+ * timestamp, no newline). Called on the client's own threads (its
+ * consumer, its workers, its producer's poller, its Cassandra threads) and
+ * on the thread calling the client's functions: it must be thread-safe and
+ * return quickly, and it must not call the client back.
  */
 typedef void (*prosody_log_cb)(prosody_log_level_t level, const char *subsystem,
                                const char *message, void *opaque);
