@@ -192,7 +192,11 @@ typedef void (*prosody_log_cb)(prosody_log_level_t level, const char *subsystem,
  * repeated. librdkafka's lines about the client's own Kafka handles are
  * the client's too. Lines that belong to no client (the embedded mock
  * cluster's, an admin handle's) go to standard error at the level of
- * PROSODY_LOG.
+ * PROSODY_LOG. Once prosody_client_destroy() has returned, `cb` is never
+ * called again and no call is still running, so `opaque` may be freed:
+ * threads of a consumer abandoned at shutdown (a handler that outlived
+ * shutdown_timeout and the stop's grace) log to standard error from then
+ * on.
  */
 PROSODY_EXPORT void prosody_config_set_log_cb(prosody_config_t *conf,
                                               prosody_log_cb cb, void *opaque);

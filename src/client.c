@@ -162,9 +162,13 @@ PROSODY_EXPORT void prosody_client_destroy(prosody_client_t *c) {
     LOG_SCOPE_END();
   }
   pthread_mutex_destroy(&c->lock);
-  if (!c->abandoned) { /* else threads that outlived their stop log there */
+  if (!c->abandoned) {
     pr__logger_fini(c->logger);
     free(c->logger);
+  } else {
+    /* Threads that outlived their stop still log there, but no longer to
+     * the application's callback: its opaque may be freed once we return. */
+    pr__logger_detach(c->logger);
   }
   if (PR_CFG_BOOL(&c->st, MOCK))
     pr__mock_release();

@@ -86,6 +86,9 @@ typedef struct pr__test_opts {
                                  benchmarks that show what it buys */
   int defer_refuse_rows;      /* the next N writes of a deferred key's row
                                  fail, as when the store refuses them */
+  int64_t stop_grace_ms;      /* how long a stop waits past
+                                 shutdown_timeout before abandoning the
+                                 engine (0: 60 s) */
 } pr__test_opts_t;
 
 /* A prosody_config_t: only what was set in code, as validated text. */

@@ -262,6 +262,7 @@ prosody_err_t pr__engine_start(const pr__settings_t *st, const char *bootstrap,
   eng->timeout_ms = PR_CFG_SET(st, TIMEOUT) ? PR_CFG_MS(st, TIMEOUT)
                                             : eng->stall_ns / 1000000 * 8 / 10;
   eng->shutdown_ms = PR_CFG_MS(st, SHUTDOWN_TIMEOUT);
+  eng->grace_ms = st->test.stop_grace_ms ? st->test.stop_grace_ms : 60000;
   eng->seed = (unsigned)pr__now_ns();
   {
     size_t keys = (size_t)PR_CFG_INT(st, SCHEDULER_CACHE_SIZE);
@@ -363,12 +364,14 @@ int pr__engine_stop(pr__engine_t *eng) {
   /* The engine drains within shutdown_timeout; leaving the group is
    * librdkafka's part. Wait generously, but not for ever (librdkafka
    * rule 9, docs/ARCHITECTURE.md). */
-  pr__deadline_after(CLOCK_REALTIME, (eng->shutdown_ms + 60000) * 1000000, &ts);
+  pr__deadline_after(CLOCK_REALTIME,
+                     (eng->shutdown_ms + eng->grace_ms) * 1000000, &ts);
   rc = pthread_timedjoin_np(eng->thread, NULL, &ts);
   if (rc) {
     PR_ERROR("engine",
-             "the consumer did not stop within shutdown_timeout + 60 s; "
-             "abandoning it");
+             "the consumer did not stop within shutdown_timeout + %lld ms; "
+             "abandoning it",
+             (long long)eng->grace_ms);
     return 1;
   }
   /* The engine thread has exited: this thread owns its state now. Collect

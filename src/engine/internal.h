@@ -373,6 +373,7 @@ struct pr__engine {
   int max_concurrency, max_uncommitted;
   int64_t timeout_ms;  /* handler timeout, 0: none */
   int64_t shutdown_ms; /* shutdown_timeout */
+  int64_t grace_ms;    /* then this long before the engine is abandoned */
   int64_t stall_ns;
   rd_kafka_t *rk;
   rd_kafka_queue_t *cq; /* the consumer queue (IO-event fd enabled) */

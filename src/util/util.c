@@ -120,6 +120,14 @@ void pr__logger_init(pr__logger_t *lg, pr__log_level_t level, prosody_log_cb cb,
   lg->cb = cb;
   lg->opaque = opaque;
   pthread_mutex_init(&lg->lock, NULL);
+  pthread_rwlock_init(&lg->cb_lock, NULL);
+}
+
+void pr__logger_detach(pr__logger_t *lg) {
+  pthread_rwlock_wrlock(&lg->cb_lock);
+  lg->cb = NULL;
+  lg->opaque = NULL;
+  pthread_rwlock_unlock(&lg->cb_lock);
 }
 
 pr__logger_t *pr__log_current(void) { return tls_logger; }
@@ -130,15 +138,22 @@ pr__logger_t *pr__log_adopt(pr__logger_t *lg) {
   return prev;
 }
 
-/* Writes one line (no lock held: a callback may take its own). */
-static void emit(const pr__logger_t *lg, pr__log_level_t level,
-                 const char *subsystem, const char *msg) {
+/* Writes one line (the repeat lock not held: a callback may take its own;
+ * a client's callback runs under its read lock, so detaching waits for
+ * it). */
+static void emit(pr__logger_t *lg, pr__log_level_t level, const char *subsystem,
+                 const char *msg) {
   char stamp[32];
   struct timespec ts;
   struct tm tm;
-  if (lg->cb) {
-    lg->cb((prosody_log_level_t)level, subsystem, msg, lg->opaque);
-    return;
+  if (lg != &default_logger) {
+    pthread_rwlock_rdlock(&lg->cb_lock);
+    if (lg->cb) {
+      lg->cb((prosody_log_level_t)level, subsystem, msg, lg->opaque);
+      pthread_rwlock_unlock(&lg->cb_lock);
+      return;
+    }
+    pthread_rwlock_unlock(&lg->cb_lock);
   }
   clock_gettime(CLOCK_REALTIME, &ts);
   gmtime_r(&ts.tv_sec, &tm);
@@ -174,6 +189,7 @@ void pr__logger_fini(pr__logger_t *lg) {
   if (said)
     emit(lg, (pr__log_level_t)r.level, r.sub, r.msg);
   pthread_mutex_destroy(&lg->lock);
+  pthread_rwlock_destroy(&lg->cb_lock);
 }
 
 void pr__log(pr__log_level_t level, const char *subsystem, const char *fmt,

@@ -109,8 +109,11 @@ typedef enum pr__log_level {
  */
 typedef struct pr__logger {
   int level; /* pr__log_level_t; immutable after init */
+  /* Where lines go: cb (NULL: stderr) with opaque, under cb_lock (read
+   * while calling it, written by pr__logger_detach). */
+  pthread_rwlock_t cb_lock;
   void (*cb)(prosody_log_level_t level, const char *subsystem,
-             const char *message, void *opaque); /* NULL: stderr */
+             const char *message, void *opaque);
   void *opaque;
   pthread_mutex_t lock; /* guards the repeat state below */
   uint64_t last_hash;   /* the last warning/error said */
@@ -122,6 +125,10 @@ typedef struct pr__logger {
 
 void pr__logger_init(pr__logger_t *lg, pr__log_level_t level, prosody_log_cb cb,
                      void *opaque);
+/* From its return on, the callback is never called again, and no call is
+ * still running: lines go to stderr (for threads that outlive their
+ * client, whose callback's opaque the application may free). */
+void pr__logger_detach(pr__logger_t *lg);
 /* Says what repeated, if anything, then forgets it. */
 void pr__logger_fini(pr__logger_t *lg);
 /* The calling thread's logger, NULL for the process default. */
