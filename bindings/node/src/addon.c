@@ -479,13 +479,14 @@ static void call_js(napi_env env, napi_value js_cb, void *context, void *data) {
    * client_finalize). */
   it = mailbox_take(&c->mb, &dropped);
   napi_create_array(env, &b.array);
-  napi_create_array(env, &logs[0]);
   while (it) {
     item_t *next = it->next;
     switch (it->kind) {
     case IT_LOG: {
       log_line_t *l = (log_line_t *)it;
       napi_value v;
+      if (!nlogs) /* made only for batches with lines: not per event */
+        napi_create_array(env, &logs[0]);
       napi_create_int32(env, l->level, &v);
       napi_set_element(env, logs[0], nlogs++, v);
       napi_create_string_utf8(env, l->subsystem, NAPI_AUTO_LENGTH, &v);
@@ -521,6 +522,8 @@ static void call_js(napi_env env, napi_value js_cb, void *context, void *data) {
     it = next;
   }
   if ((nlogs || dropped) && c->logger) {
+    if (!nlogs)
+      napi_create_array(env, &logs[0]);
     napi_create_double(env, (double)dropped, &logs[1]);
     call_client_fn(env, c->logger, 2, logs);
   }
