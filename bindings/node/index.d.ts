@@ -81,6 +81,24 @@ export interface Configuration {
   log?: string | null;
 }
 
+/** Where a client's log lines go: any object with these four methods, such as `console`, pino or
+ * winston. Each is called on the JavaScript thread with one string,
+ * `"prosody::<subsystem>: <message>"`: `error`, `warn`, `info` and `debug` for libprosody's levels of
+ * the same names, `debug` for TRACE too. Which lines come is the `log` option. */
+export interface Logger {
+  error(message: string): void;
+  warn(message: string): void;
+  info(message: string): void;
+  debug(message: string): void;
+}
+
+/** A ProsodyClient's options: those of the configuration reference and `logger`. */
+export interface ClientConfiguration extends Configuration {
+  /** The client's log lines go to this logger; unset or `null`: libprosody writes them to standard
+   * error (`2026-01-01T00:00:00.000Z WARN  prosody::producer: ...`). */
+  logger?: Logger | null;
+}
+
 export interface Message<P = any> {
   readonly topic: string;
   readonly partition: number;
@@ -113,7 +131,7 @@ export interface EventHandler {
 }
 
 export declare class ProsodyClient {
-  constructor(config?: Configuration);
+  constructor(config?: ClientConfiguration);
   readonly sourceSystem: string;
   /** The probe server's port while subscribed, or null. */
   readonly probePort: number | null;

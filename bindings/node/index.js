@@ -215,6 +215,46 @@ function wrapConfigError(e) {
 }
 
 // ---------------------------------------------------------------------------
+// Logging: the `logger` option (not libprosody's: its level is the `log`
+// option). The addon gives each batch of the client's lines to `forward`.
+
+const LOGGER_METHODS = ['error', 'warn', 'info', 'debug'];
+// libprosody's levels (1 ERROR .. 5 TRACE) as methods; TRACE as debug
+// (console.trace would print a stack).
+const LEVEL_METHOD = [null, 'error', 'warn', 'info', 'debug', 'debug'];
+
+// Takes `logger` out of the options: [options for the table, logger or null].
+function splitLogger(config) {
+  if (config === null || typeof config !== 'object' || Array.isArray(config) || !('logger' in config)) {
+    return [config, null];
+  }
+  const { logger, ...rest } = config;
+  if (logger === undefined || logger === null) return [rest, null];
+  const missing = (typeof logger === 'object' || typeof logger === 'function')
+    ? LOGGER_METHODS.filter((m) => typeof logger[m] !== 'function')
+    : LOGGER_METHODS;
+  if (missing.length) {
+    throw new TypeError(`option logger: expected an object with ${LOGGER_METHODS.join(', ')} methods ` +
+                        `(console, or a console-compatible logger); missing: ${missing.join(', ')}`);
+  }
+  return [rest, logger];
+}
+
+// The function the addon calls on the JavaScript thread with a batch of
+// lines, [level, subsystem, message, ...], and how many were dropped.
+function logForwarder(logger) {
+  return (lines, dropped) => {
+    for (let i = 0; i < lines.length; i += 3) {
+      logger[LEVEL_METHOD[lines[i]] || 'info'](`prosody::${lines[i + 1]}: ${lines[i + 2]}`);
+    }
+    if (dropped) {
+      logger.warn(`prosody: ${dropped} log line(s) dropped: the client logged faster than ` +
+                  'the JavaScript thread forwarded them');
+    }
+  };
+}
+
+// ---------------------------------------------------------------------------
 // OpenTelemetry (optional)
 
 let otel = null;
@@ -337,9 +377,10 @@ class Context {
 
 class ProsodyClient {
   constructor(config) {
-    const opts = convertOptions(config, 'ProsodyClient');
+    const [options, logger] = splitLogger(config);
+    const opts = convertOptions(options, 'ProsodyClient');
     try {
-      this._native = new native.NativeClient(opts);
+      this._native = new native.NativeClient(opts, logger ? logForwarder(logger) : undefined);
     } catch (e) {
       throw wrapConfigError(e);
     }

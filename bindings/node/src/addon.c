@@ -5,15 +5,19 @@
  * Threads. JavaScript runs only on the JS thread. libprosody calls back on:
  *  - the engine thread: on_message / on_timer of the asynchronous handler
  *    (return PROSODY_PENDING at once), timer-call results, cancellations;
- *  - the producer's delivery thread: send results.
- * Neither touches N-API. Each appends an item to the client's mailbox
+ *  - the producer's delivery thread: send results;
+ *  - any of the client's threads: its log lines (with a JS logger; bounded,
+ *    LOG_QUEUE_LINES, the rest dropped and counted).
+ * None touches N-API. Each appends an item to the client's mailbox
  * (`mailbox_t`, a mutex-guarded list) and, when the list was empty, calls
  * the client's one threadsafe function; its JS-thread callback takes the
  * whole list: one call per batch, not per event. Blocking C calls
  * (subscribe, unsubscribe, admin) run as napi_async_work on libuv's pool.
  *
  * Ownership. The mailbox and the threadsafe function belong to the client
- * and live until it is finalised (after unsubscribe). An in-flight event is
+ * and live until it is finalised (after unsubscribe); the threadsafe
+ * function's last call, after that, gives the logger the lines the client
+ * logged as it was destroyed (client_release frees it). An in-flight event is
  * an `event_t`: created by the engine thread, freed on the JS thread once
  * its result was given (prosody_complete returned) and its cancellation
  * item, if the cancel callback fired, was drained.
@@ -105,7 +109,7 @@ static char *string_arg(napi_env env, napi_value v, const char *what) {
 /* The mailbox                                                               */
 /* ------------------------------------------------------------------------ */
 
-enum { IT_EVENT, IT_CANCEL, IT_OP, IT_SEND };
+enum { IT_EVENT, IT_CANCEL, IT_OP, IT_SEND, IT_LOG };
 
 typedef struct item {
   struct item *next; /* mailbox link (mailbox lock) */
@@ -113,33 +117,54 @@ typedef struct item {
 } item_t;
 
 typedef struct mailbox {
-  pthread_mutex_t lock; /* guards head, tail, signalled */
+  pthread_mutex_t lock; /* guards head, tail, logs, dropped, signalled */
   item_t *head, *tail;
-  int signalled; /* a threadsafe-function call is on its way */
+  size_t logs;           /* IT_LOG items listed (at most LOG_QUEUE_LINES) */
+  unsigned long dropped; /* log lines refused since the last take */
+  int signalled;         /* a threadsafe-function call is on its way */
   napi_threadsafe_function tsfn;
 } mailbox_t;
 
-static void mailbox_push(mailbox_t *mb, item_t *it) {
-  int wake;
-  it->next = NULL;
-  pthread_mutex_lock(&mb->lock);
-  if (mb->tail)
-    mb->tail->next = it;
-  else
-    mb->head = it;
-  mb->tail = it;
-  wake = !mb->signalled;
+/* Lists `it` (NULL: lists nothing), lock held; returns whether the JS
+ * thread must be woken. */
+static int mailbox_append(mailbox_t *mb, item_t *it) {
+  int wake = !mb->signalled;
+  if (it) {
+    it->next = NULL;
+    if (mb->tail)
+      mb->tail->next = it;
+    else
+      mb->head = it;
+    mb->tail = it;
+  }
   mb->signalled = 1;
-  pthread_mutex_unlock(&mb->lock);
-  if (wake)
-    napi_call_threadsafe_function(mb->tsfn, NULL, napi_tsfn_nonblocking);
+  return wake;
 }
 
-static item_t *mailbox_take(mailbox_t *mb) {
+static void mailbox_wake(mailbox_t *mb) {
+  napi_call_threadsafe_function(mb->tsfn, NULL, napi_tsfn_nonblocking);
+}
+
+static void mailbox_push(mailbox_t *mb, item_t *it) {
+  int wake;
+  pthread_mutex_lock(&mb->lock);
+  wake = mailbox_append(mb, it);
+  pthread_mutex_unlock(&mb->lock);
+  if (wake)
+    mailbox_wake(mb);
+}
+
+/* Takes every listed item and, into `dropped` if not NULL, how many log
+ * lines were refused since the last take. */
+static item_t *mailbox_take(mailbox_t *mb, unsigned long *dropped) {
   item_t *it;
   pthread_mutex_lock(&mb->lock);
   it = mb->head;
   mb->head = mb->tail = NULL;
+  mb->logs = 0;
+  if (dropped)
+    *dropped = mb->dropped;
+  mb->dropped = 0;
   mb->signalled = 0;
   pthread_mutex_unlock(&mb->lock);
   return it;
@@ -161,8 +186,11 @@ typedef struct client {
   int wrap_gone, tsfn_gone; /* c is freed by the later of the two */
   int env_closing;          /* set by this client's env cleanup hook */
   int follows_from[2];      /* message_spans / timer_spans, resolved */
-  napi_ref self; /* the JS object: strong while pending, so an unsettled
-                    send keeps its client (weak otherwise) */
+  napi_ref self;   /* the JS object: strong while pending, so an unsettled
+                      send keeps its client (weak otherwise) */
+  napi_ref logger; /* the JS function given each batch of log lines, or
+                      NULL (libprosody writes them to stderr); freed with
+                      the threadsafe function, which outlives the client */
   napi_env env;
 } client_t;
 
@@ -206,6 +234,51 @@ static void hold(client_t *c, int delta) {
     if (c->self)
       napi_reference_unref(c->env, c->self, NULL);
   }
+}
+
+/* A log line of the client's, copied on the thread that logged it. At most
+ * LOG_QUEUE_LINES wait for the JS thread; more are dropped and counted,
+ * never waited for. */
+#define LOG_QUEUE_LINES 1024
+
+typedef struct log_line {
+  item_t item; /* IT_LOG */
+  int level;   /* prosody_log_level_t */
+  char subsystem[32];
+  char message[]; /* as logged (libprosody bounds it) */
+} log_line_t;
+
+/* libprosody's log callback: any of the client's threads. */
+static void log_cb(prosody_log_level_t level, const char *subsystem,
+                   const char *message, void *opaque) {
+  client_t *c = opaque;
+  size_t n = strlen(message);
+  log_line_t *l = malloc(sizeof(*l) + n + 1);
+  int wake;
+  if (l) {
+    l->item.kind = IT_LOG;
+    l->level = (int)level;
+    snprintf(l->subsystem, sizeof(l->subsystem), "%s", subsystem);
+    memcpy(l->message, message, n + 1);
+  }
+  pthread_mutex_lock(&c->mb.lock);
+  if (!l || c->mb.logs >= LOG_QUEUE_LINES) {
+    c->mb.dropped++; /* said with the next batch */
+    free(l);
+    l = NULL;
+  } else {
+    c->mb.logs++;
+  }
+  wake = mailbox_append(&c->mb, l ? &l->item : NULL);
+  pthread_mutex_unlock(&c->mb.lock);
+  if (wake)
+    mailbox_wake(&c->mb);
+}
+
+static void op_free(op_t *op) {
+  free(op->errstr);
+  free(op->times);
+  free(op);
 }
 
 static void event_free_maybe(event_t *ev) {
@@ -367,9 +440,26 @@ static void op_settle(napi_env env, op_t *op) {
     }
     napi_resolve_deferred(env, op->deferred, v);
   }
-  free(op->errstr);
-  free(op->times);
-  free(op);
+  op_free(op);
+}
+
+/* Calls a JS function the client holds (logger or dispatcher) with `argc`
+ * arguments; it must not throw: if it does, the exception is surfaced as
+ * uncaught. */
+static void call_client_fn(napi_env env, napi_ref ref, size_t argc,
+                           napi_value *argv) {
+  napi_value fn, undef, result;
+  napi_get_reference_value(env, ref, &fn);
+  napi_get_undefined(env, &undef);
+  if (napi_call_function(env, undef, fn, argc, argv, &result) != napi_ok) {
+    napi_value exc;
+    bool pending = false;
+    napi_is_exception_pending(env, &pending);
+    if (pending) {
+      napi_get_and_clear_last_exception(env, &exc);
+      napi_fatal_exception(env, exc);
+    }
+  }
 }
 
 /* The threadsafe function's JS-thread callback: one per batch. Events and
@@ -379,15 +469,33 @@ static void call_js(napi_env env, napi_value js_cb, void *context, void *data) {
   client_t *c = context;
   item_t *it;
   event_t *cancels = NULL, **ctail = &cancels;
-  napi_value fn, undef;
   batch_t b = {0};
-  if (!env || c->wrap_gone)
-    return; /* the environment or the client is going away */
-  it = mailbox_take(&c->mb);
+  napi_value logs[2]; /* [level, subsystem, message, ...], dropped */
+  uint32_t nlogs = 0;
+  unsigned long dropped;
+  if (!env)
+    return; /* the environment is going away */
+  /* Once the client is finalised only its last log lines are listed (see
+   * client_finalize). */
+  it = mailbox_take(&c->mb, &dropped);
   napi_create_array(env, &b.array);
   while (it) {
     item_t *next = it->next;
     switch (it->kind) {
+    case IT_LOG: {
+      log_line_t *l = (log_line_t *)it;
+      napi_value v;
+      if (!nlogs) /* made only for batches with lines: not per event */
+        napi_create_array(env, &logs[0]);
+      napi_create_int32(env, l->level, &v);
+      napi_set_element(env, logs[0], nlogs++, v);
+      napi_create_string_utf8(env, l->subsystem, NAPI_AUTO_LENGTH, &v);
+      napi_set_element(env, logs[0], nlogs++, v);
+      napi_create_string_utf8(env, l->message, NAPI_AUTO_LENGTH, &v);
+      napi_set_element(env, logs[0], nlogs++, v);
+      free(l);
+      break;
+    }
     case IT_EVENT:
       put_event(env, &b, (event_t *)it);
       break;
@@ -403,11 +511,21 @@ static void call_js(napi_env env, napi_value js_cb, void *context, void *data) {
     }
     case IT_OP:
     case IT_SEND:
+      if (c->wrap_gone) { /* a result nobody can await any more */
+        op_free((op_t *)it);
+        break;
+      }
       op_settle(env, (op_t *)it);
       hold(c, -1);
       break;
     }
     it = next;
+  }
+  if ((nlogs || dropped) && c->logger) {
+    if (!nlogs)
+      napi_create_array(env, &logs[0]);
+    napi_create_double(env, (double)dropped, &logs[1]);
+    call_client_fn(env, c->logger, 2, logs);
   }
   while (cancels) {
     event_t *ev = cancels, *nextc = ev->cancel_next;
@@ -418,21 +536,8 @@ static void call_js(napi_env env, napi_value js_cb, void *context, void *data) {
     event_free_maybe(ev);
     cancels = nextc;
   }
-  if (b.n && c->dispatch) {
-    napi_value result;
-    napi_get_reference_value(env, c->dispatch, &fn);
-    napi_get_undefined(env, &undef);
-    if (napi_call_function(env, undef, fn, 1, &b.array, &result) != napi_ok) {
-      /* The dispatcher must not throw; if it does, surface it. */
-      napi_value exc;
-      bool pending = false;
-      napi_is_exception_pending(env, &pending);
-      if (pending) {
-        napi_get_and_clear_last_exception(env, &exc);
-        napi_fatal_exception(env, exc);
-      }
-    }
-  }
+  if (b.n && c->dispatch)
+    call_client_fn(env, c->dispatch, 1, &b.array);
 }
 
 static void client_free(client_t *c) {
@@ -448,30 +553,55 @@ static void client_free(client_t *c) {
  * thread's clients from releasing theirs. */
 static void mark_closing(void *arg) { ((client_t *)arg)->env_closing = 1; }
 
+/* Frees c once both its JS object and its threadsafe function are gone. */
+static void client_release(napi_env env, client_t *c) {
+  if (!c->wrap_gone || !c->tsfn_gone)
+    return;
+  if (c->logger)
+    napi_delete_reference(env, c->logger);
+  pthread_mutex_destroy(&c->mb.lock);
+  free(c);
+}
+
 static void tsfn_finalize(napi_env env, void *data, void *hint) {
   client_t *c = data;
   c->tsfn_gone = 1;
-  if (c->wrap_gone) {
-    pthread_mutex_destroy(&c->mb.lock);
-    free(c);
+  client_release(env, c);
+}
+
+/* What arrived after the last batch: results nobody can await now are
+ * freed; log lines (those of the client's closing) are listed again for
+ * the threadsafe function's last call, which gives them to the logger. */
+static void mailbox_close(client_t *c) {
+  unsigned long dropped;
+  item_t *it = mailbox_take(&c->mb, &dropped);
+  int keep = c->logger && !c->tsfn_gone && !c->env_closing, wake = 0;
+  pthread_mutex_lock(&c->mb.lock);
+  while (it) {
+    item_t *next = it->next;
+    if (it->kind == IT_LOG && keep) {
+      c->mb.logs++;
+      wake |= mailbox_append(&c->mb, it);
+    } else if (it->kind == IT_LOG) {
+      free(it);
+    } else if (it->kind == IT_OP || it->kind == IT_SEND) {
+      op_free((op_t *)it);
+    }
+    it = next;
   }
+  if (dropped && keep) {
+    c->mb.dropped += dropped;
+    wake |= mailbox_append(&c->mb, NULL);
+  }
+  pthread_mutex_unlock(&c->mb.lock);
+  if (wake)
+    mailbox_wake(&c->mb);
 }
 
 static void client_finalize(napi_env env, void *data, void *hint) {
   client_t *c = data;
-  item_t *it;
   client_free(c);
-  it = mailbox_take(&c->mb); /* what arrived after the last batch */
-  while (it) {
-    item_t *next = it->next;
-    if (it->kind == IT_OP || it->kind == IT_SEND) {
-      op_t *op = (op_t *)it;
-      free(op->errstr);
-      free(op->times);
-      free(op);
-    }
-    it = next;
-  }
+  mailbox_close(c);
   if (c->dispatch)
     napi_delete_reference(env, c->dispatch);
   c->dispatch = NULL;
@@ -481,12 +611,10 @@ static void client_finalize(napi_env env, void *data, void *hint) {
   if (!c->env_closing)
     napi_remove_env_cleanup_hook(env, mark_closing, c);
   c->wrap_gone = 1;
-  if (c->tsfn_gone) {
-    pthread_mutex_destroy(&c->mb.lock);
-    free(c);
-  } else if (!c->env_closing) {
-    napi_release_threadsafe_function(c->mb.tsfn, napi_tsfn_abort);
-  }
+  if (c->tsfn_gone)
+    client_release(env, c);
+  else if (!c->env_closing) /* its queued calls are still made */
+    napi_release_threadsafe_function(c->mb.tsfn, napi_tsfn_release);
 }
 
 static client_t *unwrap_client(napi_env env, napi_callback_info info,
@@ -549,9 +677,13 @@ static prosody_config_t *config_from(napi_env env, napi_value obj) {
   return conf;
 }
 
+/* NativeClient(options, logger?): `logger`, a function, is given each
+ * batch of the client's log lines ([level, subsystem, message, ...] and how
+ * many were dropped); without it libprosody writes them to stderr. */
 static napi_value client_new(napi_env env, napi_callback_info info) {
-  size_t argc = 1;
-  napi_value argv[1], self, name;
+  size_t argc = 2;
+  napi_value argv[2], self, name;
+  napi_valuetype t = napi_undefined;
   client_t *c;
   prosody_config_t *conf;
   char err[1024];
@@ -560,6 +692,8 @@ static napi_value client_new(napi_env env, napi_callback_info info) {
     napi_throw_type_error(env, NULL, "options object required");
     return NULL;
   }
+  if (argc > 1)
+    napi_typeof(env, argv[1], &t);
   if (!(conf = config_from(env, argv[0])))
     return NULL;
   if (!(c = calloc(1, sizeof(*c)))) {
@@ -575,24 +709,31 @@ static napi_value client_new(napi_env env, napi_callback_info info) {
                             sizeof(val), NULL, NULL, 0))
       c->follows_from[i] = !strcmp(val, "follows_from");
   }
-  if (!(c->client = prosody_client_new(conf, err, sizeof(err)))) {
-    prosody_config_destroy(conf);
-    free(c);
-    return throw_error(env, PROSODY_ERR_CONFIG, err);
-  }
   c->env = env;
   pthread_mutex_init(&c->mb.lock, NULL);
+  /* The mailbox first: the client logs while it is being created. */
   napi_create_string_utf8(env, "prosody", NAPI_AUTO_LENGTH, &name);
   if (napi_create_threadsafe_function(env, NULL, NULL, name, 0, 1, c,
                                       tsfn_finalize, c, call_js,
                                       &c->mb.tsfn) != napi_ok) {
-    prosody_client_destroy(c->client);
+    prosody_config_destroy(conf);
+    pthread_mutex_destroy(&c->mb.lock);
     free(c);
     throw_last(env);
     return NULL;
   }
   /* Nothing pending yet: the client alone never keeps the process up. */
   napi_unref_threadsafe_function(env, c->mb.tsfn);
+  if (t == napi_function &&
+      napi_create_reference(env, argv[1], 1, &c->logger) == napi_ok)
+    prosody_config_set_log_cb(conf, log_cb, c);
+  if (!(c->client = prosody_client_new(conf, err, sizeof(err)))) {
+    prosody_config_destroy(conf);
+    call_js(env, NULL, c, NULL); /* the lines of the failed creation */
+    c->wrap_gone = 1;            /* tsfn_finalize frees c */
+    napi_release_threadsafe_function(c->mb.tsfn, napi_tsfn_release);
+    return throw_error(env, PROSODY_ERR_CONFIG, err);
+  }
   napi_add_env_cleanup_hook(env, mark_closing, c);
   if (napi_wrap(env, self, c, client_finalize, NULL, NULL) != napi_ok) {
     client_finalize(env, c, NULL);
@@ -600,6 +741,7 @@ static napi_value client_new(napi_env env, napi_callback_info info) {
     return NULL;
   }
   napi_create_reference(env, self, 0, &c->self);
+  call_js(env, NULL, c, NULL); /* the creation's lines, before it returns */
   return self;
 }
 
@@ -721,6 +863,9 @@ static void work_complete(napi_env env, napi_status status, void *data) {
         napi_delete_reference(env, w->c->dispatch);
         w->c->dispatch = NULL;
       }
+      /* What the stop logged reaches the logger before the promise
+       * settles (the process may end right after it). */
+      call_js(env, NULL, w->c, NULL);
     }
   }
   if (w->err) {

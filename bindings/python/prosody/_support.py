@@ -1,9 +1,34 @@
 """Helpers the native module calls (not part of the public API)."""
 
 import contextvars
+import logging
 from typing import Any, Dict, Generator, List, Optional, Tuple
 
-__all__ = ["ConsumerState", "Ready", "trace_headers", "handler_context"]
+__all__ = ["ConsumerState", "Ready", "trace_headers", "handler_context", "forward_logs", "TRACE"]
+
+#: The `logging` level of libprosody's TRACE lines (below DEBUG), named
+#: "TRACE" unless the application already named level 5.
+TRACE = 5
+if logging.getLevelName(TRACE) == f"Level {TRACE}":
+    logging.addLevelName(TRACE, "TRACE")
+
+# libprosody's levels (prosody_log_level_t) as `logging` levels.
+_LEVELS = {1: logging.ERROR, 2: logging.WARNING, 3: logging.INFO, 4: logging.DEBUG, 5: TRACE}
+
+
+def forward_logs(lines: List[Tuple[int, str, str]], dropped: int,
+                 source_system: Optional[str]) -> None:
+    """Logs a client's lines, (level, subsystem, message) as libprosody gave
+    them, to the loggers ``prosody.<subsystem>``; each record carries the
+    client's ``source_system``. ``dropped`` lines did not fit the queue."""
+    extra = {"source_system": source_system}
+    for level, subsystem, message in lines:
+        logging.getLogger(f"prosody.{subsystem}").log(_LEVELS.get(level, logging.INFO),
+                                                      message, extra=extra)
+    if dropped:
+        logging.getLogger("prosody").warning(
+            "%d log line(s) dropped: the client logged faster than its event loop "
+            "forwarded them", dropped, extra=extra)
 
 
 class ConsumerState(str):

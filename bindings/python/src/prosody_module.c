@@ -14,6 +14,10 @@
  *    resolves the future with loop.call_soon_threadsafe.
  *  - executor threads (subscribe, unsubscribe, admin calls, which block in
  *    C): they run with the GIL released while in C.
+ *  - any of the client's threads (its log lines): like the engine thread,
+ *    the callback copies the line into the client's bounded log mailbox
+ *    (`log_sink_t`) and wakes the loop through its pipe; the loop hands
+ *    the batch to `logging` (_support.forward_logs).
  *
  * Ownership. A bridge belongs to its client object and lives until the
  * client is deallocated; its mutex guards the item list and `signalled`.
@@ -413,21 +417,32 @@ typedef struct item {
 } item_t;
 
 typedef struct bridge {
-  pthread_mutex_t lock; /* guards head, tail, signalled */
+  pthread_mutex_t lock; /* guards head, tail, n, dropped, signalled */
   item_t *head, *tail;
-  int signalled; /* a byte is in the pipe for the items listed */
-  int fds[2];    /* pipe: [0] watched by the loop, [1] written by pushers */
+  size_t n, limit;       /* items listed; at most `limit` (0: no bound) */
+  unsigned long dropped; /* items refused since the last take */
+  int signalled;         /* a byte is in the pipe for the items listed */
+  int fds[2]; /* pipe: [0] watched by the loop, [1] written by pushers */
 } bridge_t;
 
-static void bridge_push(bridge_t *b, item_t *it) {
+/* Lists `it` and wakes the loop if it was not already woken; never blocks.
+ * A bounded mailbox that is full refuses it (returns -1, counted, as is a
+ * NULL `it`: an item that could not be allocated). */
+static int bridge_push(bridge_t *b, item_t *it) {
   int wake;
-  it->next = NULL;
   pthread_mutex_lock(&b->lock);
+  if (!it || (b->limit && b->n >= b->limit)) {
+    b->dropped++;
+    pthread_mutex_unlock(&b->lock);
+    return -1;
+  }
+  it->next = NULL;
   if (b->tail)
     b->tail->next = it;
   else
     b->head = it;
   b->tail = it;
+  b->n++;
   wake = !b->signalled;
   b->signalled = 1;
   pthread_mutex_unlock(&b->lock);
@@ -436,11 +451,13 @@ static void bridge_push(bridge_t *b, item_t *it) {
     while (write(b->fds[1], &c, 1) < 0 && errno == EINTR)
       ;
   }
+  return 0;
 }
 
-/* Takes every queued item (loop thread). The pipe is emptied first, so an
- * item pushed after the list was taken always writes a new byte. */
-static item_t *bridge_take(bridge_t *b) {
+/* Takes every queued item (loop thread) and, into `dropped` if not NULL,
+ * how many were refused since. The pipe is emptied first, so an item
+ * pushed after the list was taken always writes a new byte. */
+static item_t *bridge_take(bridge_t *b, unsigned long *dropped) {
   char buf[64];
   item_t *it;
   while (read(b->fds[0], buf, sizeof(buf)) > 0)
@@ -448,12 +465,16 @@ static item_t *bridge_take(bridge_t *b) {
   pthread_mutex_lock(&b->lock);
   it = b->head;
   b->head = b->tail = NULL;
+  b->n = 0;
+  if (dropped)
+    *dropped = b->dropped;
+  b->dropped = 0;
   b->signalled = 0;
   pthread_mutex_unlock(&b->lock);
   return it;
 }
 
-static bridge_t *bridge_new(void) {
+static bridge_t *bridge_new(size_t limit) {
   bridge_t *b = calloc(1, sizeof(*b));
   if (!b)
     return NULL;
@@ -465,6 +486,7 @@ static bridge_t *bridge_new(void) {
     fcntl(b->fds[i], F_SETFL, fcntl(b->fds[i], F_GETFL) | O_NONBLOCK);
     fcntl(b->fds[i], F_SETFD, FD_CLOEXEC);
   }
+  b->limit = limit;
   pthread_mutex_init(&b->lock, NULL);
   return b;
 }
@@ -477,6 +499,136 @@ static void bridge_free(bridge_t *b) {
   pthread_mutex_destroy(&b->lock);
   free(b);
 }
+
+/* ------------------------------------------------------------------------ */
+/* Log lines (libprosody's threads -> the loop -> `logging`)                 */
+/* ------------------------------------------------------------------------ */
+
+/* The lines a client may have queued for `logging`; more are dropped (and
+ * counted) rather than waited for. */
+#define LOG_QUEUE_LINES 1024
+
+typedef struct log_line {
+  item_t item;
+  int level; /* prosody_log_level_t */
+  char subsystem[32];
+  char message[]; /* as logged (libprosody bounds it) */
+} log_line_t;
+
+/* A client's log lines. libprosody's log callback (any of the client's
+ * threads, GIL not held) copies each line into `box`, a bounded mailbox
+ * whose pipe the loop watches; the loop thread forwards them to `logging`
+ * (_support.forward_logs). Owned by a capsule: the client holds it, and so
+ * does the reader registered on a loop, so neither outlives the other's
+ * use of it. */
+typedef struct log_sink {
+  bridge_t *box;
+  PyObject *source; /* the client's source_system (GIL), once known */
+} log_sink_t;
+
+static void log_cb(prosody_log_level_t level, const char *subsystem,
+                   const char *message, void *opaque) {
+  log_sink_t *s = opaque;
+  size_t n = strlen(message);
+  log_line_t *l = malloc(sizeof(*l) + n + 1);
+  if (l) {
+    l->level = (int)level;
+    snprintf(l->subsystem, sizeof(l->subsystem), "%s", subsystem);
+    memcpy(l->message, message, n + 1);
+  }
+  if (bridge_push(s->box, l ? &l->item : NULL))
+    free(l);
+}
+
+static PyObject *FnForwardLogs; /* prosody._support.forward_logs */
+
+/* Forwards the queued lines to `logging` (GIL held, any Python thread; the
+ * caller's exception, if any, is kept). Without a usable interpreter (it
+ * is finalizing) they go to standard error. */
+static void log_drain(log_sink_t *s) {
+  static const char *const names[] = {"OFF",  "ERROR", "WARN",
+                                      "INFO", "DEBUG", "TRACE"};
+  PyObject *type, *value, *tb, *lines = NULL, *r = NULL;
+  unsigned long dropped;
+  item_t *it;
+  if (!s)
+    return;
+  it = bridge_take(s->box, &dropped);
+  if (!it && !dropped)
+    return;
+  PyErr_Fetch(&type, &value, &tb);
+  if (!PR_FINALIZING() && (lines = PyList_New(0))) {
+    for (item_t *i = it; i && lines; i = i->next) {
+      log_line_t *l = (log_line_t *)i;
+      PyObject *t = Py_BuildValue("(iss)", l->level, l->subsystem, l->message);
+      if (!t || PyList_Append(lines, t))
+        Py_CLEAR(lines);
+      Py_XDECREF(t);
+    }
+    if (lines)
+      r = PyObject_CallFunction(FnForwardLogs, "OkO", lines, dropped,
+                                s->source ? s->source : Py_None);
+    if (!r && PyErr_Occurred())
+      PyErr_WriteUnraisable(FnForwardLogs);
+  }
+  while (it) {
+    item_t *next = it->next;
+    log_line_t *l = (log_line_t *)it;
+    if (!r) {
+      int lv = l->level >= 0 && l->level <= 5 ? l->level : 0;
+      fprintf(stderr, "%-5s prosody::%s: %s\n", names[lv], l->subsystem,
+              l->message);
+    }
+    free(l);
+    it = next;
+  }
+  if (!r && dropped)
+    fprintf(stderr, "WARN  prosody: %lu log lines dropped\n", dropped);
+  Py_XDECREF(lines);
+  Py_XDECREF(r);
+  PyErr_Restore(type, value, tb);
+}
+
+static void log_sink_free(PyObject *capsule) {
+  log_sink_t *s = PyCapsule_GetPointer(capsule, "prosody.log_sink");
+  if (!s)
+    return;
+  log_drain(s);
+  bridge_free(s->box);
+  Py_XDECREF(s->source);
+  free(s);
+}
+
+/* A capsule owning a new sink, or NULL with an exception set. */
+static PyObject *log_sink_new(void) {
+  log_sink_t *s = calloc(1, sizeof(*s));
+  PyObject *cap;
+  if (!s || !(s->box = bridge_new(LOG_QUEUE_LINES))) {
+    free(s);
+    return PyErr_NoMemory();
+  }
+  if (!(cap = PyCapsule_New(s, "prosody.log_sink", log_sink_free))) {
+    bridge_free(s->box);
+    free(s);
+  }
+  return cap;
+}
+
+static log_sink_t *log_sink_of(PyObject *capsule) {
+  return capsule ? PyCapsule_GetPointer(capsule, "prosody.log_sink") : NULL;
+}
+
+/* The loop's reader callback for a sink's pipe. */
+static PyObject *log_reader(PyObject *capsule, PyObject *unused) {
+  log_sink_t *s = log_sink_of(capsule);
+  if (!s)
+    return NULL;
+  log_drain(s);
+  Py_RETURN_NONE;
+}
+
+static PyMethodDef log_reader_def = {"_forward_logs", log_reader, METH_NOARGS,
+                                     NULL};
 
 /* ------------------------------------------------------------------------ */
 /* Types                                                                     */
@@ -493,7 +645,9 @@ typedef struct {
   int spans_follow[2]; /* message_spans / timer_spans are follows_from */
   char sub_err[1024];
   PyObject *loop, *handler, *on_message, *on_timer, *create_task;
-  PyObject *sub_fut; /* the subscribe call's future while subscribed */
+  PyObject *sub_fut;  /* the subscribe call's future while subscribed */
+  PyObject *log_sink; /* capsule of its log_sink_t */
+  PyObject *log_loop; /* the loop watching the sink's pipe, or NULL */
 } ClientObject;
 
 typedef struct {
@@ -1053,7 +1207,7 @@ static PyObject *client_drain(PyObject *self, PyObject *unused) {
   item_t *it;
   if (!c->bridge)
     Py_RETURN_NONE;
-  it = bridge_take(c->bridge);
+  it = bridge_take(c->bridge, NULL);
   while (it) {
     item_t *next = it->next;
     switch (it->kind) {
@@ -1104,6 +1258,45 @@ static PyObject *running_loop(const char *what) {
   return loop;
 }
 
+/* Stops the loop watching the client's log pipe (the caller's exception,
+ * if any, is kept). */
+static void log_unwatch(ClientObject *c) {
+  PyObject *type, *value, *tb, *fd, *r;
+  log_sink_t *s = log_sink_of(c->log_sink);
+  if (!c->log_loop || !s)
+    return;
+  PyErr_Fetch(&type, &value, &tb);
+  fd = PyLong_FromLong(s->box->fds[0]);
+  r = fd ? PyObject_CallMethodObjArgs(c->log_loop, S_remove_reader, fd, NULL)
+         : NULL;
+  Py_XDECREF(fd);
+  Py_XDECREF(r);
+  PyErr_Clear(); /* the loop may be closed: it watches nothing then */
+  Py_CLEAR(c->log_loop);
+  PyErr_Restore(type, value, tb);
+}
+
+/* Has `loop`, the running one, forward the client's log lines as they
+ * come, instead of the loop that did (a loop of an earlier asyncio.run).
+ * Where it cannot, lines wait for the next drain (see client_init). */
+static void log_watch(ClientObject *c, PyObject *loop) {
+  PyObject *reader, *fd, *r = NULL;
+  log_sink_t *s = log_sink_of(c->log_sink);
+  if (!s || !loop || loop == c->log_loop)
+    return;
+  log_unwatch(c);
+  reader = PyCFunction_New(&log_reader_def, c->log_sink);
+  fd = PyLong_FromLong(s->box->fds[0]);
+  if (reader && fd)
+    r = PyObject_CallMethodObjArgs(loop, S_add_reader, fd, reader, NULL);
+  Py_XDECREF(reader);
+  Py_XDECREF(fd);
+  if (r)
+    c->log_loop = Py_NewRef(loop);
+  Py_XDECREF(r);
+  PyErr_Clear();
+}
+
 static int client_init(PyObject *self, PyObject *args, PyObject *kwargs) {
   ClientObject *c = (ClientObject *)self;
   prosody_config_t *conf;
@@ -1127,16 +1320,38 @@ static int client_init(PyObject *self, PyObject *args, PyObject *kwargs) {
                             sizeof(err)))
       c->spans_follow[i] = !strcmp(val, "follows_from");
   }
+  /* The client's lines go to `logging` (its `log` option is the level). */
+  Py_XSETREF(c->log_sink, log_sink_new());
+  if (!c->log_sink) {
+    prosody_config_destroy(conf);
+    return -1;
+  }
+  prosody_config_set_log_cb(conf, log_cb, log_sink_of(c->log_sink));
   Py_BEGIN_ALLOW_THREADS
   client = prosody_client_new(conf, err, sizeof(err));
   Py_END_ALLOW_THREADS
   if (!client) {
+    log_drain(log_sink_of(c->log_sink));
     prosody_config_destroy(conf);
     PyErr_SetString(PyExc_ValueError, err);
     return -1;
   }
   c->client = client;
   c->pid = getpid();
+  /* Lines are forwarded on the thread that drains them: at once those of
+   * the creation, then by the running loop (this one, or the one of a
+   * later call), on unsubscribe and when the client is deallocated. */
+  log_sink_of(c->log_sink)->source =
+      PyUnicode_FromString(prosody_client_source_system(client));
+  PyErr_Clear();
+  log_drain(log_sink_of(c->log_sink));
+  {
+    PyObject *loop = PyObject_CallNoArgs(FnGetRunningLoop);
+    if (loop)
+      log_watch(c, loop);
+    Py_XDECREF(loop);
+    PyErr_Clear(); /* no running loop: the first call's will do */
+  }
   return 0;
 }
 
@@ -1154,8 +1369,13 @@ static void client_dealloc(ClientObject *c) {
     Py_END_ALLOW_THREADS
   }
   c->client = NULL;
+  if (c->log_sink) { /* the lines of its closing, before the sink goes */
+    log_drain(log_sink_of(c->log_sink));
+    log_unwatch(c);
+    Py_CLEAR(c->log_sink);
+  }
   if (c->bridge) {
-    item_t *it = bridge_take(c->bridge);
+    item_t *it = bridge_take(c->bridge, NULL);
     while (it) { /* left when the loop stopped before draining */
       item_t *next = it->next;
       if (it->kind == IT_MESSAGE || it->kind == IT_TIMER) {
@@ -1252,6 +1472,7 @@ static PyObject *client_send(PyObject *self, PyObject *args) {
   if (!(text = PyUnicode_AsUTF8(json)) || !(loop = running_loop("send()")) ||
       !(fut = PyObject_CallMethodObjArgs(loop, S_create_future, NULL)))
     goto fail;
+  log_watch(c, loop);
   if (otel_enabled) {
     if (!(th = PyObject_CallNoArgs(FnTraceHeaders)))
       goto fail;
@@ -1316,6 +1537,7 @@ static void client_detach(ClientObject *c) {
     return;
   r = client_drain((PyObject *)c, NULL);
   Py_XDECREF(r);
+  log_drain(log_sink_of(c->log_sink)); /* e.g. the consumer's stop */
   fd = PyLong_FromLong(c->bridge->fds[0]);
   r = fd ? PyObject_CallMethodObjArgs(c->loop, S_remove_reader, fd, NULL)
          : NULL;
@@ -1394,7 +1616,8 @@ static PyObject *client_subscribe(PyObject *self, PyObject *handler) {
   }
   if (!(loop = running_loop("subscribe()")))
     goto fail;
-  if (!c->bridge && !(c->bridge = bridge_new())) {
+  log_watch(c, loop);
+  if (!c->bridge && !(c->bridge = bridge_new(0))) {
     PyErr_SetFromErrno(PyExc_OSError);
     goto fail;
   }
@@ -1483,6 +1706,7 @@ static PyObject *client_unsubscribe(PyObject *self, PyObject *unused) {
   if (!c->subscribed)
     return ready(Py_NewRef(Py_None)); /* nothing to stop */
   loop = c->loop;
+  log_watch(c, loop);
   /* The engine waits for running handlers, which complete on this loop:
    * block an executor thread, not the loop; and only once the subscribe
    * call (also on the executor) has finished. */
@@ -1904,6 +2128,7 @@ PyMODINIT_FUNC PyInit_prosody(void) {
       !(FnTraceHeaders = attr_of("prosody._support", "trace_headers")) ||
       !(FnHandlerContext = attr_of("prosody._support", "handler_context")) ||
       !(FnRunAfter = attr_of("prosody._support", "run_after")) ||
+      !(FnForwardLogs = attr_of("prosody._support", "forward_logs")) ||
       !(otel = attr_of("prosody._support", "OTEL")) ||
       !(FnGetRunningLoop = attr_of("asyncio", "get_running_loop")) ||
       !(FnJsonDumps = attr_of("json", "dumps")) ||

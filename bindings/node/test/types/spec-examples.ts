@@ -1,6 +1,6 @@
 // The spec's examples as TypeScript users write them: `tsc --noEmit` must pass.
-import { AdminClient, ConsumerState, Context, Message, Mode, PermanentError, ProsodyClient, Timer,
-         permanent } from '@prosody-events/prosody';
+import { AdminClient, ConsumerState, Context, Logger, Message, Mode, PermanentError, ProsodyClient,
+         Timer, permanent } from '@prosody-events/prosody';
 
 const client = new ProsodyClient({
   bootstrapServers: 'localhost:9092',
@@ -54,5 +54,14 @@ async function main(): Promise<void> {
   await admin.createTopic('other', { partitionCount: 4, cleanupPolicy: 'delete', retention: 604800000 });
   await admin.deleteTopic('test-topic');
 }
+
+// The `logger` option (not in the spec): console, or any console-compatible logger.
+const logged: string[] = [];
+const logger: Logger = {
+  error: (m) => logged.push(m), warn: (m) => logged.push(m), info: (m) => logged.push(m),
+  debug: (m) => logged.push(m),
+};
+new ProsodyClient({ mock: true, sourceSystem: 'logs', log: 'debug', logger });
+new ProsodyClient({ mock: true, sourceSystem: 'logs', logger: console });
 
 main().catch(console.error);
