@@ -10,8 +10,9 @@
  * cluster for Kafka via its address; keyspace prosody_bench, or
  * BENCH_KEYSPACE). Each handler schedules its timers
  * one blocking prosody_schedule() call at a time, so at most
- * max_concurrency (32) are in flight; with BENCH_TIMER_ASYNC=1 it issues
- * them all with prosody_timer_async() and then waits for them.
+ * max_concurrency (32, or BENCH_MAX_CONCURRENCY) are in flight; with
+ * BENCH_TIMER_ASYNC=1 it issues them all with prosody_timer_async() and then
+ * waits for them.
  *
  *   bench_timers [timers] [keys] [window_s]
  * Prints "bench timers_scheduled N timers/s", "bench timers_fired ...",
@@ -215,6 +216,8 @@ int main(int argc, char **argv) {
   if (!getenv("PROSODY_LOG"))
     bench_set(conf, "log", "warn");
   bench_set(conf, "probe_port", "none");
+  if (getenv("BENCH_MAX_CONCURRENCY")) /* handler threads: calls in flight */
+    bench_set(conf, "max_concurrency", getenv("BENCH_MAX_CONCURRENCY"));
   if (getenv("BENCH_MAX_UNCOMMITTED"))
     bench_set(conf, "max_uncommitted", getenv("BENCH_MAX_UNCOMMITTED"));
   cons = prosody_client_new(conf, err, sizeof(err));
