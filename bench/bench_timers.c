@@ -7,10 +7,12 @@
  * lateness p50/p99 (firing time minus the timer's second), and the process's
  * peak RSS growth per 100 000 pending timers. Memory store (mock mode) unless
  * BENCH_CASSANDRA=host:port is set (then the Cassandra store, the mock
- * cluster for Kafka via its address). Each handler schedules its timers
+ * cluster for Kafka via its address; keyspace prosody_bench, or
+ * BENCH_KEYSPACE). Each handler schedules its timers
  * one blocking prosody_schedule() call at a time, so at most
- * max_concurrency (32) are in flight; with BENCH_TIMER_ASYNC=1 it issues
- * them all with prosody_timer_async() and then waits for them.
+ * max_concurrency (32, or BENCH_MAX_CONCURRENCY) are in flight; with
+ * BENCH_TIMER_ASYNC=1 it issues them all with prosody_timer_async() and then
+ * waits for them.
  *
  *   bench_timers [timers] [keys] [window_s]
  * Prints "bench timers_scheduled N timers/s", "bench timers_fired ...",
@@ -203,7 +205,9 @@ int main(int argc, char **argv) {
   if (cass) { /* the Cassandra store: join the mock cluster by address */
     bench_set(conf, "bootstrap_servers", boot);
     bench_set(conf, "cassandra_nodes", cass);
-    bench_set(conf, "cassandra_keyspace", "prosody_bench");
+    bench_set(conf, "cassandra_keyspace",
+              getenv("BENCH_KEYSPACE") ? getenv("BENCH_KEYSPACE")
+                                       : "prosody_bench");
   } else {
     bench_set(conf, "mock", "true");
   }
@@ -212,6 +216,8 @@ int main(int argc, char **argv) {
   if (!getenv("PROSODY_LOG"))
     bench_set(conf, "log", "warn");
   bench_set(conf, "probe_port", "none");
+  if (getenv("BENCH_MAX_CONCURRENCY")) /* handler threads: calls in flight */
+    bench_set(conf, "max_concurrency", getenv("BENCH_MAX_CONCURRENCY"));
   if (getenv("BENCH_MAX_UNCOMMITTED"))
     bench_set(conf, "max_uncommitted", getenv("BENCH_MAX_UNCOMMITTED"));
   cons = prosody_client_new(conf, err, sizeof(err));
