@@ -225,7 +225,7 @@ static void claim_followers(inv_t *head) {
     if (f->is_timer || f->state != INV_QUEUED ||
         (f->eng->dd_on && !pr__dd_claimable(head, f)))
       break;
-    if (!(f->ctx = pr__ctx_acquire(f, &f->cslot))) {
+    if (!(f->ctx = pr__ctx_acquire(&f->eng->ctx_stash, f, &f->cslot))) {
       f->cslot = NULL;
       break;
     }
@@ -250,7 +250,7 @@ void pr__dispatch_run_ended(inv_t *inv) {
     f->state = INV_QUEUED;
     f->attempt--;
     part->active--;
-    pr__ctx_release(f->cslot);
+    pr__ctx_release(&inv->eng->ctx_stash, f->cslot);
     f->cslot = NULL;
     f->ctx = NULL;
   }
@@ -277,8 +277,8 @@ static void start(inv_t *inv) {
   /* Each attempt gets a fresh context: one kept from an earlier attempt
    * is stale. */
   if (inv->cslot)
-    pr__ctx_release(inv->cslot);
-  inv->ctx = pr__ctx_acquire(inv, &inv->cslot);
+    pr__ctx_release(&eng->ctx_stash, inv->cslot);
+  inv->ctx = pr__ctx_acquire(&eng->ctx_stash, inv, &inv->cslot);
   if (!inv->ctx) {
     inv->cslot = NULL;
     inv->chain_next = NULL;

@@ -410,6 +410,8 @@ struct pr__engine {
   inv_t *inv_pool; /* freed message invs kept for reuse (linked by next;
                       pr__inv_alloc, pr__inv_free) ... */
   int inv_pool_n;  /* ... how many */
+  pr__ctx_stash_t ctx_stash; /* free context slots (the engine thread's;
+                                pr__ctx_acquire, pr__ctx_release) */
 
   int resumed;       /* a partition left backpressure: read queues */
   int running;       /* handlers started, not completed */

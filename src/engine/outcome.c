@@ -263,7 +263,7 @@ void pr__outcome_handler_done(inv_t *inv) {
     pr__sched_busy(&eng->sched, inv->kq->sk, now - inv->run_ns, now);
   }
   if (inv->cslot) { /* the attempt is over: its context goes stale */
-    pr__ctx_release(inv->cslot);
+    pr__ctx_release(&eng->ctx_stash, inv->cslot);
     inv->cslot = NULL;
   }
   if (inv->run_end) { /* its worker is free: one run, one limiter slot */
