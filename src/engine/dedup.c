@@ -18,15 +18,16 @@
  * first. A failed store lookup is transient: the event waits and the lookup
  * is retried with the retry backoff; the handler does not run meanwhile.
  *
- * Without one (mock mode: a process-wide memory store of at most
- * PR_DD_MEMORY_IDS ids, which is its own cache) the engine thread, the
- * pipeline's serial stage, neither reads the id nor looks it up (DD_LATE):
- * the thread about to run the event's first attempt does both
- * (pr__dd_prepare, before decode), and the thread giving a success records
- * it before posting the result (pr__dd_ran). A key's events start one after
- * another, each once the one before it has been recorded, so a duplicate
- * queued behind its original, or claimed by the same run, is still found;
- * it is skipped like a filtered record and committed in order.
+ * Without one (mock mode, or cassandra_nodes unset: a process-wide memory
+ * store of at most PR_DD_MEMORY_IDS ids, which is its own cache) the
+ * engine thread, the pipeline's serial stage, neither reads the id nor
+ * looks it up (DD_LATE): the thread about to run the event's first attempt
+ * does both (pr__dd_prepare, before decode), and the thread giving a
+ * success records it before posting the result (pr__dd_ran). A key's
+ * events start one after another, each once the one before it has been
+ * recorded, so a duplicate queued behind its original, or claimed by the
+ * same run, is still found; it is skipped like a filtered record and
+ * committed in order.
  *
  * Threads: the engine thread, except pr__dd_prepare() and pr__dd_ran() (the
  * thread running the event, see above); the process-wide cache and memory
