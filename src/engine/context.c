@@ -3,7 +3,10 @@
  *
  * Ownership: `table_lock` guards the free list and table growth; each
  * slot's own lock guards its fields. Chunks are published once (atomic
- * pointers) and never freed, so a stale handle can always be checked.
+ * pointers) and never freed, so a stale handle can always be checked. A
+ * thread that acquires and releases many slots (the engine's) keeps a
+ * stash of free ones (pr__ctx_stash_t): its own, without the table's
+ * lock.
  */
 #include <errno.h>
 #include <stdatomic.h>
@@ -19,6 +22,7 @@
 #define MAX_CHUNKS (1u << (INDEX_BITS - CHUNK_BITS))
 #define GEN_MASK ((UINT64_C(1) << (64 - INDEX_BITS)) - 1)
 #define NO_SLOT UINT32_MAX
+#define STASH_MAX 256 /* a stash's slots at most */
 
 _Static_assert(sizeof(uintptr_t) >= 8, "context handles need 64-bit pointers");
 
@@ -57,17 +61,24 @@ static prosody_context_t *handle_of(const pr__ctx_t *slot) {
   return (prosody_context_t *)(uintptr_t)h;
 }
 
-prosody_context_t *pr__ctx_acquire(void *owner, pr__ctx_t **out) {
+prosody_context_t *pr__ctx_acquire(pr__ctx_stash_t *stash, void *owner,
+                                   pr__ctx_t **out) {
   pr__ctx_t *slot;
   prosody_context_t *h;
-  pthread_mutex_lock(&table_lock);
-  if (free_head == NO_SLOT && grow_locked()) {
+  if (stash && stash->n > 0) {
+    slot = slot_at(stash->head);
+    stash->head = slot->next_free;
+    stash->n--;
+  } else {
+    pthread_mutex_lock(&table_lock);
+    if (free_head == NO_SLOT && grow_locked()) {
+      pthread_mutex_unlock(&table_lock);
+      return NULL;
+    }
+    slot = slot_at(free_head);
+    free_head = slot->next_free;
     pthread_mutex_unlock(&table_lock);
-    return NULL;
   }
-  slot = slot_at(free_head);
-  free_head = slot->next_free;
-  pthread_mutex_unlock(&table_lock);
 
   pthread_mutex_lock(&slot->lock);
   slot->owner = owner;
@@ -81,7 +92,7 @@ prosody_context_t *pr__ctx_acquire(void *owner, pr__ctx_t **out) {
   return h;
 }
 
-void pr__ctx_release(pr__ctx_t *slot) {
+void pr__ctx_release(pr__ctx_stash_t *stash, pr__ctx_t *slot) {
   pthread_mutex_lock(&slot->lock);
   slot->gen = (slot->gen + 1) & GEN_MASK;
   if (slot->gen == 0)
@@ -94,9 +105,27 @@ void pr__ctx_release(pr__ctx_t *slot) {
   pthread_cond_broadcast(&slot->cond);
   pthread_mutex_unlock(&slot->lock);
 
+  if (stash && stash->n < STASH_MAX) {
+    slot->next_free = stash->n > 0 ? stash->head : NO_SLOT;
+    stash->head = slot->index;
+    stash->n++;
+    return;
+  }
   pthread_mutex_lock(&table_lock);
   slot->next_free = free_head;
   free_head = slot->index;
+  pthread_mutex_unlock(&table_lock);
+}
+
+void pr__ctx_stash_flush(pr__ctx_stash_t *stash) {
+  pthread_mutex_lock(&table_lock);
+  while (stash->n > 0) {
+    pr__ctx_t *slot = slot_at(stash->head);
+    stash->head = slot->next_free;
+    stash->n--;
+    slot->next_free = free_head;
+    free_head = slot->index;
+  }
   pthread_mutex_unlock(&table_lock);
 }
 

@@ -6,20 +6,32 @@
  * topic, partition, key, and the payload's top-level string "id", or the
  * offset when there is none), each field length-prefixed. The payload is
  * scanned for "id" only when the four bytes "id" (quotes included) occur
- * in it: a top-level "id" member cannot be written without them. Each message
- * is looked up at intake: first in a process-wide cache of ids
- * (idempotence_cache_size, least recently used evicted), then in the store
- * (Cassandra, or in mock mode a process-wide memory store of at most
- * PR_DD_MEMORY_IDS ids), so lookups run ahead of the key's queue. An id is
- * recorded, in the cache and the store with idempotence_ttl, only once its
- * handler succeeded or failed permanently; the events queued behind it on its
- * key with the same id (taken before it was recorded) are marked as duplicates
- * then, and a run never takes a duplicate of an event it runs first. A failed
- * store lookup is transient: the event waits and the lookup is retried with the
- * retry backoff; the handler does not run meanwhile.
+ * in it: a top-level "id" member cannot be written without them.
  *
- * Threads: the engine thread; the process-wide cache and memory store are
- * shared by every client and guarded by g_lock.
+ * With a Cassandra store each message is looked up at intake: first in a
+ * process-wide cache of ids (idempotence_cache_size, least recently used
+ * evicted), then in the store, so lookups run ahead of the key's queue. An id
+ * is recorded, in the cache and the store with idempotence_ttl, only once its
+ * handler succeeded or failed permanently; the events queued behind it on its
+ * key with the same id (taken before it was recorded) are marked as
+ * duplicates then, and a run never takes a duplicate of an event it runs
+ * first. A failed store lookup is transient: the event waits and the lookup
+ * is retried with the retry backoff; the handler does not run meanwhile.
+ *
+ * Without one (mock mode, or cassandra_nodes unset: a process-wide memory
+ * store of at most PR_DD_MEMORY_IDS ids, which is its own cache) the
+ * engine thread, the pipeline's serial stage, neither reads the id nor
+ * looks it up (DD_LATE): the thread about to run the event's first attempt
+ * does both (pr__dd_prepare, before decode), and the thread giving a
+ * success records it before posting the result (pr__dd_ran). A key's
+ * events start one after another, each once the one before it has been
+ * recorded, so a duplicate queued behind its original, or claimed by the
+ * same run, is still found; it is skipped like a filtered record and
+ * committed in order.
+ *
+ * Threads: the engine thread, except pr__dd_prepare() and pr__dd_ran() (the
+ * thread running the event, see above); the process-wide cache and memory
+ * store are shared by every client and guarded by g_lock.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -93,7 +105,7 @@ static void hex(pr__did_t d, char out[33]) {
 
 /* In the cache, or (without a Cassandra store) the memory store: a
  * superset of the cache, at the cost of a cache lookup, so it replaces
- * it. */
+ * it. Any thread. */
 static int known(pr__engine_t *eng, pr__did_t d) {
   int hit;
   int64_t now = now_s();
@@ -208,16 +220,17 @@ static void on_seen(void *arg, prosody_err_t err, const char *errstr,
   }
 }
 
-void pr__dd_intake(inv_t *inv) {
+/* The message's id (and, when the payload was read for it, its JSON
+ * verdict). Reads only the inv and immutable engine fields: any thread. */
+static void read_id(inv_t *inv) {
   pr__engine_t *eng = inv->eng;
   const char *v = NULL;
   char small[128], *id = NULL;
   size_t vn = 0, idn = 0;
   if (memmem(inv->msg.payload, inv->msg.payload_len, "\"id\"", 4)) {
-    /* Read up to the id only (the engine thread is the pipeline's serial
-     * stage): the id is the one a full scan would give, and the rest is
-     * validated by decode on the handler's thread. Without an id the
-     * whole payload was read: decode need not validate again. */
+    /* Read up to the id only: the id is the one a full scan would give,
+     * and the rest is validated by decode. Without an id the whole
+     * payload was read: decode need not validate again. */
     int valid =
         pr__json_find(inv->msg.payload, inv->msg.payload_len, "id", &v, &vn);
     inv->json_state = valid; /* 0: not known */
@@ -229,12 +242,44 @@ void pr__dd_intake(inv_t *inv) {
                        idn, inv->msg.offset);
   if (id && id != small)
     free(id);
+}
+
+void pr__dd_intake(inv_t *inv) {
+  pr__engine_t *eng = inv->eng;
+  if (!eng->dd_store) {
+    inv->dd = DD_LATE; /* read and looked up by the thread that runs it */
+    return;
+  }
+  read_id(inv);
   if (known(eng, inv->did))
     inv->dd = DD_SEEN;
-  else if (!eng->dd_store)
-    inv->dd = DD_UNSEEN;
   else
     lookup(inv);
+}
+
+int pr__dd_prepare(inv_t *inv) {
+  read_id(inv);
+  inv->dd = known(inv->eng, inv->did) ? DD_SEEN : DD_UNSEEN;
+  return inv->dd == DD_SEEN;
+}
+
+void pr__dd_ran(inv_t *inv, prosody_result_t result) {
+  int64_t expires;
+  if (inv->dd != DD_UNSEEN || inv->eng->dd_store || result != PROSODY_SUCCESS ||
+      inv->skip)
+    return; /* a permanent failure: pr__dd_record, on the engine thread */
+  expires = now_s() + inv->eng->dd_ttl_s;
+  pthread_mutex_lock(&g_lock);
+  pr__idset_add(g_mem, inv->did, expires);
+  pthread_mutex_unlock(&g_lock);
+  inv->dd = DD_RECORDED;
+}
+
+void pr__dd_skipped(inv_t *inv) {
+  char ev[160];
+  PR_BUMP(inv->eng->metrics.skipped_duplicate, 1);
+  PR_DEBUG("engine", "%s: a duplicate of one already handled; skipping it",
+           pr__inv_describe(inv, ev, sizeof(ev)));
 }
 
 int pr__dd_gate(inv_t *inv) {
@@ -260,8 +305,8 @@ int pr__dd_gate(inv_t *inv) {
 }
 
 int pr__dd_claimable(inv_t *head, inv_t *f) {
-  if (f->dd == DD_OFF)
-    return 1;
+  if (f->dd == DD_OFF || f->dd == DD_LATE)
+    return 1; /* DD_LATE: looked up once the run's earlier ones recorded */
   if (f->dd != DD_UNSEEN)
     return 0;
   for (inv_t *i = head; i; i = i->chain_next)
@@ -291,8 +336,8 @@ void pr__dd_record(inv_t *inv) {
   pthread_mutex_unlock(&g_lock);
   /* Taken before this was recorded, the same id behind it on its key. */
   for (inv_t *i = inv->next; i; i = i->next)
-    if (i->dd != DD_OFF && i->did.hi == inv->did.hi &&
-        i->did.lo == inv->did.lo && i->state == INV_QUEUED)
+    if (i->state == INV_QUEUED && i->dd != DD_OFF && i->dd != DD_LATE &&
+        i->did.hi == inv->did.hi && i->did.lo == inv->did.lo)
       i->dd = DD_SEEN;
   if (eng->dd_store) {
     hex(inv->did, id);

@@ -82,7 +82,9 @@ static int complete_attempt(prosody_context_t *ctx, prosody_result_t result,
   inv->emitted = inv->eng->tm && !inv->skip &&
                  !(inv->eng->handler.flags & PROSODY_HANDLER_ASYNC);
   pthread_mutex_unlock(&slot->lock);
-  if (inv->emitted) /* reads the inv only: it lives until the post */
+  /* Both use the inv only: it lives until the post. */
+  pr__dd_ran(inv, result); /* before the post: the key's next looks it up */
+  if (inv->emitted)
     pr__inv_emit_ran(inv);
   inv->mail.kind = MAIL_DONE;
   pr__mail_post(inv->eng, &inv->mail);
@@ -119,7 +121,8 @@ static void run_handler(void *arg) {
     if (inv->unprepared)
       pr__decode_prepare(inv);
     if (inv->skip) {
-      pr__trace_filtered(inv);
+      if (!inv->skip_dup) /* a duplicate has no span, as at its head */
+        pr__trace_filtered(inv);
       r = PROSODY_SUCCESS; /* pr__outcome_handler_done commits past it */
     } else if (!inv->is_timer) {
       pr__trace_start(inv);
@@ -222,7 +225,7 @@ static void claim_followers(inv_t *head) {
     if (f->is_timer || f->state != INV_QUEUED ||
         (f->eng->dd_on && !pr__dd_claimable(head, f)))
       break;
-    if (!(f->ctx = pr__ctx_acquire(f, &f->cslot))) {
+    if (!(f->ctx = pr__ctx_acquire(&f->eng->ctx_stash, f, &f->cslot))) {
       f->cslot = NULL;
       break;
     }
@@ -247,7 +250,7 @@ void pr__dispatch_run_ended(inv_t *inv) {
     f->state = INV_QUEUED;
     f->attempt--;
     part->active--;
-    pr__ctx_release(f->cslot);
+    pr__ctx_release(&inv->eng->ctx_stash, f->cslot);
     f->cslot = NULL;
     f->ctx = NULL;
   }
@@ -274,8 +277,8 @@ static void start(inv_t *inv) {
   /* Each attempt gets a fresh context: one kept from an earlier attempt
    * is stale. */
   if (inv->cslot)
-    pr__ctx_release(inv->cslot);
-  inv->ctx = pr__ctx_acquire(inv, &inv->cslot);
+    pr__ctx_release(&eng->ctx_stash, inv->cslot);
+  inv->ctx = pr__ctx_acquire(&eng->ctx_stash, inv, &inv->cslot);
   if (!inv->ctx) {
     inv->cslot = NULL;
     inv->chain_next = NULL;
@@ -353,12 +356,8 @@ void pr__dispatch_schedule(inv_t *inv) {
     }
     if (gate == DD_WAIT)
       return;
-    if (!inv->is_timer) {
-      char ev[160];
-      PR_BUMP(inv->eng->metrics.skipped_duplicate, 1);
-      PR_DEBUG("engine", "%s: a duplicate of one already handled; skipping it",
-               pr__inv_describe(inv, ev, sizeof(ev)));
-    }
+    if (!inv->is_timer)
+      pr__dd_skipped(inv);
     /* A message is committed past; a dropped timer is deleted already,
      * and a deferred one's entry goes from its queue. */
     if (!(inv =

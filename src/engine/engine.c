@@ -159,6 +159,7 @@ static void engine_free(pr__engine_t *eng) {
   pr__df_close(eng);
   pr__sched_fini(&eng->sched);
   pr__metrics_fini(&eng->metrics);
+  pr__ctx_stash_flush(&eng->ctx_stash);
   while (eng->inv_pool) {
     inv_t *inv = eng->inv_pool;
     eng->inv_pool = inv->next;

@@ -188,6 +188,7 @@ struct inv {
   int unprepared;           /* a message decode has not seen yet */
   const char *skip;         /* set by decode: why the record is skipped */
   int skip_warn;            /* ... and whether that is worth a warning */
+  int skip_dup;             /* ... because it is a duplicate (dedup.c) */
   int emitted;              /* the attempt's telemetry events were queued
                                by its completing thread (set with the
                                result) */
@@ -197,7 +198,9 @@ struct inv {
   int json_state;           /* payload checked at intake: 1 valid, -1 not;
                                0 unchecked (decode checks it) */
   /* Deduplication (dedup.c). */
-  int dd;                    /* enum dd_state */
+  int dd;                    /* enum dd_state; with `did`, written by the
+                                thread running it while it runs (DD_LATE,
+                                pr__dd_prepare and pr__dd_ran) */
   int dd_waiting;            /* at its key's head, waiting for the lookup */
   int dd_tries;              /* failed lookups in a row */
   pr__did_t did;             /* its id (dd != DD_OFF) */
@@ -413,6 +416,8 @@ struct pr__engine {
   inv_t *inv_pool; /* freed message invs kept for reuse (linked by next;
                       pr__inv_alloc, pr__inv_free) ... */
   int inv_pool_n;  /* ... how many */
+  pr__ctx_stash_t ctx_stash; /* free context slots (the engine thread's;
+                                pr__ctx_acquire, pr__ctx_release) */
 
   int resumed;       /* a partition left backpressure: read queues */
   int running;       /* handlers started, not completed */
@@ -608,9 +613,12 @@ void pr__dispatch_run_ended(inv_t *inv);
 enum dd_state {
   DD_OFF,     /* not deduplicated (layer off, or a timer) */
   DD_PENDING, /* the store lookup is in flight */
-  DD_UNSEEN,  /* not handled before (as of intake) */
+  DD_UNSEEN,  /* not handled before (as of intake, or of pr__dd_prepare) */
   DD_SEEN,    /* handled before: skip it */
-  DD_ERROR    /* the lookup failed: ask again */
+  DD_ERROR,   /* the lookup failed: ask again */
+  DD_LATE,    /* no store: its id is read and looked up by the thread about
+                 to run its first attempt (pr__dd_prepare) */
+  DD_RECORDED /* recorded by the thread that gave its success (pr__dd_ran) */
 };
 enum dd_gate { DD_RUN, DD_SKIP, DD_WAIT };
 
@@ -622,8 +630,17 @@ pr__did_t pr__dd_id(const char *version, const char *group, const char *topic,
 prosody_err_t pr__dd_open(pr__engine_t *eng, void (*wake)(void *), char *errstr,
                           size_t errstr_size);
 void pr__dd_close(pr__engine_t *eng);
-/* A message taken: its id, looked up in the cache and the store. */
+/* A message taken: its id, looked up in the cache and the store; without
+ * a store only marked DD_LATE. */
 void pr__dd_intake(inv_t *inv);
+/* DD_LATE, right before its first attempt (the thread about to run it):
+ * reads its id and looks it up; 1 when it is a duplicate (DD_SEEN). */
+int pr__dd_prepare(inv_t *inv);
+/* The attempt gave `result` (the completing thread, before the post):
+ * without a store a success is recorded here (DD_RECORDED). */
+void pr__dd_ran(inv_t *inv, prosody_result_t result);
+/* Counts and logs a skipped duplicate (engine thread). */
+void pr__dd_skipped(inv_t *inv);
 /* At the head of its key: run it, skip it (a duplicate: commit past it),
  * or wait (pr__dispatch_schedule() is called again once known). */
 int pr__dd_gate(inv_t *inv);

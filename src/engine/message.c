@@ -35,7 +35,7 @@ void pr__inv_free(inv_t *inv) {
   pr__inv_shed(inv, 0);
   pthread_mutex_destroy(&inv->msg.hdr_lock);
   if (inv->cslot)
-    pr__ctx_release(inv->cslot);
+    pr__ctx_release(inv->eng ? &inv->eng->ctx_stash : NULL, inv->cslot);
   pr__trace_free(inv);
   free(inv->result_error);
   free(inv->dlq_errstr);

@@ -263,7 +263,7 @@ void pr__outcome_handler_done(inv_t *inv) {
     pr__sched_busy(&eng->sched, inv->kq->sk, now - inv->run_ns, now);
   }
   if (inv->cslot) { /* the attempt is over: its context goes stale */
-    pr__ctx_release(inv->cslot);
+    pr__ctx_release(&eng->ctx_stash, inv->cslot);
     inv->cslot = NULL;
   }
   if (inv->run_end) { /* its worker is free: one run, one limiter slot */
@@ -272,6 +272,11 @@ void pr__outcome_handler_done(inv_t *inv) {
     pr__dispatch_start_ready(eng);
   }
 
+  if (inv->skip_dup) {
+    pr__dd_skipped(inv);
+    pr__outcome_finish(inv, 1);
+    return;
+  }
   if (inv->skip) {
     char what[160];
     if (inv->skip_warn)
@@ -319,9 +324,10 @@ static void decided(inv_t *inv, pr__verdict_t v) {
     pr__outcome_finish(inv, 0);
     return;
   default:
-    if (inv->dd != DD_OFF &&
+    if (inv->dd == DD_UNSEEN &&
         (inv->result == PROSODY_SUCCESS || inv->result == PROSODY_PERMANENT))
-      pr__dd_record(inv); /* handled: a duplicate is skipped from now on */
+      pr__dd_record(inv); /* handled: a duplicate is skipped from now on
+                             (DD_RECORDED: by its worker already) */
     if (inv->is_timer && !inv->rearmed && eng->store && !inv->df_loaded) {
       pr__firing_delete(inv); /* finishes once the store has deleted it */
       return;

@@ -2,8 +2,10 @@
  * tracker.c - the offset tracker: a ring of taken offsets in order, each
  * with a done flag. Completing the head retires it and every done entry
  * after it, which moves the commit position; completing any other entry
- * only marks it. take/complete are O(1) amortised and O(log n) (binary
- * search in the ordered ring).
+ * only marks it. take is O(1) amortised; complete is O(1) when the
+ * offsets taken are consecutive (Kafka's, but for gaps that compaction or
+ * transaction markers leave), else O(log n) (binary search in the ordered
+ * ring). The ring's capacity is a power of two.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -23,7 +25,7 @@ void pr__tracker_fini(pr__tracker_t *t) {
 }
 
 static size_t slot(const pr__tracker_t *t, size_t i) {
-  return (t->head + i) % t->cap;
+  return (t->head + i) & (t->cap - 1);
 }
 
 static int grow(pr__tracker_t *t) {
@@ -63,6 +65,10 @@ int pr__tracker_take(pr__tracker_t *t, int64_t offset) {
 int pr__tracker_complete(pr__tracker_t *t, int64_t offset) {
   size_t lo = 0, hi = t->len, i;
   int advanced = 0;
+  if (t->len > 0 && offset >= t->offs[t->head] &&
+      (uint64_t)(offset - t->offs[t->head]) < t->len &&
+      t->offs[slot(t, (size_t)(offset - t->offs[t->head]))] == offset)
+    lo = hi = (size_t)(offset - t->offs[t->head]); /* no gap before it */
   while (lo < hi) {
     size_t mid = lo + (hi - lo) / 2;
     if (t->offs[slot(t, mid)] < offset)
@@ -77,7 +83,7 @@ int pr__tracker_complete(pr__tracker_t *t, int64_t offset) {
   while (t->len > 0 && t->done[t->head]) {
     i = t->head;
     t->commit = t->offs[i] + 1;
-    t->head = (t->head + 1) % t->cap;
+    t->head = (t->head + 1) & (t->cap - 1);
     t->len--;
     t->completed--;
     advanced = 1;
@@ -86,8 +92,7 @@ int pr__tracker_complete(pr__tracker_t *t, int64_t offset) {
 }
 
 int64_t pr__tracker_oldest(const pr__tracker_t *t) {
-  for (size_t i = 0; i < t->len; i++)
-    if (!t->done[slot(t, i)])
-      return t->offs[slot(t, i)];
-  return -1;
+  /* The head is never done: completing it retires it and every done
+   * entry behind it. */
+  return t->len > 0 ? t->offs[t->head] : -1;
 }

@@ -32,6 +32,14 @@ int pr__utf8_valid(const char *str, size_t len) {
     unsigned char c = s[i];
     size_t n;
     uint32_t cp;
+    uint64_t w;
+    if (i + 8 <= len) { /* eight ASCII bytes at once (keys mostly are) */
+      memcpy(&w, s + i, 8);
+      if (!(w & UINT64_C(0x8080808080808080))) {
+        i += 8;
+        continue;
+      }
+    }
     if (c < 0x80) {
       i++;
       continue;

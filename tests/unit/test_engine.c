@@ -169,6 +169,43 @@ static void test_tracker(void **state) {
   pr__tracker_fini(&t);
 }
 
+/* Offsets with gaps (compaction, transaction markers), completed in a
+ * scrambled order while the ring wraps and grows: the tracker agrees with
+ * a plain model (the commit position, the oldest pending offset). */
+static void test_tracker_gaps(void **state) {
+  enum { N = 3000 };
+  static int64_t offs[N];
+  static unsigned char done[N];
+  pr__tracker_t t;
+  int64_t o = 5;
+  size_t taken = 0, next = 0;
+  unsigned seed = 7;
+  (void)state;
+  pr__tracker_init(&t);
+  memset(done, 0, sizeof(done));
+  while (next < N) {
+    /* take a few (sometimes skipping offsets), then complete one pending */
+    for (int i = 0; i < 3 && taken < N; i++) {
+      o += rand_r(&seed) % 4 == 0 ? 1 + rand_r(&seed) % 5 : 1;
+      offs[taken++] = o;
+      assert_int_equal(pr__tracker_take(&t, o), 0);
+    }
+    size_t pick = next + (size_t)rand_r(&seed) % (taken - next);
+    while (done[pick])
+      pick = pick + 1 < taken ? pick + 1 : next;
+    done[pick] = 1;
+    assert_int_not_equal(pr__tracker_complete(&t, offs[pick]), -1);
+    assert_int_equal(pr__tracker_complete(&t, offs[pick]), -1); /* twice */
+    assert_int_equal(pr__tracker_complete(&t, offs[pick] + 1000000), -1);
+    while (next < taken && done[next])
+      next++;
+    if (next > 0)
+      assert_int_equal(t.commit, offs[next - 1] + 1);
+    assert_int_equal(pr__tracker_oldest(&t), next < taken ? offs[next] : -1);
+  }
+  pr__tracker_fini(&t);
+}
+
 /* --- outcome.c --------------------------------------------------------- */
 
 typedef struct fixture {
@@ -839,6 +876,7 @@ int main(void) {
       cmocka_unit_test(test_key_queues),
       cmocka_unit_test(test_key_fifo_detach),
       cmocka_unit_test(test_tracker),
+      cmocka_unit_test(test_tracker_gaps),
       cmocka_unit_test(test_outcome_pipeline),
       cmocka_unit_test(test_outcome_low_latency),
       cmocka_unit_test(test_outcome_best_effort),

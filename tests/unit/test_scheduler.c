@@ -376,9 +376,29 @@ static void test_urgent(void **state) {
   done(s);
 }
 
+/* Below a second the decay is a short series, not exp2: the same value to
+ * within a few units in the last place, on both sides of the switch. */
+static void test_vt_decay_short(void **state) {
+  static const int64_t gaps[] = {1,          1000,      999999,    2500000,
+                                 10000000,   123456789, 999999999, 1000000000,
+                                 1000000001, S(30)};
+  pr__sched_t *s = sched(0.3, 120, 200, 16);
+  pr__sched_key_t *k = pr__sched_pin(s, "t", 0, "a");
+  (void)state;
+  assert_non_null(k);
+  pr__sched_charge(s, k, PR_SCHED_NORMAL, S(1000), T0);
+  for (size_t i = 0; i < sizeof(gaps) / sizeof(gaps[0]); i++) {
+    double want = 1000 * exp2(-((double)gaps[i] / 1e9) / 120);
+    assert_float_equal(pr__sched_vt(k, T0 + gaps[i]), want, want * 1e-15);
+  }
+  pr__sched_unpin(s, k);
+  done(s);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_vt_decay),
+      cmocka_unit_test(test_vt_decay_short),
       cmocka_unit_test(test_priority_formula),
       cmocka_unit_test(test_order_vt_and_wait),
       cmocka_unit_test(test_ties_by_arrival),

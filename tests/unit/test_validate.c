@@ -31,6 +31,13 @@ static void test_utf8(void **state) {
   assert_false(UTF8("\xf4\x90\x80\x80")); /* > U+10FFFF */
   assert_false(UTF8("\xff"));
   assert_false(UTF8("ok\x80")); /* stray continuation */
+  /* past the eight-byte ASCII steps: before, across and after them */
+  assert_true(UTF8("key-0001key-0002caf\xc3\xa9"));
+  assert_true(UTF8("key-000\xc3\xa9key-0002"));
+  assert_false(UTF8("key-0001key-0002\xc3"));
+  assert_false(UTF8("key-000\xc0\xafkey-0002"));
+  assert_false(UTF8("key-0001\x80key-0002"));
+  assert_false(UTF8("key-0001key-000\xff"));
 }
 
 static void test_topic_names(void **state) {
