@@ -419,6 +419,23 @@ static void *exporter_main(void *arg) {
   return NULL;
 }
 
+/* Frees an exporter whose thread is not running (never started, or
+ * joined). */
+static void exporter_free(pr_otel_t *o) {
+  pthread_cond_destroy(&o->wake);
+  pthread_cond_destroy(&o->done);
+  pthread_mutex_destroy(&o->lock);
+  pr__otel_resource_free(&o->res);
+  free(o->url);
+  free(o);
+}
+
+/* Whether a span with seq <= target is queued or in flight (lock held). */
+static bool pending_upto(const pr_otel_t *o, uint64_t target) {
+  return (o->head && o->head->seq <= target) ||
+         (o->inflight && o->inflight_seq <= target);
+}
+
 pr_otel_t *pr__otel_open(const pr_otel_config_t *cfg, char *err,
                          size_t err_size) {
   pr_otel_t *o;
@@ -471,12 +488,7 @@ pr_otel_t *pr__otel_open(const pr_otel_config_t *cfg, char *err,
   pthread_condattr_destroy(&ca);
   o->logger = pr__log_current();
   if (pthread_create(&o->thread, NULL, exporter_main, o)) {
-    pthread_cond_destroy(&o->wake);
-    pthread_cond_destroy(&o->done);
-    pthread_mutex_destroy(&o->lock);
-    pr__otel_resource_free(&o->res);
-    free(o->url);
-    free(o);
+    exporter_free(o);
     pr__errf(err, err_size, "otel: cannot start the exporter thread");
     return NULL;
   }
@@ -500,15 +512,11 @@ int pr__otel_flush(pr_otel_t *o, uint32_t timeout_ms) {
   pthread_cond_signal(&o->wake);
   /* Done when no queued or in-flight span has seq <= target (the queue is
    * in seq order, and the batch in flight was its head). */
-  while ((o->head && o->head->seq <= target) ||
-         (o->inflight && o->inflight_seq <= target)) {
+  while (pending_upto(o, target)) {
     if (o->stop && !o->head && !o->inflight)
       break;
     if (pthread_cond_timedwait(&o->done, &o->lock, &ts) == ETIMEDOUT) {
-      rc = ((o->head && o->head->seq <= target) ||
-            (o->inflight && o->inflight_seq <= target))
-               ? -1
-               : 0;
+      rc = pending_upto(o, target) ? -1 : 0;
       break;
     }
   }
@@ -531,12 +539,7 @@ void pr__otel_close(pr_otel_t *o, uint32_t flush_ms) {
     o->head = s->next;
     span_free(s);
   }
-  pthread_cond_destroy(&o->wake);
-  pthread_cond_destroy(&o->done);
-  pthread_mutex_destroy(&o->lock);
-  pr__otel_resource_free(&o->res);
-  free(o->url);
-  free(o);
+  exporter_free(o);
 }
 
 void pr__otel_stats(pr_otel_t *o, pr_otel_stats_t *out) {
