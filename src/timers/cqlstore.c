@@ -16,7 +16,8 @@
  * it was posted; after each round of posted jobs (and whenever a group is
  * answered) the queue is sent from its head: a run of consecutive puts and
  * single-timer deletes becomes one group, written as unlogged batches (one
- * of timers_by_slab rows, one of timers_by_key rows, split at BATCH_BYTES),
+ * of timers_by_slab rows, one of timers_by_key rows, split at BATCH_BYTES;
+ * the deletes of one second share a statement, `key IN ?`),
  * at most GROUPS_INFLIGHT partial groups on the wire, so what arrives while
  * they are answered waits and goes out together (measured on 2 shared
  * cores: the rows cost Cassandra about a third of the CPU of the logged
@@ -104,7 +105,7 @@ typedef struct cqlstore {
   char *group;
   int64_t slab_s, retention_s;
   pr__cql_stmt_t *ins_slab, *ins_slab_span, *ins_key, *ins_slabs, *del_slab,
-      *del_key, *sel_key, *sel_slabs, *sel_slab;
+      *del_key, *del_slabs_in, *del_keys_in, *sel_key, *sel_slabs, *sel_slab;
   /* Worker thread only: the send queue (see the top of the file). */
   op_t *q_head, *q_tail;
   size_t qlen;
@@ -341,12 +342,10 @@ static void rows_done(void *arg, prosody_err_t err, const char *errstr,
     group_done(g);
 }
 
-/* The row of `o` in timers_by_slab (`slab_row`) or timers_by_key, as
+/* The row put by `o` in timers_by_slab (`slab_row`) or timers_by_key, as
  * values at `v`; their statement. */
-static pr__cql_bstmt_t row_of(cqlstore_t *st, op_t *o, int slab_row,
-                              pr__cql_val_t *v) {
-  int put = o->send == S_PUT;
-  int32_t ttl = put ? ttl_for(st, o->time_s) : 0;
+static pr__cql_bstmt_t put_row(cqlstore_t *st, op_t *o, int slab_row,
+                               pr__cql_val_t *v) {
   uint16_t n = 0;
   v[n++] = pr__cv_text(o->segment);
   if (slab_row) {
@@ -354,47 +353,117 @@ static pr__cql_bstmt_t row_of(cqlstore_t *st, op_t *o, int slab_row,
     v[n++] = pr__cv_bigint(o->time_s);
     v[n++] = pr__cv_text(o->key);
     v[n++] = pr__cv_tinyint((int8_t)o->type);
-    if (put && o->span[0]) /* else no column written: no tombstone */
+    if (o->span[0]) /* else no column written: no tombstone */
       v[n++] = pr__cv_text(o->span);
   } else {
     v[n++] = pr__cv_text(o->key);
     v[n++] = pr__cv_tinyint((int8_t)o->type);
     v[n++] = pr__cv_bigint(o->time_s);
   }
-  if (put)
-    v[n++] = pr__cv_int(ttl);
+  v[n++] = pr__cv_int(ttl_for(st, o->time_s));
   return (pr__cql_bstmt_t){
-      slab_row ? (put ? (o->span[0] ? st->ins_slab_span : st->ins_slab)
-                      : st->del_slab)
-               : (put ? st->ins_key : st->del_key),
+      slab_row ? (o->span[0] ? st->ins_slab_span : st->ins_slab) : st->ins_key,
       v, n};
 }
 
-/* Sends ops[from, to) of the group's live ops as one unlogged batch of
- * their slab rows or key rows. */
+/* 1 if deletes `a` and `b` remove rows of one (segment, time, type): one
+ * statement deletes them all, `key IN ?` (in timers_by_slab, rows of one
+ * partition; in timers_by_key, one row of each key's partition). */
+static int same_second(const op_t *a, const op_t *b) {
+  return a->send == S_DEL && b->send == S_DEL && a->time_s == b->time_s &&
+         a->type == b->type && !strcmp(a->segment, b->segment);
+}
+
+/* Sends ops[0, n) (live ops of the group) as one unlogged batch of their
+ * slab rows or key rows: a statement per put, and one per second's deletes
+ * (same_second(): fired timers come due together), their keys bound as one
+ * list<text>. The rows deleted are the same; Cassandra parses and applies
+ * fewer statements (measured: about 7% less of its CPU per delete, and the
+ * values we encode shrink to the keys). */
 static void send_rows(group_t *g, op_t **ops, size_t n, int slab_row) {
   cqlstore_t *st = g->st;
   greq_t *r = malloc(sizeof(*r) + n * sizeof(op_t *));
   pr__cql_val_t *v = malloc(n * 7 * sizeof(*v));
   pr__cql_bstmt_t *b = malloc(n * sizeof(*b));
-  if (!r || !v || !b) {
-    for (size_t i = 0; i < n; i++)
-      op_error(ops[i], PROSODY_ERR_NOMEM, "out of memory");
-    free(r);
-    free(v);
-    free(b);
-    return;
-  }
+  size_t *set = malloc(n * sizeof(*set)); /* a delete's first of its second */
+  size_t *len = calloc(n, sizeof(*len));  /* ... that first's list bytes */
+  uint8_t **list = calloc(n, sizeof(*list));
+  size_t nb = 0, counted = 0;
+  if (!r || !v || !b || !set || !len || !list)
+    goto oom;
+  counted = 1;
   r->g = g;
   r->n = n;
   for (size_t i = 0; i < n; i++) {
+    size_t j = i;
     r->ops[i] = ops[i];
     ops[i]->waits++;
-    b[i] = row_of(st, ops[i], slab_row, v + i * 7);
+    if (ops[i]->send == S_DEL)
+      for (j = 0; j < i && !(set[j] == j && same_second(ops[j], ops[i])); j++)
+        ;
+    set[i] = j;
+    if (ops[i]->send == S_DEL)
+      len[j] += 4 + strlen(ops[i]->key);
+  }
+  for (size_t i = 0; i < n; i++) {
+    op_t *o = ops[i];
+    if (o->send == S_PUT) {
+      b[nb++] = put_row(st, o, slab_row, v + i * 7);
+      continue;
+    }
+    if (set[i] == i) { /* the list: [int n] then each key as [int len] */
+      pr__cql_val_t *x = v + i * 7;
+      uint32_t count = 0;
+      size_t at = 4;
+      if (!(list[i] = malloc(4 + len[i])))
+        goto oom;
+      for (size_t k = i; k < n; k++)
+        if (set[k] == i) {
+          uint32_t kl = (uint32_t)strlen(ops[k]->key);
+          uint8_t *p = list[i] + at;
+          p[0] = (uint8_t)(kl >> 24);
+          p[1] = (uint8_t)(kl >> 16);
+          p[2] = (uint8_t)(kl >> 8);
+          p[3] = (uint8_t)kl;
+          memcpy(p + 4, ops[k]->key, kl);
+          at += 4 + kl;
+          count++;
+        }
+      list[i][0] = (uint8_t)(count >> 24);
+      list[i][1] = (uint8_t)(count >> 16);
+      list[i][2] = (uint8_t)(count >> 8);
+      list[i][3] = (uint8_t)count;
+      x[0] = pr__cv_text(o->segment);
+      if (slab_row) {
+        x[1] = pr__cv_bigint(pr__slab_of(o->time_s, st->slab_s));
+        x[2] = pr__cv_bigint(o->time_s);
+        x[3] = pr__cv_blob(list[i], (int32_t)at);
+        x[4] = pr__cv_tinyint((int8_t)o->type);
+        b[nb++] = (pr__cql_bstmt_t){st->del_slabs_in, x, 5};
+      } else {
+        x[1] = pr__cv_blob(list[i], (int32_t)at);
+        x[2] = pr__cv_tinyint((int8_t)o->type);
+        x[3] = pr__cv_bigint(o->time_s);
+        b[nb++] = (pr__cql_bstmt_t){st->del_keys_in, x, 4};
+      }
+    }
   }
   g->out++;
-  pr__cql_batch_run(st->cql, PR_CQL_BATCH_UNLOGGED, b, (uint16_t)n, rows_done,
+  pr__cql_batch_run(st->cql, PR_CQL_BATCH_UNLOGGED, b, (uint16_t)nb, rows_done,
                     r);
+  r = NULL;
+  counted = 2;
+oom:
+  for (size_t i = 0; counted < 2 && i < n; i++) {
+    op_error(ops[i], PROSODY_ERR_NOMEM, "out of memory");
+    ops[i]->waits -= counted; /* as if never sent */
+  }
+  for (size_t i = 0; list && i < n; i++)
+    free(list[i]);
+  free(list);
+  free(len);
+  free(set);
+  free(r);
   free(v);
   free(b);
 }
@@ -979,6 +1048,14 @@ pr__tstore_t *pr__cqlstore_new(const pr__cql_conf_t *conf, const char *keyspace,
        keyspace);
   STMT(del_key,
        "DELETE FROM %s.timers_by_key WHERE segment = ? AND key = ? AND type "
+       "= ? AND time = ?",
+       keyspace);
+  STMT(del_slabs_in,
+       "DELETE FROM %s.timers_by_slab WHERE segment = ? AND slab = ? AND "
+       "time = ? AND key IN ? AND type = ?",
+       keyspace);
+  STMT(del_keys_in,
+       "DELETE FROM %s.timers_by_key WHERE segment = ? AND key IN ? AND type "
        "= ? AND time = ?",
        keyspace);
   STMT(sel_key,

@@ -193,6 +193,14 @@ static void test_many(pr__tstore_t *s, const pr__tseg_t *segs, int nsegs) {
           (long long)slab);
     got_free(&g);
   }
+  /* ... from both tables: deletes of one second share a statement. */
+  for (int k = 0; k < KEYS; k += 37) {
+    snprintf(key, sizeof(key), "key-%03d", k);
+    s->ops->key_times(s, &segs[1], key, PR_TIMER_APPLICATION, on_times, &g);
+    await_got(s, &g);
+    CHECK(g.n == 0, "%s: %zu times listed after deleting all", key, g.n);
+    got_free(&g);
+  }
 }
 
 /* A timer keeps the trace context it was written with (the newest, when
