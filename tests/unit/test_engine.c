@@ -783,6 +783,64 @@ static void test_idset(void **state) {
   pr__idset_free(s);
 }
 
+/* The set against a plain model under random adds, lookups and expiries
+ * with a small capacity: same answers, same evictions (least recently
+ * used first), whatever the probe clusters and removals did to the table. */
+static void test_idset_model(void **state) {
+  enum { CAP = 40, IDS = 120, STEPS = 200000 };
+  struct {
+    int in;
+    int64_t expires, used;
+  } m[IDS] = {0};
+  pr__idset_t *s = pr__idset_new(CAP);
+  unsigned seed = 12345;
+  size_t n = 0;
+  int64_t now = 10, tick = 0;
+  (void)state;
+  assert_non_null(s);
+  for (int step = 0; step < STEPS; step++) {
+    int k = (int)(rand_r(&seed) % IDS), op = (int)(rand_r(&seed) % 8);
+    /* ids close together in hi and lo: crowded probe clusters */
+    pr__did_t id = {(uint64_t)(k % 7), (uint64_t)k};
+    tick++;
+    if (op == 0) {
+      now++; /* some ids expire */
+      continue;
+    }
+    if (m[k].in && m[k].expires <= now && op < 4) { /* found expired */
+      assert_false(pr__idset_has(s, id, now));
+      m[k].in = 0;
+      n--;
+    } else if (op < 4) {
+      assert_int_equal(pr__idset_has(s, id, now), m[k].in);
+      if (m[k].in)
+        m[k].used = tick;
+    } else {
+      if (!m[k].in && n == CAP) { /* the least recently used goes */
+        int lru = -1;
+        for (int i = 0; i < IDS; i++)
+          if (m[i].in && (lru < 0 || m[i].used < m[lru].used))
+            lru = i;
+        m[lru].in = 0;
+        n--;
+      }
+      assert_int_equal(pr__idset_add(s, id, now + 1 + op), 0);
+      if (!m[k].in)
+        n++;
+      m[k].in = 1;
+      m[k].expires = now + 1 + op;
+      m[k].used = tick;
+    }
+    assert_int_equal(pr__idset_size(s), n);
+  }
+  for (int k = 0; k < IDS; k++) { /* everything the model holds, found */
+    pr__did_t id = {(uint64_t)(k % 7), (uint64_t)k};
+    if (m[k].in && m[k].expires > now)
+      assert_true(pr__idset_has(s, id, now));
+  }
+  pr__idset_free(s);
+}
+
 /* --- util.c: the logger --------------------------------------------- */
 
 static char log_seen[8][128];
@@ -890,6 +948,7 @@ int main(void) {
       cmocka_unit_test(test_json_member),
       cmocka_unit_test(test_dedup_id),
       cmocka_unit_test(test_idset),
+      cmocka_unit_test(test_idset_model),
       cmocka_unit_test(test_mailbox),
       cmocka_unit_test(test_logger),
   };
