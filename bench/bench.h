@@ -9,10 +9,27 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "prosody.h"
+
+/* Monotonic seconds. */
+static inline double bench_now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* CPU time (user + system) of the whole process so far, in seconds: the
+ * client, librdkafka and the in-process mock cluster alike. */
+static inline double bench_cpu_s(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
 
 /* qsort comparator for doubles, ascending. */
 static inline int bench_cmp_double(const void *a, const void *b) {
@@ -140,16 +157,13 @@ static inline long bench_index(const char *payload) {
   return p ? atol(p + 10) : -1;
 }
 
-/* The baseline consumer: a plain librdkafka high-level consumer of `topic`
- * in `group` from the earliest offset, storing offsets itself, with the
- * mock cluster's short session. */
-static inline rd_kafka_t *bench_raw_consumer(const char *bootstrap,
-                                             const char *group,
-                                             const char *topic) {
+/* The baseline consumer's configuration: a plain librdkafka high-level
+ * consumer in `group` from the earliest offset, storing offsets itself,
+ * with the mock cluster's short session. */
+static inline rd_kafka_conf_t *bench_raw_conf(const char *bootstrap,
+                                              const char *group) {
   char err[512];
   rd_kafka_conf_t *kc = rd_kafka_conf_new();
-  rd_kafka_topic_partition_list_t *subs;
-  rd_kafka_t *rk;
   rd_kafka_conf_set(kc, "bootstrap.servers", bootstrap, err, sizeof(err));
   rd_kafka_conf_set(kc, "group.id", group, err, sizeof(err));
   rd_kafka_conf_set(kc, "auto.offset.reset", "earliest", err, sizeof(err));
@@ -157,6 +171,15 @@ static inline rd_kafka_t *bench_raw_consumer(const char *bootstrap,
   rd_kafka_conf_set(kc, "broker.address.family", "v4", err, sizeof(err));
   rd_kafka_conf_set(kc, "session.timeout.ms", "6000", err, sizeof(err));
   rd_kafka_conf_set(kc, "heartbeat.interval.ms", "500", err, sizeof(err));
+  return kc;
+}
+
+/* Starts a consumer of `topic` with `kc` (taken), or exits. */
+static inline rd_kafka_t *bench_raw_start(rd_kafka_conf_t *kc,
+                                          const char *topic) {
+  char err[512];
+  rd_kafka_topic_partition_list_t *subs;
+  rd_kafka_t *rk;
   if (!(rk = rd_kafka_new(RD_KAFKA_CONSUMER, kc, err, sizeof(err)))) {
     fprintf(stderr, "bench: %s\n", err);
     exit(1);
@@ -167,6 +190,46 @@ static inline rd_kafka_t *bench_raw_consumer(const char *bootstrap,
   rd_kafka_subscribe(rk, subs);
   rd_kafka_topic_partition_list_destroy(subs);
   return rk;
+}
+
+/* The baseline consumer of `topic` (bench_raw_conf()). */
+static inline rd_kafka_t *bench_raw_consumer(const char *bootstrap,
+                                             const char *group,
+                                             const char *topic) {
+  return bench_raw_start(bench_raw_conf(bootstrap, group), topic);
+}
+
+/* Reads n records with `rk` (which it closes and destroys), calling
+ * `each` (if any) on each before storing its offset; returns records/s
+ * from the first record to the last, and *cpu_us the process's CPU per
+ * record over the same span. */
+static inline double bench_raw_read(rd_kafka_t *rk, long n,
+                                    void (*each)(rd_kafka_message_t *m,
+                                                 void *arg),
+                                    void *arg, double *cpu_us) {
+  long got = 0;
+  double first = 0, last = 0, cpu0 = 0;
+  while (got < n) {
+    rd_kafka_message_t *m = rd_kafka_consumer_poll(rk, 100);
+    if (!m)
+      continue;
+    if (!m->err) {
+      if (!got) {
+        first = bench_now_s();
+        cpu0 = bench_cpu_s();
+      }
+      if (each)
+        each(m, arg);
+      got++;
+      last = bench_now_s();
+      rd_kafka_offset_store(m->rkt, m->partition, m->offset);
+    }
+    rd_kafka_message_destroy(m);
+  }
+  *cpu_us = (bench_cpu_s() - cpu0) * 1e6 / (double)n;
+  rd_kafka_consumer_close(rk);
+  rd_kafka_destroy(rk);
+  return (double)n / (last - first);
 }
 
 #endif /* PR_BENCH_H */

@@ -36,27 +36,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "bench.h"
 #include "prosody.h"
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-/* CPU time (user + system) of the whole process so far, in seconds: the
- * client, librdkafka and the in-process mock cluster alike. */
-static double cpu_s(void) {
-  struct rusage ru;
-  getrusage(RUSAGE_SELF, &ru);
-  return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
-         (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
-}
 
 /* CPU per record of the last run (us), from the first record to the
  * last. */
@@ -155,30 +139,9 @@ static void produce(const char *topic, long n) {
 static double run_raw(const char *bootstrap, const char *topic, long n,
                       int rep) {
   char group[64];
-  rd_kafka_t *rk;
-  long got = 0;
-  double first = 0, last = 0, cpu0 = 0;
   snprintf(group, sizeof(group), "bench-raw-%s-%d", topic, rep);
-  rk = bench_raw_consumer(bootstrap, group, topic);
-  while (got < n) {
-    rd_kafka_message_t *m = rd_kafka_consumer_poll(rk, 100);
-    if (!m)
-      continue;
-    if (!m->err) {
-      if (!got) {
-        first = now_s();
-        cpu0 = cpu_s();
-      }
-      got++;
-      last = now_s();
-      rd_kafka_offset_store(m->rkt, m->partition, m->offset);
-    }
-    rd_kafka_message_destroy(m);
-  }
-  last_cpu_us = (cpu_s() - cpu0) * 1e6 / (double)n;
-  rd_kafka_consumer_close(rk);
-  rd_kafka_destroy(rk);
-  return (double)n / (last - first);
+  return bench_raw_read(bench_raw_consumer(bootstrap, group, topic), n, NULL,
+                        NULL, &last_cpu_us);
 }
 
 static atomic_long pr_got;
@@ -186,10 +149,10 @@ static _Atomic double pr_first, pr_last, pr_cpu0;
 static prosody_result_t noop(prosody_context_t *ctx, const prosody_message_t *m,
                              void *op) {
   long n = atomic_fetch_add(&pr_got, 1);
-  double t = now_s();
+  double t = bench_now_s();
   if (n == 0) {
     atomic_store(&pr_first, t);
-    atomic_store(&pr_cpu0, cpu_s());
+    atomic_store(&pr_cpu0, bench_cpu_s());
   }
   atomic_store(&pr_last, t);
   return PROSODY_SUCCESS;
@@ -213,7 +176,7 @@ static prosody_result_t poisoned(prosody_context_t *ctx,
   }
   if (p == atomic_load(&poison_partition))
     return PROSODY_SUCCESS;
-  t = now_s();
+  t = bench_now_s();
   atomic_compare_exchange_strong(&healthy_first, &first, t);
   atomic_store(&healthy_last, t);
   atomic_fetch_add(&healthy_got, 1);
@@ -347,7 +310,7 @@ static double run_prosody(const char *topic, long n, int rep) {
   }
   while (atomic_load(&pr_got) < n)
     usleep(1000);
-  last_cpu_us = (cpu_s() - atomic_load(&pr_cpu0)) * 1e6 / (double)n;
+  last_cpu_us = (bench_cpu_s() - atomic_load(&pr_cpu0)) * 1e6 / (double)n;
   prosody_client_destroy(c); /* unsubscribes: commits what finished */
   verify_committed(bench_bootstrap, topic, group);
   return (double)n / (atomic_load(&pr_last) - atomic_load(&pr_first));
@@ -379,7 +342,7 @@ static double telemetry_floor_us(const char *bootstrap, long n) {
     fprintf(stderr, "bench_consume: producer: %s\n", err);
     exit(1);
   }
-  cpu0 = cpu_s();
+  cpu0 = bench_cpu_s();
   for (long i = 0; i < n; i++) {
     int kl = snprintf(key, sizeof(key), "key-%04ld", i % 1000);
     while (rd_kafka_producev(rk, RD_KAFKA_V_TOPIC("bench-telemetry-floor"),
@@ -392,7 +355,7 @@ static double telemetry_floor_us(const char *bootstrap, long n) {
       rd_kafka_poll(rk, 0);
   }
   rd_kafka_flush(rk, 60000);
-  cpu0 = (cpu_s() - cpu0) * 1e6 / (double)n;
+  cpu0 = (bench_cpu_s() - cpu0) * 1e6 / (double)n;
   rd_kafka_destroy(rk);
   return cpu0;
 }

@@ -18,6 +18,13 @@ for dist in uniform zipf; do
   "$build/bench/bench_consume" 200000 3 "$dist" | tee -a "$lines"
 done
 
+# The per-record work floor: raw librdkafka plus the work prosody must do
+# for each record (key check, copy, headers, dedup id and set, JSON check,
+# the handler's call) on the polling thread, with no hand-off to a handler
+# thread, against the raw consumer in the same run.
+echo "== consume floor: raw librdkafka plus prosody's per-record work inline, 200 000 records (uniform; embedded mock cluster) =="
+"$build/bench/bench_floor" 200000 3 | tee -a "$lines"
+
 # What the telemetry topic costs: the no-op consumer with it on (the
 # default, as above) against off, in turn in one process.
 echo "== consume throughput, telemetry on against off (uniform; embedded mock cluster) =="
