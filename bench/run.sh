@@ -17,6 +17,11 @@ for dist in uniform zipf; do
   echo "== consume throughput, no-op handler, 200 000 records, 1 000 keys ($dist; embedded mock cluster) =="
   "$build/bench/bench_consume" 200000 3 "$dist" | tee -a "$lines"
 done
+# The engine alone (issue 14's targets): the same with telemetry off.
+for dist in uniform zipf; do
+  echo "== consume throughput, telemetry off ($dist; embedded mock cluster) =="
+  BENCH_TELEMETRY=off "$build/bench/bench_consume" 200000 3 "$dist" | tee -a "$lines"
+done
 
 # The per-record work floor: raw librdkafka plus the work prosody must do
 # for each record (key check, copy, headers, dedup id and set, JSON check,
@@ -75,6 +80,8 @@ if python3 "$here/../scripts/services/kafka_check.py" --timeout 3 >/dev/null 2>&
   for dist in uniform zipf; do
     echo "== consume throughput, 1 000 000 records, against Apache Kafka on localhost:9094 ($dist) =="
     BENCH_BOOTSTRAP=127.0.0.1:9094 "$build/bench/bench_consume" 1000000 3 "$dist" | tee -a "$lines"
+    echo "== the same with telemetry off (the engine alone; $dist) =="
+    BENCH_TELEMETRY=off BENCH_BOOTSTRAP=127.0.0.1:9094 "$build/bench/bench_consume" 1000000 3 "$dist" | tee -a "$lines"
   done
   # Our Python package against the original prosody-events (PyPI), the same
   # script under each, in virtualenvs under build-bench/. The original needs
