@@ -20,6 +20,8 @@ enum top_kind {
   TOP_SCHEDULED = PROSODY_TIMER_SCHEDULED
 };
 
+#define TOP_NAMES 96 /* key and topic bytes kept in the operation itself */
+
 /* One timer operation. A blocking call's is on the caller's stack: the
  * engine fills the result and signals `cond`, then never touches it. An
  * asynchronous one (`cb` set) is malloc'd: top_done() calls `cb` with the
@@ -33,10 +35,12 @@ typedef struct top {
   int64_t time_s;
   pr_span_ctx_t trace; /* the calling handler's context, kept with the timer
                           (set at submission, under the attempt's lock) */
-  /* Engine thread, while it runs the operation. */
+  /* Engine thread, while it runs the operation: copies of the key and
+   * topic (in `names` when they fit, else malloc'd). */
   pr__engine_t *eng;
   char *key, *topic;
   int32_t partition;
+  char names[TOP_NAMES];
   /* The result, published under `lock`. */
   pthread_mutex_t lock;
   pthread_cond_t cond;
@@ -50,9 +54,24 @@ typedef struct top {
   void *opaque;
 } top_t;
 
+/* Copies the key and topic into the operation (0, or -1 out of memory). */
+static int top_names(top_t *op, const char *key, const char *topic) {
+  size_t klen = strlen(key) + 1, tlen = strlen(topic) + 1;
+  if (klen + tlen <= sizeof(op->names)) {
+    op->key = memcpy(op->names, key, klen);
+    op->topic = memcpy(op->names + klen, topic, tlen);
+    return 0;
+  }
+  op->key = strdup(key);
+  op->topic = strdup(topic);
+  return op->key && op->topic ? 0 : -1;
+}
+
 static void top_done(top_t *op, prosody_err_t err, const char *errstr) {
-  free(op->key);
-  free(op->topic);
+  if (op->key != op->names) {
+    free(op->key);
+    free(op->topic);
+  }
   op->key = op->topic = NULL;
   if (op->cb) {
     if (err)
@@ -176,10 +195,8 @@ static void run_op(pr__engine_t *eng, top_t *op) {
     return;
   }
   op->eng = eng;
-  op->key = strdup(inv->msg.key);
-  op->topic = strdup(part->topic);
   op->partition = part->partition;
-  if (!op->key || !op->topic) {
+  if (top_names(op, inv->msg.key, part->topic)) {
     top_done(op, PROSODY_ERR_NOMEM, "out of memory");
     return;
   }

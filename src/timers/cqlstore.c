@@ -91,6 +91,20 @@
 
 typedef struct op op_t;
 
+/* A segment's name, made once per (topic, partition) by the engine thread
+ * and kept until the store is destroyed: ops point at it (the worker
+ * reads it), so a timer op costs no formatting or copy of it. */
+typedef struct seg_name {
+  struct seg_name *next;
+  int32_t partition;
+  const char *topic; /* in `name`'s allocation, after it */
+  char name[];       /* "<group>/<topic>/<partition>" */
+} seg_name_t;
+
+#define SEG_BUCKETS 64
+#define SPARE_MAX 1024 /* finished ops kept for reuse (engine thread) */
+#define KEY_INLINE 48  /* keys shorter than this live in the op */
+
 /* A slab whose timer_slabs row was acknowledged, until `until_s`. */
 typedef struct known {
   struct known *next;
@@ -116,6 +130,11 @@ typedef struct cqlstore {
   int again;              /* ... which must look at the queue again */
   known_t *known[KNOWN_BUCKETS];
   size_t nknown;
+  /* Engine thread only: segment names, and finished ops for reuse (an op
+   * is over 1 KiB, past malloc's per-thread cache). */
+  seg_name_t *segs[SEG_BUCKETS];
+  op_t *spare;
+  size_t nspare;
 } cqlstore_t;
 
 enum { R_DONE, R_TIMES, R_RECS };
@@ -129,8 +148,9 @@ struct op {
   void (*start)(op_t *o); /* runs on the worker thread */
   int result;             /* R_*: which callback gets it */
   int64_t time_s;
-  char *segment; /* "<group>/<topic>/<partition>" */
-  char *key;
+  const char *segment; /* "<group>/<topic>/<partition>": st->segs' */
+  char *key;           /* keybuf, or malloc'd */
+  char keybuf[KEY_INLINE];
   int64_t keep_s;
   pr__timer_type_t type;
   char span[PR_TRACEPARENT_LEN + 1]; /* S_PUT: its trace context, or "" */
@@ -192,29 +212,73 @@ static void post(op_t *o) {
   pr__cqlw_post(&o->job);
 }
 
+/* Frees what the op owns, then keeps it for reuse or frees it (engine
+ * thread). */
 static void op_free(op_t *o) {
-  free(o->segment);
+  cqlstore_t *st = o->st;
   for (size_t i = 0; i < o->nrecs; i++)
     free((char *)o->recs[i].key);
   free(o->recs);
   free(o->times);
   free(o->paging);
-  free(o->key);
-  free(o);
+  if (o->key != o->keybuf)
+    free(o->key);
+  if (st->nspare >= SPARE_MAX) {
+    free(o);
+    return;
+  }
+  o->qnext = st->spare;
+  st->spare = o;
+  st->nspare++;
+}
+
+/* The segment's name, made on first use (engine thread). */
+static const char *seg_name(cqlstore_t *st, const pr__tseg_t *seg) {
+  uint64_t h = UINT64_C(14695981039346656037) ^ (uint32_t)seg->partition;
+  seg_name_t **at, *sn;
+  size_t tlen = strlen(seg->topic), nlen;
+  for (size_t i = 0; i < tlen; i++)
+    h = (h ^ (unsigned char)seg->topic[i]) * UINT64_C(1099511628211);
+  at = &st->segs[h % SEG_BUCKETS];
+  for (sn = *at; sn; sn = sn->next)
+    if (sn->partition == seg->partition && !strcmp(sn->topic, seg->topic))
+      return sn->name;
+  nlen = strlen(st->group) + tlen + 16;
+  if (!(sn = malloc(sizeof(*sn) + nlen + tlen + 1)))
+    return NULL;
+  snprintf(sn->name, nlen, "%s/%s/%d", st->group, seg->topic, seg->partition);
+  memcpy(sn->name + nlen, seg->topic, tlen + 1);
+  sn->topic = sn->name + nlen;
+  sn->partition = seg->partition;
+  sn->next = *at;
+  *at = sn;
+  return sn->name;
 }
 
 static op_t *op_new(cqlstore_t *st, const pr__tseg_t *seg, const char *key) {
-  op_t *o = calloc(1, sizeof(*o));
-  if (!o)
+  const char *name = seg_name(st, seg);
+  size_t klen = key ? strlen(key) : 0;
+  op_t *o = st->spare;
+  if (!name)
     return NULL;
-  o->st = st;
-  size_t n = strlen(st->group) + strlen(seg->topic) + 16;
-  if (!(o->segment = malloc(n)) || (key && !(o->key = strdup(key)))) {
-    free(o->segment);
-    free(o);
+  if (o) {
+    st->spare = o->qnext;
+    st->nspare--;
+    memset(o, 0, sizeof(*o));
+  } else if (!(o = calloc(1, sizeof(*o)))) {
     return NULL;
   }
-  snprintf(o->segment, n, "%s/%s/%d", st->group, seg->topic, seg->partition);
+  o->st = st;
+  o->segment = name;
+  if (key && klen < KEY_INLINE) {
+    memcpy(o->keybuf, key, klen + 1);
+    o->key = o->keybuf;
+  } else if (key && !(o->key = malloc(klen + 1))) {
+    free(o);
+    return NULL;
+  } else if (key) {
+    memcpy(o->key, key, klen + 1);
+  }
   return o;
 }
 
@@ -991,6 +1055,17 @@ static void c_destroy(pr__tstore_t *s) {
   cqlstore_t *st = (cqlstore_t *)s;
   pr__cqlw_free(st->w);
   known_clear(st);
+  while (st->spare) {
+    op_t *o = st->spare;
+    st->spare = o->qnext;
+    free(o);
+  }
+  for (size_t i = 0; i < SEG_BUCKETS; i++)
+    while (st->segs[i]) {
+      seg_name_t *sn = st->segs[i];
+      st->segs[i] = sn->next;
+      free(sn);
+    }
   free(st->group);
   free(st);
 }

@@ -314,17 +314,40 @@ int pr__grow(void *p, size_t *cap, size_t n, size_t size, size_t first) {
   return 0;
 }
 
+#define RFC_SLOTS 16 /* seconds whose text a thread keeps */
+
 void pr__rfc3339_ms(int64_t ms, char *buf, size_t n) {
-  /* The second's text is kept per thread: events come many per second. */
-  static __thread int64_t cached_sec = INT64_MIN;
-  static __thread char base[32];
+  /* The seconds' text is kept per thread in a small table by second:
+   * events come many per second, and a timer's event names two seconds
+   * (now and the timer's), which a single entry would recompute each
+   * time. */
+  static __thread int64_t cached_sec[RFC_SLOTS] = {
+      INT64_MIN, INT64_MIN, INT64_MIN, INT64_MIN, INT64_MIN, INT64_MIN,
+      INT64_MIN, INT64_MIN, INT64_MIN, INT64_MIN, INT64_MIN, INT64_MIN,
+      INT64_MIN, INT64_MIN, INT64_MIN, INT64_MIN};
+  static __thread char base[RFC_SLOTS][32];
+  static __thread size_t base_len[RFC_SLOTS];
   int64_t sec = ms / 1000;
-  if (sec != cached_sec) {
+  size_t slot = (size_t)((uint64_t)sec % RFC_SLOTS), len;
+  int frac = (int)(ms % 1000);
+  if (sec != cached_sec[slot]) {
     time_t t = (time_t)sec;
     struct tm tm;
     gmtime_r(&t, &tm);
-    strftime(base, sizeof(base), "%Y-%m-%dT%H:%M:%S", &tm);
-    cached_sec = sec;
+    base_len[slot] =
+        strftime(base[slot], sizeof(base[slot]), "%Y-%m-%dT%H:%M:%S", &tm);
+    cached_sec[slot] = sec;
   }
-  snprintf(buf, n, "%s.%03dZ", base, (int)(ms % 1000));
+  len = base_len[slot];
+  if (frac < 0 || n < len + 6) { /* before the epoch, or a short buffer */
+    snprintf(buf, n, "%s.%03dZ", base[slot], frac);
+    return;
+  }
+  memcpy(buf, base[slot], len);
+  buf[len] = '.';
+  buf[len + 1] = (char)('0' + frac / 100);
+  buf[len + 2] = (char)('0' + frac / 10 % 10);
+  buf[len + 3] = (char)('0' + frac % 10);
+  buf[len + 4] = 'Z';
+  buf[len + 5] = '\0';
 }
