@@ -157,6 +157,26 @@ static inline long bench_index(const char *payload) {
   return p ? atol(p + 10) : -1;
 }
 
+/* Creates (create) or deletes `topic` with 4 partitions on the real broker
+ * at `bootstrap`, as the mock cluster's topics have (the broker's default
+ * is 1), or exits with the error. */
+static inline void bench_real_topic(const char *bootstrap, const char *topic,
+                                    int create) {
+  char err[512];
+  prosody_config_t *conf = prosody_config_new();
+  prosody_topic_options_t o = PROSODY_TOPIC_OPTIONS_INIT;
+  prosody_admin_t *a;
+  o.partitions = 4;
+  bench_set(conf, "bootstrap_servers", bootstrap);
+  if (!(a = prosody_admin_new(conf, err, sizeof(err))) ||
+      (create ? prosody_admin_create_topic(a, topic, &o, err, sizeof(err))
+              : prosody_admin_delete_topic(a, topic, err, sizeof(err)))) {
+    fprintf(stderr, "bench: topic %s: %s\n", topic, err);
+    exit(1);
+  }
+  prosody_admin_destroy(a); /* it owns conf */
+}
+
 /* The baseline consumer's configuration: a plain librdkafka high-level
  * consumer in `group` from the earliest offset, storing offsets itself,
  * with the mock cluster's short session. */

@@ -103,24 +103,6 @@ static void target(prosody_config_t *conf) {
     bench_set(conf, "mock", "true");
 }
 
-/* A fresh topic with 4 partitions on the real broker (the mock cluster
- * creates topics with 4 partitions on first use). */
-static void topic_admin(const char *topic, int create) {
-  char err[512];
-  prosody_config_t *conf = prosody_config_new();
-  prosody_topic_options_t o = PROSODY_TOPIC_OPTIONS_INIT;
-  prosody_admin_t *a;
-  o.partitions = 4; /* as the mock's topics: the broker's default is 1 */
-  target(conf);
-  if (!(a = prosody_admin_new(conf, err, sizeof(err))) ||
-      (create ? prosody_admin_create_topic(a, topic, &o, err, sizeof(err))
-              : prosody_admin_delete_topic(a, topic, err, sizeof(err)))) {
-    fprintf(stderr, "bench_consume: topic %s: %s\n", topic, err);
-    exit(1);
-  }
-  prosody_admin_destroy(a); /* it owns conf */
-}
-
 static void produce(const char *topic, long n) {
   unsigned seed = 42;
   char err[1024], key[32], buf[200];
@@ -169,7 +151,7 @@ static const char *poison_mode;
 static atomic_int poison_partition = -1;
 static atomic_long healthy_got;
 static long healthy_want;
-static _Atomic double healthy_first, healthy_last;
+static _Atomic double healthy_first, healthy_last, healthy_cpu0;
 static prosody_result_t poisoned(prosody_context_t *ctx,
                                  const prosody_message_t *m, void *op) {
   int p = prosody_message_partition(m);
@@ -181,7 +163,8 @@ static prosody_result_t poisoned(prosody_context_t *ctx,
   if (p == atomic_load(&poison_partition))
     return PROSODY_SUCCESS;
   t = bench_now_s();
-  atomic_compare_exchange_strong(&healthy_first, &first, t);
+  if (atomic_compare_exchange_strong(&healthy_first, &first, t))
+    atomic_store(&healthy_cpu0, bench_cpu_s());
   atomic_store(&healthy_last, t);
   atomic_fetch_add(&healthy_got, 1);
   return PROSODY_SUCCESS;
@@ -308,6 +291,8 @@ static double run_prosody(const char *topic, long n, int rep) {
   if (poison_mode) {
     while (atomic_load(&healthy_got) < healthy_want)
       usleep(1000);
+    last_cpu_us = (bench_cpu_s() - atomic_load(&healthy_cpu0)) * 1e6 /
+                  (double)healthy_want; /* the failing key's work included */
     prosody_client_destroy(c);
     return (double)healthy_want /
            (atomic_load(&healthy_last) - atomic_load(&healthy_first));
@@ -381,7 +366,7 @@ int main(int argc, char **argv) {
     snprintf(bootstrap, sizeof(bootstrap), "%s", real_bootstrap);
     snprintf(topic, sizeof(topic), "bench-consume-%s-%ld", dist,
              (long)time(NULL));
-    topic_admin(topic, 1);
+    bench_real_topic(real_bootstrap, topic, 1);
     where = "real-";
   } else {
     prosody_mock_bootstrap_servers(bootstrap, sizeof(bootstrap), err,
@@ -427,7 +412,7 @@ int main(int argc, char **argv) {
            off[reps / 2], on_cpu[reps / 2], off_cpu[reps / 2], floor_us,
            off_cpu[reps / 2] / (off_cpu[reps / 2] + 2 * floor_us));
     if (real_bootstrap)
-      topic_admin(topic, 0);
+      bench_real_topic(real_bootstrap, topic, 0);
     return 0;
   }
   if (getenv("BENCH_TELEMETRY") && !strcmp(getenv("BENCH_TELEMETRY"), "off")) {
@@ -459,7 +444,7 @@ int main(int argc, char **argv) {
   qsort(raw_cpu, (size_t)reps, sizeof(double), bench_cmp_double);
   qsort(pr_cpu, (size_t)reps, sizeof(double), bench_cmp_double);
   if (real_bootstrap)
-    topic_admin(topic, 0);
+    bench_real_topic(real_bootstrap, topic, 0);
   if (poison_mode) { /* the raw rate is a note: its row is the no-op's */
     printf("bench consume-poisoned-%s-%s%s %.0f msg/s ratio=%.3f raw=%.0f "
            "(the other partitions, while key-0000 fails for ever)\n",

@@ -19,6 +19,9 @@
  *   bench_floor [records] [runs]   (embedded mock cluster, 1 000 keys)
  * Prints "bench consume-floor-raw N msg/s ..." and "bench consume-floor N
  * msg/s ratio=R cpu=..." (R against the raw line; medians of the runs).
+ * BENCH_BOOTSTRAP=host:port runs it against a real broker instead, on a
+ * fresh topic of 4 partitions (deleted afterwards), and names the lines
+ * consume-floor-real-raw and consume-floor-real.
  */
 #include <string.h>
 
@@ -110,22 +113,30 @@ int main(int argc, char **argv) {
   long n = argc > 1 ? atol(argv[1]) : 200000;
   int reps = argc > 2 ? atoi(argv[2]) : 3;
   char bootstrap[256], err[512];
-  const char *topic = "bench-floor";
+  const char *real = getenv("BENCH_BOOTSTRAP"), *where = real ? "real-" : "";
+  char topic[64] = "bench-floor";
   double raw[16], fl[16], raw_cpu[16], fl_cpu[16];
   bench_sends_t sends = {0};
   prosody_config_t *conf;
   prosody_client_t *prod;
   if (reps < 1 || reps > 16 || n < 1)
     return 2;
-  if (prosody_mock_bootstrap_servers(bootstrap, sizeof(bootstrap), err,
-                                     sizeof(err))) {
+  if (real) {
+    snprintf(bootstrap, sizeof(bootstrap), "%s", real);
+    snprintf(topic, sizeof(topic), "bench-floor-%ld", (long)time(NULL));
+    bench_real_topic(real, topic, 1);
+  } else if (prosody_mock_bootstrap_servers(bootstrap, sizeof(bootstrap), err,
+                                            sizeof(err))) {
     fprintf(stderr, "bench_floor: %s\n", err);
     return 1;
   }
   /* the records of bench_consume's uniform run: 1 000 keys, ~100-byte
    * JSON with an id, and the producer's source-system header */
   conf = prosody_config_new();
-  bench_set(conf, "mock", "true");
+  if (real)
+    bench_set(conf, "bootstrap_servers", real);
+  else
+    bench_set(conf, "mock", "true");
   prod = bench_producer(conf);
   bench_stream(prod, topic, n, 0, bench_wall_s(), &sends);
   for (int waited = 0;
@@ -159,12 +170,16 @@ int main(int argc, char **argv) {
   qsort(fl, (size_t)reps, sizeof(double), bench_cmp_double);
   qsort(raw_cpu, (size_t)reps, sizeof(double), bench_cmp_double);
   qsort(fl_cpu, (size_t)reps, sizeof(double), bench_cmp_double);
-  printf("bench consume-floor-raw %.0f msg/s ratio=1.000 cpu=%.2fus/record\n",
-         raw[reps / 2], raw_cpu[reps / 2]);
-  printf("bench consume-floor %.0f msg/s ratio=%.3f cpu=%.2fus/record (raw "
+  printf("bench consume-floor-%sraw %.0f msg/s ratio=1.000 "
+         "cpu=%.2fus/record\n",
+         where, raw[reps / 2], raw_cpu[reps / 2]);
+  printf("bench consume-floor%s %.0f msg/s ratio=%.3f cpu=%.2fus/record (raw "
          "librdkafka plus prosody's per-record work on the polling thread; "
          "no hand-off)\n",
-         fl[reps / 2], fl[reps / 2] / raw[reps / 2], fl_cpu[reps / 2]);
+         real ? "-real" : "", fl[reps / 2], fl[reps / 2] / raw[reps / 2],
+         fl_cpu[reps / 2]);
   prosody_client_destroy(prod);
+  if (real)
+    bench_real_topic(real, topic, 0);
   return 0;
 }

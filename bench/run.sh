@@ -83,6 +83,8 @@ if python3 "$here/../scripts/services/kafka_check.py" --timeout 3 >/dev/null 2>&
     echo "== the same with telemetry off (the engine alone; $dist) =="
     BENCH_TELEMETRY=off BENCH_BOOTSTRAP=127.0.0.1:9094 "$build/bench/bench_consume" 1000000 3 "$dist" | tee -a "$lines"
   done
+  echo "== consume floor against Apache Kafka: raw librdkafka plus prosody's per-record work inline, 1 000 000 records (uniform) =="
+  BENCH_BOOTSTRAP=127.0.0.1:9094 "$build/bench/bench_floor" 1000000 3 | tee -a "$lines"
   # Our Python package against the original prosody-events (PyPI), the same
   # script under each, in virtualenvs under build-bench/. The original needs
   # Cassandra as well (bench/python/run.sh skips it without one).

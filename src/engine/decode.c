@@ -19,6 +19,7 @@
  * Reads only the inv and immutable engine fields. */
 void pr__decode_prepare(inv_t *inv) {
   pr__engine_t *eng = inv->eng;
+  int warn = 0;
   inv->unprepared = 0;
   pr__inv_release_rkm(inv);
   if (inv->dd == DD_LATE && pr__dd_prepare(inv)) {
@@ -26,7 +27,7 @@ void pr__decode_prepare(inv_t *inv) {
     inv->skip_dup = 1;
     return;
   }
-  inv->skip =
-      pr__record_verdict(&inv->msg, inv->json_state, eng->group_id,
-                         &PR_CFG(eng->st, ALLOWED_EVENTS), &inv->skip_warn);
+  inv->skip = pr__record_verdict(&inv->msg, inv->json_state, eng->group_id,
+                                 &PR_CFG(eng->st, ALLOWED_EVENTS), &warn);
+  inv->skip_warn = (uint8_t)warn;
 }

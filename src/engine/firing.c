@@ -221,7 +221,6 @@ inv_t *pr__firing_inv(part_t *part, const char *key, int64_t time_s) {
   inv->msg.timestamp = time_s * 1000;
   inv->tmr.key = inv->msg.key;
   inv->tmr.time_ms = time_s * 1000;
-  pthread_mutex_init(&inv->msg.hdr_lock, NULL);
   return inv;
 }
 

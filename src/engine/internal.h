@@ -102,8 +102,8 @@ struct prosody_message {
   size_t payload_len;          /* bytes, without the NUL */
   json_t *json;                /* owned, or NULL until asked for */
   rd_kafka_headers_t *headers; /* owned (detached), or NULL */
-  pthread_mutex_t hdr_lock;    /* guards hdr_copies */
-  hdr_copy_t *hdr_copies;      /* values handed out by _header() */
+  hdr_copy_t *hdr_copies;      /* values handed out by _header(), under
+                                  the message's striped lock (record.c) */
 };
 
 struct prosody_timer {
@@ -144,8 +144,6 @@ struct inv {
   inv_t *chain_next;   /* the key's next event claimed for the same run
                           (set by the engine before the run starts; read by
                           the run's worker) */
-  int run_end;         /* the worker stops the run after this event (set
-                          with the result) */
   atomic_int released; /* claimed, and its partition is being released:
                           the run must not start it */
   pr__mail_t mail;
@@ -162,16 +160,8 @@ struct inv {
   pr__ctx_t *cslot;         /* the running attempt's context slot, or NULL */
   pr__itrace_t *tr;         /* its tracing (trace.c), or NULL */
   prosody_context_t *ctx;   /* its handle */
-  int is_timer;             /* a timer firing, not a message */
   int64_t time_s;           /* is_timer: the timer's time */
-  int rearmed;              /* is_timer: scheduled again while firing */
-  int dropped;              /* is_timer: unscheduled before it started */
-  int df_gone;              /* df_loaded timer unscheduled while it ran: its
-                               defer entry is removed, a failure must not
-                               write it back */
-  int deleted;              /* is_timer: already deleted from the store */
   int delete_failures;      /* is_timer: failed deletes (retried) so far */
-  int state;                /* enum inv_state */
   int attempt;              /* attempts started so far */
   prosody_result_t result;  /* set by the completer before posting */
   char *result_error;       /* owned; set by the completer */
@@ -180,41 +170,55 @@ struct inv {
   uv_timer_t *timer;        /* retry / failure-topic retry timer, or NULL */
   inv_t *tprev, *tnext;     /* deadline list links */
   int64_t deadline_ns;      /* RUNNING with a timeout: when it expires */
-  int timed;                /* in the deadline list */
   rd_kafka_message_t *rkm;  /* the record, until its headers are detached
                                (owned), else NULL; see pr__inv_release_rkm.
                                While RUNNING the handler's thread's (decode
                                releases it), else the engine thread's */
-  int unprepared;           /* a message decode has not seen yet */
-  const char *skip;         /* set by decode: why the record is skipped */
-  int skip_warn;            /* ... and whether that is worth a warning */
-  int skip_dup;             /* ... because it is a duplicate (dedup.c) */
-  int emitted;              /* the attempt's telemetry events were queued
-                               by its completing thread (set with the
-                               result) */
-  int inline_strings;       /* msg.key/payload live in this allocation */
   size_t room;              /* bytes after the struct (pr__inv_alloc), 0
                                for an inv of another size */
-  int json_state;           /* payload checked at intake: 1 valid, -1 not;
-                               0 unchecked (decode checks it) */
+  const char *skip;         /* set by decode: why the record is skipped */
   /* Deduplication (dedup.c). */
-  int dd;                    /* enum dd_state; with `did`, written by the
-                                thread running it while it runs (DD_LATE,
-                                pr__dd_prepare and pr__dd_ran) */
-  int dd_waiting;            /* at its key's head, waiting for the lookup */
   int dd_tries;              /* failed lookups in a row */
   pr__did_t did;             /* its id (dd != DD_OFF) */
   struct pr__dd_req *dd_req; /* the store lookup in flight, or NULL */
   /* Deferral (defer.c). */
-  int df_loaded;      /* a deferred message loaded again: its offset was
-                         committed when it was deferred */
   int32_t df_retries; /* df_loaded: its deferred retries so far */
   int df_writes;      /* INV_DEFERRING: store writes not yet acknowledged */
   int df_failed;      /* ... of which failed (written again later) */
   int64_t df_key_at;  /* INV_DEFERRING: also writes its key's row, retrying
                          then (ms since the epoch), else 0 */
   inv_t *df_prev, *df_next; /* INV_DEFERRING: its deferred key's list */
-  int df_held;              /* ... written, waiting for the key's row */
+  /* Flags and small states, a byte each, together. Each has the writer its
+   * comment (or, unsaid, the struct's) gives; bytes are separate memory
+   * locations (bit-fields would not be). */
+  uint8_t state;          /* enum inv_state */
+  uint8_t is_timer;       /* a timer firing, not a message */
+  uint8_t rearmed;        /* is_timer: scheduled again while firing */
+  uint8_t dropped;        /* is_timer: unscheduled before it started */
+  uint8_t deleted;        /* is_timer: already deleted from the store */
+  uint8_t df_gone;        /* df_loaded timer unscheduled while it ran: its
+                             defer entry is removed, a failure must not
+                             write it back */
+  uint8_t run_end;        /* the worker stops the run after this event (set
+                             with the result) */
+  uint8_t emitted;        /* the attempt's telemetry events were queued by
+                             its completing thread (set with the result) */
+  uint8_t timed;          /* in the deadline list */
+  uint8_t unprepared;     /* a message decode has not seen yet */
+  uint8_t skip_warn;      /* skip: whether it is worth a warning */
+  uint8_t skip_dup;       /* skip: because it is a duplicate (dedup.c) */
+  uint8_t inline_strings; /* msg.key/payload live in this allocation */
+  int8_t json_state;      /* payload checked at intake: 1 valid, -1 not;
+                             0 unchecked (decode checks it) */
+  uint8_t dd;             /* enum dd_state; with `did`, written by the
+                             thread running it while it runs (DD_LATE,
+                             pr__dd_prepare and pr__dd_ran) */
+  uint8_t dd_waiting;     /* dedup: at its key's head, waiting for the
+                             lookup */
+  uint8_t df_loaded;      /* a deferred message loaded again: its offset
+                             was committed when it was deferred */
+  uint8_t df_held;        /* INV_DEFERRING, written, waiting for the key's
+                             row */
 };
 
 /* A deferred key of a partition (defer.c; engine thread): hung on its key
@@ -490,7 +494,7 @@ inv_t *pr__inv_alloc(pr__engine_t *eng, size_t room);
  * plus its key and payload); their room is rounded up to a multiple of
  * the step, so that similar records share them (record.c). */
 #define PR_INV_POOL_MAX 1024
-#define PR_INV_ROOM_STEP 256
+#define PR_INV_ROOM_STEP 64
 /* Frees an inv (back to the free list when it came from pr__inv_alloc). */
 void pr__inv_free(inv_t *inv);
 /* Frees what only the handler needed (JSON tree, headers, header copies):

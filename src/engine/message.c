@@ -33,7 +33,6 @@ void pr__inv_free(inv_t *inv) {
   if (inv->rkm)
     rd_kafka_message_destroy(inv->rkm);
   pr__inv_shed(inv, 0);
-  pthread_mutex_destroy(&inv->msg.hdr_lock);
   if (inv->cslot)
     pr__ctx_release(inv->eng ? &inv->eng->ctx_stash : NULL, inv->cslot);
   pr__trace_free(inv);

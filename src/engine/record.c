@@ -65,7 +65,6 @@ inv_t *pr__inv_message(part_t *part, const void *key, size_t key_len,
   inv->msg.payload[len] = '\0';
   inv->msg.payload_len = len;
   inv->unprepared = 1;
-  pthread_mutex_init(&inv->msg.hdr_lock, NULL);
   return inv;
 }
 
@@ -187,6 +186,18 @@ prosody_message_json(const prosody_message_t *m) {
   return j;
 }
 
+/* prosody_message_header()'s copies. A lock in each message would cost
+ * every record 40 bytes and a mutex's set-up; handlers ask for headers
+ * far less often than records arrive, so messages share striped locks,
+ * picked by the message's address. */
+#define HDR_LOCKS 64
+static pthread_mutex_t hdr_locks[HDR_LOCKS] = {[0 ... HDR_LOCKS - 1] =
+                                                   PTHREAD_MUTEX_INITIALIZER};
+
+static pthread_mutex_t *hdr_lock_of(const prosody_message_t *m) {
+  return &hdr_locks[((uintptr_t)m * 0x9E3779B97F4A7C15u) >> 58];
+}
+
 PROSODY_EXPORT const char *prosody_message_header(const prosody_message_t *m,
                                                   const char *name) {
   prosody_message_t *mm = (prosody_message_t *)m;
@@ -197,7 +208,7 @@ PROSODY_EXPORT const char *prosody_message_header(const prosody_message_t *m,
   if (!m || !name || !m->headers ||
       rd_kafka_header_get_last(m->headers, name, &v, &len))
     return NULL;
-  pthread_mutex_lock(&mm->hdr_lock);
+  pthread_mutex_lock(hdr_lock_of(m));
   for (h = mm->hdr_copies; h; h = h->next)
     if (!strcmp(h->name, name)) {
       out = h->value;
@@ -216,6 +227,6 @@ PROSODY_EXPORT const char *prosody_message_header(const prosody_message_t *m,
       free(h);
     }
   }
-  pthread_mutex_unlock(&mm->hdr_lock);
+  pthread_mutex_unlock(hdr_lock_of(m));
   return out;
 }

@@ -179,7 +179,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   else if (prosody_message_header(&inv->msg, "source-system"))
     abort();
   pr__inv_shed(inv, 0);
-  pthread_mutex_destroy(&inv->msg.hdr_lock);
   free(inv);
 out:
   if (hdrs)
