@@ -157,6 +157,15 @@ static inline long bench_index(const char *payload) {
   return p ? atol(p + 10) : -1;
 }
 
+/* Points `conf` at the real broker `bootstrap`, or at the embedded mock
+ * cluster when it is NULL. */
+static inline void bench_target(prosody_config_t *conf, const char *bootstrap) {
+  if (bootstrap)
+    bench_set(conf, "bootstrap_servers", bootstrap);
+  else
+    bench_set(conf, "mock", "true");
+}
+
 /* Creates (create) or deletes `topic` with 4 partitions on the real broker
  * at `bootstrap`, as the mock cluster's topics have (the broker's default
  * is 1), or exits with the error. */
@@ -167,7 +176,7 @@ static inline void bench_real_topic(const char *bootstrap, const char *topic,
   prosody_topic_options_t o = PROSODY_TOPIC_OPTIONS_INIT;
   prosody_admin_t *a;
   o.partitions = 4;
-  bench_set(conf, "bootstrap_servers", bootstrap);
+  bench_target(conf, bootstrap);
   if (!(a = prosody_admin_new(conf, err, sizeof(err))) ||
       (create ? prosody_admin_create_topic(a, topic, &o, err, sizeof(err))
               : prosody_admin_delete_topic(a, topic, err, sizeof(err)))) {

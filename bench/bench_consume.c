@@ -95,20 +95,12 @@ static void zipf_init(void) {
 /* The real broker's address (BENCH_BOOTSTRAP), or NULL: the mock cluster. */
 static const char *real_bootstrap;
 
-/* Points a configuration at the mock cluster or the real broker. */
-static void target(prosody_config_t *conf) {
-  if (real_bootstrap)
-    bench_set(conf, "bootstrap_servers", real_bootstrap);
-  else
-    bench_set(conf, "mock", "true");
-}
-
 static void produce(const char *topic, long n) {
   unsigned seed = 42;
   char err[1024], key[32], buf[200];
   prosody_config_t *conf = prosody_config_new();
   prosody_client_t *c;
-  target(conf);
+  bench_target(conf, real_bootstrap);
   c = bench_producer(conf);
   for (long i = 0; i < n; i++) {
     snprintf(key, sizeof(key), "key-%04ld", key_of(i, &seed));
@@ -267,7 +259,7 @@ static double run_prosody(const char *topic, long n, int rep) {
     prosody_config_set(conf, "defer_enabled", "false", err, sizeof(err));
     prosody_config_set(conf, "shutdown_timeout", "2s", err, sizeof(err));
   }
-  target(conf);
+  bench_target(conf, real_bootstrap);
   if (telemetry_off)
     prosody_config_set(conf, "telemetry_enabled", "false", err, sizeof(err));
   prosody_config_set(conf, "group_id", group, err, sizeof(err));

@@ -113,7 +113,7 @@ int main(int argc, char **argv) {
   long n = argc > 1 ? atol(argv[1]) : 200000;
   int reps = argc > 2 ? atoi(argv[2]) : 3;
   char bootstrap[256], err[512];
-  const char *real = getenv("BENCH_BOOTSTRAP"), *where = real ? "real-" : "";
+  const char *real = getenv("BENCH_BOOTSTRAP"), *where = real ? "-real" : "";
   char topic[64] = "bench-floor";
   double raw[16], fl[16], raw_cpu[16], fl_cpu[16];
   bench_sends_t sends = {0};
@@ -133,10 +133,7 @@ int main(int argc, char **argv) {
   /* the records of bench_consume's uniform run: 1 000 keys, ~100-byte
    * JSON with an id, and the producer's source-system header */
   conf = prosody_config_new();
-  if (real)
-    bench_set(conf, "bootstrap_servers", real);
-  else
-    bench_set(conf, "mock", "true");
+  bench_target(conf, real);
   prod = bench_producer(conf);
   bench_stream(prod, topic, n, 0, bench_wall_s(), &sends);
   for (int waited = 0;
@@ -170,14 +167,13 @@ int main(int argc, char **argv) {
   qsort(fl, (size_t)reps, sizeof(double), bench_cmp_double);
   qsort(raw_cpu, (size_t)reps, sizeof(double), bench_cmp_double);
   qsort(fl_cpu, (size_t)reps, sizeof(double), bench_cmp_double);
-  printf("bench consume-floor-%sraw %.0f msg/s ratio=1.000 "
+  printf("bench consume-floor%s-raw %.0f msg/s ratio=1.000 "
          "cpu=%.2fus/record\n",
          where, raw[reps / 2], raw_cpu[reps / 2]);
   printf("bench consume-floor%s %.0f msg/s ratio=%.3f cpu=%.2fus/record (raw "
          "librdkafka plus prosody's per-record work on the polling thread; "
          "no hand-off)\n",
-         real ? "-real" : "", fl[reps / 2], fl[reps / 2] / raw[reps / 2],
-         fl_cpu[reps / 2]);
+         where, fl[reps / 2], fl[reps / 2] / raw[reps / 2], fl_cpu[reps / 2]);
   prosody_client_destroy(prod);
   if (real)
     bench_real_topic(real, topic, 0);
