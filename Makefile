@@ -8,6 +8,9 @@
 #   make test-quick     unit + mock-cluster tests only
 #   make test-cluster   faults of a three-broker Kafka cluster (started and
 #                       stopped here unless already running)
+#   make test-kafka4    the C real tier against Kafka 4 (scripts/services/kafka4,
+#                       127.0.0.1:9096), with Cassandra and Jaeger; each started
+#                       and stopped here unless already running
 #   make test-sanitize  unit + mock tests under ASan+UBSan, then TSan
 #   make bench          optimised build, benchmarks (bench/results/latest.json)
 #   make fuzz           the libFuzzer targets (CQL decoder, JSON validator,
@@ -29,7 +32,7 @@ CTEST   = ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 
 PKGS := rdkafka jansson libuv libmicrohttpd libcurl libxxhash cmocka
 
-.PHONY: fuzz soak all deps configure demo test test-quick test-real test-cluster test-sanitize \
+.PHONY: fuzz soak all deps configure demo test test-quick test-real test-cluster test-kafka4 test-sanitize \
         bench install docs format format-check clean
 
 all: configure
@@ -60,6 +63,9 @@ test-real: all
 
 test-cluster: all
 	scripts/run-tests.sh $(BUILD) cluster
+
+test-kafka4: all
+	scripts/run-tests.sh $(BUILD) kafka4
 
 test-sanitize: deps
 	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DPROSODY_WERROR=ON \

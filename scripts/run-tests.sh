@@ -12,6 +12,13 @@
 #   scripts/run-tests.sh BUILD_DIR cluster   the `cluster` label alone, against
 #                        the three-node cluster of scripts/services/kafka-cluster
 #                        (started here unless all three nodes answer)
+#   scripts/run-tests.sh BUILD_DIR kafka4    the C real tier (label `real`) against
+#                        Kafka 4 (scripts/services/kafka4, 127.0.0.1:9096, with
+#                        KIP-848 consumer groups on), with PROSODY_TEST_KAFKA4=1,
+#                        Cassandra and Jaeger as above; Kafka 4 is started here
+#                        unless it answers. A Cassandra that already ran is
+#                        someone else's: the tests that kill or restart it
+#                        skip (PROSODY_TEST_CASSANDRA=1).
 set -uo pipefail
 build="${1:-build}"
 tier="${2:-all}"
@@ -30,6 +37,18 @@ if [ "$tier" = cluster ]; then
   PROSODY_CLUSTER_REPORT="$report" ctest --test-dir "$build" --output-on-failure -L cluster || rc=1
   cat "$report"
   echo "run-tests: cluster tier finished in $(( $(date +%s) - t0 )) s, $([ $rc = 0 ] && echo PASSED || echo FAILED)"
+  exit $rc
+fi
+if [ "$tier" = kafka4 ]; then
+  ensure kafka4
+  if [ -z "${PROSODY_TEST_CASSANDRA:-}" ]; then
+    ensure cassandra
+    [[ " ${ensure_started[*]} " == *" cassandra "* ]] || export PROSODY_TEST_CASSANDRA=1
+  fi
+  [ -n "${PROSODY_TEST_JAEGER:-}" ] || ensure jaeger
+  PROSODY_TEST_BOOTSTRAP=127.0.0.1:9096 PROSODY_TEST_KAFKA4=1 \
+    ctest --test-dir "$build" --output-on-failure -j "$jobs" -L real || rc=1
+  echo "run-tests: kafka4 tier finished in $(( $(date +%s) - t0 )) s, $([ $rc = 0 ] && echo PASSED || echo FAILED)"
   exit $rc
 fi
 py=0 # the Python package is built (its suite runs in both tiers)
