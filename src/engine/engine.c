@@ -107,6 +107,7 @@ static void on_tick(uv_timer_t *t) {
   pr__df_tick(eng);
   pr__intake_poll(eng);
   pr__part_check_stalls(eng);
+  pr__bp_tick(eng);
   pr__part_tick_keys(eng);
   pr__metrics_snapshot(eng);
 }

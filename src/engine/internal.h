@@ -302,6 +302,9 @@ struct part {
                             on the consumer queue */
   int stopped;           /* backpressure: its queue is not read, its
                             timers not fired, until the backlog halves */
+  int paused;            /* paused in librdkafka by us (librdkafka rule 2:
+                            this flag is the exact set we resume from) */
+  int64_t stopped_ns;    /* when it last stopped */
   int pressed;           /* its offset window half way to its limit: its
                             waiting events get the scheduler's full wait
                             boost */
@@ -519,6 +522,9 @@ void pr__part_zombie_done(pr__engine_t *eng, part_t *zombie);
 void pr__part_store_offsets(pr__engine_t *eng, part_t *only);
 void pr__part_queue_open(pr__engine_t *eng, part_t *part);
 void pr__part_queue_close(part_t *part);
+/* Pauses (1) or resumes (0) fetching `part` in librdkafka; resumes only
+ * what it paused (librdkafka rule 2). */
+void pr__part_pause(pr__engine_t *eng, part_t *part, int pause);
 void pr__part_release(pr__engine_t *eng, part_t *part);
 void pr__part_count(pr__engine_t *eng);
 void pr__part_check_stalls(pr__engine_t *eng);
@@ -545,6 +551,10 @@ inv_t *pr__kq_detach(inv_t *inv);
 int pr__bp_over(int invs, size_t window, int max_uncommitted);
 int pr__bp_under_half(int invs, size_t window, int max_uncommitted);
 void pr__bp_check(pr__engine_t *eng, part_t *part);
+/* A partition stopped this long is paused in librdkafka (backpressure.c). */
+#define PR_BP_PAUSE_AFTER_NS 1000000000LL
+/* Pauses the partitions stopped for PR_BP_PAUSE_AFTER_NS (engine tick). */
+void pr__bp_tick(pr__engine_t *eng);
 
 /* --- intake.c --------------------------------------------------------- */
 

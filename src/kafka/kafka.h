@@ -15,6 +15,12 @@
 #include <librdkafka/rdkafka.h>
 #include <librdkafka/rdkafka_mock.h>
 
+/* cmake/rdkafka.cmake picks a librdkafka of at least 2.10.0 (librdkafka
+ * rule 1); this catches a build that found an older header first. */
+#if RD_KAFKA_VERSION < 0x020a0000
+#error "librdkafka >= 2.10.0 required (found an older rdkafka.h)"
+#endif
+
 #include "../config/config.h"
 #include "../otel/otel.h"
 #include "prosody.h"
