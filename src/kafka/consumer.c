@@ -10,13 +10,20 @@
 #include "../config/config.h"
 #include "kafka.h"
 
+static const char *const strategies[] = {"cooperative-sticky", "range",
+                                         "roundrobin"};
+
+const char *pr__kafka_consumer_strategy(const pr__settings_t *st) {
+  return PR_CFG_ENUM(st, GROUP_PROTOCOL) == 1
+             ? "the consumer group protocol (KIP-848)"
+             : strategies[PR_CFG_ENUM(st, PARTITION_ASSIGNMENT_STRATEGY)];
+}
+
 rd_kafka_conf_t *pr__kafka_consumer_conf(const pr__settings_t *st,
                                          const char *bootstrap, char *errstr,
                                          size_t errstr_size) {
   rd_kafka_conf_t *kconf;
   char commit_ms[32], session_ms[32];
-  static const char *const strategies[] = {"cooperative-sticky", "range",
-                                           "roundrobin"};
   int mock = PR_CFG_BOOL(st, MOCK);
   /* KIP-848: the broker assigns, and owns the session and heartbeat
    * settings (librdkafka refuses them on the client). */

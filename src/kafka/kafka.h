@@ -69,6 +69,9 @@ char *pr__join_list(char **items, size_t n);
  * assignment strategy and session) for the settings `st`; NULL on error
  * (errstr). The caller adds its callbacks. */
 struct pr__settings;
+/* What this consumer offers its group, for messages: the strategy name,
+ * or the KIP-848 protocol. */
+const char *pr__kafka_consumer_strategy(const struct pr__settings *st);
 rd_kafka_conf_t *pr__kafka_consumer_conf(const struct pr__settings *st,
                                          const char *bootstrap, char *errstr,
                                          size_t errstr_size);
