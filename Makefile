@@ -30,7 +30,7 @@ JOBS    ?= 2
 CMAKE_FLAGS ?=
 CTEST   = ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 
-PKGS := rdkafka jansson libuv libmicrohttpd libcurl libxxhash cmocka
+PKGS := jansson libuv libmicrohttpd libcurl libxxhash cmocka libssl libsasl2 libzstd liblz4 zlib
 
 .PHONY: fuzz soak all deps configure demo test test-quick test-real test-cluster test-kafka4 test-sanitize \
         bench install docs format format-check clean

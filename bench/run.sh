@@ -30,6 +30,12 @@ done
 echo "== consume floor: raw librdkafka plus prosody's per-record work inline, 200 000 records (uniform; embedded mock cluster) =="
 "$build/bench/bench_floor" 200000 3 | tee -a "$lines"
 
+# Memory behind one blocked key: partition 0 stops behind it (and is
+# paused in librdkafka) while the other partitions flow; the resident set
+# at the end against after the first 50 000 records (target <= 1.25).
+echo "== memory behind one blocked key, 200 000 records behind it (embedded mock cluster) =="
+"$build/bench/bench_blocked" 200000 | tee -a "$lines"
+
 # What the telemetry topic costs: the no-op consumer with it on (the
 # default, as above) against off, in turn in one process.
 echo "== consume throughput, telemetry on against off (uniform; embedded mock cluster) =="
@@ -85,6 +91,8 @@ if python3 "$here/../scripts/services/kafka_check.py" --timeout 3 >/dev/null 2>&
   done
   echo "== consume floor against Apache Kafka: raw librdkafka plus prosody's per-record work inline, 1 000 000 records (uniform) =="
   BENCH_BOOTSTRAP=127.0.0.1:9094 "$build/bench/bench_floor" 1000000 3 | tee -a "$lines"
+  echo "== memory behind one blocked key, 500 000 records behind it, against Apache Kafka (telemetry off) =="
+  BENCH_TELEMETRY=off BENCH_BOOTSTRAP=127.0.0.1:9094 "$build/bench/bench_blocked" 500000 | tee -a "$lines"
   # Our Python package against the original prosody-events (PyPI), the same
   # script under each, in virtualenvs under build-bench/. The original needs
   # Cassandra as well (bench/python/run.sh skips it without one).

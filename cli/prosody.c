@@ -395,7 +395,8 @@ int main(int argc, char **argv) {
       prosody_config_destroy(conf);
       return 0;
     } else if (!strcmp(argv[i], "-V") || !strcmp(argv[i], "--version")) {
-      printf("prosody %s\n", prosody_version_str());
+      printf("prosody %s (librdkafka %s)\n", prosody_version_str(),
+             prosody_librdkafka_version_str());
       prosody_config_destroy(conf);
       return 0;
     } else {

@@ -47,6 +47,10 @@ extern "C" {
 PROSODY_EXPORT const char *prosody_version_str(void);
 /* The library's version as PROSODY_VERSION would encode it at build time. */
 PROSODY_EXPORT int prosody_version(void);
+/* The version of the librdkafka inside libprosody (linked privately, so it
+ * is never the process's other librdkafka, if any), as "MAJOR.MINOR.PATCH"
+ * (static storage). At least 2.10.0. */
+PROSODY_EXPORT const char *prosody_librdkafka_version_str(void);
 
 /* ------------------------------------------------------------------------ */
 /* Errors                                                                    */

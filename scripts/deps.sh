@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
 # Installs every system package Prosody-C needs to build, test and benchmark.
+# librdkafka is not among them: Debian 12's is 2.0.2, below our floor of
+# 2.10.0, so scripts/librdkafka.sh builds a current one from Debian's own
+# source package (called by CMake when the system has none that is new
+# enough); the packages below carry what that build needs (dpkg-dev for
+# dpkg-source, and the libraries librdkafka links dynamically).
 # Idempotent: packages already present are not reinstalled and apt-get update
 # runs only when something is missing. Run as root or with sudo available.
 set -euo pipefail
 
 PACKAGES=(
   build-essential cmake pkg-config
-  librdkafka-dev libuv1-dev libjansson-dev libmicrohttpd-dev
+  libuv1-dev libjansson-dev libmicrohttpd-dev
   libcurl4-openssl-dev libxxhash-dev libcmocka-dev
+  dpkg-dev libssl-dev libsasl2-dev libzstd-dev liblz4-dev zlib1g-dev
   valgrind clang clang-format libclang-rt-dev
   python3 python3-venv python3-dev maven openjdk-17-jre-headless
 )

@@ -34,9 +34,16 @@ cp tests/data/record/* "$out/corpus/record/"
 "${cc[@]}" tests/fuzz/fuzz_options.c src/config/config.c src/config/duration.c \
   src/util/util.c src/error.c -lpthread -lm -o "$out/fuzz_options"
 
+# The librdkafka the library links (CMake passes its prefix; else the one
+# scripts/librdkafka.sh provides), never an older system one.
+rdk="${PROSODY_RDKAFKA_PREFIX:-$(scripts/librdkafka.sh | tail -n 1)}"
+rdk_pc=rdkafka
+[ -f "$rdk/lib/pkgconfig/rdkafka-static.pc" ] && rdk_pc=rdkafka-static
 "${cc[@]}" -D_GNU_SOURCE tests/fuzz/fuzz_record.c src/engine/record.c \
   src/util/jsonv.c src/util/util.c \
-  $(pkg-config --cflags --libs jansson rdkafka libuv) -lpthread \
+  $(PKG_CONFIG_PATH="$rdk/lib/pkgconfig:$rdk/lib/$(gcc -print-multiarch)/pkgconfig" \
+    pkg-config --cflags --libs $rdk_pc) \
+  $(pkg-config --cflags --libs jansson libuv) -lpthread \
   -o "$out/fuzz_record"
 
 for target in cql_frame json_valid options record; do

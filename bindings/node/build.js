@@ -34,7 +34,7 @@ function napiInclude() {
 }
 
 function pkgConfig(flag) {
-  const pkgs = ['rdkafka', 'jansson', 'libuv', 'libmicrohttpd', 'libcurl'];
+  const pkgs = ['jansson', 'libuv', 'libmicrohttpd', 'libcurl'];
   try {
     return execFileSync('pkg-config', [flag, ...pkgs], { encoding: 'utf8' }).trim().split(/\s+/).filter(Boolean);
   } catch (e) {
@@ -55,7 +55,10 @@ run(process.env.CC || 'cc', [
   '-I', napiInclude(), '-I', path.join(root, 'include'),
   ...pkgConfig('--cflags').filter((f) => f.startsWith('-I')),
   path.join(here, 'src', 'addon.c'), path.join(lib, 'libprosody.a'),
-  '-Wl,--exclude-libs,ALL', ...pkgConfig('--libs'), '-lpthread', '-lm',
+  // librdkafka is inside libprosody.a; these are the system libraries of
+  // both, as CMake wrote them for this build.
+  '-Wl,--exclude-libs,ALL',
+  ...fs.readFileSync(path.join(lib, 'libprosody-static.libs'), 'utf8').trim().split(/\s+/),
   '-o', path.join(out, 'Release', 'prosody.node'),
 ]);
 console.log('prosody: built build/Release/prosody.node');

@@ -1,7 +1,10 @@
 """Builds the native module `prosody.prosody` and, first, libprosody itself
 from the same source tree (CMake, static library), so the installed package
-needs only the system libraries scripts/deps.sh installs (librdkafka,
-jansson, libuv, libmicrohttpd, libcurl)."""
+needs only the system libraries scripts/deps.sh installs (jansson, libuv,
+libmicrohttpd, libcurl, and what librdkafka needs: ssl, sasl, zstd, lz4,
+zlib). librdkafka itself is inside libprosody.a (CMake links a current one,
+built from Debian's source package when the system has none of at least
+2.10.0) and stays private to the extension."""
 
 import os
 import shlex
@@ -13,7 +16,7 @@ from setuptools.command.build_ext import build_ext
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-PKGS = ["rdkafka", "jansson", "libuv", "libmicrohttpd", "libcurl"]
+PKGS = ["jansson", "libuv", "libmicrohttpd", "libcurl"]
 
 
 def pkg_config(flag):
@@ -43,8 +46,10 @@ class BuildWithLibprosody(build_ext):
                         "-DPROSODY_BENCH=OFF"], check=True)
         subprocess.run(["cmake", "--build", str(build), "--target", "prosody_static",
                         "-j", jobs], check=True)
+        libs = shlex.split((build / "libprosody-static.libs").read_text())
         for ext in self.extensions:
             ext.extra_objects = [str(build / "libprosody.a")]
+            ext.extra_link_args += libs
             ext.include_dirs.append(str(ROOT / "include"))
         # build_ext compares the module's own sources only: relink whenever
         # the library may have changed (one C file: cheap).
@@ -58,7 +63,7 @@ ext = Extension(
     extra_compile_args=["-std=c11", "-D_GNU_SOURCE", "-Wall", "-Wno-unused-parameter",
                         *[f for f in pkg_config("--cflags") if f.startswith("-I")]],
     # The static library's symbols stay private to the extension.
-    extra_link_args=["-Wl,--exclude-libs,ALL", *pkg_config("--libs"), "-lpthread", "-lm"],
+    extra_link_args=["-Wl,--exclude-libs,ALL"],
 )
 
 setup(ext_modules=[ext], cmdclass={"build_ext": BuildWithLibprosody})

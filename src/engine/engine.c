@@ -107,6 +107,8 @@ static void on_tick(uv_timer_t *t) {
   pr__df_tick(eng);
   pr__intake_poll(eng);
   pr__part_check_stalls(eng);
+  pr__bp_tick(eng);
+  pr__rebalance_mismatch_poll(eng);
   pr__part_tick_keys(eng);
   pr__metrics_snapshot(eng);
 }
@@ -346,6 +348,7 @@ fail:
   eng->store = NULL;
   loop_abandon(eng);
   if (eng->rk) {
+    pr__rebalance_mismatch_free(eng);
     if (eng->cq)
       rd_kafka_queue_destroy(eng->cq);
     rd_kafka_consumer_close(eng->rk);
@@ -406,6 +409,7 @@ int pr__engine_stop(pr__engine_t *eng) {
     eng->pool = NULL;
   }
   uv_loop_close(&eng->loop);
+  pr__rebalance_mismatch_free(eng);
   rd_kafka_queue_destroy(eng->cq);
   pr__kafka_destroy_bounded(eng->rk, 30000, "consumer");
   engine_free(eng);

@@ -69,7 +69,9 @@ inv_t *pr__intake_inv(part_t *part, rd_kafka_message_t *rkm) {
 /* Handles one record or error from a queue. */
 static void take(pr__engine_t *eng, rd_kafka_message_t *rkm) {
   if (rkm->err) {
-    if (rkm->err != RD_KAFKA_RESP_ERR__PARTITION_EOF)
+    if (rkm->err == RD_KAFKA_RESP_ERR_INCONSISTENT_GROUP_PROTOCOL)
+      pr__rebalance_mismatch(eng); /* an error naming both sides, soon */
+    else if (rkm->err != RD_KAFKA_RESP_ERR__PARTITION_EOF)
       PR_WARN("engine", "consumer: %s", rd_kafka_message_errstr(rkm));
     rd_kafka_message_destroy(rkm);
     return;

@@ -302,6 +302,9 @@ struct part {
                             on the consumer queue */
   int stopped;           /* backpressure: its queue is not read, its
                             timers not fired, until the backlog halves */
+  int paused;            /* paused in librdkafka by us (librdkafka rule 2:
+                            this flag is the exact set we resume from) */
+  int64_t stopped_ns;    /* when it last stopped */
   int pressed;           /* its offset window half way to its limit: its
                             waiting events get the scheduler's full wait
                             boost */
@@ -451,7 +454,11 @@ struct pr__engine {
   uint64_t part_gen;   /* last partition assignment generation */
   /* An assignment that could not be allocated, retried on the tick. */
   rd_kafka_topic_partition_list_t *assign_retry;
-  int assign_coop;    /* ... and whether it is an incremental one */
+  int assign_coop; /* ... and whether it is an incremental one */
+  /* The group refused our join (inconsistent protocol): the describe of
+   * the group in flight on this queue, and when it was last reported. */
+  rd_kafka_queue_t *mismatch_q;
+  int64_t mismatch_ns;
   int fail_part_new;  /* test option: partitions that fail to allocate */
   int df_refuse_rows; /* test option: key-row writes that fail */
   int64_t slab_s;     /* slab_size in seconds */
@@ -519,6 +526,9 @@ void pr__part_zombie_done(pr__engine_t *eng, part_t *zombie);
 void pr__part_store_offsets(pr__engine_t *eng, part_t *only);
 void pr__part_queue_open(pr__engine_t *eng, part_t *part);
 void pr__part_queue_close(part_t *part);
+/* Pauses (1) or resumes (0) fetching `part` in librdkafka; resumes only
+ * what it paused (librdkafka rule 2). */
+void pr__part_pause(pr__engine_t *eng, part_t *part, int pause);
 void pr__part_release(pr__engine_t *eng, part_t *part);
 void pr__part_count(pr__engine_t *eng);
 void pr__part_check_stalls(pr__engine_t *eng);
@@ -545,6 +555,10 @@ inv_t *pr__kq_detach(inv_t *inv);
 int pr__bp_over(int invs, size_t window, int max_uncommitted);
 int pr__bp_under_half(int invs, size_t window, int max_uncommitted);
 void pr__bp_check(pr__engine_t *eng, part_t *part);
+/* A partition stopped this long is paused in librdkafka (backpressure.c). */
+#define PR_BP_PAUSE_AFTER_NS 100000000LL
+/* Pauses the partitions stopped for PR_BP_PAUSE_AFTER_NS (engine tick). */
+void pr__bp_tick(pr__engine_t *eng);
 
 /* --- intake.c --------------------------------------------------------- */
 
@@ -790,5 +804,12 @@ void pr__rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
                       rd_kafka_topic_partition_list_t *list, void *opaque);
 /* Retries an assignment that did not fit in memory (loop tick). */
 void pr__rebalance_retry(pr__engine_t *eng);
+/* The broker refused our JoinGroup: the group's members use another
+ * strategy or protocol. Asks the broker which (at most every 30 s) ... */
+void pr__rebalance_mismatch(pr__engine_t *eng);
+/* ... and, on the tick, reports the answer as an error naming both sides. */
+void pr__rebalance_mismatch_poll(pr__engine_t *eng);
+/* Frees what pr__rebalance_mismatch() holds (before the handle goes). */
+void pr__rebalance_mismatch_free(pr__engine_t *eng);
 
 #endif /* PR_ENGINE_INTERNAL_H */

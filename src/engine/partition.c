@@ -278,6 +278,27 @@ void pr__part_queue_close(part_t *part) {
   part->rkq = NULL;
 }
 
+void pr__part_pause(pr__engine_t *eng, part_t *part, int pause) {
+  rd_kafka_topic_partition_list_t *list;
+  rd_kafka_resp_err_t err;
+  if (part->paused == pause || part->zombie || !eng->rk)
+    return;
+  if (!(list = rd_kafka_topic_partition_list_new(1)))
+    return; /* no memory: it stays stopped (or paused) a while longer */
+  rd_kafka_topic_partition_list_add(list, part->topic, part->partition);
+  err = pause ? rd_kafka_pause_partitions(eng->rk, list)
+              : rd_kafka_resume_partitions(eng->rk, list);
+  if (!err)
+    err = list->elems[0].err;
+  rd_kafka_topic_partition_list_destroy(list); /* rule 9: never leaked */
+  if (err) {
+    PR_WARN("engine", "%s %s[%d]: %s", pause ? "pausing" : "resuming",
+            part->topic, part->partition, rd_kafka_err2str(err));
+    return;
+  }
+  part->paused = pause;
+}
+
 /* Unlinks `part`; frees it, or keeps it as a zombie while a handler of it
  * still runs. */
 void pr__part_release(pr__engine_t *eng, part_t *part) {
@@ -286,6 +307,9 @@ void pr__part_release(pr__engine_t *eng, part_t *part) {
     pp = &(*pp)->next;
   if (*pp)
     *pp = part->next;
+  /* Not left paused in librdkafka: the partition may come back to this
+   * handle, as a part that knows nothing of it. */
+  pr__part_pause(eng, part, 0);
   pr__part_queue_close(part);
   pr__firing_released(eng, part);
   if (part->invs > 0) {

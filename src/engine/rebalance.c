@@ -169,3 +169,53 @@ void pr__rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
     on_revoke(eng, list, coop);
   }
 }
+
+void pr__rebalance_mismatch(pr__engine_t *eng) {
+  const char *group = PR_CFG_STR(eng->st, GROUP_ID);
+  int64_t now = pr__now_ns();
+  if (eng->mismatch_q ||
+      (eng->mismatch_ns && now - eng->mismatch_ns < 30000000000LL))
+    return;
+  eng->mismatch_ns = now;
+  if (!(eng->mismatch_q = rd_kafka_queue_new(eng->rk)))
+    return;
+  rd_kafka_DescribeConsumerGroups(eng->rk, &group, 1, NULL, eng->mismatch_q);
+}
+
+void pr__rebalance_mismatch_poll(pr__engine_t *eng) {
+  const rd_kafka_DescribeConsumerGroups_result_t *res;
+  const rd_kafka_ConsumerGroupDescription_t **groups;
+  const char *theirs = NULL, *kind = "";
+  rd_kafka_event_t *ev;
+  size_t n = 0;
+  if (!eng->mismatch_q || !(ev = rd_kafka_queue_poll(eng->mismatch_q, 0)))
+    return;
+  if ((res = rd_kafka_event_DescribeConsumerGroups_result(ev)) &&
+      (groups = rd_kafka_DescribeConsumerGroups_result_groups(res, &n)) &&
+      n == 1 && !rd_kafka_ConsumerGroupDescription_error(groups[0])) {
+    theirs = rd_kafka_ConsumerGroupDescription_partition_assignor(groups[0]);
+    kind = rd_kafka_ConsumerGroupDescription_type(groups[0]) ==
+                   RD_KAFKA_CONSUMER_GROUP_TYPE_CONSUMER
+               ? " (group protocol consumer)"
+               : " (group protocol classic)";
+  }
+  PR_ERROR("engine",
+           "consumer group \"%s\": the broker refused this member's join "
+           "(inconsistent group protocol): this consumer offers %s, the "
+           "group's members use %s%s. It gets no partition until every "
+           "member uses the same partition_assignment_strategy and "
+           "group_protocol",
+           PR_CFG_STR(eng->st, GROUP_ID), pr__kafka_consumer_strategy(eng->st),
+           theirs && *theirs ? theirs
+                             : "another strategy (the broker did not "
+                               "name it)",
+           theirs && *theirs ? kind : "");
+  rd_kafka_event_destroy(ev);
+  pr__rebalance_mismatch_free(eng);
+}
+
+void pr__rebalance_mismatch_free(pr__engine_t *eng) {
+  if (eng->mismatch_q)
+    rd_kafka_queue_destroy(eng->mismatch_q);
+  eng->mismatch_q = NULL;
+}

@@ -515,3 +515,7 @@ void pr__kafka_probe(const char *bootstrap, int budget_ms, char *out,
     p += len + (p[len] == ',');
   }
 }
+
+PROSODY_EXPORT const char *prosody_librdkafka_version_str(void) {
+  return rd_kafka_version_str();
+}

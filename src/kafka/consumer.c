@@ -10,13 +10,25 @@
 #include "../config/config.h"
 #include "kafka.h"
 
+static const char *const strategies[] = {"cooperative-sticky", "range",
+                                         "roundrobin"};
+
+const char *pr__kafka_consumer_strategy(const pr__settings_t *st) {
+  return PR_CFG_ENUM(st, GROUP_PROTOCOL) == 1
+             ? "the consumer group protocol (KIP-848)"
+             : strategies[PR_CFG_ENUM(st, PARTITION_ASSIGNMENT_STRATEGY)];
+}
+
 rd_kafka_conf_t *pr__kafka_consumer_conf(const pr__settings_t *st,
                                          const char *bootstrap, char *errstr,
                                          size_t errstr_size) {
   rd_kafka_conf_t *kconf;
   char commit_ms[32], session_ms[32];
   int mock = PR_CFG_BOOL(st, MOCK);
-  int64_t session = mock ? 6000 : st->test.session_timeout_ms;
+  /* KIP-848: the broker assigns, and owns the session and heartbeat
+   * settings (librdkafka refuses them on the client). */
+  int kip848 = PR_CFG_ENUM(st, GROUP_PROTOCOL) == 1;
+  int64_t session = kip848 ? 0 : mock ? 6000 : st->test.session_timeout_ms;
 
   if (!(kconf = pr__kafka_conf_new(bootstrap, mock, errstr, errstr_size)))
     return NULL;
@@ -37,11 +49,15 @@ rd_kafka_conf_t *pr__kafka_consumer_conf(const pr__settings_t *st,
                          errstr_size) ||
       pr__kafka_conf_set(kconf, "enable.partition.eof", "false", errstr,
                          errstr_size) ||
-      /* Rule 1: cooperative-sticky only where its bugs are fixed. */
-      pr__kafka_conf_set(kconf, "partition.assignment.strategy",
-                         rd_kafka_version() >= 0x020a0000 ? "cooperative-sticky"
-                                                          : "range",
-                         errstr, errstr_size) ||
+      /* Rule 1: cooperative-sticky by default (librdkafka >= 2.10.0 is
+       * linked: its cooperative bugs are fixed); the engine is correct under
+       * eager and incremental rebalancing alike (rebalance.c). */
+      (kip848 ? pr__kafka_conf_set(kconf, "group.protocol", "consumer", errstr,
+                                   errstr_size)
+              : pr__kafka_conf_set(
+                    kconf, "partition.assignment.strategy",
+                    strategies[PR_CFG_ENUM(st, PARTITION_ASSIGNMENT_STRATEGY)],
+                    errstr, errstr_size)) ||
       /* The mock cluster's short session (a test joining it from another
        * process asks for the same): a member that died leaves the group in
        * seconds, not Kafka's default 45 s. */

@@ -15,6 +15,12 @@
 #include <librdkafka/rdkafka.h>
 #include <librdkafka/rdkafka_mock.h>
 
+/* cmake/rdkafka.cmake picks a librdkafka of at least 2.10.0 (librdkafka
+ * rule 1); this catches a build that found an older header first. */
+#if RD_KAFKA_VERSION < 0x020a0000
+#error "librdkafka >= 2.10.0 required (found an older rdkafka.h)"
+#endif
+
 #include "../config/config.h"
 #include "../otel/otel.h"
 #include "prosody.h"
@@ -63,6 +69,9 @@ char *pr__join_list(char **items, size_t n);
  * assignment strategy and session) for the settings `st`; NULL on error
  * (errstr). The caller adds its callbacks. */
 struct pr__settings;
+/* What this consumer offers its group, for messages: the strategy name,
+ * or the KIP-848 protocol. */
+const char *pr__kafka_consumer_strategy(const struct pr__settings *st);
 rd_kafka_conf_t *pr__kafka_consumer_conf(const struct pr__settings *st,
                                          const char *bootstrap, char *errstr,
                                          size_t errstr_size);

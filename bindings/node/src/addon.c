@@ -122,6 +122,7 @@ typedef struct mailbox {
   size_t logs;           /* IT_LOG items listed (at most LOG_QUEUE_LINES) */
   unsigned long dropped; /* log lines refused since the last take */
   int signalled;         /* a threadsafe-function call is on its way */
+  int closed; /* the JS object is finalized: log_cb drops what follows */
   napi_threadsafe_function tsfn;
 } mailbox_t;
 
@@ -262,6 +263,15 @@ static void log_cb(prosody_log_level_t level, const char *subsystem,
     memcpy(l->message, message, n + 1);
   }
   pthread_mutex_lock(&c->mb.lock);
+  if (c->mb.closed) {
+    /* The lines of a client destroyed by its finalizer (garbage
+     * collection, or the environment's teardown at exit, when the
+     * threadsafe function may already be freed: calling it aborted the
+     * process once librdkafka 2.14 logged during destroy). */
+    pthread_mutex_unlock(&c->mb.lock);
+    free(l);
+    return;
+  }
   if (!l || c->mb.logs >= LOG_QUEUE_LINES) {
     c->mb.dropped++; /* said with the next batch */
     free(l);
@@ -600,6 +610,9 @@ static void mailbox_close(client_t *c) {
 
 static void client_finalize(napi_env env, void *data, void *hint) {
   client_t *c = data;
+  pthread_mutex_lock(&c->mb.lock);
+  c->mb.closed = 1;
+  pthread_mutex_unlock(&c->mb.lock);
   client_free(c);
   mailbox_close(c);
   if (c->dispatch)
