@@ -1049,7 +1049,7 @@ static PyMethodDef context_methods[] = {
      "shutdown, partition revoked)."},
     {"on_cancel", context_on_cancel, METH_NOARGS,
      "on_cancel() -> awaitable that completes when cancellation is "
-     "signalled."},
+     "signalled or the handler has finished."},
     {NULL}};
 
 static PyTypeObject ContextType = {
