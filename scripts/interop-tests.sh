@@ -17,10 +17,12 @@
 #   scripts/interop-tests.sh [--installed]
 #
 # Needs Kafka on 127.0.0.1:9094 and Cassandra on 127.0.0.1:9042: each is
-# started here unless it answers (or PROSODY_TEST_BOOTSTRAP /
-# PROSODY_TEST_CASSANDRA is set), and only what was started here is stopped
-# again at exit. The original consumer's log goes to build/interop/. Every
-# wait in the test is bounded by PROSODY_INTEROP_WAIT seconds (120).
+# started here (scripts/services/SERVICE start, which also waits for one
+# still starting) unless it answers or PROSODY_TEST_BOOTSTRAP /
+# PROSODY_TEST_CASSANDRA is set, and is left running: this script never stops
+# a service (scripts/run-tests.sh stops what it started itself). The original
+# consumer's log goes to build/interop/. Every wait in the test is bounded by
+# PROSODY_INTEROP_WAIT seconds (120).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 ours_venv="${PROSODY_PY_VENV:-$root/build/python-venv}"
@@ -35,9 +37,14 @@ case "${1:-}" in
   exit 2
   ;;
 esac
-WHO=interop-tests
-# shellcheck source=services/ensure.sh
-. "$root/scripts/services/ensure.sh"
+up() { # up SERVICE: start it unless it answers; never stopped here
+  if ! "$root/scripts/services/$1" status >/dev/null 2>&1; then
+    "$root/scripts/services/$1" start || {
+      echo "interop-tests: could not start $1" >&2
+      exit 1
+    }
+  fi
+}
 
 t0=$(date +%s)
 # The original, pinned, in its own venv (installed once, kept between runs).
@@ -54,8 +61,8 @@ if [ "$installed" = 0 ] || [ ! -x "$ours_venv/bin/python" ]; then
   PROSODY_PY_VENV="$ours_venv" "$root/scripts/python-tests.sh" install
 fi
 
-[ -n "${PROSODY_TEST_BOOTSTRAP:-}" ] || ensure kafka
-[ -n "${PROSODY_TEST_CASSANDRA:-}" ] || ensure cassandra
+[ -n "${PROSODY_TEST_BOOTSTRAP:-}" ] || up kafka
+[ -n "${PROSODY_TEST_CASSANDRA:-}" ] || up cassandra
 "$ours_venv/bin/python" "$root/tests/interop/shared_group.py" \
   --original-python "$orig_venv/bin/python" --log-dir "$root/build/interop"
 echo "interop-tests: passed in $(( $(date +%s) - t0 )) s"

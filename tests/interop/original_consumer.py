@@ -28,6 +28,7 @@ import os
 import signal
 import sys
 import threading
+import traceback
 
 from prosody import EventHandler, ProsodyClient
 
@@ -111,15 +112,19 @@ async def main() -> int:
 
 
 if __name__ == "__main__":
-    rc = asyncio.run(main())
-    # Ends the process without the interpreter's finalization: in about one
-    # exit of three, 0.6.1 aborts there (SIGABRT, also in a script that only
-    # subscribes, unsubscribes and shuts down, with no test around it): a
-    # tokio thread of its extension completes an asyncio future while Python
-    # finalizes, Python's take_gil ends that thread with pthread_exit, and the
-    # forced unwind through Rust frames aborts. Its unsubscribe and shutdown
-    # have returned by then (reported as "stopped"), so the test's subject is
-    # done.
+    try:
+        rc = asyncio.run(main())
+    except BaseException:  # noqa: BLE001 - reported, then the same exit as below
+        traceback.print_exc()
+        rc = 1
+    # Ends the process without the interpreter's finalization, whatever
+    # happened: in about one exit of three, 0.6.1 aborts there (SIGABRT, also
+    # in a script that only subscribes, unsubscribes and shuts down, with no
+    # test around it): a tokio thread of its extension completes an asyncio
+    # future while Python finalizes, Python's take_gil ends that thread with
+    # pthread_exit, and the forced unwind through Rust frames aborts. Its
+    # unsubscribe and shutdown have returned by then (reported as
+    # "stopped"), so the test's subject is done.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(rc)
