@@ -203,14 +203,19 @@ def check(tracker: Tracker, ours_partitions: int, original_partitions: int) -> s
                             f"e.g. {bad[:5]}")
     if problems:
         raise Failure("; ".join(problems))
+    def by_batch(member: str) -> str:
+        n = defaultdict(int)
+        for r in handled[member]:
+            n[r[2]] += 1
+        return ", ".join(f"{b} {n[b]}" for b in "ABC")
     total = sum(len(v) for v in handled.values())
     both = (set((k, s) for k, s, _, _ in handled["original"])
             & set((k, s) for k, s, _, _ in handled["ours"]))
     return (f"records {tracker.produced} (A {ROUNDS_A * KEYS}, "
             f"B {tracker.produced - (ROUNDS_A + ROUNDS_C) * KEYS}, C {ROUNDS_C * KEYS}); "
-            f"original handled {len(handled['original'])} ({after['original']} of C) on "
-            f"{original_partitions} partitions after the join, ours handled "
-            f"{len(handled['ours'])} ({after['ours']} of C) on {ours_partitions}; "
+            f"original handled {len(handled['original'])} ({by_batch('original')}), "
+            f"{original_partitions} partitions after the join; ours handled "
+            f"{len(handled['ours'])} ({by_batch('ours')}), {ours_partitions} partitions; "
             f"duplicates {total - len(tracker.distinct)} ({len(both)} records handled by both)")
 
 
