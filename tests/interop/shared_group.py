@@ -304,9 +304,14 @@ async def run(args: argparse.Namespace) -> str:
         if not ok:
             print(f"interop: the original's log: {log_path}", file=sys.stderr)
             try:
-                tail = log_path.read_text(errors="replace").splitlines()[-30:]
-                for line in tail:
+                text = log_path.read_text(errors="replace")
+                for line in text.splitlines()[-30:]:
                     print(f"  | {line}", file=sys.stderr)
+                if "pool is broken" in text or "Connection refused" in text:
+                    # The original keeps each record's dedup and defer state
+                    # in Cassandra and stalls while it is away.
+                    print("interop: the original lost Cassandra during the run (see its log): "
+                          "was Cassandra stopped or restarted meanwhile?", file=sys.stderr)
             except OSError:
                 pass
 
