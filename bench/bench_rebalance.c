@@ -70,19 +70,19 @@
 /* One strategy's run: written by the handlers and the producer thread,
  * read by the main thread. */
 typedef struct run {
-  atomic_int phase; /* the current phase, set by the main thread */
-  atomic_int starts[MAXREC];    /* handler starts of record i */
-  atomic_long lat_us[MAXREC];   /* its first start minus intended send */
-  atomic_int part[MAXREC];      /* its partition (set at its first start) */
-  atomic_int last_member[NPART];      /* who last started a record of p */
-  atomic_llong last_start_us[NPART];  /* when (wall us) */
+  atomic_int phase;              /* the current phase, set by the main thread */
+  atomic_int starts[MAXREC];     /* handler starts of record i */
+  atomic_long lat_us[MAXREC];    /* its first start minus intended send */
+  atomic_int part[MAXREC];       /* its partition (set at its first start) */
+  atomic_int last_member[NPART]; /* who last started a record of p */
+  atomic_llong last_start_us[NPART];      /* when (wall us) */
   atomic_long redelivered[NPHASE][NPART]; /* second starts, by phase */
   atomic_long cancelled[NPHASE][NPART];   /* cancellations seen */
   atomic_long produced;                   /* records sent so far */
   atomic_int stop;                        /* the producer stops */
   bench_sends_t sends;                    /* their acknowledgements */
-  double t0;   /* record i's intended send time: t0 + i / rate (wall) */
-  long rate;   /* records/s */
+  double t0; /* record i's intended send time: t0 + i / rate (wall) */
+  long rate; /* records/s */
   char topic[96];
   prosody_client_t *prod; /* the producer thread's client */
 } run_t;
@@ -95,12 +95,12 @@ typedef struct member {
 
 /* One join's figures. */
 typedef struct join {
-  long redelivered, cancelled;     /* all partitions */
+  long redelivered, cancelled; /* all partitions */
   long redelivered_stayed, cancelled_stayed;
-  int nstayed;                     /* partitions that did not move */
-  int stayed[NPART];               /* 1: partition p did not move */
-  double p99_ms, base_p99_ms;      /* window and baseline, stayed ones */
-  double settle_s;                 /* join to settled */
+  int nstayed;                /* partitions that did not move */
+  int stayed[NPART];          /* 1: partition p did not move */
+  double p99_ms, base_p99_ms; /* window and baseline, stayed ones */
+  double settle_s;            /* join to settled */
 } join_t;
 
 static int verbose;
@@ -318,8 +318,10 @@ static void join(run_t *run, const char *bootstrap, const char *strategy,
   j->p99_ms = p99_of(run, lo, hi, j->stayed);
   j->base_p99_ms = p99_of(run, base_lo, base_hi, j->stayed);
   if (verbose)
-    fprintf(stderr, "%s: stayed p99 %.0f ms (baseline %.0f ms) over %ld "
-            "records\n", what, j->p99_ms, j->base_p99_ms, hi - lo);
+    fprintf(stderr,
+            "%s: stayed p99 %.0f ms (baseline %.0f ms) over %ld "
+            "records\n",
+            what, j->p99_ms, j->base_p99_ms, hi - lo);
 }
 
 /* Adds phase k's counts to `j`, over all partitions and the stayed ones. */
@@ -357,8 +359,8 @@ static void create_topic(const char *bootstrap, const char *topic) {
 
 /* One strategy's run: A alone, then B, then C join under load; fills
  * js[0] (join2) and js[1] (join3). */
-static void run_strategy(const char *bootstrap, const char *strategy,
-                         long rate, double baseline_s, join_t *js) {
+static void run_strategy(const char *bootstrap, const char *strategy, long rate,
+                         double baseline_s, join_t *js) {
   run_t *run = calloc(1, sizeof(*run));
   member_t mem[NMEMBERS];
   prosody_client_t *c[NMEMBERS] = {NULL};
@@ -369,8 +371,8 @@ static void run_strategy(const char *bootstrap, const char *strategy,
 
   if (!run)
     exit(1);
-  snprintf(run->topic, sizeof(run->topic), "bench-rebalance-%s-%ld",
-           strategy, (long)getpid());
+  snprintf(run->topic, sizeof(run->topic), "bench-rebalance-%s-%ld", strategy,
+           (long)getpid());
   create_topic(bootstrap, run->topic);
   pconf = prosody_config_new();
   bench_target(pconf, bootstrap);
@@ -382,8 +384,8 @@ static void run_strategy(const char *bootstrap, const char *strategy,
   c[0] = member_new(bootstrap, &mem[0], strategy);
   wait_settled(c, 1, "A joins");
   if (verbose)
-    fprintf(stderr, "%s: A holds %d partitions after %.1f s\n", strategy,
-            NPART, bench_wall_s() - t_a);
+    fprintf(stderr, "%s: A holds %d partitions after %.1f s\n", strategy, NPART,
+            bench_wall_s() - t_a);
   /* The stream starts once A reads, so that its first records do not wait
    * for A's join. */
   run->rate = rate;
@@ -406,9 +408,8 @@ static void run_strategy(const char *bootstrap, const char *strategy,
   count(run, 1, &js[0]);
   count(run, 2, &js[1]);
   if (atomic_load(&run->sends.failed))
-    fprintf(stderr, "bench_rebalance: %s: %ld of %ld sends failed\n",
-            strategy, atomic_load(&run->sends.failed),
-            atomic_load(&run->produced));
+    fprintf(stderr, "bench_rebalance: %s: %ld of %ld sends failed\n", strategy,
+            atomic_load(&run->sends.failed), atomic_load(&run->produced));
 
   for (int k = NMEMBERS - 1; k >= 0; k--) {
     prosody_unsubscribe(c[k]);
@@ -420,60 +421,51 @@ static void run_strategy(const char *bootstrap, const char *strategy,
   free(run);
 }
 
-/* cooperative / eager, or "" when there is no ratio to give. */
-static const char *ratio(char *buf, size_t n, int both, double coop,
-                         double eager) {
-  if (!both || !(eager > 0) || isnan(coop))
-    return "";
-  snprintf(buf, n, " ratio=%.3f", coop / eager);
-  return buf;
+/* A join's pause: its window's p99 minus the baseline's, ms. */
+static double pause_ms(const join_t *j) { return j->p99_ms - j->base_p99_ms; }
+
+/* The figure `what` (0 redelivered, 1 cancelled, 2 pause) of a strategy's
+ * two joins: their sum, or for the pause the larger. */
+static double figure(const join_t *js, int what) {
+  switch (what) {
+  case 0:
+    return (double)(js[0].redelivered + js[1].redelivered);
+  case 1:
+    return (double)(js[0].cancelled + js[1].cancelled);
+  default:
+    return fmax(pause_ms(&js[0]), pause_ms(&js[1]));
+  }
 }
 
-/* A join's pause: window p99 minus baseline p99, ms. */
-static double pause_ms(const join_t *j) {
-  return j->p99_ms - j->base_p99_ms;
-}
-
-static void report(const char *sfx, const char *name, const join_t *js,
-                   int eager, int both, const join_t *coop_js,
-                   const join_t *eager_js) {
-  char buf[64];
-  long sum;
-  const char *r;
-  if (!js)
-    return;
-  if (!strcmp(name, "redelivered") || !strcmp(name, "cancelled")) {
-    int red = name[0] == 'r';
-#define N(j) (red ? (j).redelivered : (j).cancelled)
-#define S(j) (red ? (j).redelivered_stayed : (j).cancelled_stayed)
-    sum = N(js[0]) + N(js[1]);
-    r = eager ? (both ? " ratio=1.000" : "")
-              : ratio(buf, sizeof(buf), both && eager_js,
-                      coop_js ? (double)(N(coop_js[0]) + N(coop_js[1])) : 0,
-                      eager_js ? (double)(N(eager_js[0]) + N(eager_js[1]))
-                               : 0);
-    printf("bench rebalance_%s_%s%s %ld records%s join2=%ld join3=%ld "
+/* A strategy's line for `what`. The eager line is the reference (ratio 1);
+ * the cooperative line's ratio is cooperative / eager, left out when
+ * eager's figure is not positive (0 / 0 says nothing) or eager did not
+ * run. */
+static void report(const char *sfx, int what, const join_t *js, int eager,
+                   const join_t *other) {
+  static const char *names[] = {"redelivered", "cancelled", "p99_pause"};
+  const char *who = eager ? "eager" : "cooperative";
+  char r[32] = "";
+  double v = figure(js, what);
+  if (other && eager)
+    snprintf(r, sizeof(r), " ratio=1.000");
+  else if (other && figure(other, what) > 0)
+    snprintf(r, sizeof(r), " ratio=%.3f", v / figure(other, what));
+  if (what < 2) {
+    long j2 = what ? js[0].cancelled : js[0].redelivered,
+         j3 = what ? js[1].cancelled : js[1].redelivered,
+         s2 = what ? js[0].cancelled_stayed : js[0].redelivered_stayed,
+         s3 = what ? js[1].cancelled_stayed : js[1].redelivered_stayed;
+    printf("bench rebalance_%s_%s%s %.0f records%s join2=%ld join3=%ld "
            "on_stayed_partitions=%ld/%ld\n",
-           name, eager ? "eager" : "cooperative", sfx, sum, r, N(js[0]),
-           N(js[1]), S(js[0]), S(js[1]));
-#undef N
-#undef S
+           names[what], who, sfx, v, r, j2, j3, s2, s3);
   } else {
-    double worst = fmax(pause_ms(&js[0]), pause_ms(&js[1]));
-    r = eager ? (both ? " ratio=1.000" : "")
-              : ratio(buf, sizeof(buf), both && eager_js,
-                      worst,
-                      eager_js ? fmax(pause_ms(&eager_js[0]),
-                                      pause_ms(&eager_js[1]))
-                               : 0);
-    printf("bench rebalance_p99_pause_%s%s %.0f ms%s join2=%.0fms "
-           "join3=%.0fms p99_join2=%.0fms p99_join3=%.0fms "
-           "baseline_join2=%.0fms baseline_join3=%.0fms stayed=%d/%d "
+    printf("bench rebalance_%s_%s%s %.0f ms%s join2=%.0fms join3=%.0fms "
+           "p99=%.0fms/%.0fms baseline_p99=%.0fms/%.0fms stayed=%d/%d "
            "settle=%.1fs/%.1fs\n",
-           eager ? "eager" : "cooperative", sfx, worst, r, pause_ms(&js[0]),
-           pause_ms(&js[1]), js[0].p99_ms, js[1].p99_ms, js[0].base_p99_ms,
-           js[1].base_p99_ms, js[0].nstayed, js[1].nstayed, js[0].settle_s,
-           js[1].settle_s);
+           names[what], who, sfx, v, r, pause_ms(&js[0]), pause_ms(&js[1]),
+           js[0].p99_ms, js[1].p99_ms, js[0].base_p99_ms, js[1].base_p99_ms,
+           js[0].nstayed, js[1].nstayed, js[0].settle_s, js[1].settle_s);
   }
 }
 
@@ -485,7 +477,7 @@ int main(int argc, char **argv) {
   const char *sfx = bootstrap ? "_kafka" : "";
   join_t coop[2], eager[2];
   int run_coop = !only || !strcmp(only, "cooperative-sticky"),
-      run_eager = !only || !strcmp(only, "range"), both;
+      run_eager = !only || !strcmp(only, "range");
 
   verbose = getenv("BENCH_VERBOSE") != NULL;
   if (rate < 1 || baseline_s < 1 || (!run_coop && !run_eager)) {
@@ -499,13 +491,11 @@ int main(int argc, char **argv) {
     run_strategy(bootstrap, "cooperative-sticky", rate, baseline_s, coop);
   if (run_eager)
     run_strategy(bootstrap, "range", rate, baseline_s, eager);
-  both = run_coop && run_eager;
-  for (int x = 0; x < 3; x++) {
-    static const char *names[] = {"redelivered", "cancelled", "pause"};
-    report(sfx, names[x], run_coop ? coop : NULL, 0, both,
-           run_coop ? coop : NULL, run_eager ? eager : NULL);
-    report(sfx, names[x], run_eager ? eager : NULL, 1, both,
-           run_coop ? coop : NULL, run_eager ? eager : NULL);
+  for (int what = 0; what < 3; what++) {
+    if (run_coop)
+      report(sfx, what, coop, 0, run_eager ? eager : NULL);
+    if (run_eager)
+      report(sfx, what, eager, 1, run_coop ? coop : NULL);
   }
   return 0;
 }
