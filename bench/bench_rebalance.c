@@ -3,7 +3,8 @@
  * (partition_assignment_strategy=range) against cooperative
  * (cooperative-sticky, the default).
  *
- *   bench_rebalance [RATE [BASELINE_S]]     (defaults 200 records/s, 8 s)
+ *   bench_rebalance [RATE [BASELINE_S [HANDLER_MS]]]
+ *                   (defaults 200 records/s, 8 s, 1000 ms)
  *
  * Against the real broker BENCH_BOOTSTRAP, else the embedded mock cluster.
  * BENCH_STRATEGY=cooperative-sticky or range runs one strategy only (no
@@ -64,8 +65,7 @@
 #define WARMUP_S 3.0      /* after A's join, before the baseline */
 #define BEFORE_S 1.0      /* a join's window opens this long before it */
 #define TAIL_S 3.0        /* and closes this long after it settled */
-#define HANDLER_MS 1000
-#define NPHASE 4 /* 0 baseline, 1 join2, 2 join3, 3 shutdown */
+#define NPHASE 4          /* 0 baseline, 1 join2, 2 join3, 3 shutdown */
 
 /* One strategy's run: written by the handlers and the producer thread,
  * read by the main thread. */
@@ -104,6 +104,7 @@ typedef struct join {
 } join_t;
 
 static int verbose;
+static long handler_ms = 1000; /* each handler's wait */
 
 static prosody_result_t on_message(prosody_context_t *ctx,
                                    const prosody_message_t *m, void *op) {
@@ -126,7 +127,7 @@ static prosody_result_t on_message(prosody_context_t *ctx,
   } else if (n == 1) {
     atomic_fetch_add(&run->redelivered[ph][p], 1);
   }
-  if (prosody_wait_cancel(ctx, HANDLER_MS)) {
+  if (prosody_wait_cancel(ctx, handler_ms)) {
     atomic_fetch_add(&run->cancelled[ph][p], 1);
     return PROSODY_TRANSIENT; /* not done: whoever holds it next redoes it */
   }
@@ -480,8 +481,11 @@ int main(int argc, char **argv) {
       run_eager = !only || !strcmp(only, "range");
 
   verbose = getenv("BENCH_VERBOSE") != NULL;
-  if (rate < 1 || baseline_s < 1 || (!run_coop && !run_eager)) {
-    fprintf(stderr, "usage: bench_rebalance [RATE [BASELINE_S]] "
+  if (argc > 3)
+    handler_ms = atol(argv[3]);
+  if (rate < 1 || baseline_s < 1 || handler_ms < 0 ||
+      (!run_coop && !run_eager)) {
+    fprintf(stderr, "usage: bench_rebalance [RATE [BASELINE_S [HANDLER_MS]]] "
                     "(BENCH_STRATEGY=cooperative-sticky|range)\n");
     return 2;
   }
