@@ -358,6 +358,13 @@ static void create_topic(const char *bootstrap, const char *topic) {
   prosody_admin_destroy(a); /* it owns conf */
 }
 
+/* A member leaves the group and is destroyed (a thread of its own). */
+static void *leave_main(void *arg) {
+  prosody_unsubscribe(arg);
+  prosody_client_destroy(arg);
+  return NULL;
+}
+
 /* One strategy's run: A alone, then B, then C join under load; fills
  * js[0] (join2) and js[1] (join3). */
 static void run_strategy(const char *bootstrap, const char *strategy, long rate,
@@ -366,7 +373,7 @@ static void run_strategy(const char *bootstrap, const char *strategy, long rate,
   member_t mem[NMEMBERS];
   prosody_client_t *c[NMEMBERS] = {NULL};
   prosody_config_t *pconf;
-  pthread_t producer;
+  pthread_t producer, leavers[NMEMBERS];
   long base_lo, base_hi;
   double t_a;
 
@@ -412,10 +419,15 @@ static void run_strategy(const char *bootstrap, const char *strategy, long rate,
     fprintf(stderr, "bench_rebalance: %s: %ld of %ld sends failed\n", strategy,
             atomic_load(&run->sends.failed), atomic_load(&run->produced));
 
-  for (int k = NMEMBERS - 1; k >= 0; k--) {
-    prosody_unsubscribe(c[k]);
-    prosody_client_destroy(c[k]);
-  }
+  /* The members leave together: one after another, each leave is a
+   * rebalance that the next close may have to wait out. */
+  for (int k = 0; k < NMEMBERS; k++)
+    if (pthread_create(&leavers[k], NULL, leave_main, c[k])) {
+      fprintf(stderr, "bench_rebalance: cannot start a thread\n");
+      exit(1);
+    }
+  for (int k = 0; k < NMEMBERS; k++)
+    pthread_join(leavers[k], NULL);
   prosody_client_destroy(run->prod);
   if (bootstrap)
     bench_real_topic(bootstrap, run->topic, 0);
