@@ -14,7 +14,7 @@
  * keep some) and group, all in this process: member A joins alone; a
  * producer thread then sends a steady stream of RATE records/s (bench.h's
  * payload with `id` and intended send time; 1 000 keys in turn) for the
- * whole run. Every handler waits 1 s (prosody_wait_cancel) and succeeds,
+ * whole run. Every handler waits HANDLER_MS (prosody_wait_cancel) and succeeds,
  * or returns TRANSIENT when cancelled. After a warm-up and BASELINE_S of
  * baseline, member B joins; once the group has settled (every member holds
  * partitions and together they hold all six, polled with
