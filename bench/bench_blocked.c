@@ -142,8 +142,8 @@ int main(int argc, char **argv) {
     if (at50k < 0 && atomic_load(&handled) >= 50000)
       at50k = r;
     if (getenv("BENCH_VERBOSE"))
-      fprintf(stderr, "%.2f s: %ld handled, rss %.1f MiB\n",
-              bench_now_s() - t0, atomic_load(&handled), r / 1024.0);
+      fprintf(stderr, "%.2f s: %ld handled, rss %.1f MiB\n", bench_now_s() - t0,
+              atomic_load(&handled), r / 1024.0);
     if (bench_now_s() - t0 > 300) {
       fprintf(stderr,
               "bench_blocked: %ld of %ld records of partitions 1-3 "

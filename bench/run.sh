@@ -36,6 +36,14 @@ echo "== consume floor: raw librdkafka plus prosody's per-record work inline, 20
 echo "== memory behind one blocked key, 200 000 records behind it (embedded mock cluster) =="
 "$build/bench/bench_blocked" 200000 | tee -a "$lines"
 
+# A second and then a third member join a group of one under a steady
+# stream (200 records/s, 1 000 keys, 6 partitions, 1-second handlers), once
+# eager (range) and once cooperative (cooperative-sticky, the default):
+# records handled again, handlers cancelled, and the p99 pause of the
+# partitions that did not move, per join; ratio = cooperative / eager. ~90 s.
+echo "== rebalance: a member joins a busy group, eager against cooperative (embedded mock cluster) =="
+"$build/bench/bench_rebalance" | tee -a "$lines"
+
 # What the telemetry topic costs: the no-op consumer with it on (the
 # default, as above) against off, in turn in one process.
 echo "== consume throughput, telemetry on against off (uniform; embedded mock cluster) =="
@@ -93,6 +101,8 @@ if python3 "$here/../scripts/services/kafka_check.py" --timeout 3 >/dev/null 2>&
   BENCH_BOOTSTRAP=127.0.0.1:9094 "$build/bench/bench_floor" 1000000 3 | tee -a "$lines"
   echo "== memory behind one blocked key, 500 000 records behind it, against Apache Kafka (telemetry off) =="
   BENCH_TELEMETRY=off BENCH_BOOTSTRAP=127.0.0.1:9094 "$build/bench/bench_blocked" 500000 | tee -a "$lines"
+  echo "== rebalance: a member joins a busy group, eager against cooperative, against Apache Kafka =="
+  BENCH_BOOTSTRAP=127.0.0.1:9094 "$build/bench/bench_rebalance" | tee -a "$lines"
   # Our Python package against the original prosody-events (PyPI), the same
   # script under each, in virtualenvs under build-bench/. The original needs
   # Cassandra as well (bench/python/run.sh skips it without one).

@@ -93,5 +93,17 @@ else()
   target_link_libraries(prosody_rdkafka INTERFACE -L${rdk_libdir} rdkafka
     prosody_rdkafka_deps)
 endif()
+# Whether it runs its threads on glibc's C11 <threads.h> (Debian's builds
+# do), which ThreadSanitizer cannot see: TSan builds then link
+# src/util/tsan_shim.c. Ours (scripts/librdkafka.sh) brings its own
+# thrd_* over pthreads (tinycthread) and needs no shim.
+set(PROSODY_RDKAFKA_C11_THREADS TRUE)
+if(PROSODY_RDKAFKA_ARCHIVE)
+  execute_process(COMMAND ${CMAKE_NM} -g --defined-only ${PROSODY_RDKAFKA_ARCHIVE}
+    OUTPUT_VARIABLE rdk_syms ERROR_QUIET)
+  if(rdk_syms MATCHES "T thrd_create")
+    set(PROSODY_RDKAFKA_C11_THREADS FALSE)
+  endif()
+endif()
 message(STATUS "librdkafka ${PROSODY_RDKAFKA_VERSION} from "
   "${PROSODY_RDKAFKA_PREFIX} (${PROSODY_RDKAFKA_ARCHIVE})")

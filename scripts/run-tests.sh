@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Runs the test tiers for `make test`: unit and mock-cluster tests (C, then
-# the Python and Node packages' suites), then the real tier (C, Python,
+# the Python and Node packages' suites), then the real tier (C, Python, the
+# interop test with the original Prosody (scripts/interop-tests.sh: a
+# consumer group shared by our Python package and PyPI's prosody-events),
 # Node) against Apache Kafka on localhost:9094, Apache Cassandra on
 # localhost:9042 and Jaeger (OTLP/HTTP 127.0.0.1:4318, query API
 # 127.0.0.1:16686, for the span tests real.test_otel_jaeger and
@@ -81,6 +83,7 @@ fi
 ctest --test-dir "$build" --output-on-failure -j "$jobs" -L real || rc=1
 if [ "$py" = 1 ]; then
   "$root/scripts/python-tests.sh" real || rc=1
+  "$root/scripts/interop-tests.sh" --installed || rc=1
 fi
 if [ "$node" = 1 ]; then
   "$root/scripts/node-tests.sh" real || rc=1

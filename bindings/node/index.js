@@ -121,13 +121,57 @@ const transient = (...types) => classifier(TransientError, types);
 const RESULT = { success: 0, transient: 1, permanent: 2 };
 const STRIDE = 13; // slots per event in a batch from the addon
 
+// [result, text] for a value a handler threw or rejected with. Any value
+// will do, including one that throws when looked at (a Proxy, an object
+// without a prototype, an Error whose `name` getter throws): it is a
+// transient failure unless it is a PermanentError, and the text is the best
+// description that can be had without an exception escaping.
 function outcome(e) {
-  const permanentFailure = e instanceof EventHandlerError
-    ? e.isPermanent
-    : false;
-  const shown = e instanceof EventHandlerError && e.cause instanceof Error ? e.cause : e;
-  const text = shown instanceof Error ? `${shown.name}: ${shown.message}` : `thrown: ${String(shown)}`;
-  return [permanentFailure ? RESULT.permanent : RESULT.transient, text];
+  let permanentFailure = false;
+  try {
+    permanentFailure = e instanceof EventHandlerError && Boolean(e.isPermanent);
+  } catch (ignored) {
+    permanentFailure = false;
+  }
+  return [permanentFailure ? RESULT.permanent : RESULT.transient, describeThrown(e)];
+}
+
+function describeThrown(e) {
+  try {
+    const shown = e instanceof EventHandlerError && e.cause instanceof Error ? e.cause : e;
+    if (shown instanceof Error) return `${String(shown.name)}: ${String(shown.message)}`;
+    return `thrown: ${String(shown)}`;
+  } catch (ignored) {
+    // Described below from its type alone.
+  }
+  try {
+    return `thrown: ${Object.prototype.toString.call(e)} (it cannot be converted to a string)`;
+  } catch (ignored) {
+    return `thrown: a ${typeof e} that cannot be described`;
+  }
+}
+
+// What a handler returned that is neither a promise (a thenable) nor a
+// plain value: an object whose work runs only when it is iterated, which
+// prosody never does. Null when the value is fine. May throw (a Proxy).
+function lazyKind(v) {
+  if (v === null || (typeof v !== 'object' && typeof v !== 'function')) return null;
+  const tag = Object.prototype.toString.call(v);
+  if (tag === '[object AsyncGenerator]') return 'an async generator';
+  if (tag === '[object Generator]') return 'a generator';
+  if (typeof v.next === 'function' && typeof v[Symbol.asyncIterator] === 'function') return 'an async iterator';
+  return null;
+}
+
+// "MyHandler.onMessage", or "handler.onMessage" for a plain object.
+function handlerMethodName(handler, method) {
+  let cls = null;
+  try {
+    cls = handler && handler.constructor && handler.constructor.name;
+  } catch (ignored) {
+    cls = null;
+  }
+  return `${typeof cls === 'string' && cls && cls !== 'Object' ? cls : 'handler'}.${method}`;
 }
 
 // ---------------------------------------------------------------------------
@@ -147,22 +191,41 @@ for (const [name, info] of Object.entries(OPTION_TABLE)) {
   }
 }
 
+// An integral number in full digits: String(1e21) is "1e+21", which the
+// option table would call "not an integer" rather than out of range.
+const digits = (n) => (Number.isSafeInteger(n) ? String(n) : BigInt(n).toString());
+
+// The text form of a NUL-free string: libprosody's options are C strings, so
+// a NUL would silently cut the value short.
+function noNul(jsName, text) {
+  const at = text.indexOf('\0');
+  if (at >= 0) {
+    throw new RangeError(`option ${jsName}: the value contains a NUL character (\\0) at index ${at}; ` +
+                         'an option cannot hold one');
+  }
+  return text;
+}
+
 function optionText(jsName, name, unit, value) {
   const info = OPTION_TABLE[name];
+  const got = () => {
+    if (Array.isArray(value)) return 'array';
+    if (typeof value === 'number') return Number.isNaN(value) ? 'NaN' : `${value}`;
+    return typeof value;
+  };
   const bad = (what) => new TypeError(
-    `option ${jsName}: expected ${what}${info.accepted ? ` (${info.accepted})` : ''}, got ${
-      Array.isArray(value) ? 'array' : typeof value}`);
-  if (typeof value === 'string') return value; // the text form, as in the environment
+    `option ${jsName}: expected ${what}${info.accepted ? ` (${info.accepted})` : ''}, got ${got()}`);
+  if (typeof value === 'string') return noNul(jsName, value); // the text form, as in the environment
   switch (info.type) {
     case 'duration':
       if (typeof value !== 'number' || Number.isNaN(value)) throw bad(unit === 's' ? 'seconds (a number)' : 'milliseconds (a number)');
       if (!Number.isFinite(value)) throw new RangeError(`option ${jsName}: ${value} is not a duration`);
       return unit === 's'
-        ? (Number.isInteger(value) ? `${value}s` : `${Math.round(value * 1e6)}us`)
-        : (Number.isInteger(value) ? `${value}ms` : `${Math.round(value * 1e3)}us`);
+        ? (Number.isInteger(value) ? `${digits(value)}s` : `${digits(Math.round(value * 1e6))}us`)
+        : (Number.isInteger(value) ? `${digits(value)}ms` : `${digits(Math.round(value * 1e3))}us`);
     case 'integer':
       if (typeof value !== 'number' || !Number.isInteger(value)) throw bad('an integer');
-      return String(value);
+      return digits(value);
     case 'number':
       if (typeof value !== 'number' || Number.isNaN(value)) throw bad('a number');
       return String(value);
@@ -172,7 +235,7 @@ function optionText(jsName, name, unit, value) {
     default:
       if (info.type.includes('list') && Array.isArray(value)) {
         if (!value.every((v) => typeof v === 'string')) throw bad('a string or an array of strings');
-        return value.join(',');
+        return noNul(jsName, value.join(','));
       }
       throw bad(info.type.includes('list') ? 'a string or an array of strings' : 'a string');
   }
@@ -320,9 +383,10 @@ function withSpan(rec, followsFrom, fn) {
 const OP = { schedule: 0, unschedule: 1, clearAndSchedule: 2, clearScheduled: 3, scheduled: 4 };
 
 function timeMs(date, method) {
-  if (!(date instanceof Date) || Number.isNaN(date.getTime())) {
-    throw new TypeError(`${method}: expected a valid Date`);
+  if (!(date instanceof Date)) {
+    throw new TypeError(`${method}: expected a Date, got ${date === null ? 'null' : typeof date}`);
   }
+  if (Number.isNaN(date.getTime())) throw new TypeError(`${method}: expected a valid Date, got an Invalid Date`);
   return date.getTime();
 }
 
@@ -348,27 +412,27 @@ class Context {
     return s.cancelPromise;
   }
 
-  _op(kind, time, method) {
+  // `time` is required (a Date) when `timed`; the other calls take none.
+  _op(kind, timed, time, method) {
     const s = this._state;
     if (s.done) {
       return Promise.reject(new ProsodyError(
         'the context is stale: its handler has already finished', 'PROSODY_ERR_STATE'));
     }
-    let ms = 0;
     try {
-      if (time !== undefined) ms = timeMs(time, method);
+      const ms = timed ? timeMs(time, method) : 0;
       return this._client._native.timerOp(s.ev, kind, ms).catch(rethrow);
     } catch (e) {
       return Promise.reject(classifyNative(e));
     }
   }
 
-  schedule(time) { return this._op(OP.schedule, time, 'schedule'); }
-  clearAndSchedule(time) { return this._op(OP.clearAndSchedule, time, 'clearAndSchedule'); }
-  unschedule(time) { return this._op(OP.unschedule, time, 'unschedule'); }
-  clearScheduled() { return this._op(OP.clearScheduled, undefined, 'clearScheduled'); }
+  schedule(time) { return this._op(OP.schedule, true, time, 'schedule'); }
+  clearAndSchedule(time) { return this._op(OP.clearAndSchedule, true, time, 'clearAndSchedule'); }
+  unschedule(time) { return this._op(OP.unschedule, true, time, 'unschedule'); }
+  clearScheduled() { return this._op(OP.clearScheduled, false, undefined, 'clearScheduled'); }
   scheduled() {
-    return this._op(OP.scheduled, undefined, 'scheduled').then((times) => times.map((t) => new Date(t)));
+    return this._op(OP.scheduled, false, undefined, 'scheduled').then((times) => times.map((t) => new Date(t)));
   }
 }
 
@@ -555,24 +619,53 @@ class ProsodyClient {
       pending.push(state.ev, result, text);
       if (state.resolveCancel) state.resolveCancel();
     };
-    let promise;
+    let returned;
     try {
       if (this._tracing) {
         // A span of libprosody's own already applied messageSpans/timerSpans.
-        [promise, span] = withSpan(rec, !rec.spanned && this._follows[rec.kind],
-                                   () => method.call(handler, context, event, controller.signal));
+        [returned, span] = withSpan(rec, !rec.spanned && this._follows[rec.kind],
+                                    () => method.call(handler, context, event, controller.signal));
       } else {
-        promise = method.call(handler, context, event, controller.signal);
+        returned = method.call(handler, context, event, controller.signal);
       }
     } catch (e) {
       finish(...outcome(e));
       return;
     }
-    if (!promise || typeof promise.then !== 'function') {
+    this._settle(returned, handler, kind === 0 ? 'onMessage' : 'onTimer', finish);
+  }
+
+  // Reports what a handler returned: a plain value is a success; a promise
+  // (any thenable) reports how it settles; a generator (an `async *` or `*`
+  // method) is a failure, for its body never ran. Nothing a handler returns
+  // can make this throw: a `then` getter or method that throws fails the
+  // event like a rejection would.
+  _settle(returned, handler, methodName, finish) {
+    const failed = (e) => finish(...outcome(e));
+    let then;
+    try {
+      const lazy = lazyKind(returned);
+      if (lazy) {
+        finish(RESULT.transient, `TypeError: ${handlerMethodName(handler, methodName)} returned ${lazy}, ` +
+               'not a promise or a value, so its body never ran (declared with `*`?); the event failed');
+        return;
+      }
+      then = returned !== null && (typeof returned === 'object' || typeof returned === 'function')
+        ? returned.then
+        : undefined;
+    } catch (e) {
+      failed(e);
+      return;
+    }
+    if (typeof then !== 'function') {
       finish(RESULT.success);
       return;
     }
-    promise.then(() => finish(RESULT.success), (e) => finish(...outcome(e)));
+    try {
+      then.call(returned, () => finish(RESULT.success), failed);
+    } catch (e) {
+      failed(e); // ignored if the thenable had already settled
+    }
   }
 }
 

@@ -540,11 +540,12 @@ prosody_err_t pr__opt_parse(pr__opt_id_t id, const char *text, int from_env,
     long long v;
     errno = 0;
     v = strtoll(s, &end, 10);
-    if (*s == '\0' || *end || errno) {
+    if (*s == '\0' || *end || (errno && errno != ERANGE)) {
       snprintf(why, sizeof(why), "not an integer");
       goto bad;
     }
-    if ((double)v < d->min || (double)v > d->max) {
+    /* Too many digits for long long (ERANGE) is out of range too. */
+    if (errno == ERANGE || (double)v < d->min || (double)v > d->max) {
       snprintf(why, sizeof(why), "out of range");
       goto bad;
     }

@@ -246,6 +246,11 @@ static void test_int(void **state) {
   set_bad("max_concurrency", "1.5", "not an integer");
   set_bad("max_concurrency", "", "not an integer");
   set_bad("max_concurrency", "none", "not an integer");
+  /* Beyond long long: out of range, with the bounds, not "not an integer". */
+  set_bad("max_concurrency", "99999999999999999999",
+          "out of range; expected an integer from 1 to 65536");
+  set_bad("max_concurrency", "-99999999999999999999",
+          "out of range; expected an integer from 1 to 65536");
   set_bad("max_uncommitted", "-1", "an integer from 1 to 1000000");
   assert_string_equal(set_ok("max_retries", "0"), "0");
   assert_string_equal(set_ok("idempotence_cache_size", "0"), "0");

@@ -83,9 +83,11 @@ static napi_value throw_error(napi_env env, prosody_err_t err,
   return NULL;
 }
 
-/* A NUL-terminated copy of a JS string argument (malloc'd), or NULL with an
- * exception pending. */
-static char *string_arg(napi_env env, napi_value v, const char *what) {
+/* A NUL-terminated UTF-8 copy of a JS string (malloc'd) and, into *len, its
+ * length in bytes, which is more than strlen() when the string holds a NUL;
+ * or NULL with an exception pending. */
+static char *string_copy(napi_env env, napi_value v, const char *what,
+                         size_t *len) {
   size_t n;
   char *s;
   napi_valuetype t;
@@ -102,6 +104,25 @@ static char *string_arg(napi_env env, napi_value v, const char *what) {
     return NULL;
   }
   napi_get_value_string_utf8(env, v, s, n + 1, &n);
+  *len = n;
+  return s;
+}
+
+/* A string argument for libprosody, which takes C strings: one holding a
+ * NUL is refused (a RangeError naming `what`), as it would be cut there
+ * ('user\0alice' and 'user\0bob' would both be the key "user"). */
+static char *string_arg(napi_env env, napi_value v, const char *what) {
+  size_t n;
+  char *s = string_copy(env, v, what, &n);
+  if (s && strlen(s) != n) {
+    char msg[160];
+    snprintf(msg, sizeof(msg),
+             "%s must not contain a NUL character (\\0 at byte %zu)", what,
+             strlen(s));
+    free(s);
+    napi_throw_range_error(env, NULL, msg);
+    return NULL;
+  }
   return s;
 }
 
@@ -975,6 +996,7 @@ static int complete_one(napi_env env, napi_value evv, napi_value rv,
   event_t *ev;
   int32_t r;
   char *msg = NULL;
+  size_t len;
   napi_valuetype t;
   if (napi_get_value_external(env, evv, (void **)&ev) != napi_ok ||
       napi_get_value_int32(env, rv, &r) != napi_ok)
@@ -982,7 +1004,9 @@ static int complete_one(napi_env env, napi_value evv, napi_value rv,
   if (ev->completed)
     return 0;
   napi_typeof(env, mv, &t);
-  if (t == napi_string && !(msg = string_arg(env, mv, "msg")))
+  /* A description: one with a NUL (a user's error message) is cut there,
+   * never refused, so that the result always reaches libprosody. */
+  if (t == napi_string && !(msg = string_copy(env, mv, "msg", &len)))
     return -1;
   prosody_complete(ev->ctx, (prosody_result_t)r, msg);
   free(msg);

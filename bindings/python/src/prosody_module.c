@@ -76,7 +76,7 @@ static PyObject *S_create_future, *S_create_task, *S_add_done_callback,
     *S_set_result, *S_set_exception, *S_cancelled, *S_exception, *S_done,
     *S_call_soon_threadsafe, *S_add_reader, *S_remove_reader,
     *S_run_in_executor, *S_run, *S_end, *S_record_exception, *S_is_permanent,
-    *S_await;
+    *S_await, *S_anext, *S_is_closed;
 
 static PyObject *option_types; /* dict: option name -> type string */
 
@@ -368,14 +368,15 @@ static prosody_config_t *config_from(PyObject *kwargs) {
   if (!conf)
     return (prosody_config_t *)PyErr_NoMemory();
   while (kwargs && PyDict_Next(kwargs, &pos, &k, &v)) {
-    const char *name = PyUnicode_AsUTF8(k), *text;
+    Py_ssize_t name_len, len;
+    const char *name = PyUnicode_AsUTF8AndSize(k, &name_len), *text;
     const prosody_option_info_t *o;
     PyObject *s;
     int skip;
     prosody_err_t rc;
     if (!name)
       goto fail;
-    if (!(o = option_named(name))) {
+    if (strlen(name) != (size_t)name_len || !(o = option_named(name))) {
       PyErr_Format(PyExc_ValueError,
                    "unknown option %R (the options are listed in "
                    "docs/CONFIGURATION.md; names are snake_case)",
@@ -385,8 +386,19 @@ static prosody_config_t *config_from(PyObject *kwargs) {
     s = option_text(o, v, &skip);
     if (skip)
       continue;
-    if (!s || !(text = PyUnicode_AsUTF8(s))) {
+    if (!s || !(text = PyUnicode_AsUTF8AndSize(s, &len))) {
       Py_XDECREF(s);
+      goto fail;
+    }
+    /* libprosody's options are C strings: a NUL would cut the value short
+     * ("app\0-other-team" would be the group "app"). */
+    if (strlen(text) != (size_t)len) {
+      PyErr_Format(PyExc_ValueError,
+                   "option %s: the value contains a NUL character (\\x00) "
+                   "at index %zd; an option cannot hold one",
+                   name,
+                   PyUnicode_FindChar(s, 0, 0, PyUnicode_GET_LENGTH(s), 1));
+      Py_DECREF(s);
       goto fail;
     }
     rc = prosody_config_set(conf, name, text, err, sizeof(err));
@@ -638,16 +650,22 @@ typedef struct {
   PyObject_HEAD
   prosody_client_t *client;
   pid_t pid;
-  bridge_t *bridge;    /* created at the first subscribe */
-  int subscribed;      /* subscribing, running or unsubscribing */
-  int sub_failed;      /* the executor's prosody_subscribe failed */
-  int has_timer;       /* the handler implements on_timer */
+  bridge_t *bridge; /* created at the first subscribe */
+  int subscribed;   /* subscribing, running or unsubscribing */
+  int sub_failed;   /* the executor's prosody_subscribe failed */
+  int has_timer;    /* the handler implements on_timer */
+  int orphaned;     /* unsubscribing from another loop: subscribe()'s closed */
+  int halted;       /* a handler raised SystemExit or KeyboardInterrupt: no
+                       handler runs until unsubscribe() */
   int spans_follow[2]; /* message_spans / timer_spans are follows_from */
   char sub_err[1024];
   PyObject *loop, *handler, *on_message, *on_timer, *create_task;
-  PyObject *sub_fut;  /* the subscribe call's future while subscribed */
-  PyObject *log_sink; /* capsule of its log_sink_t */
-  PyObject *log_loop; /* the loop watching the sink's pipe, or NULL */
+  PyObject *sub_fut;   /* the subscribe call's future while subscribed */
+  PyObject *unsub_fut; /* the unsubscribe task while one runs: shared */
+  PyObject *stop_exc;  /* SystemExit or KeyboardInterrupt a synchronous
+                          handler raised in this drain, re-raised after it */
+  PyObject *log_sink;  /* capsule of its log_sink_t */
+  PyObject *log_loop;  /* the loop watching the sink's pipe, or NULL */
 } ClientObject;
 
 typedef struct {
@@ -720,13 +738,33 @@ static void end_span(ContextObject *cx, PyObject *exc) {
   Py_DECREF(span);
 }
 
-/* Reports the invocation's result to libprosody, once (loop thread). */
+/* Completes on_cancel()'s future, if any and not done (loop thread; the
+ * caller's exception, if any, is kept). Its loop may be closed (see
+ * ClientObject.orphaned): then nobody awaits it, and the error is dropped. */
+static void resolve_cancel(ContextObject *cx) {
+  PyObject *type, *value, *tb, *done, *r = NULL;
+  if (!cx->cancel_fut)
+    return;
+  PyErr_Fetch(&type, &value, &tb);
+  done = PyObject_CallMethodObjArgs(cx->cancel_fut, S_done, NULL);
+  if (done == Py_False)
+    r = PyObject_CallMethodObjArgs(cx->cancel_fut, S_set_result, Py_None, NULL);
+  Py_XDECREF(done);
+  Py_XDECREF(r);
+  PyErr_Clear();
+  PyErr_Restore(type, value, tb);
+}
+
+/* Reports the invocation's result to libprosody, once (loop thread). As in
+ * the Node package, on_cancel() completes then too: an invocation that is
+ * over has nothing left to wait for. */
 static void context_finish(ContextObject *cx, prosody_result_t r,
                            const char *msg) {
   if (cx->finished)
     return;
   cx->finished = 1;
   prosody_complete(cx->ctx, r, msg);
+  resolve_cancel(cx);
   /* From here the cancel callback cannot fire: if it has not fired, its
    * reference is ours to drop; if it has, the mailbox item drops it. */
   if (cx->cancel_registered && !atomic_load(&cx->cancel_fired)) {
@@ -789,6 +827,11 @@ static PyObject *context_task_done(PyObject *self, PyObject *task) {
     end_span(cx, NULL);
     context_finish(cx, PROSODY_SUCCESS, NULL);
   } else {
+    /* asyncio re-raised it on the loop thread already: the application
+     * is stopping, so no further handler runs (see client_drain). */
+    if (PyErr_GivenExceptionMatches(exc, PyExc_SystemExit) ||
+        PyErr_GivenExceptionMatches(exc, PyExc_KeyboardInterrupt))
+      cx->client->halted = 1;
     finish_with_exception(cx, exc);
   }
   Py_DECREF(exc);
@@ -930,37 +973,54 @@ static void cancel_cb(prosody_context_t *ctx, void *opaque) {
   bridge_push(cx->client->bridge, &cx->cancel_item);
 }
 
+static PyObject *ready(PyObject *value);
+
 static PyObject *context_on_cancel(PyObject *self, PyObject *unused) {
   ContextObject *cx = (ContextObject *)self;
   ClientObject *c = cx->client;
   if (check_fork(c->pid, "Context"))
     return NULL;
+  /* Made by an earlier call: completed when the invocation finished. */
+  if (cx->cancel_fut)
+    return Py_NewRef(cx->cancel_fut);
+  if (cx->finished) {
+    /* Its invocation is over (should_cancel() says so): complete at once,
+     * even with no loop (e.g. after unsubscribe). */
+    PyObject *loop = PyObject_CallNoArgs(FnGetRunningLoop), *fut, *r;
+    if (!loop) {
+      PyErr_Clear();
+      return ready(Py_NewRef(Py_None));
+    }
+    fut = PyObject_CallMethodObjArgs(loop, S_create_future, NULL);
+    Py_DECREF(loop);
+    if (!fut)
+      return NULL;
+    if (!(r = PyObject_CallMethodObjArgs(fut, S_set_result, Py_None, NULL))) {
+      Py_DECREF(fut);
+      return NULL;
+    }
+    Py_DECREF(r);
+    return fut;
+  }
   if (!c->loop) {
     PyErr_SetString(ErrProsody, "the client is not subscribed");
     return NULL;
   }
-  if (!cx->cancel_fut) {
-    if (!(cx->cancel_fut =
-              PyObject_CallMethodObjArgs(c->loop, S_create_future, NULL)))
+  if (!(cx->cancel_fut =
+            PyObject_CallMethodObjArgs(c->loop, S_create_future, NULL)))
+    return NULL;
+  Py_INCREF(cx); /* the registration's reference */
+  cx->cancel_registered = 1;
+  if (prosody_context_on_cancel(cx->ctx, cancel_cb, cx)) {
+    /* Stale: the invocation ended (e.g. timed out); that is a
+     * cancellation from the handler's point of view. */
+    PyObject *r;
+    cx->cancel_registered = 0;
+    Py_DECREF(cx);
+    r = PyObject_CallMethodObjArgs(cx->cancel_fut, S_set_result, Py_None, NULL);
+    if (!r)
       return NULL;
-    if (cx->finished) {
-      /* Its invocation is over: nothing is left to cancel. */
-    } else {
-      Py_INCREF(cx); /* the registration's reference */
-      cx->cancel_registered = 1;
-      if (prosody_context_on_cancel(cx->ctx, cancel_cb, cx)) {
-        /* Stale: the invocation ended (e.g. timed out); that is a
-         * cancellation from the handler's point of view. */
-        PyObject *r;
-        cx->cancel_registered = 0;
-        Py_DECREF(cx);
-        r = PyObject_CallMethodObjArgs(cx->cancel_fut, S_set_result, Py_None,
-                                       NULL);
-        if (!r)
-          return NULL;
-        Py_DECREF(r);
-      }
-    }
+    Py_DECREF(r);
   }
   return Py_NewRef(cx->cancel_fut);
 }
@@ -989,7 +1049,7 @@ static PyMethodDef context_methods[] = {
      "shutdown, partition revoked)."},
     {"on_cancel", context_on_cancel, METH_NOARGS,
      "on_cancel() -> awaitable that completes when cancellation is "
-     "signalled."},
+     "signalled or the handler has finished."},
     {NULL}};
 
 static PyTypeObject ContextType = {
@@ -1130,6 +1190,66 @@ static PyObject *trace_context(ClientObject *c, ContextObject *cx,
   return run_in;
 }
 
+/* What a handler returned that is neither awaitable nor a plain value: an
+ * object whose body runs only when iterated, which prosody never does (a
+ * handler with a `yield`); NULL when the value is fine. */
+static const char *lazy_kind(PyObject *v) {
+  int anext;
+  if (PyAsyncGen_CheckExact(v))
+    return "an async generator";
+  if (PyGen_Check(v))
+    return "a generator";
+  anext = PyObject_HasAttr(v, S_anext);
+  PyErr_Clear();
+  return anext ? "an asynchronous iterator" : NULL;
+}
+
+/* Fails the event whose handler returned `v`, a lazy object (`kind`),
+ * naming the handler and what it returned. */
+static void finish_lazy(ClientObject *c, ContextObject *cx, int timer,
+                        PyObject *v, const char *kind) {
+  PyObject *text = PyUnicode_FromFormat(
+      "TypeError: %s.%s returned %s (%.100s), not a coroutine or a value, so "
+      "its body never ran (is there a `yield` in it?); the event failed",
+      Py_TYPE(c->handler)->tp_name, timer ? "on_timer" : "on_message", kind,
+      Py_TYPE(v)->tp_name);
+  const char *msg = text ? PyUnicode_AsUTF8(text) : NULL;
+  PyErr_Clear();
+  end_span(cx, NULL);
+  context_finish(cx, PROSODY_TRANSIENT,
+                 msg ? msg : "the handler returned a generator");
+  Py_XDECREF(text);
+}
+
+/* A handler raised SystemExit or KeyboardInterrupt (the exception pending):
+ * the application asks to stop. Its event fails (transient: it is not
+ * committed), and the exception is kept to be re-raised on the loop thread
+ * once the drain is over, as asyncio does for a task (see client_drain). */
+static int stop_requested(ClientObject *c, ContextObject *cx) {
+  PyObject *type, *value, *tb;
+  if (!PyErr_ExceptionMatches(PyExc_SystemExit) &&
+      !PyErr_ExceptionMatches(PyExc_KeyboardInterrupt))
+    return 0;
+  PyErr_Fetch(&type, &value, &tb);
+  PyErr_NormalizeException(&type, &value, &tb);
+  if (value && tb)
+    PyException_SetTraceback(value, tb);
+  end_span(cx, value);
+  context_finish(cx, PROSODY_TRANSIENT,
+                 PyErr_GivenExceptionMatches(type, PyExc_SystemExit)
+                     ? "the handler raised SystemExit: the application is "
+                       "stopping"
+                     : "the handler raised KeyboardInterrupt: the "
+                       "application is stopping");
+  if (!c->stop_exc && value)
+    c->stop_exc = Py_NewRef(value);
+  c->halted = 1;
+  Py_XDECREF(type);
+  Py_XDECREF(value);
+  Py_XDECREF(tb);
+  return 1;
+}
+
 /* Starts the user's coroutine for one event (loop thread). */
 static void dispatch(ClientObject *c, item_t *it) {
   ContextObject *cx = context_new(c, it->ctx);
@@ -1153,11 +1273,18 @@ static void dispatch(ClientObject *c, item_t *it) {
   }
   if (!coro) {
     Py_XDECREF(run_in);
+    if (stop_requested(c, cx))
+      goto out;
     goto failed;
   }
   if (!PyCoro_CheckExact(coro) && !PyObject_HasAttr(coro, S_await)) {
-    /* A plain function: its return is the success. */
+    const char *lazy = lazy_kind(coro);
     Py_XDECREF(run_in);
+    if (lazy) {
+      finish_lazy(c, cx, it->kind == IT_TIMER, coro, lazy);
+      goto out;
+    }
+    /* A plain function: its return is the success. */
     end_span(cx, NULL);
     context_finish(cx, PROSODY_SUCCESS, NULL);
     goto out;
@@ -1204,6 +1331,7 @@ out:
  * wake-up. */
 static PyObject *client_drain(PyObject *self, PyObject *unused) {
   ClientObject *c = (ClientObject *)self;
+  PyObject *stop;
   item_t *it;
   if (!c->bridge)
     Py_RETURN_NONE;
@@ -1213,23 +1341,33 @@ static PyObject *client_drain(PyObject *self, PyObject *unused) {
     switch (it->kind) {
     case IT_MESSAGE:
     case IT_TIMER:
-      dispatch(c, it);
+      /* Not run, and not committed: redelivered to a later consumer. */
+      if (c->orphaned)
+        prosody_complete(it->ctx, PROSODY_TRANSIENT,
+                         "not handled: the event loop of subscribe() was "
+                         "closed (an asyncio.run() that ended?)");
+      else if (c->halted)
+        prosody_complete(it->ctx, PROSODY_TRANSIENT,
+                         "not handled: the application is stopping (a "
+                         "handler raised SystemExit or KeyboardInterrupt)");
+      else
+        dispatch(c, it);
       free(it);
       break;
     case IT_OP:
-      op_resolve(it->obj);
+      if (c->orphaned) { /* its future's loop is closed: nobody awaits it */
+        pyop_t *op = it->obj;
+        Py_DECREF(op->fut);
+        free(op->errstr);
+        free(op->times);
+        free(op);
+      } else {
+        op_resolve(it->obj);
+      }
       break;
     case IT_CANCEL: {
       ContextObject *cx = it->obj;
-      PyObject *done = PyObject_CallMethodObjArgs(cx->cancel_fut, S_done, NULL);
-      if (done == Py_False) {
-        PyObject *r = PyObject_CallMethodObjArgs(cx->cancel_fut, S_set_result,
-                                                 Py_None, NULL);
-        Py_XDECREF(r);
-      }
-      Py_XDECREF(done);
-      if (PyErr_Occurred())
-        PyErr_WriteUnraisable(self);
+      resolve_cancel(cx);
       cx->cancel_registered = 0;
       Py_DECREF(cx);
       break;
@@ -1238,6 +1376,12 @@ static PyObject *client_drain(PyObject *self, PyObject *unused) {
     if (PyErr_Occurred())
       PyErr_WriteUnraisable(self);
     it = next;
+  }
+  if ((stop = c->stop_exc)) { /* the loop stops, as for a task's */
+    c->stop_exc = NULL;
+    PyErr_SetObject((PyObject *)Py_TYPE(stop), stop);
+    Py_DECREF(stop);
+    return NULL;
   }
   Py_RETURN_NONE;
 }
@@ -1394,6 +1538,8 @@ static void client_dealloc(ClientObject *c) {
   client_clear_handler(c);
   Py_CLEAR(c->loop);
   Py_CLEAR(c->sub_fut);
+  Py_CLEAR(c->unsub_fut);
+  Py_CLEAR(c->stop_exc);
   Py_TYPE(c)->tp_free((PyObject *)c);
 }
 
@@ -1548,7 +1694,10 @@ static void client_detach(ClientObject *c) {
   client_clear_handler(c);
   Py_CLEAR(c->loop);
   Py_CLEAR(c->sub_fut);
+  Py_CLEAR(c->unsub_fut);
   c->subscribed = 0;
+  c->orphaned = 0;
+  c->halted = 0;
 }
 
 static PyObject *client_subscribe_done(PyObject *self, PyObject *fut) {
@@ -1589,13 +1738,21 @@ static int implements_on_timer(PyObject *handler) {
   return r;
 }
 
+static int loop_closed(PyObject *loop);
+
 static PyObject *client_subscribe(PyObject *self, PyObject *handler) {
   ClientObject *c = (ClientObject *)self;
   PyObject *loop = NULL, *om = NULL, *reader = NULL, *r, *fd, *fn, *fut;
   if (client_ready(c))
     return NULL;
   if (c->subscribed) {
-    PyErr_SetString(ErrProsody, "already subscribed: call unsubscribe() first");
+    int closed = c->loop ? loop_closed(c->loop) : 0;
+    PyErr_Clear();
+    PyErr_SetString(ErrProsody,
+                    closed > 0 ? "already subscribed, on an event loop that "
+                                 "is now closed: await unsubscribe() first"
+                               : "already subscribed: call unsubscribe() "
+                                 "first");
     return NULL;
   }
   if (!strcmp(prosody_consumer_state(c->client), "unconfigured")) {
@@ -1698,13 +1855,82 @@ static PyObject *ready(PyObject *value) {
   return r;
 }
 
+/* 1 if `loop` is closed, 0 if not, -1 with an exception set. */
+static int loop_closed(PyObject *loop) {
+  PyObject *r = PyObject_CallMethodObjArgs(loop, S_is_closed, NULL);
+  int closed;
+  if (!r)
+    return -1;
+  closed = PyObject_IsTrue(r);
+  Py_DECREF(r);
+  return closed;
+}
+
+/* unsubscribe() on `running`, a loop other than subscribe()'s. When that
+ * one is closed (its asyncio.run() ended), no handler can run any more and
+ * nothing watches the mailbox: the running loop adopts the subscription to
+ * stop it, and fails what is still queued (not committed: redelivered);
+ * see client_drain. Otherwise the call is refused: the subscription's
+ * handlers and futures belong to its own loop. 0, or -1 with an exception
+ * set. */
+static int adopt_orphan(ClientObject *c, PyObject *running) {
+  PyObject *reader, *fd, *r;
+  int closed = loop_closed(c->loop);
+  if (closed < 0)
+    return -1;
+  if (!closed) {
+    PyErr_SetString(PyExc_RuntimeError,
+                    "unsubscribe() must be awaited on the event loop that "
+                    "called subscribe() (it is still open, in another "
+                    "thread?)");
+    return -1;
+  }
+  if (PyErr_WarnEx(PyExc_RuntimeWarning,
+                   "unsubscribe(): this client subscribed on an event loop "
+                   "that is now closed (an asyncio.run() that ended?), so no "
+                   "handler has run since; the consumer is stopped from this "
+                   "loop, and the events still queued fail without running "
+                   "(not committed). Unsubscribe before the loop of "
+                   "subscribe() ends.",
+                   1))
+    return -1;
+  if (!(reader = PyCFunction_New(&drain_def, (PyObject *)c)))
+    return -1;
+  fd = PyLong_FromLong(c->bridge->fds[0]);
+  r = fd ? PyObject_CallMethodObjArgs(running, S_add_reader, fd, reader, NULL)
+         : NULL;
+  Py_XDECREF(fd);
+  Py_DECREF(reader);
+  if (!r)
+    return -1;
+  Py_DECREF(r);
+  c->orphaned = 1;
+  Py_SETREF(c->loop, Py_NewRef(running));
+  Py_CLEAR(c->sub_fut); /* done: the executor of its loop was shut down */
+  return 0;
+}
+
 static PyObject *client_unsubscribe(PyObject *self, PyObject *unused) {
   ClientObject *c = (ClientObject *)self;
-  PyObject *fn, *fut, *r, *loop, *coro;
+  PyObject *fn, *fut, *r, *loop, *coro, *running;
   if (client_ready(c))
     return NULL;
   if (!c->subscribed)
     return ready(Py_NewRef(Py_None)); /* nothing to stop */
+  /* Concurrent calls share the one in flight: a second native unsubscribe
+   * would return at once and detach the mailbox while the first still
+   * waits for the running handlers, whose cancellations would then never
+   * reach them. */
+  if (c->unsub_fut)
+    return Py_NewRef(c->unsub_fut);
+  if ((running = PyObject_CallNoArgs(FnGetRunningLoop))) {
+    int r2 = running != c->loop ? adopt_orphan(c, running) : 0;
+    Py_DECREF(running);
+    if (r2)
+      return NULL;
+  } else {
+    PyErr_Clear(); /* called outside a coroutine: the task goes to c->loop */
+  }
   loop = c->loop;
   log_watch(c, loop);
   /* The engine waits for running handlers, which complete on this loop:
@@ -1729,6 +1955,7 @@ static PyObject *client_unsubscribe(PyObject *self, PyObject *unused) {
   }
   Py_DECREF(fn);
   Py_DECREF(r);
+  c->unsub_fut = Py_NewRef(fut);
   return fut;
 }
 
@@ -2104,7 +2331,9 @@ static int intern_all(void) {
                {&S_end, "end"},
                {&S_record_exception, "record_exception"},
                {&S_is_permanent, "is_permanent"},
-               {&S_await, "__await__"}};
+               {&S_await, "__await__"},
+               {&S_anext, "__anext__"},
+               {&S_is_closed, "is_closed"}};
   for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
     if (!(*names[i].p = PyUnicode_InternFromString(names[i].s)))
       return -1;

@@ -41,19 +41,3 @@ async def test_timeout_cancels_handler(clients, topic, recorder):
     await c.send(topic, "slow", {})
     await recorder.wait_count(1)
     assert recorder.events[0] == ("slow", False, True)
-
-
-async def test_on_cancel_not_resolved_for_finished_handler(clients, topic, recorder):
-    futures = []
-
-    class Quick(EventHandler):
-        async def on_message(self, context, message):
-            futures.append(context.on_cancel())
-            await recorder.add(message.key)
-
-    c = clients(group_id=unique("g"), subscribed_topics=topic)
-    await c.subscribe(Quick())
-    await c.send(topic, "quick", {})
-    await recorder.wait_count(1)
-    await c.unsubscribe()
-    assert not futures[0].done()  # finished before any cancellation
