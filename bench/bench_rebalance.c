@@ -168,7 +168,7 @@ static prosody_client_t *member_new(const char *bootstrap, member_t *me,
   bench_set(conf, "group_id", me->run->topic);
   bench_set(conf, "subscribed_topics", me->run->topic);
   bench_set(conf, "partition_assignment_strategy", strategy);
-  bench_set(conf, "log", "error");
+  bench_set(conf, "log", getenv("BENCH_LOG") ? getenv("BENCH_LOG") : "error");
   bench_set(conf, "probe_port", "none");
   bench_set(conf, "mode", "pipeline");
   bench_set(conf, "defer_enabled", "false");

@@ -23,8 +23,16 @@ if(NOT PROSODY_RDKAFKA_PREFIX)
     pkg_get_variable(sys_rdk_prefix rdkafka prefix)
     set(PROSODY_RDKAFKA_PREFIX "${sys_rdk_prefix}" CACHE PATH "" FORCE)
   else()
+    # ThreadSanitizer builds take the C11-threads flavour, as a shared
+    # library (below): tests/tsan.supp ignores the locks librdkafka.so.1
+    # takes itself, and its C11 locks reach TSan through tsan_shim.c.
+    set(rdk_flavour "")
+    if(PROSODY_SANITIZE MATCHES "thread")
+      set(rdk_flavour c11)
+    endif()
     execute_process(
-      COMMAND ${CMAKE_CURRENT_LIST_DIR}/../scripts/librdkafka.sh
+      COMMAND ${CMAKE_COMMAND} -E env PROSODY_RDKAFKA_FLAVOUR=${rdk_flavour}
+        ${CMAKE_CURRENT_LIST_DIR}/../scripts/librdkafka.sh
       OUTPUT_VARIABLE rdk_out RESULT_VARIABLE rdk_rc
       OUTPUT_STRIP_TRAILING_WHITESPACE)
     if(NOT rdk_rc EQUAL 0)
@@ -82,15 +90,18 @@ target_link_libraries(prosody_rdkafka_deps INTERFACE Threads::Threads m dl rt)
 target_include_directories(prosody_rdkafka_deps SYSTEM INTERFACE ${rdk_incdir})
 
 add_library(prosody_rdkafka INTERFACE)
-if(EXISTS "${rdk_libdir}/librdkafka.a")
+if(EXISTS "${rdk_libdir}/librdkafka.a" AND NOT PROSODY_SANITIZE MATCHES "thread")
   set(PROSODY_RDKAFKA_ARCHIVE "${rdk_libdir}/librdkafka.a")
   target_link_libraries(prosody_rdkafka INTERFACE ${PROSODY_RDKAFKA_ARCHIVE}
     prosody_rdkafka_deps)
 else()
   set(PROSODY_RDKAFKA_ARCHIVE "")
-  # A shared system library: then prosody.pc names it among its own.
-  list(APPEND PROSODY_RDKAFKA_DEPS_PC rdkafka)
-  target_link_libraries(prosody_rdkafka INTERFACE -L${rdk_libdir} rdkafka
+  # A shared system library: then prosody.pc names it among its own. (The
+  # TSan flavour is a build-tree affair: found by its rpath.)
+  if(SYS_RDKAFKA_FOUND)
+    list(APPEND PROSODY_RDKAFKA_DEPS_PC rdkafka)
+  endif()
+  target_link_libraries(prosody_rdkafka INTERFACE ${rdk_libdir}/librdkafka.so
     prosody_rdkafka_deps)
 endif()
 # Whether it runs its threads on glibc's C11 <threads.h> (Debian's builds
@@ -100,6 +111,12 @@ endif()
 set(PROSODY_RDKAFKA_C11_THREADS TRUE)
 if(PROSODY_RDKAFKA_ARCHIVE)
   execute_process(COMMAND ${CMAKE_NM} -g --defined-only ${PROSODY_RDKAFKA_ARCHIVE}
+    OUTPUT_VARIABLE rdk_syms ERROR_QUIET)
+  if(rdk_syms MATCHES "T thrd_create")
+    set(PROSODY_RDKAFKA_C11_THREADS FALSE)
+  endif()
+elseif(EXISTS "${rdk_libdir}/librdkafka.so")
+  execute_process(COMMAND ${CMAKE_NM} -D --defined-only ${rdk_libdir}/librdkafka.so
     OUTPUT_VARIABLE rdk_syms ERROR_QUIET)
   if(rdk_syms MATCHES "T thrd_create")
     set(PROSODY_RDKAFKA_C11_THREADS FALSE)

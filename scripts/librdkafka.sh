@@ -4,6 +4,13 @@
 #
 #   scripts/librdkafka.sh            the prefix (building it when needed)
 #   scripts/librdkafka.sh --check    exit 0 when a cached build is present
+#   PROSODY_RDKAFKA_FLAVOUR=c11 scripts/librdkafka.sh
+#                                    the same, built on glibc's C11 threads
+#                                    as Debian builds it (for ThreadSanitizer
+#                                    builds: they link it as a shared library
+#                                    whose own lock calls tests/tsan.supp
+#                                    ignores, with src/util/tsan_shim.c
+#                                    giving TSan its C11 locks)
 #
 # Where it comes from, in order:
 #  1. the cache, ${PROSODY_DEPS_CACHE:-${XDG_CACHE_HOME:-~/.cache}/prosody-deps},
@@ -31,6 +38,12 @@ min="${PROSODY_RDKAFKA_MIN:-2.10.0}"
 cache="${PROSODY_DEPS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/prosody-deps}"
 suites="${PROSODY_RDKAFKA_SUITES:-sid testing}"
 mirror="${PROSODY_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+flavour="${PROSODY_RDKAFKA_FLAVOUR:-}"
+case "$flavour" in
+"") sfx=""; threads=--disable-c11threads ;;
+c11) sfx="-c11"; threads=--enable-c11threads ;;
+*) echo "librdkafka: unknown PROSODY_RDKAFKA_FLAVOUR $flavour (expected c11 or nothing)" >&2; exit 2 ;;
+esac
 
 log() { echo "librdkafka: $*" >&2; }
 meets() { dpkg --compare-versions "$1" ge "$min"; }
@@ -38,13 +51,14 @@ meets() { dpkg --compare-versions "$1" ge "$min"; }
 # 1. A cached build, newest first.
 cached() {
   local d v best=""
-  for d in "$cache"/librdkafka-*/; do
+  for d in "$cache"/librdkafka-*"$sfx"/; do
     [ -f "$d/.complete" ] || continue
-    v=$(basename "$d"); v=${v#librdkafka-}
+    v=$(basename "$d"); v=${v#librdkafka-}; v=${v%"$sfx"}
+    case "$v" in *-*) continue ;; esac # another flavour
     meets "$v" || continue
     if [ -z "$best" ] || dpkg --compare-versions "$v" gt "$best"; then best=$v; fi
   done
-  [ -n "$best" ] && echo "$cache/librdkafka-$best"
+  [ -n "$best" ] && echo "$cache/librdkafka-$best$sfx"
 }
 
 if prefix=$(cached); then
@@ -111,9 +125,9 @@ if [ "$got_str" != "$upstream" ] || ! meets "$got_str"; then
   exit 1
 fi
 
-prefix="$cache/librdkafka-$upstream"
+prefix="$cache/librdkafka-$upstream$sfx"
 rm -rf "$prefix"
-./configure --prefix="$prefix" --libdir="$prefix/lib" --disable-c11threads \
+./configure --prefix="$prefix" --libdir="$prefix/lib" $threads \
   --enable-ssl --enable-sasl --enable-zstd --enable-lz4-ext --enable-curl \
   --enable-zlib >"$work/configure.log" 2>&1 ||
   { tail -30 "$work/configure.log" >&2; exit 1; }
