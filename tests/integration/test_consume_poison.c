@@ -40,8 +40,9 @@ enum { FAIL_FOREVER, HANG, WINDOW };
 static int scenario;
 static atomic_int poisoned = 1;    /* the key fails (or hangs) while set */
 static atomic_int poison_attempts; /* attempts on the poisoned key */
-static atomic_int healthy_done;    /* successes in partitions 1-3 */
-static atomic_int max_off_p0 = -1; /* highest offset handled in p0 */
+static atomic_int poison_first_off = -1; /* lowest offset of the key seen */
+static atomic_int healthy_done;          /* successes in partitions 1-3 */
+static atomic_int max_off_p0 = -1;       /* highest offset handled in p0 */
 static atomic_int timers_scheduled, timers_fired;
 static atomic_int timer_keys[NPART]; /* a timer scheduled for p<P>-k1 */
 static _Atomic double healthy_first, healthy_last;
@@ -65,6 +66,10 @@ static void produce(const char *topic) {
   rd_kafka_t *rk;
   rd_kafka_conf_set(kc, "bootstrap.servers", t_bootstrap(), err, sizeof(err));
   rd_kafka_conf_set(kc, "linger.ms", "5", err, sizeof(err));
+  /* Offset i of each partition must be record i (the poisoned key at 0):
+   * without idempotence a retried batch (a fresh topic's first produce
+   * answered NOT_LEADER, say) can land behind the next one. */
+  rd_kafka_conf_set(kc, "enable.idempotence", "true", err, sizeof(err));
   rk = rd_kafka_new(RD_KAFKA_PRODUCER, kc, err, sizeof(err));
   CHECK(rk, "producer: %s", err);
   for (int i = 0; i < PER_PART; i++)
@@ -97,6 +102,10 @@ static prosody_result_t on_message(prosody_context_t *ctx,
   const char *key = prosody_message_key(m);
   char err[256];
   if (!strcmp(key, poison_key)) {
+    int first = atomic_load(&poison_first_off);
+    while ((first < 0 || off < first) &&
+           !atomic_compare_exchange_weak(&poison_first_off, &first, (int)off))
+      ;
     atomic_fetch_add(&poison_attempts, 1);
     if (scenario == HANG) {
       pthread_mutex_lock(&hang_lock);
@@ -155,6 +164,7 @@ static void run(int which, const char *name) {
   scenario = which;
   atomic_store(&poisoned, 1);
   atomic_store(&poison_attempts, 0);
+  atomic_store(&poison_first_off, -1);
   atomic_store(&healthy_done, 0);
   atomic_store(&max_off_p0, -1);
   atomic_store(&timers_scheduled, 0);
@@ -205,6 +215,10 @@ static void run(int which, const char *name) {
    * took no record past its offset window. */
   attempts = atomic_load(&poison_attempts);
   CHECK(attempts >= 1, "%s: the poisoned key never ran", name);
+  CHECK(atomic_load(&poison_first_off) == 0,
+        "%s: the poisoned key's first record is at offset %d of partition 0, "
+        "not 0 (the test's producer reordered)",
+        name, atomic_load(&poison_first_off));
   CHECK(committed[0] <= 0,
         "%s: partition 0 committed %lld past the poisoned record at 0", name,
         (long long)committed[0]);
