@@ -78,5 +78,7 @@ void pr__bp_tick(pr__engine_t *eng) {
                part->topic, part->partition,
                (long long)((now - part->stopped_ns) / 1000000));
       pr__part_pause(eng, part, 1);
+    } else if (!part->stopped && part->paused) {
+      pr__part_pause(eng, part, 0); /* a resume that failed: again */
     }
 }

@@ -557,7 +557,8 @@ int pr__bp_under_half(int invs, size_t window, int max_uncommitted);
 void pr__bp_check(pr__engine_t *eng, part_t *part);
 /* A partition stopped this long is paused in librdkafka (backpressure.c). */
 #define PR_BP_PAUSE_AFTER_NS 100000000LL
-/* Pauses the partitions stopped for PR_BP_PAUSE_AFTER_NS (engine tick). */
+/* Pauses the partitions stopped for PR_BP_PAUSE_AFTER_NS, and resumes
+ * again those released whose resume failed (engine tick). */
 void pr__bp_tick(pr__engine_t *eng);
 
 /* --- intake.c --------------------------------------------------------- */
