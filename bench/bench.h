@@ -147,6 +147,20 @@ static inline void bench_stream(prosody_client_t *prod, const char *topic,
   }
 }
 
+/* This process's resident set size in KiB (VmRSS), or -1. */
+static inline long bench_rss_kib(void) {
+  char line[256];
+  long kib = -1;
+  FILE *f = fopen("/proc/self/status", "r");
+  if (!f)
+    return -1;
+  while (fgets(line, sizeof(line), f))
+    if (!strncmp(line, "VmRSS:", 6))
+      kib = atol(line + 6);
+  fclose(f);
+  return kib;
+}
+
 /* A stream record's intended send time (0 when absent) and index (-1). */
 static inline double bench_intended(const char *payload) {
   const char *p = payload ? strstr(payload, "\"intended\":") : NULL;

@@ -35,19 +35,6 @@
 static atomic_long handled, handled_others;
 static atomic_int finish;
 
-static long rss_kib(void) {
-  char line[256];
-  long kib = -1;
-  FILE *f = fopen("/proc/self/status", "r");
-  if (!f)
-    return -1;
-  while (fgets(line, sizeof(line), f))
-    if (!strncmp(line, "VmRSS:", 6))
-      kib = atol(line + 6);
-  fclose(f);
-  return kib;
-}
-
 static prosody_result_t on_message(prosody_context_t *ctx,
                                    const prosody_message_t *m, void *op) {
   if (!strcmp(prosody_message_key(m), "blocked")) {
@@ -136,7 +123,7 @@ int main(int argc, char **argv) {
   }
   t0 = bench_now_s();
   while (atomic_load(&handled_others) < 3L * OTHERS) {
-    long r = rss_kib();
+    long r = bench_rss_kib();
     if (r > peak)
       peak = r;
     if (at50k < 0 && atomic_load(&handled) >= 50000)
@@ -154,12 +141,12 @@ int main(int argc, char **argv) {
     usleep(20000);
   }
   for (double t1 = bench_now_s(); bench_now_s() - t1 < 3;) {
-    long r = rss_kib();
+    long r = bench_rss_kib();
     if (r > peak)
       peak = r;
     usleep(20000);
   }
-  end = rss_kib();
+  end = bench_rss_kib();
   if (at50k < 0)
     at50k = end;
   printf("bench blocked_rss_growth%s %.3f x ratio=%.3f rss_at_50k_mib=%.1f "

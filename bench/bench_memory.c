@@ -25,20 +25,6 @@
 #include "bench.h"
 #include "prosody.h"
 
-/* Resident set size in KiB (VmRSS). */
-static long rss_kib(void) {
-  char line[256];
-  long kib = -1;
-  FILE *f = fopen("/proc/self/status", "r");
-  if (!f)
-    return -1;
-  while (fgets(line, sizeof(line), f))
-    if (!strncmp(line, "VmRSS:", 6))
-      kib = atol(line + 6);
-  fclose(f);
-  return kib;
-}
-
 static void produce(const char *topic, long n) {
   char err[512], key[32], buf[200];
   prosody_config_t *conf = prosody_config_new();
@@ -59,7 +45,7 @@ static void produce(const char *topic, long n) {
 static double raw_mib(const char *bootstrap, const char *topic, long n) {
   rd_kafka_message_t **held = calloc((size_t)n, sizeof(*held));
   rd_kafka_t *rk = bench_raw_consumer(bootstrap, "bench-memory-raw", topic);
-  long got = 0, before = rss_kib(), after;
+  long got = 0, before = bench_rss_kib(), after;
   while (got < n) {
     rd_kafka_message_t *m = rd_kafka_consumer_poll(rk, 100);
     if (!m)
@@ -70,7 +56,7 @@ static double raw_mib(const char *bootstrap, const char *topic, long n) {
     }
     held[got++] = m;
   }
-  after = rss_kib();
+  after = bench_rss_kib();
   for (long i = 0; i < n; i++)
     rd_kafka_message_destroy(held[i]);
   free(held);
@@ -107,7 +93,7 @@ static double prosody_mib(const char *topic, long n) {
   bench_set(conf, "max_concurrency", num);
   snprintf(num, sizeof(num), "%ld", n + 1);
   bench_set(conf, "max_uncommitted", num);
-  before = rss_kib();
+  before = bench_rss_kib();
   c = prosody_client_new(conf, err, sizeof(err));
   if (!c || prosody_subscribe(c, &h, err, sizeof(err))) {
     fprintf(stderr, "bench_memory: %s\n", err);
@@ -115,7 +101,7 @@ static double prosody_mib(const char *topic, long n) {
   }
   while (atomic_load(&npending) < n)
     usleep(1000);
-  after = rss_kib();
+  after = bench_rss_kib();
   for (long i = 0; i < n; i++)
     prosody_complete(pending[i], PROSODY_SUCCESS, NULL);
   prosody_client_destroy(c);
