@@ -38,6 +38,8 @@ export interface Configuration {
   stallThresholdMs?: number | string | null;
   probePort?: number | null;
   failureTopic?: string | null;
+  partitionAssignmentStrategy?: 'cooperative-sticky' | 'range' | 'roundrobin' | null;
+  groupProtocol?: 'classic' | 'consumer' | null;
   idempotenceCacheSize?: number | null;
   idempotenceVersion?: string | null;
   idempotenceTtlS?: number | string | null;

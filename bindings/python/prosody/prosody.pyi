@@ -40,6 +40,8 @@ class ProsodyClient:
         stall_threshold: Optional[Duration] = ...,
         probe_port: Optional[int] = ...,
         failure_topic: Optional[str] = ...,
+        partition_assignment_strategy: Optional[str] = ...,
+        group_protocol: Optional[str] = ...,
         idempotence_cache_size: Optional[int] = ...,
         idempotence_version: Optional[str] = ...,
         idempotence_ttl: Optional[Duration] = ...,
