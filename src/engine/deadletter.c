@@ -11,6 +11,11 @@
 
 #include "internal.h"
 
+static void dlq_mail(pr__mail_t *mail, void *owner) {
+  (void)owner;
+  pr__dlq_done(PR_CONTAINER_OF(mail, inv_t, mail));
+}
+
 static void dlq_cb(prosody_err_t err, const char *errstr,
                    const prosody_delivery_t *d, void *opaque) {
   inv_t *inv = opaque;
@@ -18,8 +23,7 @@ static void dlq_cb(prosody_err_t err, const char *errstr,
   inv->dlq_err = err;
   free(inv->dlq_errstr);
   inv->dlq_errstr = errstr ? strdup(errstr) : NULL;
-  inv->mail.kind = MAIL_DLQ;
-  pr__mail_post(inv->eng, &inv->mail);
+  pr__mailbox_post(&inv->eng->mb, &inv->mail, dlq_mail);
 }
 
 /* Sends the record to failure_topic with the source-* headers. */

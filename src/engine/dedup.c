@@ -212,8 +212,8 @@ void pr__dd_close(pr__engine_t *eng) {
   while (eng->dd_store && eng->dd_recording > 0 && pr__now_ns() < give_up) {
     struct timespec ts;
     pr__deadline_after(CLOCK_REALTIME, 50000000, &ts);
-    pr__mail_wait(eng, &ts);
-    pr__mail_deliver(eng);
+    pr__mailbox_wait(&eng->mb, &ts);
+    pr__mailbox_deliver(&eng->mb);
   }
   pr__dedup_free(eng->dd_store);
   eng->dd_store = NULL;

@@ -32,6 +32,8 @@
 
 #include "internal.h"
 
+static void loaded_mail(pr__mail_t *mail, void *owner);
+
 /* A segment is one group's topic partition. */
 static void segment_of(const part_t *part, char *buf, size_t n) {
   snprintf(buf, n, "%s/%s/%" PRId32, part->eng->group_id, part->topic,
@@ -723,7 +725,8 @@ static void head_read(void *arg, prosody_err_t err, const char *errstr,
       return;
     }
   }
-  if (!eng->loader && !(eng->loader = pr__loader_new(eng, eng->bootstrap))) {
+  if (!eng->loader &&
+      !(eng->loader = pr__loader_new(eng, eng->bootstrap, loaded_mail))) {
     PR_ERROR("defer", "could not start the deferred message loader; trying "
                       "again in 1s");
     dk_idle(dk, pr__wall_ms() + 1000);
@@ -760,7 +763,7 @@ static void read_head(part_t *part, pr__dk_t *dk) {
   pr__defer_head(part->eng->df_store[dk->kind], seg, r->key, head_read, r);
 }
 
-void pr__df_loaded(pr__load_t *r) {
+static void loaded(pr__load_t *r) {
   part_t *part;
   pr__dk_t *dk = req_dk(r, &part);
   pr__engine_t *eng = r->eng;
@@ -810,6 +813,12 @@ void pr__df_loaded(pr__load_t *r) {
   inv->df_loaded = 1;
   inv->df_retries = dk->retries;
   pr__dispatch_enqueue(inv);
+}
+
+/* The loader answered (engine thread). */
+static void loaded_mail(pr__mail_t *mail, void *owner) {
+  (void)owner;
+  loaded(PR_CONTAINER_OF(mail, pr__load_t, mail));
 }
 
 static void keys_read(void *arg, prosody_err_t err, const char *errstr,

@@ -86,8 +86,7 @@ static int complete_attempt(prosody_context_t *ctx, prosody_result_t result,
   pr__dd_ran(inv, result); /* before the post: the key's next looks it up */
   if (inv->emitted)
     pr__inv_emit_ran(inv);
-  inv->mail.kind = MAIL_DONE;
-  pr__mail_post(inv->eng, &inv->mail);
+  pr__mailbox_post(&inv->eng->mb, &inv->mail, pr__outcome_mail);
   return go_on;
 }
 
@@ -286,8 +285,7 @@ static void start(inv_t *inv) {
     inv->result = PROSODY_TRANSIENT;
     free(inv->result_error);
     inv->result_error = strdup("out of memory (no handler context)");
-    inv->mail.kind = MAIL_DONE;
-    pr__mail_post(eng, &inv->mail);
+    pr__mailbox_post(&eng->mb, &inv->mail, pr__outcome_mail);
     return;
   }
   if (eng->timeout_ms > 0)

@@ -103,10 +103,10 @@ void pr__drain_wait(pr__engine_t *eng, int revoking_only) {
     if (wake_at - now > 50000000)
       wake_at = now + 50000000;
     pr__deadline_after(CLOCK_REALTIME, wake_at - now, &ts);
-    pr__mail_wait(eng, &ts);
+    pr__mailbox_wait(&eng->mb, &ts);
     /* Completions, store results (e.g. fired timers' deletes) and timer
      * operations: refused for what drains, served for the rest. */
-    pr__mail_deliver(eng);
+    pr__mailbox_deliver(&eng->mb);
     eng->may_wake = 1; /* outside the loop: no check handle runs */
     if (eng->pool)
       pr__pool_kick(eng->pool);

@@ -99,7 +99,7 @@ void pr__intake_poll(pr__engine_t *eng) {
     while (!part->stopped && (rkm = rd_kafka_consume_queue(part->rkq, 0)))
       take(eng, rkm);
   }
-  pr__mail_deliver(eng);
+  pr__mailbox_deliver(&eng->mb);
   pr__part_store_offsets(eng, NULL);
   pr__firing_due(eng);
 }

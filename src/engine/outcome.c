@@ -250,6 +250,11 @@ void pr__outcome_reject(inv_t *inv, const char *why) {
 
 /* A handler attempt finished (engine thread): free its slot, then let the
  * mode's layers decide. */
+void pr__outcome_mail(pr__mail_t *mail, void *owner) {
+  (void)owner;
+  pr__outcome_handler_done(PR_CONTAINER_OF(mail, inv_t, mail));
+}
+
 void pr__outcome_handler_done(inv_t *inv) {
   pr__engine_t *eng = inv->eng;
 

@@ -649,14 +649,6 @@ static void test_json_valid(void **state) {
   assert_true(pr__json_valid("{\"type\":\"a\"}", 12));
 }
 
-/* --- mailbox.c --------------------------------------------------------- */
-
-static int polls;
-static void count_poll(pr__tstore_t *s) {
-  (void)s;
-  polls++;
-}
-
 /* --- dedup.c, util/jsonv.c, stores/idset.c ----------------------------- */
 
 /* The payload's top-level string "id", as the dedup layer reads it. */
@@ -882,50 +874,66 @@ static void test_logger(void **state) {
                       "1 cql the previous message repeated 1 more time");
 }
 
+/* --- mailbox.c --------------------------------------------------------- */
+
+/* Letters run their own functions, in posting order. */
+static char mail_seen[8];
+static int mail_n;
+typedef struct {
+  pr__mail_t mail;
+  char name;
+} named_mail_t;
+
+static void note_mail(pr__mail_t *mail, void *owner) {
+  assert_ptr_equal(owner, &mail_seen);
+  mail_seen[mail_n++] = PR_CONTAINER_OF(mail, named_mail_t, mail)->name;
+}
+
+static atomic_int once_posted;
+static void once_mail(pr__mail_t *mail, void *owner) {
+  atomic_store(&once_posted, 0);
+  note_mail(mail, owner);
+}
+
 static void test_mailbox(void **state) {
-  pr__engine_t eng;
-  pr__tstore_ops_t ops;
-  pr__tstore_t store;
-  pr__mail_t op = {NULL, MAIL_OP};
+  pr__mailbox_t mb;
+  uv_loop_t loop;
+  uv_async_t wake;
+  named_mail_t a = {{NULL, NULL}, 'a'}, b = {{NULL, NULL}, 'b'},
+               o = {{NULL, NULL}, 'o'}, r = {{NULL, NULL}, 'r'};
   (void)state;
-  memset(&eng, 0, sizeof(eng));
-  memset(&ops, 0, sizeof(ops));
-  ops.poll = count_poll;
-  store.ops = &ops;
-  store.sync = 0;
-  eng.store = &store;
-  eng.store_mail.kind = MAIL_STORE;
-  pthread_mutex_init(&eng.lock, NULL);
-  pthread_cond_init(&eng.cond, NULL);
-  uv_loop_init(&eng.loop);
-  uv_async_init(&eng.loop, &eng.wake, NULL);
-  /* the store's letter is posted once however often its thread wakes us */
-  pr__mail_post_store(&eng);
-  pr__mail_post_store(&eng);
-  assert_ptr_equal(eng.mail_head, &eng.store_mail);
-  assert_ptr_equal(eng.mail_tail, &eng.store_mail);
-  pr__mail_deliver(&eng);
-  assert_int_equal(polls, 1);
-  assert_null(eng.mail_head);
+  uv_loop_init(&loop);
+  uv_async_init(&loop, &wake, NULL);
+  pr__mailbox_init(&mb, &mail_seen, &wake);
+  pr__mailbox_post(&mb, &a.mail, note_mail);
+  /* the coalesced letter is posted once however often its cause recurs */
+  pr__mailbox_post_once(&mb, &o.mail, once_mail, &once_posted);
+  pr__mailbox_post_once(&mb, &o.mail, once_mail, &once_posted);
+  pr__mailbox_post(&mb, &b.mail, note_mail);
+  pr__mailbox_deliver(&mb);
+  assert_int_equal(mail_n, 3);
+  assert_memory_equal(mail_seen, "aob", 3);
   /* after delivery it is posted anew */
-  pr__mail_post_store(&eng);
-  pr__mail_deliver(&eng);
-  assert_int_equal(polls, 2);
-  /* closed: timer operations are refused, the rest still taken */
-  eng.store = NULL;
-  pr__mail_close(&eng);
-  assert_int_equal(pr__mail_post(&eng, &op), -1);
-  assert_null(eng.mail_head);
-  pr__mail_post_store(&eng);
-  assert_ptr_equal(eng.mail_head, &eng.store_mail);
-  pr__mail_deliver(&eng); /* no store any more: nothing polled */
-  assert_int_equal(polls, 2);
-  assert_int_equal(atomic_load(&eng.pushers), 0);
-  uv_close((uv_handle_t *)&eng.wake, NULL);
-  uv_run(&eng.loop, UV_RUN_DEFAULT);
-  uv_loop_close(&eng.loop);
-  pthread_mutex_destroy(&eng.lock);
-  pthread_cond_destroy(&eng.cond);
+  pr__mailbox_post_once(&mb, &o.mail, once_mail, &once_posted);
+  pr__mailbox_deliver(&mb);
+  assert_int_equal(mail_n, 4);
+  /* closing delivers what waits; then refusable letters are refused and
+   * the rest still taken */
+  pr__mailbox_try_post(&mb, &r.mail, note_mail);
+  pr__mailbox_close(&mb);
+  assert_int_equal(mail_n, 5);
+  assert_int_equal(mail_seen[4], 'r');
+  assert_int_equal(pr__mailbox_try_post(&mb, &r.mail, note_mail), -1);
+  assert_null(mb.head);
+  pr__mailbox_post(&mb, &a.mail, note_mail);
+  pr__mailbox_deliver(&mb);
+  assert_int_equal(mail_n, 6);
+  assert_int_equal(mail_seen[5], 'a');
+  pr__mailbox_quiesce(&mb);
+  pr__mailbox_fini(&mb);
+  uv_close((uv_handle_t *)&wake, NULL);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  uv_loop_close(&loop);
 }
 
 int main(void) {
