@@ -951,12 +951,21 @@ prosody_err_t pr__df_open(pr__engine_t *eng, const char *bootstrap,
       (err = pr__cql_keyspace_ready(st, errstr, errstr_size)))
     return err;
   c = pr__cql_conf_of(st);
-  for (int kind = 0; kind < kinds; kind++)
-    if (!(eng->df_store[kind] = pr__defer_new(
-              &c, PR_CFG_STR(st, CASSANDRA_KEYSPACE), (pr__defer_kind_t)kind,
-              PR_CFG_NS(st, CASSANDRA_RETENTION) / 1000000000, wake, eng,
-              errstr, errstr_size)))
+  for (int kind = 0; kind < kinds; kind++) {
+    size_t cache = (size_t)PR_CFG_INT(st, DEFER_STORE_CACHE_SIZE);
+    pr__defer_t *d, *cached;
+    if (!(d = pr__defer_new(&c, PR_CFG_STR(st, CASSANDRA_KEYSPACE),
+                            (pr__defer_kind_t)kind,
+                            PR_CFG_NS(st, CASSANDRA_RETENTION) / 1000000000,
+                            wake, eng, errstr, errstr_size)))
       return PROSODY_ERR_TRANSIENT;
+    if (cache && !(cached = pr__defer_cached(d, cache))) {
+      pr__defer_free(d);
+      pr__errf(errstr, errstr_size, "out of memory");
+      return PROSODY_ERR_NOMEM;
+    }
+    eng->df_store[kind] = cache ? cached : d;
+  }
   return PROSODY_OK;
 }
 

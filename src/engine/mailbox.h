@@ -39,11 +39,11 @@ struct pr__mail {
   ((type *)(void *)((char *)(p)-offsetof(type, member)))
 
 typedef struct pr__mailbox {
-  void *owner;        /* passed to every letter's function (immutable) */
-  uv_async_t *wake;   /* sent when the mailbox turns non-empty (immutable;
-                         owned by the owner's loop) */
-  pthread_mutex_t lock; /* guards head, tail, closed and waiting */
-  pthread_cond_t cond;  /* signalled on a post while `waiting` */
+  void *owner;             /* passed to every letter's function (immutable) */
+  uv_async_t *wake;        /* sent when the mailbox turns non-empty (immutable;
+                              owned by the owner's loop) */
+  pthread_mutex_t lock;    /* guards head, tail, closed and waiting */
+  pthread_cond_t cond;     /* signalled on a post while `waiting` */
   pr__mail_t *head, *tail; /* letters in posting order */
   int closed;              /* pr__mailbox_try_post refuses */
   int waiting;             /* the owner sleeps in pr__mailbox_wait */
@@ -65,8 +65,8 @@ int pr__mailbox_try_post(pr__mailbox_t *mb, pr__mail_t *mail, pr__mail_fn *fn);
  * for "there is more", however often its cause recurs). Its function
  * clears `*posted` before it looks at what the letter stands for, so
  * what arrives after that is posted anew. */
-void pr__mailbox_post_once(pr__mailbox_t *mb, pr__mail_t *mail,
-                           pr__mail_fn *fn, atomic_int *posted);
+void pr__mailbox_post_once(pr__mailbox_t *mb, pr__mail_t *mail, pr__mail_fn *fn,
+                           atomic_int *posted);
 /* Runs every letter posted so far, in posting order (owner thread). */
 void pr__mailbox_deliver(pr__mailbox_t *mb);
 /* Sleeps until a letter arrives or `deadline` (CLOCK_REALTIME) passes

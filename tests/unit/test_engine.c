@@ -468,6 +468,142 @@ static void test_memdefer(void **state) {
   pr__defer_free(t);
 }
 
+/* A deferral store whose answers wait until the test releases them. */
+typedef struct slow_store {
+  pr__defer_t base;
+  int nheld;
+  struct {
+    pr__head_cb head;
+    pr__store_done_cb done;
+    void *arg;
+  } held[8];
+} slow_store_t;
+
+static void slow_head(pr__defer_t *d, const char *seg, const char *key,
+                      pr__head_cb cb, void *arg) {
+  slow_store_t *s = (slow_store_t *)d;
+  (void)seg;
+  (void)key;
+  s->held[s->nheld].head = cb;
+  s->held[s->nheld].done = NULL;
+  s->held[s->nheld++].arg = arg;
+}
+
+static void slow_append(pr__defer_t *d, const char *seg, const char *key,
+                        int64_t position, int32_t retries, pr__store_done_cb cb,
+                        void *arg) {
+  slow_store_t *s = (slow_store_t *)d;
+  (void)seg;
+  (void)key;
+  (void)position;
+  (void)retries;
+  s->held[s->nheld].head = NULL;
+  s->held[s->nheld].done = cb;
+  s->held[s->nheld++].arg = arg;
+}
+
+/* Answers held request `i`: a head read says `found` at `pos`; a write
+ * gives `err`. */
+static void slow_release(slow_store_t *s, int i, int found, int64_t pos,
+                         prosody_err_t err) {
+  if (s->held[i].head)
+    s->held[i].head(s->held[i].arg, PROSODY_OK, NULL, found, pos, 0);
+  else
+    s->held[i].done(s->held[i].arg, err, err ? "refused" : NULL);
+}
+
+static void slow_destroy(pr__defer_t *d) { (void)d; }
+
+static void cache_on_done(void *arg, prosody_err_t err, const char *errstr) {
+  (void)errstr;
+  *(prosody_err_t *)arg = err;
+}
+
+/* defer_store_cache_size: a head read the cache knows costs no store read,
+ * and what it answers is what the store would. */
+static void test_defer_cache(void **state) {
+  pr__defer_t *m = pr__defer_memory(PR_DEFER_MESSAGES);
+  pr__defer_t *c = pr__defer_cached(m, 2);
+  static const pr__defer_ops_t slow_ops = {
+      NULL, NULL, NULL, slow_append, slow_head,
+      NULL, NULL, NULL, NULL,        slow_destroy};
+  slow_store_t slow = {{&slow_ops, PR_DEFER_MESSAGES, 0}, 0, {{0}}};
+  prosody_err_t werr = PROSODY_OK;
+  uint64_t hits, misses;
+  (void)state;
+  assert_non_null(c);
+  pr__defer_head(c, "dc", "a", on_head, NULL); /* read, and kept */
+  assert_false(g_found);
+  pr__defer_head(c, "dc", "a", on_head, NULL);
+  assert_false(g_found);
+  pr__defer_cache_stats(c, &hits, &misses);
+  assert_int_equal(hits, 1);
+  assert_int_equal(misses, 1);
+  /* writes keep a known head true: append, retry count, a lower append */
+  pr__defer_append(c, "dc", "a", 10, 0, on_done, NULL);
+  pr__defer_head(c, "dc", "a", on_head, NULL);
+  assert_true(g_found);
+  assert_int_equal(g_pos, 10);
+  pr__defer_set_retries(c, "dc", "a", 10, 3, on_done, NULL);
+  pr__defer_append(c, "dc", "a", 20, 0, on_done, NULL);
+  pr__defer_head(c, "dc", "a", on_head, NULL);
+  assert_int_equal(g_pos, 10);
+  assert_int_equal(g_retries, 3);
+  pr__defer_append(c, "dc", "a", 5, 1, on_done, NULL);
+  pr__defer_head(c, "dc", "a", on_head, NULL);
+  assert_int_equal(g_pos, 5);
+  assert_int_equal(g_retries, 1);
+  pr__defer_cache_stats(c, &hits, &misses);
+  assert_int_equal(hits, 4);
+  assert_int_equal(misses, 1);
+  /* removing the head: the next one is read from the store */
+  pr__defer_advance(c, "dc", "a", 5, on_done, NULL);
+  pr__defer_head(c, "dc", "a", on_head, NULL);
+  assert_int_equal(g_pos, 10);
+  assert_int_equal(g_retries, 3);
+  pr__defer_trim(c, "dc", "a", 15, on_done, NULL);
+  pr__defer_head(c, "dc", "a", on_head, NULL);
+  assert_int_equal(g_pos, 20);
+  pr__defer_cache_stats(c, &hits, &misses);
+  assert_int_equal(misses, 3);
+  /* an assignment of the segment forgets it */
+  pr__defer_keys(c, "dc", on_keys, NULL);
+  pr__defer_head(c, "dc", "a", on_head, NULL);
+  pr__defer_cache_stats(c, &hits, &misses);
+  assert_int_equal(misses, 4);
+  /* at most two keys: the least recently used goes */
+  pr__defer_head(c, "dc", "b", on_head, NULL);
+  pr__defer_head(c, "dc", "c", on_head, NULL);
+  pr__defer_head(c, "dc", "a", on_head, NULL);
+  pr__defer_cache_stats(c, &hits, &misses);
+  assert_int_equal(misses, 7);
+  assert_int_equal(g_pos, 20);
+  pr__defer_advance(c, "dc", "a", 20, on_done, NULL);
+  pr__defer_free(c); /* frees m too */
+
+  /* A read answered after a write of its key started is not kept (it may
+   * predate the write), and a failed write forgets the head. */
+  c = pr__defer_cached(&slow.base, 4);
+  pr__defer_head(c, "s", "k", on_head, NULL);         /* held 0 */
+  pr__defer_append(c, "s", "k", 7, 0, on_done, NULL); /* held 1 */
+  slow_release(&slow, 0, 0, 0, PROSODY_OK);           /* "nothing" */
+  assert_false(g_found);
+  slow_release(&slow, 1, 0, 0, PROSODY_OK);
+  pr__defer_head(c, "s", "k", on_head, NULL); /* not known: read (held 2) */
+  assert_int_equal(slow.nheld, 3);
+  slow_release(&slow, 2, 1, 7, PROSODY_OK);
+  pr__defer_head(c, "s", "k", on_head, NULL); /* known now */
+  assert_int_equal(slow.nheld, 3);
+  assert_int_equal(g_pos, 7);
+  pr__defer_append(c, "s", "k", 3, 0, cache_on_done, &werr); /* held 3 */
+  slow_release(&slow, 3, 0, 0, PROSODY_ERR_TRANSIENT);
+  assert_int_equal(werr, PROSODY_ERR_TRANSIENT);
+  pr__defer_head(c, "s", "k", on_head, NULL); /* unknown again: read */
+  assert_int_equal(slow.nheld, 5);
+  slow_release(&slow, 4, 1, 7, PROSODY_OK);
+  pr__defer_free(c);
+}
+
 /* Full jitter: uniform in [0, min(2^n * base, max)). */
 static void test_backoff(void **state) {
   fixture_t *f = fixture("pipeline", "3");
@@ -950,6 +1086,7 @@ int main(void) {
       cmocka_unit_test(test_defer_delay),
       cmocka_unit_test(test_defer_gate),
       cmocka_unit_test(test_memdefer),
+      cmocka_unit_test(test_defer_cache),
       cmocka_unit_test(test_decode),
       cmocka_unit_test(test_decode_lazy),
       cmocka_unit_test(test_json_valid),
