@@ -28,6 +28,7 @@ static void dlq_cb(prosody_err_t err, const char *errstr,
 
 /* Sends the record to failure_topic with the source-* headers. */
 void pr__dlq_send(inv_t *inv) {
+  PR_ENGINE_THREAD(inv->eng);
   pr__engine_t *eng = inv->eng;
   rd_kafka_headers_t *h = rd_kafka_headers_new(8);
   prosody_trace_t trace = {NULL, NULL, NULL};
@@ -76,6 +77,7 @@ void pr__dlq_send(inv_t *inv) {
 }
 
 void pr__dlq_done(inv_t *inv) {
+  PR_ENGINE_THREAD(inv->eng);
   pr__engine_t *eng = inv->eng;
   inv->part->active--;
   eng->dlq_inflight--;

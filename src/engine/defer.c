@@ -57,6 +57,7 @@ static void gate_roll(pr__engine_t *eng, int64_t now_ns) {
 }
 
 void pr__df_count(pr__engine_t *eng, prosody_result_t result, int64_t now_ns) {
+  PR_ENGINE_THREAD(eng);
   size_t b;
   if (!eng->df_store[PR_DEFER_MESSAGES] && !eng->df_store[PR_DEFER_TIMERS])
     return;
@@ -69,6 +70,7 @@ void pr__df_count(pr__engine_t *eng, prosody_result_t result, int64_t now_ns) {
 }
 
 int pr__df_gate(pr__engine_t *eng, int64_t now_ns) {
+  PR_ENGINE_THREAD(eng);
   uint64_t ok = 0, fail = 0;
   gate_roll(eng, now_ns);
   for (size_t b = 0; b < PR_DF_BUCKETS; b++) {
@@ -231,6 +233,7 @@ static void dk_free(part_t *part, pr__dk_t *dk) {
 }
 
 void pr__df_part_free(part_t *part) {
+  PR_ENGINE_THREAD(part->eng);
   pr__dk_t *dk, *next;
   for (dk = part->dks; dk; dk = next) {
     next = dk->next;
@@ -361,6 +364,7 @@ static void written(void *arg, prosody_err_t err, const char *errstr) {
 }
 
 void pr__df_write(inv_t *inv) {
+  PR_ENGINE_THREAD(inv->eng);
   pr__engine_t *eng = inv->eng;
   part_t *part = inv->part;
   char seg[SEG_MAX];
@@ -398,6 +402,7 @@ void pr__df_write(inv_t *inv) {
 }
 
 void pr__df_release_waiting(part_t *part) {
+  PR_ENGINE_THREAD(part->eng);
   for (pr__dk_t *dk = part->dks; dk; dk = dk->next)
     for (inv_t *inv = dk->deferring, *next; inv; inv = next) {
       next = inv->df_next;       /* leave() unlinks it */
@@ -443,6 +448,7 @@ static void defer_inv(inv_t *inv, pr__dk_t *dk, int32_t retries,
 }
 
 void pr__df_join(inv_t *inv) {
+  PR_ENGINE_THREAD(inv->eng);
   pr__dk_t *dk = inv->kq->dk[PR_DF_KIND(inv)];
   inv->kq = NULL; /* never in the key queue */
   defer_inv(inv, dk, 0, 0);
@@ -518,6 +524,7 @@ static void retry_later(inv_t *inv) {
 }
 
 void pr__df_defer(inv_t *inv) {
+  PR_ENGINE_THREAD(inv->eng);
   pr__engine_t *eng = inv->eng;
   part_t *part = inv->part;
   kq_t *kq = inv->kq;
@@ -608,6 +615,7 @@ static void advance(part_t *part, pr__dk_t *dk) {
 }
 
 void pr__df_finished(inv_t *inv, int commit) {
+  PR_ENGINE_THREAD(inv->eng);
   pr__engine_t *eng = inv->eng;
   part_t *part = inv->part;
   pr__dk_t *dk = inv->kq ? inv->kq->dk[PR_DF_KIND(inv)] : NULL;
@@ -629,6 +637,7 @@ void pr__df_finished(inv_t *inv, int commit) {
 }
 
 void pr__df_unscheduled(part_t *part, const char *key, int64_t time_s) {
+  PR_ENGINE_THREAD(part->eng);
   pr__engine_t *eng = part->eng;
   pr__defer_t *store = eng->df_store[PR_DEFER_TIMERS];
   kq_t *kq = pr__kq_get(part, key, 0);
@@ -882,12 +891,14 @@ static void read_keys(part_t *part, int kind) {
 }
 
 void pr__df_assigned(pr__engine_t *eng, part_t *part) {
+  PR_ENGINE_THREAD(eng);
   for (int kind = 0; kind < 2; kind++)
     if (eng->df_store[kind])
       read_keys(part, kind);
 }
 
 void pr__df_tick(pr__engine_t *eng) {
+  PR_ENGINE_THREAD(eng);
   int64_t now_ms = pr__wall_ms();
   if (eng->phase != PH_RUNNING)
     return;
@@ -970,6 +981,7 @@ prosody_err_t pr__df_open(pr__engine_t *eng, const char *bootstrap,
 }
 
 void pr__df_close(pr__engine_t *eng) {
+  PR_ENGINE_THREAD(eng);
   pr__loader_free(eng->loader);
   eng->loader = NULL;
   while (eng->dm_head) {

@@ -13,6 +13,7 @@
  * running: not started, ready, waiting for a retry, or deferred and
  * waiting to be written again. */
 void pr__drain_release_idle(pr__engine_t *eng, part_t *only) {
+  PR_ENGINE_THREAD(eng);
   pr__dispatch_ready_remove(eng, only);
   for (part_t *part = eng->parts; part; part = part->next) {
     if (only && part != only)
@@ -69,6 +70,7 @@ static void cancel_running(pr__engine_t *eng, int revoking_only) {
  * them at 80% of shutdown_timeout and giving up at 100%. Runs on the
  * engine thread outside the loop (e.g. inside a rebalance callback). */
 void pr__drain_wait(pr__engine_t *eng, int revoking_only) {
+  PR_ENGINE_THREAD(eng);
   int64_t start = pr__now_ns();
   int64_t cancel_at = start + eng->shutdown_ms * 800000;
   int64_t end = start + eng->shutdown_ms * 1000000;

@@ -25,6 +25,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -36,6 +37,16 @@
 static __thread pr__engine_t *tls_engine;
 
 pr__engine_t *pr__engine_current(void) { return tls_engine; }
+
+void pr__engine_check_thread(const pr__engine_t *eng, const char *fn) {
+  if (eng && eng->owned && !pthread_equal(eng->owner, pthread_self())) {
+    fprintf(stderr,
+            "prosody: internal error: %s called on a thread that does not "
+            "own the consumer engine\n",
+            fn);
+    abort();
+  }
+}
 
 static void error_cb(rd_kafka_t *rk, int err, const char *reason,
                      void *opaque) {
@@ -140,6 +151,8 @@ static void on_check(uv_check_t *h) { end_burst(h->data); }
 
 static void *engine_main(void *arg) {
   pr__engine_t *eng = arg;
+  eng->owner = pthread_self(); /* after pthread_create: the creator has
+                                  finished with the engine's state */
   tls_engine = eng;
   pr__log_adopt(eng->logger);
   pthread_setname_np(pthread_self(), "prosody-engine");
@@ -269,6 +282,8 @@ prosody_err_t pr__engine_start(const pr__settings_t *st, const char *bootstrap,
     return PROSODY_ERR_NOMEM;
   }
   eng->pipefd[0] = eng->pipefd[1] = -1;
+  eng->owner = pthread_self();
+  eng->owned = 1;
   eng->logger = pr__log_current(); /* the subscribing client's */
   pr__metrics_init(&eng->metrics);
   pr__mailbox_init(&eng->mb, eng, &eng->wake);
@@ -401,6 +416,7 @@ int pr__engine_stop(pr__engine_t *eng) {
              (long long)eng->grace_ms);
     return 1;
   }
+  eng->owner = pthread_self();
   /* The engine thread has exited: this thread owns its state now. Collect
    * completions that arrived after its last look (bounded), and let
    * libuv finish closing the timers that closes. */

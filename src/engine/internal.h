@@ -381,6 +381,12 @@ struct pr__engine {
   atomic_int store_posted; /* ... while this is set */
   pr__mail_t stop_mail;    /* pr__engine_stop's request */
 
+  /* The thread that owns the engine's state (PR_ENGINE_THREAD): written
+   * only by the thread taking it over, before or after the hand-over
+   * (pthread_create, pthread_join) orders it against the others. */
+  pthread_t owner;
+  int owned; /* `owner` is set (engines made by pr__engine_start) */
+
   /* Cross-thread atomics. */
   atomic_int assigned;
   atomic_int stalled;
@@ -451,6 +457,21 @@ struct pr__engine {
 
 /* The engine whose loop runs on the calling thread, or NULL. */
 pr__engine_t *pr__engine_current(void);
+
+/* Thread checks. Every function of the engine that runs on the engine
+ * thread starts with PR_ENGINE_THREAD(eng): in builds without NDEBUG (the
+ * Debug builds of the sanitizer tiers) it aborts, naming the function,
+ * when the calling thread does not own the engine. The owner is the
+ * subscribing thread until the engine thread starts, then the engine
+ * thread, then, once it has exited, the thread that stops the engine. An
+ * engine not made by pr__engine_start (the unit tests') has no owner and
+ * is not checked. */
+void pr__engine_check_thread(const pr__engine_t *eng, const char *fn);
+#ifndef NDEBUG
+#define PR_ENGINE_THREAD(eng) pr__engine_check_thread((eng), __func__)
+#else
+#define PR_ENGINE_THREAD(eng) ((void)0)
+#endif
 
 /* --- message.c -------------------------------------------------------- */
 

@@ -206,6 +206,7 @@ static void *loader_main(void *arg) {
 
 pr__loader_t *pr__loader_new(pr__engine_t *eng, const char *bootstrap,
                              pr__mail_fn *answered) {
+  PR_ENGINE_THREAD(eng);
   pr__loader_t *l = calloc(1, sizeof(*l));
   if (!l || !(l->bootstrap = strdup(bootstrap))) {
     free(l);
@@ -229,6 +230,7 @@ pr__loader_t *pr__loader_new(pr__engine_t *eng, const char *bootstrap,
 }
 
 void pr__loader_post(pr__loader_t *l, pr__load_t *r) {
+  PR_ENGINE_THREAD(l->eng);
   pthread_mutex_lock(&l->lock);
   r->next = l->queue;
   l->queue = r;
@@ -240,6 +242,7 @@ void pr__loader_free(pr__loader_t *l) {
   pr__load_t *r;
   if (!l)
     return;
+  PR_ENGINE_THREAD(l->eng);
   atomic_store(&l->halt, 1);
   pthread_mutex_lock(&l->lock);
   l->stop = 1;

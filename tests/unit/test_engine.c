@@ -8,12 +8,15 @@
  * its memory store (stores/memdefer.c), and the mailbox (mailbox.c).
  */
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -1010,6 +1013,40 @@ static void test_logger(void **state) {
                       "1 cql the previous message repeated 1 more time");
 }
 
+/* --- thread checks (engine.c) ------------------------------------------ */
+
+/* In builds with the checks (no NDEBUG: the sanitizer tiers), an engine
+ * function called on a thread that does not own the engine aborts, naming
+ * the function; on the owner it runs. */
+static void test_thread_check(void **state) {
+#ifndef NDEBUG
+  pr__engine_t eng;
+  pid_t pid;
+  int status;
+  (void)state;
+  memset(&eng, 0, sizeof(eng));
+  eng.owned = 1;
+  eng.owner = pthread_self();
+  pr__part_count(&eng); /* the owner: runs */
+  fflush(NULL);
+  pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) { /* the child's only thread is not the recorded owner */
+    eng.owner = (pthread_t)0;
+    if (!freopen("/dev/null", "w", stderr))
+      _exit(1);
+    pr__part_count(&eng);
+    _exit(0);
+  }
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFSIGNALED(status));
+  assert_int_equal(WTERMSIG(status), SIGABRT);
+#else
+  (void)state;
+  skip();
+#endif
+}
+
 /* --- mailbox.c --------------------------------------------------------- */
 
 /* Letters run their own functions, in posting order. */
@@ -1095,6 +1132,7 @@ int main(void) {
       cmocka_unit_test(test_idset),
       cmocka_unit_test(test_idset_model),
       cmocka_unit_test(test_mailbox),
+      cmocka_unit_test(test_thread_check),
       cmocka_unit_test(test_logger),
   };
   static pr__logger_t quiet; /* the layers log their decisions */
