@@ -97,7 +97,7 @@ static void shutdown_engine(pr__engine_t *eng) {
   /* The store's handles close with the loop's last run. */
   eng->store->ops->destroy(eng->store);
   eng->store = NULL;
-  pr__dd_close(eng); /* its thread wakes the engine: gone before the loop */
+  pr__dd_close(eng, 0); /* its thread wakes the engine: gone before the loop */
   pr__df_close(eng);
   pr__part_count(eng);
   PR_INFO("engine", "consumer stopped in %lld ms",
@@ -170,7 +170,7 @@ static void engine_free(pr__engine_t *eng) {
     close(eng->pipefd[1]);
   if (eng->store)
     eng->store->ops->destroy(eng->store);
-  pr__dd_close(eng);
+  pr__dd_close(eng, 1);
   pr__df_close(eng);
   pr__sched_fini(&eng->sched);
   pr__metrics_fini(&eng->metrics);

@@ -416,7 +416,9 @@ struct pr__engine {
   double mono_threshold; /* monopolization: the share that is rejected;
                             0: the layer is off */
   int dd_on;             /* deduplication: pipeline mode, cache size > 0 */
-  pr__dedup_t *dd_store; /* its Cassandra store, or NULL: memory */
+  int dd_late;           /* ... with the memory store: ids are read and
+                            looked up by the handler's thread (DD_LATE) */
+  pr__dedup_t *dd_store; /* its store (dd_on): memory (sync) or Cassandra */
   int64_t dd_ttl_s;      /* idempotence_ttl */
   int dd_recording;      /* ids being written to the store */
   /* Deferral (defer.c). */
@@ -630,7 +632,9 @@ pr__did_t pr__dd_id(const char *version, const char *group, const char *topic,
  * its store; `wake` is the stores' wake-up (subscribing thread). */
 prosody_err_t pr__dd_open(pr__engine_t *eng, void (*wake)(void *), char *errstr,
                           size_t errstr_size);
-void pr__dd_close(pr__engine_t *eng);
+/* Closes the store: at shutdown (`final` 0) an asynchronous one, whose
+ * thread wakes the engine; when the engine is freed (1), any. */
+void pr__dd_close(pr__engine_t *eng, int final);
 /* A message taken: its id, looked up in the cache and the store; without
  * a store only marked DD_LATE. */
 void pr__dd_intake(inv_t *inv);

@@ -4,6 +4,7 @@
  * an operation is one job: posted by the owner, run on the worker, its
  * callback delivered back on the owner's thread by poll().
  */
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -160,15 +161,71 @@ static void run_stmt(job_t *j) {
 
 /* ---- dedup -------------------------------------------------------------- */
 
-struct pr__dedup {
+typedef struct cql_dedup {
+  pr__dedup_t base; /* first */
   pr__cqlw_t *w;
   pr__cql_stmt_t *sel, *ins;
-};
+} cql_dedup_t;
+
+/* An id as the table keeps it: 32 hex digits. */
+static void hex(pr__did_t d, char out[33]) {
+  snprintf(out, 33, "%016" PRIx64 "%016" PRIx64, d.hi, d.lo);
+}
+
+static void dedup_record_start(job_t *j) {
+  pr__cql_val_t v[3] = {pr__cv_text(j->a), pr__cv_text(j->b),
+                        pr__cv_int((int32_t)j->n)};
+  pr__cql_execute_stmt(j->cql, j->st, v, 3, NULL, answered, j);
+}
+
+static void cql_seen(pr__dedup_t *b, const char *scope, pr__did_t id,
+                     pr__seen_cb cb, void *arg) {
+  cql_dedup_t *d = (cql_dedup_t *)b;
+  char idx[33];
+  job_t *j;
+  hex(id, idx);
+  if (!(j = job_new(d->w, J_SEEN, (void *)cb, arg, scope, idx)))
+    return;
+  j->start = run_stmt;
+  j->st = d->sel;
+  j->cql = pr__cqlw_cql(d->w);
+  j->nvals = 2;
+  pr__cqlw_post(&j->job);
+}
+
+static void cql_record(pr__dedup_t *b, const char *scope, pr__did_t id,
+                       int64_t ttl_s, pr__store_done_cb cb, void *arg) {
+  cql_dedup_t *d = (cql_dedup_t *)b;
+  char idx[33];
+  job_t *j;
+  hex(id, idx);
+  if (!(j = job_new(d->w, J_DONE, (void *)cb, arg, scope, idx)))
+    return;
+  j->start = dedup_record_start;
+  j->st = d->ins;
+  j->cql = pr__cqlw_cql(d->w);
+  j->n = ttl_s < 1 ? 1 : ttl_s > MAX_TTL_S ? MAX_TTL_S : ttl_s;
+  pr__cqlw_post(&j->job);
+}
+
+static void cql_dedup_poll(pr__dedup_t *b) {
+  pr__cqlw_poll(((cql_dedup_t *)b)->w);
+}
+
+static void cql_dedup_destroy(pr__dedup_t *b) {
+  cql_dedup_t *d = (cql_dedup_t *)b;
+  if (d->w)
+    pr__cqlw_free(d->w);
+  free(d);
+}
+
+static const pr__dedup_ops_t cql_dedup_ops = {
+    cql_seen, cql_record, cql_dedup_poll, cql_dedup_destroy};
 
 pr__dedup_t *pr__dedup_new(const pr__cql_conf_t *conf, const char *keyspace,
                            void (*wake)(void *), void *wake_arg, char *errstr,
                            size_t errstr_size) {
-  pr__dedup_t *d = calloc(1, sizeof(*d));
+  cql_dedup_t *d = calloc(1, sizeof(*d));
   char q[256];
   if (!d || !(d->w = pr__cqlw_new(conf, wake, wake_arg, errstr, errstr_size))) {
     if (!d)
@@ -176,6 +233,7 @@ pr__dedup_t *pr__dedup_new(const pr__cql_conf_t *conf, const char *keyspace,
     free(d);
     return NULL;
   }
+  d->base.ops = &cql_dedup_ops;
   snprintf(q, sizeof(q),
            "SELECT id FROM %s.dedup_ids WHERE scope = ? AND id = ?", keyspace);
   d->sel = pr__cql_stmt(pr__cqlw_cql(d->w), q);
@@ -188,49 +246,10 @@ pr__dedup_t *pr__dedup_new(const pr__cql_conf_t *conf, const char *keyspace,
   if (!d->sel || !d->ins || pr__cqlw_start(d->w, errstr, errstr_size)) {
     if (!d->sel || !d->ins)
       pr__errf(errstr, errstr_size, "out of memory");
-    pr__dedup_free(d);
+    cql_dedup_destroy(&d->base);
     return NULL;
   }
-  return d;
-}
-
-static void dedup_record_start(job_t *j) {
-  pr__cql_val_t v[3] = {pr__cv_text(j->a), pr__cv_text(j->b),
-                        pr__cv_int((int32_t)j->n)};
-  pr__cql_execute_stmt(j->cql, j->st, v, 3, NULL, answered, j);
-}
-
-void pr__dedup_seen(pr__dedup_t *d, const char *scope, const char *id,
-                    pr__seen_cb cb, void *arg) {
-  job_t *j = job_new(d->w, J_SEEN, (void *)cb, arg, scope, id);
-  if (!j)
-    return;
-  j->start = run_stmt;
-  j->st = d->sel;
-  j->cql = pr__cqlw_cql(d->w);
-  j->nvals = 2;
-  pr__cqlw_post(&j->job);
-}
-
-void pr__dedup_record(pr__dedup_t *d, const char *scope, const char *id,
-                      int64_t ttl_s, pr__store_done_cb cb, void *arg) {
-  job_t *j = job_new(d->w, J_DONE, (void *)cb, arg, scope, id);
-  if (!j)
-    return;
-  j->start = dedup_record_start;
-  j->st = d->ins;
-  j->cql = pr__cqlw_cql(d->w);
-  j->n = ttl_s < 1 ? 1 : ttl_s > MAX_TTL_S ? MAX_TTL_S : ttl_s;
-  pr__cqlw_post(&j->job);
-}
-
-void pr__dedup_poll(pr__dedup_t *d) { pr__cqlw_poll(d->w); }
-
-void pr__dedup_free(pr__dedup_t *d) {
-  if (!d)
-    return;
-  pr__cqlw_free(d->w);
-  free(d);
+  return &d->base;
 }
 
 /* ---- deferral ----------------------------------------------------------- */

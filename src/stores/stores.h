@@ -48,17 +48,53 @@ typedef struct pr__dedup pr__dedup_t;
 typedef void (*pr__seen_cb)(void *arg, prosody_err_t err, const char *errstr,
                             int seen);
 
+/* A deduplication store's operations. As with the deferral stores, each
+ * is started on the owner's thread and its callback runs there, before
+ * the call returns (`sync`) or later from poll(); a `sync` store's seen
+ * and record may also be called from any thread (the memory store is
+ * thread-safe), which the dedup layer uses to look ids up on the thread
+ * about to run the handler. */
+typedef struct pr__dedup_ops {
+  /* Was `id` recorded in `scope` (and not expired)? */
+  void (*seen)(pr__dedup_t *d, const char *scope, pr__did_t id, pr__seen_cb cb,
+               void *arg);
+  /* Records `id` in `scope` for `ttl_s` seconds. */
+  void (*record)(pr__dedup_t *d, const char *scope, pr__did_t id, int64_t ttl_s,
+                 pr__store_done_cb cb, void *arg);
+  void (*poll)(pr__dedup_t *d);
+  /* Completes what is pending (with errors), then frees the store. */
+  void (*destroy)(pr__dedup_t *d);
+} pr__dedup_ops_t;
+
+struct pr__dedup {
+  const pr__dedup_ops_t *ops;
+  int sync; /* completes before it returns, on any thread */
+};
+
+/* The Cassandra store (the keyspace migrated), on its own thread. */
 pr__dedup_t *pr__dedup_new(const pr__cql_conf_t *conf, const char *keyspace,
                            void (*wake)(void *), void *wake_arg, char *errstr,
                            size_t errstr_size);
-/* Was `id` recorded in `scope` (and not expired)? */
-void pr__dedup_seen(pr__dedup_t *d, const char *scope, const char *id,
-                    pr__seen_cb cb, void *arg);
-/* Records `id` in `scope` for `ttl_s` seconds. */
-void pr__dedup_record(pr__dedup_t *d, const char *scope, const char *id,
-                      int64_t ttl_s, pr__store_done_cb cb, void *arg);
-void pr__dedup_poll(pr__dedup_t *d);
-void pr__dedup_free(pr__dedup_t *d);
+/* The memory store (memdedup.c): one per process, shared by every client,
+ * of about a million ids (the least recently used evicted). NULL when out
+ * of memory. */
+pr__dedup_t *pr__dedup_memory(void);
+
+static inline void pr__dedup_seen(pr__dedup_t *d, const char *scope,
+                                  pr__did_t id, pr__seen_cb cb, void *arg) {
+  d->ops->seen(d, scope, id, cb, arg);
+}
+static inline void pr__dedup_record(pr__dedup_t *d, const char *scope,
+                                    pr__did_t id, int64_t ttl_s,
+                                    pr__store_done_cb cb, void *arg) {
+  d->ops->record(d, scope, id, ttl_s, cb, arg);
+}
+static inline void pr__dedup_poll(pr__dedup_t *d) { d->ops->poll(d); }
+/* NULL is a no-op. */
+static inline void pr__dedup_free(pr__dedup_t *d) {
+  if (d)
+    d->ops->destroy(d);
+}
 
 /* ---- deferral: a FIFO of positions per (segment, key) ----------------- */
 
