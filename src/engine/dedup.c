@@ -206,14 +206,15 @@ prosody_err_t pr__dd_open(pr__engine_t *eng, void (*wake)(void *), char *errstr,
 }
 
 void pr__dd_close(pr__engine_t *eng) {
+  PR_ENGINE_THREAD(eng);
   /* Records still being written are waited for (a little): a handled id
    * that never reaches the store would be handled again when resent. */
   int64_t give_up = pr__now_ns() + INT64_C(2000000000);
   while (eng->dd_store && eng->dd_recording > 0 && pr__now_ns() < give_up) {
     struct timespec ts;
     pr__deadline_after(CLOCK_REALTIME, 50000000, &ts);
-    pr__mail_wait(eng, &ts);
-    pr__mail_deliver(eng);
+    pr__mailbox_wait(&eng->mb, &ts);
+    pr__mailbox_deliver(&eng->mb);
   }
   pr__dedup_free(eng->dd_store);
   eng->dd_store = NULL;
@@ -297,6 +298,7 @@ static void read_id(inv_t *inv) {
 }
 
 void pr__dd_intake(inv_t *inv) {
+  PR_ENGINE_THREAD(inv->eng);
   pr__engine_t *eng = inv->eng;
   if (!eng->dd_store) {
     inv->dd = DD_LATE; /* read and looked up by the thread that runs it */
@@ -326,6 +328,7 @@ void pr__dd_ran(inv_t *inv, prosody_result_t result) {
 }
 
 void pr__dd_skipped(inv_t *inv) {
+  PR_ENGINE_THREAD(inv->eng);
   char ev[160];
   PR_BUMP(inv->eng->metrics.skipped_duplicate, 1);
   PR_DEBUG("engine", "%s: a duplicate of one already handled; skipping it",
@@ -333,6 +336,7 @@ void pr__dd_skipped(inv_t *inv) {
 }
 
 int pr__dd_gate(inv_t *inv) {
+  PR_ENGINE_THREAD(inv->eng);
   switch (inv->dd) {
   case DD_OFF:
     return DD_RUN;
@@ -355,6 +359,7 @@ int pr__dd_gate(inv_t *inv) {
 }
 
 int pr__dd_claimable(inv_t *head, inv_t *f) {
+  PR_ENGINE_THREAD(head->eng);
   if (f->dd == DD_OFF || f->dd == DD_LATE)
     return 1; /* DD_LATE: looked up once the run's earlier ones recorded */
   if (f->dd != DD_UNSEEN)
@@ -376,6 +381,7 @@ static void on_recorded(void *arg, prosody_err_t err, const char *errstr) {
 }
 
 void pr__dd_record(inv_t *inv) {
+  PR_ENGINE_THREAD(inv->eng);
   pr__engine_t *eng = inv->eng;
   int64_t expires = now_s() + eng->dd_ttl_s;
   char id[33];
@@ -396,6 +402,7 @@ void pr__dd_record(inv_t *inv) {
 }
 
 void pr__dd_forget(inv_t *inv) {
+  PR_ENGINE_THREAD(inv->eng);
   if (inv->dd_req)
     inv->dd_req->inv = NULL;
   inv->dd_req = NULL;
