@@ -621,7 +621,7 @@ static void produce(const char *topic, const char *const *keys) {
   prosody_client_destroy(prod);
 }
 
-int main(void) {
+T_SCENARIO(async_timer_calls_and_cancel_callbacks_from_host_loop, T_BOTH, 120) {
   char err[1024], group[160];
   const char *topic = t_topic("async-ctx");
   /* tmo first: its cancel callback is registered before its timeout. */

@@ -334,7 +334,15 @@ static void verify(void) {
   CHECK(disorder == 0, "%d values handled first out of key order", disorder);
 }
 
-int main(int argc, char **argv) {
+/* `--child ...`: one consumer of the group (start()). */
+static int child(int argc, char **argv) {
+  CHECK(argc == 7, "usage: %s --child INDEX BOOTSTRAP TOPIC GROUP FILE",
+        argv[0]);
+  return child_main(argv);
+}
+T_CHILD(child)
+
+T_SCENARIO(killed_members_lose_no_record_and_keep_key_order, T_BOTH, 180) {
   unsigned seed = getenv("PROSODY_TEST_SEED")
                       ? (unsigned)atoi(getenv("PROSODY_TEST_SEED"))
                       : (unsigned)time(NULL) ^ (unsigned)getpid();
@@ -346,8 +354,6 @@ int main(int argc, char **argv) {
   double t0 = t_now(), deadline;
   ssize_t n;
 
-  if (argc == 7 && !strcmp(argv[1], "--child"))
-    return child_main(argv);
   printf("seed %u (PROSODY_TEST_SEED)\n", seed);
   n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
   CHECK(n > 0, "readlink");

@@ -53,7 +53,7 @@ static void wait_processed(int want, double seconds) {
   CHECK(processed() >= want, "processed %d of %d", processed(), want);
 }
 
-int main(void) {
+T_SCENARIO(survives_broker_outage_and_request_errors, T_MOCK, 120) {
   char err[1024], topic[128], group[160];
   prosody_config_t *conf;
   prosody_client_t *c;

@@ -46,7 +46,7 @@ static prosody_result_t on_message(prosody_context_t *ctx,
   return PROSODY_SUCCESS;
 }
 
-int main(void) {
+T_SCENARIO(every_record_once_in_key_order_committed_to_end, T_BOTH, 120) {
   char err[1024], group[128];
   const char *topic = t_topic("consume-order");
   prosody_config_t *conf;

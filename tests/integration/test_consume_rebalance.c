@@ -84,9 +84,8 @@ static int child_main(const char *bootstrap, const char *topic,
   t_set(conf, "commit_interval", "100ms");
   t_set(conf, "log", "error");
   if (t_real_bootstrap()) {
-    const char *nodes = getenv("PROSODY_TEST_CASSANDRA_NODES");
-    t_set(conf, "cassandra_nodes", nodes && *nodes ? nodes : "127.0.0.1:9042");
-    t_set(conf, "cassandra_keyspace", "prosody_test");
+    t_set(conf, "cassandra_nodes", t_cassandra_nodes());
+    t_set(conf, "cassandra_keyspace", T_KEYSPACE);
   } else {
     /* Joins the mock cluster by address (so mock is false): no Cassandra
      * here, and the mock's short session like A and B (a dead member with
@@ -160,7 +159,14 @@ static void wait_processed(int want, double seconds) {
   CHECK(processed() >= want, "processed %d of %d", processed(), want);
 }
 
-int main(int argc, char **argv) {
+/* `--child BOOTSTRAP TOPIC GROUP`: member C, killed mid-flight. */
+static int child(int argc, char **argv) {
+  CHECK(argc == 5, "usage: %s --child BOOTSTRAP TOPIC GROUP", argv[0]);
+  return child_main(argv[2], argv[3], argv[4]);
+}
+T_CHILD(child)
+
+T_SCENARIO(members_join_leave_and_die_without_key_skipping_ahead, T_BOTH, 300) {
   char topic[128], group[160], exe[512];
   prosody_client_t *a, *b;
   pid_t child;
@@ -169,9 +175,6 @@ int main(int argc, char **argv) {
                       ? (unsigned)atoi(getenv("PROSODY_TEST_SEED"))
                       : (unsigned)time(NULL) ^ (unsigned)getpid();
   int partitions, last[KEYS];
-
-  if (argc == 5 && !strcmp(argv[1], "--child"))
-    return child_main(argv[2], argv[3], argv[4]);
 
   snprintf(topic, sizeof(topic), "%s", t_topic("rebalance"));
   snprintf(group, sizeof(group), "%s-g", topic);

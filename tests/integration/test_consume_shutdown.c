@@ -62,14 +62,12 @@ static prosody_result_t second(prosody_context_t *ctx,
   return PROSODY_SUCCESS;
 }
 
-int main(void) {
-  char err[1024], topic[128], group[160], t2[128], g2[160];
+/* Handler timeout. */
+T_SCENARIO(handler_over_timeout_sees_cancellation, T_BOTH, 60) {
+  char err[1024], t2[128], g2[160];
   prosody_config_t *conf;
   prosody_client_t *c;
-  int64_t committed[2], end[2], start_ns;
-  double took;
 
-  /* Handler timeout. */
   snprintf(t2, sizeof(t2), "%s", t_topic("shutdown-timeout"));
   snprintf(g2, sizeof(g2), "%s-g", t2);
   t_create_topic(t2, 1);
@@ -94,8 +92,14 @@ int main(void) {
   }
   CHECK_OK(prosody_unsubscribe(c), "unsubscribe");
   prosody_client_destroy(c);
+  return 0;
+}
 
-  /* A retry after a timeout starts uncancelled. */
+/* A retry after a timeout starts uncancelled. */
+T_SCENARIO(retry_after_timeout_starts_uncancelled, T_BOTH, 60) {
+  char err[1024];
+  prosody_config_t *conf;
+  prosody_client_t *c;
   {
     char t3[128], g3[160];
     prosody_handler_t h = {times_out_once, NULL, NULL, 0};
@@ -119,8 +123,19 @@ int main(void) {
     CHECK_OK(prosody_unsubscribe(c), "unsubscribe");
     prosody_client_destroy(c);
   }
+  return 0;
+}
 
-  /* Shutdown phases. */
+/* Shutdown phases; the next consumer of the group gets the aborted
+ * record and what queued behind it. */
+T_SCENARIO(unsubscribe_cancels_at_80_percent_and_aborted_work_redelivered,
+           T_BOTH, 90) {
+  char err[1024], topic[128], group[160];
+  prosody_config_t *conf;
+  prosody_client_t *c;
+  int64_t committed[2], end[2], start_ns;
+  double took;
+
   snprintf(topic, sizeof(topic), "%s", t_topic("shutdown-phases"));
   snprintf(group, sizeof(group), "%s-g", topic);
   t_create_topic(topic, 1);

@@ -260,7 +260,8 @@ static void run(const char *otlp, const char *query, bool json) {
   printf("%s: Jaeger shows both traces as expected\n", service);
 }
 
-int main(void) {
+/* Exports over http/json (`json`) or http/protobuf, and reads back. */
+static void export_and_read_back(bool json) {
   const char *otlp = getenv("PROSODY_TEST_JAEGER_OTLP");
   const char *query = getenv("PROSODY_TEST_JAEGER_QUERY");
   if (!otlp)
@@ -268,9 +269,16 @@ int main(void) {
   if (!query)
     query = "http://127.0.0.1:16686";
   curl_global_init(CURL_GLOBAL_ALL);
-  run(otlp, query, false);
-  run(otlp, query, true);
+  run(otlp, query, json);
   curl_global_cleanup();
-  printf("test_otel_jaeger: OK\n");
+}
+
+T_SCENARIO(protobuf_spans_links_and_tags_read_back_from_jaeger, T_REAL, 90) {
+  export_and_read_back(false);
+  return 0;
+}
+
+T_SCENARIO(json_spans_links_and_tags_read_back_from_jaeger, T_REAL, 90) {
+  export_and_read_back(true);
   return 0;
 }

@@ -146,7 +146,17 @@ static void read_child(int fd, int want_sched, int want_fired, double secs) {
   }
 }
 
-int main(int argc, char **argv) {
+/* `--child TOPIC GROUP`: the member that schedules, then hands over. */
+static int child(int argc, char **argv) {
+  CHECK(argc == 4, "usage: %s --child TOPIC GROUP", argv[0]);
+  return child_main(argv[2], argv[3]);
+}
+T_CHILD(child)
+
+/* Handover: the child schedules every timer ~20 s out, then a member joins
+ * and takes partitions: each timer fires once, on time, wherever its
+ * partition went. */
+T_SCENARIO(timers_fire_once_after_partitions_move, T_REAL, 180) {
   char topic[128], group[160], exe[512];
   prosody_client_t *parent;
   pid_t child;
@@ -155,8 +165,6 @@ int main(int argc, char **argv) {
   double t0;
   ssize_t n;
 
-  if (argc == 4 && !strcmp(argv[1], "--child"))
-    return child_main(argv[2], argv[3]);
   CHECK(t_real_bootstrap(), "needs the real tier (Kafka and Cassandra)");
 
   snprintf(topic, sizeof(topic), "%s", t_topic("handover"));
@@ -207,9 +215,20 @@ int main(int argc, char **argv) {
          KEYS, here, KEYS - here, t_now() - t0);
   CHECK_OK(prosody_unsubscribe(parent), "unsubscribe");
   prosody_client_destroy(parent);
+  return 0;
+}
 
-  /* Restart: schedule, stop before they are due, start again. */
-  memset(fired_here, 0, sizeof(fired_here));
+/* Restart: schedule, stop before they are due, start again. */
+T_SCENARIO(timers_fire_once_after_consumer_restart, T_REAL, 120) {
+  char topic[128], group[160];
+  prosody_client_t *parent;
+  int64_t at;
+  double t0;
+
+  CHECK(t_real_bootstrap(), "needs the real tier (Kafka and Cassandra)");
+  snprintf(topic, sizeof(topic), "%s", t_topic("restart"));
+  snprintf(group, sizeof(group), "%s-g", topic);
+  t_create_topic(topic, 6);
   t0 = t_now();
   at = wall_ms() + 8000;
   produce_keys(topic, 0, KEYS, at);

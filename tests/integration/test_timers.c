@@ -12,8 +12,9 @@
  * context kept past its handler is refused; bad times are refused with the
  * time named.
  *
- * One consumer runs every scenario; each scenario has its own keys. A
- * record's payload is a JSON string "<op> <arg>".
+ * One consumer runs every scenario but the low-latency one (its own ctest
+ * entry); each has its own keys. A record's payload is a JSON string
+ * "<op> <arg>".
  */
 #include <pthread.h>
 
@@ -367,7 +368,10 @@ static void produce(const char *topic, const char *key, const char *verb,
   prosody_client_destroy(client);
 }
 
-int main(void) {
+/* One consumer runs the scenarios of the public API at once (each with keys
+ * of its own), sharing one group join. */
+T_SCENARIO(timers_fire_at_their_second_in_key_order_with_context_rules, T_BOTH,
+           120) {
   char err[1024], group[160], key[32], payload[64];
   const char *topic = t_topic("timers");
   prosody_config_t *conf;
@@ -524,10 +528,19 @@ int main(void) {
   CHECK(fired_of("h", f, 8) == 3, "h fired %d times", fired_of("h", f, 8));
   CHECK(fired_of("replace", f, 8) == 2, "replace fired again");
   pthread_mutex_unlock(&lock);
+  return 0;
+}
 
-  /* Low-latency: a timer failing past max_retries (2) is dropped; the
-   * failure topic gets only the key's next record, which fails on purpose
-   * and runs only after the timer's event ended. */
+/* Low-latency: a timer failing past max_retries (2) is dropped; the
+ * failure topic gets only the key's next record, which fails on purpose
+ * and runs only after the timer's event ended. */
+T_SCENARIO(low_latency_timer_dropped_past_max_retries_not_dead_lettered, T_BOTH,
+           90) {
+  char err[1024], group[160];
+  prosody_config_t *conf;
+  prosody_client_t *client;
+  prosody_handler_t handler = {on_message, on_timer, NULL, 0};
+  int n;
   {
     char ll_topic[128], dlq[128];
     t_record_t recs[4];

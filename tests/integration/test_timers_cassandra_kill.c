@@ -208,11 +208,9 @@ static int stored_timers(pr__cql_sync_t *y, const char *group,
   return n;
 }
 
-int main(void) {
+T_SCENARIO(timers_survive_cassandra_sigkill_none_lost_none_twice, T_REAL, 600) {
   char topic[128], group[160], err[1024];
-  const char *nodes_env = getenv("PROSODY_TEST_CASSANDRA_NODES");
-  char *nodes[1] = {
-      (char *)(nodes_env && *nodes_env ? nodes_env : "127.0.0.1:9042")};
+  char *nodes[1] = {(char *)t_cassandra_nodes()};
   pr__cql_conf_t cql = {
       .nodes = nodes, .nnodes = 1, .request_timeout_ms = 5000};
   pr__cql_sync_t *y;
@@ -224,7 +222,7 @@ int main(void) {
 
   if (getenv("PROSODY_TEST_CASSANDRA") && *getenv("PROSODY_TEST_CASSANDRA")) {
     printf("skipped: Cassandra is external (PROSODY_TEST_CASSANDRA)\n");
-    return 77;
+    return T_SKIP;
   }
   CHECK(t_real_bootstrap(), "needs the real tier (Kafka and Cassandra)");
   atexit(restore_cassandra);
