@@ -13,9 +13,11 @@
  *
  * Threads: main() only, before and after the scenario.
  */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -32,6 +34,41 @@ void t_scenario_add(t_scenario_t *s) {
 }
 
 void t_child_set(int (*fn)(int argc, char **argv)) { child_main = fn; }
+
+pid_t t_spawn_child(const char *const *args, int *out) {
+  char exe[512];
+  const char *argv[16];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  pid_t parent = getpid(), pid;
+  int fds[2], argc = 0;
+  CHECK(n > 0, "readlink /proc/self/exe");
+  exe[n] = '\0';
+  argv[argc++] = exe;
+  argv[argc++] = "--child";
+  for (; *args; args++) {
+    CHECK(argc < 15, "too many --child arguments");
+    argv[argc++] = *args;
+  }
+  argv[argc] = NULL;
+  CHECK(pipe(fds) == 0, "pipe");
+  fflush(NULL);
+  pid = fork();
+  CHECK(pid >= 0, "fork");
+  if (pid == 0) {
+    /* A failed check ends the test: its children end with it. */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent)
+      _exit(1);
+    dup2(fds[1], STDOUT_FILENO);
+    close(fds[0]);
+    close(fds[1]);
+    execv(exe, (char *const *)argv);
+    _exit(127);
+  }
+  close(fds[1]);
+  *out = fds[0];
+  return pid;
+}
 
 static const char *tiers_name(unsigned tiers) {
   switch (tiers) {

@@ -71,6 +71,12 @@ void t_child_set(int (*fn)(int argc, char **argv));
   }                                                                            \
   static int t_run_##name_(void)
 
+/* harness.c: starts this program again as `prog --child ARGS...` (its
+ * T_CHILD function; `args` ends with NULL), killed if this process dies,
+ * its standard output into a pipe whose read end goes to *out (read it
+ * with t_read_line()). Returns the child's pid. */
+pid_t t_spawn_child(const char *const *args, int *out);
+
 /* The function `prog --child ...` runs. */
 #define T_CHILD(fn_)                                                           \
   __attribute__((constructor)) static void t_child_##fn_(void) {               \
@@ -98,6 +104,38 @@ static inline double t_now(void) {
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
+
+/* The wall clock in milliseconds since the epoch (timer times). */
+static inline int64_t t_wall_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* The monotonic clock in nanoseconds. */
+static inline int64_t t_mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Waits, holding `mu`, until `cond_expr` (read under `mu`) or `seconds`
+ * pass: `cv` is signalled by whoever changes what cond_expr reads, and
+ * each wait is bounded (50 ms), so a missed signal costs 50 ms at most. */
+#define T_WAIT_UNTIL(cond_expr, cv, mu, seconds)                               \
+  do {                                                                         \
+    double d_ = t_now() + (seconds);                                           \
+    while (!(cond_expr) && t_now() < d_) {                                     \
+      struct timespec ts_;                                                     \
+      clock_gettime(CLOCK_REALTIME, &ts_);                                     \
+      ts_.tv_nsec += 50 * 1000000;                                             \
+      if (ts_.tv_nsec >= 1000000000) {                                         \
+        ts_.tv_sec++;                                                          \
+        ts_.tv_nsec -= 1000000000;                                             \
+      }                                                                        \
+      pthread_cond_timedwait((cv), (mu), &ts_);                                \
+    }                                                                          \
+  } while (0)
 
 /* Waits until *v >= want or `seconds` pass; 1 if reached. */
 static inline int t_wait_at_least(atomic_int *v, int want, double seconds) {

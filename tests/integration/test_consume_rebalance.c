@@ -144,19 +144,9 @@ static prosody_client_t *member(const char *topic, const char *group,
   return c;
 }
 
-static int processed(void) {
-  int d;
-  pthread_mutex_lock(&lock);
-  d = distinct;
-  pthread_mutex_unlock(&lock);
-  return d;
-}
-
 static void wait_processed(int want, double seconds) {
-  double deadline = t_now() + seconds;
-  while (processed() < want && t_now() < deadline)
-    usleep(10000);
-  CHECK(processed() >= want, "processed %d of %d", processed(), want);
+  int n = t_wait_locked(&lock, &distinct, want, seconds);
+  CHECK(n >= want, "processed %d of %d", n, want);
 }
 
 /* `--child BOOTSTRAP TOPIC GROUP`: member C, killed mid-flight. */
@@ -167,7 +157,7 @@ static int child(int argc, char **argv) {
 T_CHILD(child)
 
 T_SCENARIO(members_join_leave_and_die_without_key_skipping_ahead, T_BOTH, 300) {
-  char topic[128], group[160], exe[512];
+  char topic[128], group[160];
   prosody_client_t *a, *b;
   pid_t child;
   int pipefd[2];
@@ -201,22 +191,10 @@ T_SCENARIO(members_join_leave_and_die_without_key_skipping_ahead, T_BOTH, 300) {
   prosody_client_destroy(a);
 
   /* C joins in a child process and is killed mid-flight. */
-  CHECK(pipe(pipefd) == 0, "pipe");
-  CHECK(readlink("/proc/self/exe", exe, sizeof(exe) - 1) > 0, "readlink");
-  exe[sizeof(exe) - 1] = '\0';
   {
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-    exe[n] = '\0';
+    const char *args[] = {t_bootstrap(), topic, group, NULL};
+    child = t_spawn_child(args, &pipefd[0]);
   }
-  child = fork();
-  CHECK(child >= 0, "fork");
-  if (child == 0) {
-    dup2(pipefd[1], STDOUT_FILENO);
-    close(pipefd[0]);
-    execl(exe, exe, "--child", t_bootstrap(), topic, group, (char *)NULL);
-    _exit(127);
-  }
-  close(pipefd[1]);
   /* Once C shares the partitions, the last third arrives; when C has
    * processed some of it, kill it. */
   read_child(pipefd[0], 0, 1, 120);

@@ -15,12 +15,6 @@ static atomic_int others, stuck_started, redelivered;
 static atomic_llong cancel_seen_ns;
 static atomic_llong timeout_elapsed_us = -1; /* set by the handler */
 
-static int64_t mono_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
 static prosody_result_t slow(prosody_context_t *ctx, const prosody_message_t *m,
                              void *op) {
   double t0 = t_now();
@@ -48,7 +42,7 @@ static prosody_result_t stuck(prosody_context_t *ctx,
   if (!strcmp(prosody_message_key(m), "key-0")) {
     atomic_store(&stuck_started, 1);
     prosody_wait_cancel(ctx, -1);
-    atomic_store(&cancel_seen_ns, mono_ns());
+    atomic_store(&cancel_seen_ns, t_mono_ns());
     return PROSODY_TRANSIENT; /* aborted: shutdown makes it terminal */
   }
   atomic_fetch_add(&others, 1);
@@ -152,9 +146,9 @@ T_SCENARIO(unsubscribe_cancels_at_80_percent_and_aborted_work_redelivered,
   CHECK(t_wait_at_least(&others, 16, 60), "other keys: %d of 16 done",
         atomic_load(&others));
   usleep(300000); /* their offsets are stored and committed */
-  start_ns = mono_ns();
+  start_ns = t_mono_ns();
   CHECK_OK(prosody_unsubscribe(c), "unsubscribe");
-  took = (double)(mono_ns() - start_ns) / 1e9;
+  took = (double)(t_mono_ns() - start_ns) / 1e9;
   {
     double cancel_at = (double)(atomic_load(&cancel_seen_ns) - start_ns) / 1e9;
     CHECK(cancel_at >= 1.5 && cancel_at < 1.9,
