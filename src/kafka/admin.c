@@ -98,7 +98,8 @@ prosody_admin_new(prosody_config_t *conf, char *errstr, size_t errstr_size) {
     pr__errf(errstr, errstr_size, "out of memory");
     goto fail_mock;
   }
-  kconf = pr__kafka_conf_new(bootstrap, admin->mock, errstr, errstr_size);
+  kconf = pr__kafka_conf_new(&admin->st, bootstrap, admin->mock, errstr,
+                             errstr_size);
   admin->bootstrap = bootstrap;
   if (!kconf)
     goto fail_mock;

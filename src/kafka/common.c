@@ -166,13 +166,79 @@ int pr__kafka_conf_set(rd_kafka_conf_t *kconf, const char *name,
   if (rd_kafka_conf_set(kconf, name, value, why, sizeof(why)) !=
       RD_KAFKA_CONF_OK) {
     pr__errf(errstr, errstr_size, "librdkafka rejected %s=\"%s\": %s", name,
-             value, why);
+             pr__kafka_prop_secret(name) ? "****" : value, why);
     return -1;
   }
   return 0;
 }
 
-rd_kafka_conf_t *pr__kafka_conf_new(const char *bootstrap, int mock,
+/* The security options and kafka_properties of `st` onto `kconf`. */
+static int conf_security(rd_kafka_conf_t *kconf, const pr__settings_t *st,
+                         char *errstr, size_t errstr_size) {
+  static const char *const protocols[] = {"plaintext", "ssl", "sasl_plaintext",
+                                          "sasl_ssl"};
+  static const char *const mechanisms[] = {"PLAIN", "SCRAM-SHA-256",
+                                           "SCRAM-SHA-512", "OAUTHBEARER"};
+  static const struct {
+    pr__opt_id_t id;
+    const char *prop;
+  } strs[] = {
+      {PR_OPT_KAFKA_SASL_USERNAME, "sasl.username"},
+      {PR_OPT_KAFKA_SASL_PASSWORD, "sasl.password"},
+      {PR_OPT_KAFKA_SASL_OAUTHBEARER_TOKEN_ENDPOINT_URL,
+       "sasl.oauthbearer.token.endpoint.url"},
+      {PR_OPT_KAFKA_SASL_OAUTHBEARER_CLIENT_ID, "sasl.oauthbearer.client.id"},
+      {PR_OPT_KAFKA_SASL_OAUTHBEARER_CLIENT_SECRET,
+       "sasl.oauthbearer.client.secret"},
+      {PR_OPT_KAFKA_SASL_OAUTHBEARER_SCOPE, "sasl.oauthbearer.scope"},
+      {PR_OPT_KAFKA_SSL_CA_LOCATION, "ssl.ca.location"},
+      {PR_OPT_KAFKA_SSL_CERTIFICATE_LOCATION, "ssl.certificate.location"},
+      {PR_OPT_KAFKA_SSL_KEY_LOCATION, "ssl.key.location"},
+      {PR_OPT_KAFKA_SSL_KEY_PASSWORD, "ssl.key.password"},
+  };
+  int proto = PR_CFG_ENUM(st, KAFKA_SECURITY_PROTOCOL);
+  const pr__value_t *props = &PR_CFG(st, KAFKA_PROPERTIES);
+
+  if (pr__kafka_conf_set(kconf, "security.protocol", protocols[proto], errstr,
+                         errstr_size))
+    return -1;
+  if (PR_CFG_SET(st, KAFKA_SASL_MECHANISM)) {
+    int mech = PR_CFG_ENUM(st, KAFKA_SASL_MECHANISM);
+    if (pr__kafka_conf_set(kconf, "sasl.mechanism", mechanisms[mech], errstr,
+                           errstr_size) ||
+        (mech == 3 && pr__kafka_conf_set(kconf, "sasl.oauthbearer.method",
+                                         "oidc", errstr, errstr_size)))
+      return -1;
+  }
+  for (size_t i = 0; i < sizeof(strs) / sizeof(strs[0]); i++)
+    if (st->v[strs[i].id].isset &&
+        pr__kafka_conf_set(kconf, strs[i].prop, st->v[strs[i].id].u.s, errstr,
+                           errstr_size))
+      return -1;
+  if ((proto == 1 || proto == 3) &&
+      pr__kafka_conf_set(
+          kconf, "ssl.endpoint.identification.algorithm",
+          PR_CFG_BOOL(st, KAFKA_SSL_ENDPOINT_IDENTIFICATION) ? "https" : "none",
+          errstr, errstr_size))
+    return -1;
+  for (size_t i = 0; i < props->list_n; i++) {
+    char name[128];
+    const char *eq = strchr(props->list[i], '=');
+    snprintf(name, sizeof(name), "%.*s", (int)(eq - props->list[i]),
+             props->list[i]);
+    if (pr__kafka_conf_set(kconf, name, eq + 1, errstr, errstr_size)) {
+      char why[512];
+      snprintf(why, sizeof(why), "%s", errstr);
+      pr__errf(errstr, errstr_size,
+               "option kafka_properties (PROSODY_KAFKA_PROPERTIES): %s", why);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+rd_kafka_conf_t *pr__kafka_conf_new(const pr__settings_t *st,
+                                    const char *bootstrap, int mock,
                                     char *errstr, size_t errstr_size) {
   rd_kafka_conf_t *kconf = rd_kafka_conf_new();
   if (!kconf) {
@@ -195,8 +261,9 @@ rd_kafka_conf_t *pr__kafka_conf_new(const char *bootstrap, int mock,
   /* Developer aid (docs/DEVELOPMENT.md): librdkafka's own debug contexts,
    * shown with PROSODY_LOG=debug. */
   const char *debug = getenv("PROSODY_KAFKA_DEBUG");
-  if (debug && *debug &&
-      pr__kafka_conf_set(kconf, "debug", debug, errstr, errstr_size)) {
+  if ((debug && *debug &&
+       pr__kafka_conf_set(kconf, "debug", debug, errstr, errstr_size)) ||
+      (st && conf_security(kconf, st, errstr, errstr_size))) {
     rd_kafka_conf_destroy(kconf);
     return NULL;
   }

@@ -28,13 +28,18 @@
 /* ---- common.c ---- */
 
 /* A librdkafka configuration with what every handle shares: bootstrap
- * servers, Nagle off, our log callback. `mock`: the embedded cluster, which
- * listens on 127.0.0.1 but advertises "localhost", so IPv4 only (else every
- * connection first tries ::1 and waits out a reconnect backoff). NULL on
- * error (errstr). */
-rd_kafka_conf_t *pr__kafka_conf_new(const char *bootstrap, int mock,
+ * servers, Nagle off, our log callback, and from the settings `st` (NULL:
+ * none, the mock cluster's own handle) the security options and then
+ * kafka_properties (so a user's client.id or debug wins over ours; the
+ * properties a role sets itself are refused by the option table). `mock`:
+ * the embedded cluster, which listens on 127.0.0.1 but advertises
+ * "localhost", so IPv4 only (else every connection first tries ::1 and
+ * waits out a reconnect backoff). NULL on error (errstr). */
+rd_kafka_conf_t *pr__kafka_conf_new(const pr__settings_t *st,
+                                    const char *bootstrap, int mock,
                                     char *errstr, size_t errstr_size);
-/* rd_kafka_conf_set() that reports failures in our words. */
+/* rd_kafka_conf_set() that reports failures in our words (a secret's value
+ * never appears in them). */
 int pr__kafka_conf_set(rd_kafka_conf_t *kconf, const char *name,
                        const char *value, char *errstr, size_t errstr_size);
 /* Maps a librdkafka error to our error class. */
@@ -175,7 +180,8 @@ typedef struct pr__tm_event {
 } pr__tm_event_t;
 
 /* The client's emitter, or NULL when telemetry_enabled is false (or out
- * of memory: logged). Its producer is made on the first event. */
+ * of memory: logged). Its producer is made on the first event. `st` must
+ * outlive the emitter (it is read when the producer is made). */
 pr__tm_t *pr__tm_new(const pr__settings_t *st, const char *bootstrap);
 /* Queues the event (fire and forget; dropped and counted when the queue is
  * full). Any thread; `t` NULL: nothing. */

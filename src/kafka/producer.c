@@ -526,7 +526,7 @@ pr__producer_t *pr__producer_new(const pr__settings_t *st,
     goto fail;
   }
 
-  kconf = pr__kafka_conf_new(bootstrap, prod->mock, errstr, errstr_size);
+  kconf = pr__kafka_conf_new(st, bootstrap, prod->mock, errstr, errstr_size);
   if (!kconf)
     goto fail;
   snprintf(buf, sizeof(buf), "%d", prod->send_timeout_ms);
