@@ -57,8 +57,11 @@ rd_kafka_t *pr__kafka_new(rd_kafka_type_t type, rd_kafka_conf_t *conf,
 /* librdkafka's broker error `reason` in words a user can act on (into
  * `out`, returned): a reply to the first request on a connection that is
  * no Kafka response ("increase receive.message.max.bytes") says the
- * address is not a Kafka broker; anything else is copied. */
-const char *pr__kafka_explain(const char *reason, char *out, size_t n);
+ * address is not a Kafka broker; a refused broker certificate on handle
+ * `rk` (NULL: none) says why OpenSSL refused it (expired, host name
+ * mismatch, unknown CA); anything else is copied. */
+const char *pr__kafka_explain(const rd_kafka_t *rk, const char *reason,
+                              char *out, size_t n);
 /* What the first three addresses of `bootstrap` show within `budget_ms`
  * (shared): no TCP connection, a refused one, silence after Kafka's
  * ApiVersion request, a reply that is not Kafka's, or a Kafka broker. For
