@@ -99,6 +99,14 @@ if python3 "$here/../scripts/services/kafka_check.py" --timeout 3 >/dev/null 2>&
   done
   echo "== consume floor against Apache Kafka: raw librdkafka plus prosody's per-record work inline, 1 000 000 records (uniform) =="
   BENCH_BOOTSTRAP=127.0.0.1:9094 "$build/bench/bench_floor" 1000000 3 | tee -a "$lines"
+  # Kafka security: the same consumer over SASL_SSL (SCRAM-SHA-512, the
+  # service's listener on localhost:9097) against PLAINTEXT, in turn.
+  if python3 -c 'import socket; socket.create_connection(("127.0.0.1", 9097), 2)' 2>/dev/null; then
+    echo "== consume throughput over SASL_SSL against PLAINTEXT, 1 000 000 records, Apache Kafka on localhost (uniform) =="
+    BENCH_SECURITY=pair BENCH_BOOTSTRAP=127.0.0.1:9094 "$build/bench/bench_consume" 1000000 3 uniform | tee -a "$lines"
+  else
+    echo "== SASL_SSL: skipped (nothing on localhost:9097; restart scripts/services/kafka) =="
+  fi
   echo "== memory behind one blocked key, 500 000 records behind it, against Apache Kafka (telemetry off) =="
   BENCH_TELEMETRY=off BENCH_BOOTSTRAP=127.0.0.1:9094 "$build/bench/bench_blocked" 500000 | tee -a "$lines"
   echo "== rebalance: a member joins a busy group, eager against cooperative, against Apache Kafka =="

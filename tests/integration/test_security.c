@@ -6,7 +6,11 @@
  *    creates a topic and the producer sends to it;
  *  - a consumer over SCRAM-SHA-512 handles every record, with deferred
  *    retries reloaded from Kafka (defer_cache_size 1: the defer loader's
- *    own handle) and telemetry on (its producer);
+ *    own handle) and telemetry on (its producer), and a timer, with its
+ *    timers and deferrals in Cassandra over TLS (cassandra_ssl; the
+ *    service's port takes TLS and plaintext alike);
+ *  - Cassandra's certificate refused (unknown CA, host name mismatch):
+ *    subscribe fails naming the node and the cause;
  *  - mutual TLS with an encrypted client key (kafka_ssl_key_password);
  *  - failures: a wrong password, an unknown CA, an expired certificate, a
  *    host name mismatch, a plaintext client on the TLS port, no client
@@ -29,7 +33,7 @@
 #define KEY_SECRET "client-key-secret"
 #define WRONG_SECRET "Wrong-Secret-7731"
 
-static char tls_dir[512], sasl_bootstrap[128];
+static char tls_dir[512], sasl_bootstrap[128], cass_ca[600], cass_other[600];
 
 /* Every log line of every client, for the secrets check. Guarded by
  * log_lock. */
@@ -128,7 +132,7 @@ static void admin_and_send(const char *mech, const char *user, const char *pw) {
          topic);
 }
 
-static atomic_int handled, first_failures;
+static atomic_int handled, first_failures, timers_fired;
 static pthread_mutex_t seen_lock = PTHREAD_MUTEX_INITIALIZER;
 static int seen[N_RECORDS]; /* successful handler calls per record */
 
@@ -136,7 +140,7 @@ static prosody_result_t on_message(prosody_context_t *ctx,
                                    const prosody_message_t *m, void *op) {
   const char *key = prosody_message_key(m);
   int64_t off = prosody_message_offset(m);
-  (void)ctx, (void)op;
+  (void)op;
   /* Keys k0 and k1 fail their first record once: two deferred keys with
    * a defer cache of one, so a retry reloads its record from Kafka. */
   if ((!strcmp(key, "k0") && off == 0) || (!strcmp(key, "k1") && off == 1)) {
@@ -154,14 +158,30 @@ static prosody_result_t on_message(prosody_context_t *ctx,
   if (off >= 0 && off < N_RECORDS)
     seen[off] = seen[off] < 0 ? 1 : seen[off] + 1;
   pthread_mutex_unlock(&seen_lock);
+  if (off == 2) { /* a timer, stored in Cassandra over TLS */
+    char err[512];
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    CHECK_OK(prosody_schedule(
+                 ctx, (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000 + 1000,
+                 err, sizeof(err)),
+             err);
+  }
   atomic_fetch_add(&handled, 1);
+  return PROSODY_SUCCESS;
+}
+
+static prosody_result_t on_timer(prosody_context_t *ctx,
+                                 const prosody_timer_t *t, void *op) {
+  (void)ctx, (void)t, (void)op;
+  atomic_fetch_add(&timers_fired, 1);
   return PROSODY_SUCCESS;
 }
 
 static void consume_with_defer(void) {
   char err[1024], topic[128], group[160], key[8];
   const char *nodes = getenv("PROSODY_TEST_CASSANDRA_NODES");
-  prosody_handler_t h = {on_message, NULL, NULL, 0};
+  prosody_handler_t h = {on_message, on_timer, NULL, 0};
   prosody_client_t *c;
   prosody_config_t *conf;
 
@@ -173,8 +193,9 @@ static void consume_with_defer(void) {
         "subscribed_topics", topic, "probe_port", "none", "commit_interval",
         "100ms", "poll_interval", "20ms", "defer_base", "1s",
         "defer_cache_size", "1", "send_timeout", "20s", "cassandra_nodes",
-        nodes && *nodes ? nodes : "127.0.0.1:9042", "cassandra_keyspace",
-        "prosody_test", "telemetry_enabled", "true",
+        nodes && *nodes ? nodes : "localhost:9042", "cassandra_keyspace",
+        "prosody_test", "telemetry_enabled", "true", "cassandra_ssl", "true",
+        "cassandra_ssl_ca_location", cass_ca, "defer_failure_threshold", "1",
         /* not the group: its own records would be skipped as its output */
         "source_system", "security-producer", NULL};
     conf = secure_config(sasl_bootstrap, NULL, pairs);
@@ -204,6 +225,7 @@ static void consume_with_defer(void) {
         atomic_load(&handled), N_RECORDS, atomic_load(&first_failures));
   CHECK(atomic_load(&first_failures) == 2, "first failures: %d",
         atomic_load(&first_failures));
+  CHECK(t_wait_at_least(&timers_fired, 1, 30), "the timer never fired");
   pthread_mutex_lock(&seen_lock);
   for (int i = 0; i < N_RECORDS; i++)
     CHECK(seen[i] == 1, "record %d handled %d times", i, seen[i]);
@@ -211,8 +233,49 @@ static void consume_with_defer(void) {
   CHECK_OK(prosody_unsubscribe(c), "unsubscribe");
   prosody_client_destroy(c);
   printf("ok: consumer over SASL_SSL (SCRAM-SHA-512): %d records, 2 deferred "
-         "and retried from Kafka, telemetry on\n",
+         "and retried from Kafka, telemetry on, a timer fired; Cassandra over "
+         "TLS\n",
          N_RECORDS);
+}
+
+/* Cassandra's certificate refused: subscribe fails, naming the node and
+ * why. */
+static void cassandra_refused(const char *node, const char *ca,
+                              const char *want) {
+  char err[2048], topic[128], group[160];
+  const char *pairs[] = {"group_id",
+                         group,
+                         "subscribed_topics",
+                         topic,
+                         "probe_port",
+                         "none",
+                         "source_system",
+                         "security",
+                         "cassandra_nodes",
+                         node,
+                         "cassandra_keyspace",
+                         "prosody_test",
+                         "cassandra_ssl",
+                         "true",
+                         "cassandra_ssl_ca_location",
+                         ca,
+                         NULL};
+  prosody_handler_t h = {on_message, on_timer, NULL, 0};
+  log_sink_t sink = {0};
+  prosody_client_t *c;
+  double t0;
+  snprintf(topic, sizeof(topic), "%s", t_topic("security-cass"));
+  snprintf(group, sizeof(group), "%s-g", topic);
+  c = prosody_client_new(secure_config(t_bootstrap(), &sink, pairs), err,
+                         sizeof(err));
+  CHECK(c, "%s", err);
+  t0 = t_now();
+  CHECK(prosody_subscribe(c, &h, err, sizeof(err)) != PROSODY_OK,
+        "subscribe with Cassandra's certificate refused succeeded");
+  printf("case: Cassandra %s: subscribe failed after %.1f s: %s\n", want,
+         t_now() - t0, err);
+  CHECK(strstr(err, node) && strstr(err, want), "the error: %s", err);
+  prosody_client_destroy(c);
 }
 
 static void mutual_tls(void) {
@@ -377,7 +440,18 @@ int main(void) {
   admin_and_send("SCRAM-SHA-256", "scram-user", SCRAM_SECRET);
   admin_and_send("SCRAM-SHA-512", "scram-user", SCRAM_SECRET);
   mutual_tls();
+  snprintf(cass_ca, sizeof(cass_ca), "%s/cassandra/tls/ca.pem",
+           run && *run ? run : "/tmp/prosody-services");
+  snprintf(cass_other, sizeof(cass_other), "%s/cassandra/tls/other-ca.pem",
+           run && *run ? run : "/tmp/prosody-services");
+  CHECK(stat(cass_ca, &sb) == 0,
+        "no Cassandra test CA at %s: start Cassandra with "
+        "scripts/services/cassandra",
+        cass_ca);
   consume_with_defer();
+  cassandra_refused("localhost:9042", cass_other, "is not signed by a CA");
+  cassandra_refused("127.0.0.1:9042", cass_ca,
+                    "does not name the host we connected to");
   failures();
   pthread_mutex_lock(&log_lock);
   no_secret_in("the log", all_logs);
