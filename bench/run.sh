@@ -146,6 +146,18 @@ if python3 "$here/../scripts/services/cql_check.py" --timeout 3 >/dev/null 2>&1;
   echo "== timers on the Cassandra store, scheduled with prosody_timer_async (same scenario) =="
   BENCH_TIMER_ASYNC=1 BENCH_CASSANDRA=127.0.0.1:9042 "$build/bench/bench_timers" 100000 10000 10 |
     sed 's/^bench timers_/bench timers_cassandra_async_/' | tee -a "$lines"
+  # The TLS cost of the store: the blocking scenario again with TLS to the
+  # same node (scripts/services/cassandra takes TLS on 9042 too; its CA is
+  # made at its start), against the plaintext row above.
+  cass_ca="${PROSODY_SERVICES_RUN:-/tmp/prosody-services}/cassandra/tls/ca.pem"
+  if [ -f "$cass_ca" ]; then
+    echo "== timers on the Cassandra store over TLS (same scenario as the blocking one) =="
+    PROSODY_CASSANDRA_SSL=true PROSODY_CASSANDRA_SSL_CA_LOCATION="$cass_ca" BENCH_CASSANDRA=localhost:9042 \
+      "$build/bench/bench_timers" 100000 10000 10 | sed 's/^bench timers_/bench timers_cassandra_tls_/' | tee -a "$lines"
+    p=$(awk '$2 == "timers_cassandra_scheduled" {print $3}' "$lines")
+    t=$(awk '$2 == "timers_cassandra_tls_scheduled" {print $3}' "$lines")
+    echo "bench timers_cassandra_tls_vs_plain $t timers/s ratio=$(awk -v t="$t" -v p="$p" 'BEGIN {printf "%.3f", t / p}') plain=$p" | tee -a "$lines"
+  fi
   for op in insert select; do
     o=$(echo "$ours" | awk -v k="${op}_ops_s" '$1 == k {print $2}')
     t=$(echo "$theirs" | awk -v k="${op}_ops_s" '$1 == k {print $2}')

@@ -88,6 +88,10 @@ export interface Configuration {
   cassandraKeyspace?: string | null;
   cassandraUser?: string | null;
   cassandraPassword?: string | null;
+  cassandraSsl?: boolean | null;
+  cassandraSslCaLocation?: string | null;
+  cassandraSslCertificateLocation?: string | null;
+  cassandraSslKeyLocation?: string | null;
   cassandraDatacenter?: string | null;
   cassandraRack?: string | null;
   cassandraRetentionSeconds?: number | string | null;
