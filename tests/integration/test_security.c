@@ -425,6 +425,13 @@ int main(void) {
     printf("skip: the real tier only\n");
     return 0;
   }
+  /* make test-kafka4 runs the real tier against scripts/services/kafka4,
+   * which has no secured listeners. */
+  if (getenv("PROSODY_TEST_KAFKA4") &&
+      !strcmp(getenv("PROSODY_TEST_KAFKA4"), "1")) {
+    printf("skip: the secured listeners are scripts/services/kafka's only\n");
+    return 0;
+  }
   snprintf(tls_dir, sizeof(tls_dir), "%s/kafka/tls",
            run && *run ? run : "/tmp/prosody-services");
   if (getenv("PROSODY_TEST_TLS_DIR"))
