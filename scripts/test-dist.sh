@@ -19,7 +19,9 @@
 #    or CMake on the PATH (only node and npm): it takes the prebuilt addon;
 #    its libraries as for the wheel; the quick start of
 #    bindings/node/README.md. On another CPU (process.arch faked) and without a
-#    compiler the install fails, naming what is supported.
+#    compiler the install fails, naming what is supported; with
+#    PROSODY_BUILD_FROM_SOURCE=1 and a compiler it builds the addon from the
+#    sources the package carries, and the quick start runs on that.
 #
 # Prints each check and ends with "test-dist: N passed, N failed".
 set -uo pipefail
@@ -223,6 +225,17 @@ node_quickstart() {
     grep -q 'Received message: {"topic":"my-topic"' out.txt &&
     grep -q '"content":"Hello, Kafka!"' out.txt
 }
+# Where no prebuilt addon is taken, the package builds one from the sources
+# it carries (with the compiler and CMake on the PATH).
+node_from_source() {
+  npm_project "$tmp/node-source" &&
+    PROSODY_BUILD_FROM_SOURCE=1 npm install --no-audit --no-fund --foreground-scripts \
+      "$dist/prosody-events-prosody-$v.tgz" | tee install.txt &&
+    grep -q 'building the addon from source' install.txt &&
+    [ -f node_modules/@prosody-events/prosody/build/Release/prosody.node ] &&
+    cp "$tmp/node-app/quickstart.js" . && bare node quickstart.js | tee out.txt &&
+    grep -q 'Received message: {"topic":"my-topic"' out.txt
+}
 node_other_arch() {
   npm_project "$tmp/node-arm64" &&
     echo "Object.defineProperty(process, 'arch', {value: 'arm64'});" > "$tmp/arm64.js" &&
@@ -235,6 +248,7 @@ if need "$dist/prosody-events-prosody-$v.tgz"; then
   check node-install-no-compiler node_install
   check node-quickstart node_quickstart
   check node-refuses-other-arch node_other_arch
+  check node-install-from-source node_from_source
 fi
 
 echo "test-dist: took $(( $(date +%s) - t0 )) s"

@@ -69,11 +69,12 @@ const sources = fs.readdirSync(path.join(here, 'src')).filter((f) => f.endsWith(
 const root = [path.join(here, 'libprosody'), path.resolve(here, '..', '..')].find((d) =>
   fs.existsSync(path.join(d, 'CMakeLists.txt')) && fs.existsSync(path.join(d, 'include', 'prosody.h')));
 
-// The Node-API version the sources ask for (#define NAPI_VERSION).
-const napiWanted = Math.max(0, ...sources.map((f) => {
-  const m = fs.readFileSync(f, 'utf8').match(/^#define NAPI_VERSION (\d+)/m);
-  return m ? Number(m[1]) : 0;
-}));
+// The Node-API version the sources ask for (#define NAPI_VERSION in a .c or .h).
+const napiWanted = Math.max(0, ...fs.readdirSync(path.join(here, 'src'))
+  .filter((f) => /\.[ch]$/.test(f)).map((f) => {
+    const m = fs.readFileSync(path.join(here, 'src', f), 'utf8').match(/^#define NAPI_VERSION (\d+)/m);
+    return m ? Number(m[1]) : 0;
+  }));
 
 const cc = process.env.CC || 'cc';
 const given = process.env.PROSODY_LIBPROSODY_BUILD;

@@ -16,6 +16,7 @@ library once for every interpreter's wheel)."""
 import os
 import platform
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -67,6 +68,8 @@ class BuildWithLibprosody(build_ext):
         if given:
             build = Path(given).resolve()
         else:
+            if not shutil.which("cmake"):
+                raise SystemExit(f"prosody: cmake not found on PATH. {SUPPORTED}")
             build = Path(self.build_temp).resolve() / "libprosody"
             jobs = os.environ.get("PROSODY_BUILD_JOBS", str(os.cpu_count() or 2))
             subprocess.run(["cmake", "-S", str(root), "-B", str(build),
