@@ -42,170 +42,6 @@ static void segment_of(const part_t *part, char *buf, size_t n) {
 
 #define SEG_MAX 1024
 
-/* ---- the failure rate ---------------------------------------------------- */
-
-static void gate_roll(pr__engine_t *eng, int64_t now_ns) {
-  int64_t idx = now_ns / eng->df_bucket_ns;
-  int64_t gap = idx - eng->df_epoch;
-  if (gap <= 0)
-    return;
-  for (int64_t i = 1; i <= gap && i <= PR_DF_BUCKETS; i++) {
-    size_t b = (size_t)((eng->df_epoch + i) % PR_DF_BUCKETS);
-    eng->df_ok[b] = eng->df_fail[b] = 0;
-  }
-  eng->df_epoch = idx;
-}
-
-void pr__df_count(pr__engine_t *eng, prosody_result_t result, int64_t now_ns) {
-  PR_ENGINE_THREAD(eng);
-  size_t b;
-  if (!eng->df_store[PR_DEFER_MESSAGES] && !eng->df_store[PR_DEFER_TIMERS])
-    return;
-  gate_roll(eng, now_ns);
-  b = (size_t)(eng->df_epoch % PR_DF_BUCKETS);
-  if (result == PROSODY_TRANSIENT)
-    eng->df_fail[b]++;
-  else
-    eng->df_ok[b]++;
-}
-
-int pr__df_gate(pr__engine_t *eng, int64_t now_ns) {
-  PR_ENGINE_THREAD(eng);
-  uint64_t ok = 0, fail = 0;
-  gate_roll(eng, now_ns);
-  for (size_t b = 0; b < PR_DF_BUCKETS; b++) {
-    ok += eng->df_ok[b];
-    fail += eng->df_fail[b];
-  }
-  return ok + fail == 0 || (double)fail / (double)(ok + fail) <=
-                               PR_CFG_FLOAT(eng->st, DEFER_FAILURE_THRESHOLD);
-}
-
-int64_t pr__df_delay_s(pr__engine_t *eng, int32_t n) {
-  double cap = (double)PR_CFG_NS(eng->st, DEFER_BASE) / 1e9;
-  double max = (double)PR_CFG_NS(eng->st, DEFER_MAX_DELAY) / 1e9;
-  int64_t ceil_s;
-  if (n <= 0)
-    return 0;
-  for (int32_t i = 1; i < n && cap < max; i++)
-    cap *= 2;
-  if (cap > max)
-    cap = max;
-  ceil_s = cap < 1 ? 1 : (int64_t)cap;
-  return 1 + (int64_t)((unsigned)rand_r(&eng->seed) % (uint64_t)ceil_s);
-}
-
-/* ---- the deferred messages kept (defer_cache_size) ----------------------- */
-
-static void dm_unlink(pr__engine_t *eng, pr__dmsg_t *d) {
-  if (d->prev)
-    d->prev->next = d->next;
-  else
-    eng->dm_head = d->next;
-  if (d->next)
-    d->next->prev = d->prev;
-  else
-    eng->dm_tail = d->prev;
-  d->prev = d->next = NULL;
-  eng->dm_n--;
-}
-
-static void dm_push(pr__engine_t *eng, pr__dmsg_t *d) {
-  d->prev = NULL;
-  d->next = eng->dm_head;
-  if (eng->dm_head)
-    eng->dm_head->prev = d;
-  else
-    eng->dm_tail = d;
-  eng->dm_head = d;
-  eng->dm_n++;
-}
-
-static void dm_free(pr__dmsg_t *d) {
-  if (d->headers)
-    rd_kafka_headers_destroy(d->headers);
-  free(d);
-}
-
-/* A linear search: the list is short and searched once per retry. A
- * message is found by its offset, a timer by its key and time. */
-static pr__dmsg_t *dm_find(pr__engine_t *eng, int is_timer, const char *topic,
-                           int32_t partition, const char *key, int64_t offset) {
-  for (pr__dmsg_t *d = eng->dm_head; d; d = d->next)
-    if (d->offset == offset && d->partition == partition &&
-        d->is_timer == is_timer && !strcmp(d->topic, topic) &&
-        (!is_timer || !strcmp(d->key, key)))
-      return d;
-  return NULL;
-}
-
-/* Keeps a copy of a message being deferred (out of memory: not kept). */
-static void dm_put(inv_t *inv) {
-  pr__engine_t *eng = inv->eng;
-  size_t tl = strlen(inv->msg.topic) + 1, kl = strlen(inv->msg.key);
-  size_t pl = inv->is_timer ? 0 : inv->msg.payload_len;
-  pr__dmsg_t *d;
-  if (inv->is_timer && !(inv->tr && inv->tr->from.valid))
-    return; /* a timer without a context: nothing to keep */
-  if (eng->dm_cap == 0 || !(d = calloc(1, sizeof(*d) + tl + kl + pl + 2)))
-    return;
-  d->partition = inv->msg.partition;
-  d->is_timer = inv->is_timer;
-  if (inv->is_timer)
-    d->from = inv->tr->from;
-  d->offset = inv->is_timer ? inv->time_s : inv->msg.offset;
-  d->timestamp = inv->msg.timestamp;
-  d->topic = (char *)(d + 1);
-  memcpy(d->topic, inv->msg.topic, tl);
-  d->key = d->topic + tl;
-  memcpy(d->key, inv->msg.key, kl + 1);
-  d->key_len = kl;
-  d->payload = d->key + kl + 1;
-  if (!inv->is_timer)
-    memcpy(d->payload, inv->msg.payload, pl + 1);
-  d->len = pl;
-  if (inv->msg.headers &&
-      !(d->headers = rd_kafka_headers_copy(inv->msg.headers))) {
-    free(d);
-    return;
-  }
-  dm_push(eng, d);
-  while (eng->dm_n > eng->dm_cap) {
-    pr__dmsg_t *old = eng->dm_tail;
-    dm_unlink(eng, old);
-    dm_free(old);
-  }
-}
-
-/* Handled (or gone): not kept any more. */
-static void dm_drop(pr__engine_t *eng, int is_timer, const char *topic,
-                    int32_t partition, const char *key, int64_t offset) {
-  pr__dmsg_t *d = dm_find(eng, is_timer, topic, partition, key, offset);
-  if (d) {
-    dm_unlink(eng, d);
-    dm_free(d);
-  }
-}
-
-/* The retry of a kept message: a new event of it, or NULL. */
-static inv_t *dm_inv(part_t *part, const char *key, int64_t offset) {
-  pr__engine_t *eng = part->eng;
-  pr__dmsg_t *d = dm_find(eng, 0, part->topic, part->partition, key, offset);
-  inv_t *inv;
-  if (!d || strcmp(d->key, key))
-    return NULL;
-  dm_unlink(eng, d); /* the most recently used now */
-  dm_push(eng, d);
-  inv = pr__inv_message(part, d->key, d->key_len, d->payload, d->len, d->offset,
-                        d->timestamp);
-  if (inv && d->headers &&
-      !(inv->msg.headers = rd_kafka_headers_copy(d->headers))) {
-    pr__inv_free(inv);
-    return NULL;
-  }
-  return inv;
-}
-
 /* ---- deferred keys ------------------------------------------------------- */
 
 static pr__dk_t *dk_new(part_t *part, kq_t *kq, int kind, int64_t retry_at_ms) {
@@ -443,7 +279,7 @@ static void defer_inv(inv_t *inv, pr__dk_t *dk, int32_t retries,
   dk->deferring = inv;
   PR_BUMP(inv->eng->metrics.deferred, 1);
   pr__inv_release_rkm(inv);
-  dm_put(inv);
+  pr__dm_put(inv);
   pr__df_write(inv);
 }
 
@@ -593,8 +429,8 @@ static void advanced(void *arg, prosody_err_t err, const char *errstr) {
     }
   }
   if (!err)
-    dm_drop(r->eng, r->kind == PR_DEFER_TIMERS, r->topic, r->partition, r->key,
-            r->offset);
+    pr__dm_drop(r->eng, r->kind == PR_DEFER_TIMERS, r->topic, r->partition,
+                r->key, r->offset);
   pr__load_free(r);
 }
 
@@ -659,8 +495,8 @@ void pr__df_unscheduled(part_t *part, const char *key, int64_t time_s) {
  * the context it was scheduled in when that is still kept. */
 static void load_timer(part_t *part, pr__dk_t *dk, pr__load_t *r) {
   inv_t *inv = pr__firing_inv(part, r->key, r->offset);
-  pr__dmsg_t *d = inv ? dm_find(part->eng, 1, part->topic, part->partition,
-                                r->key, r->offset)
+  pr__dmsg_t *d = inv ? pr__dm_find(part->eng, 1, part->topic, part->partition,
+                                    r->key, r->offset)
                       : NULL;
   pr__load_free(r);
   if (!inv) {
@@ -725,7 +561,7 @@ static void head_read(void *arg, prosody_err_t err, const char *errstr,
     return;
   }
   {
-    inv_t *inv = dm_inv(part, r->key, position); /* kept: no fetch */
+    inv_t *inv = pr__dm_inv(part, r->key, position); /* kept: no fetch */
     if (inv) {
       pr__load_free(r);
       inv->df_loaded = 1;
@@ -923,117 +759,3 @@ void pr__df_tick(pr__engine_t *eng) {
     }
   }
 }
-
-prosody_err_t pr__df_open(pr__engine_t *eng, const char *bootstrap,
-                          void (*wake)(void *), char *errstr,
-                          size_t errstr_size) {
-  const pr__settings_t *st = eng->st;
-  int kinds = eng->handler.on_timer ? 2 : 1; /* timers only with on_timer */
-  prosody_err_t err;
-  pr__cql_conf_t c;
-  if (eng->mode != PR_MODE_PIPELINE || !PR_CFG_BOOL(st, DEFER_ENABLED))
-    return PROSODY_OK; /* the layer is not in the list */
-  eng->dm_cap = (size_t)PR_CFG_INT(st, DEFER_CACHE_SIZE);
-  eng->df_refuse_rows = st->test.defer_refuse_rows;
-  eng->df_bucket_ns = PR_CFG_NS(st, DEFER_FAILURE_WINDOW) / PR_DF_BUCKETS;
-  if (eng->df_bucket_ns < 1000000)
-    eng->df_bucket_ns = 1000000;
-  if (!(eng->bootstrap = strdup(bootstrap))) {
-    pr__errf(errstr, errstr_size, "out of memory");
-    return PROSODY_ERR_NOMEM;
-  }
-  if (PR_CFG_BOOL(st, MOCK) || st->test.memory_timers) {
-    for (int kind = 0; kind < kinds; kind++)
-      if (!(eng->df_store[kind] = pr__defer_memory((pr__defer_kind_t)kind))) {
-        pr__errf(errstr, errstr_size, "out of memory");
-        return PROSODY_ERR_NOMEM;
-      }
-    return PROSODY_OK;
-  }
-  if (!PR_CFG_SET(st, CASSANDRA_NODES)) {
-    PR_INFO("defer", "deferral is off: a deferred message must outlive the "
-                     "process, and cassandra_nodes is not set (failures are "
-                     "retried in place)");
-    return PROSODY_OK;
-  }
-  /* The timer store or the dedup layer migrated the keyspace already when
-   * they use Cassandra. */
-  if (!eng->handler.on_timer && !eng->dd_store &&
-      (err = pr__cql_keyspace_ready(st, errstr, errstr_size)))
-    return err;
-  c = pr__cql_conf_of(st);
-  for (int kind = 0; kind < kinds; kind++) {
-    size_t cache = (size_t)PR_CFG_INT(st, DEFER_STORE_CACHE_SIZE);
-    pr__defer_t *d, *cached;
-    if (!(d = pr__defer_new(&c, PR_CFG_STR(st, CASSANDRA_KEYSPACE),
-                            (pr__defer_kind_t)kind,
-                            PR_CFG_NS(st, CASSANDRA_RETENTION) / 1000000000,
-                            wake, eng, errstr, errstr_size)))
-      return PROSODY_ERR_TRANSIENT;
-    if (cache && !(cached = pr__defer_cached(d, cache))) {
-      pr__defer_free(d);
-      pr__errf(errstr, errstr_size, "out of memory");
-      return PROSODY_ERR_NOMEM;
-    }
-    eng->df_store[kind] = cache ? cached : d;
-  }
-  return PROSODY_OK;
-}
-
-void pr__df_close(pr__engine_t *eng) {
-  PR_ENGINE_THREAD(eng);
-  pr__loader_free(eng->loader);
-  eng->loader = NULL;
-  while (eng->dm_head) {
-    pr__dmsg_t *d = eng->dm_head;
-    dm_unlink(eng, d);
-    dm_free(d);
-  }
-  for (int kind = 0; kind < 2; kind++) { /* delivers what is pending */
-    pr__defer_free(eng->df_store[kind]);
-    eng->df_store[kind] = NULL;
-  }
-  free(eng->bootstrap);
-  eng->bootstrap = NULL;
-}
-
-/* ---- the layer ---------------------------------------------------------- */
-
-/* pipeline: a transient failure (message or timer) is deferred (defer.c)
- * while the failure rate allows; a deferred event loaded again always is. Else
- * it falls through to the retry layer, which retries it in place. */
-static pr__verdict_t decide(inv_t *inv) {
-  pr__engine_t *eng = inv->eng;
-  int64_t now;
-  if (inv->result != PROSODY_TRANSIENT || !eng->df_store[PR_DF_KIND(inv)])
-    return V_NEXT;
-  if (inv->df_loaded || pr__df_gate(eng, now = pr__now_ns()))
-    return V_DEFER;
-  if (now - eng->df_warned_ns > INT64_C(10000000000)) {
-    eng->df_warned_ns = now;
-    PR_WARN("defer",
-            "more than defer_failure_threshold of recent results are "
-            "failures: deferral pauses and failures are retried in place "
-            "(their partitions wait)");
-  }
-  return V_NEXT;
-}
-
-/* A handler's result, for the failure rate. */
-static void ran(inv_t *inv) {
-  pr__df_count(inv->eng, inv->result, pr__now_ns());
-}
-
-static void close_layer(pr__engine_t *eng, int final) {
-  (void) final;
-  pr__df_close(eng);
-}
-
-const pr__layer_t pr__layer_defer = {.name = "defer",
-                                     .open = pr__df_open,
-                                     .ran = ran,
-                                     .decide = decide,
-                                     .take = pr__df_defer,
-                                     .on_assign = pr__df_assigned,
-                                     .on_tick = pr__df_tick,
-                                     .close = close_layer};

@@ -54,6 +54,7 @@
 #include "engine.h"
 #include "layer.h"
 #include "mailbox.h"
+#include "metrics.h"
 #include "pool.h"
 #include "prosody.h"
 #include "scheduler.h"
@@ -320,38 +321,6 @@ enum phase { PH_RUNNING, PH_DRAINING };
 
 /* The failure-rate window of the defer layer, in buckets. */
 #define PR_DF_BUCKETS 60
-
-/* --- Metrics (metrics.c) ------------------------------------------------ */
-
-/* One writer (the engine thread): a relaxed load and store, no locked
- * read-modify-write; readers (the probe thread) load relaxed. */
-#define PR_BUMP(v, by)                                                         \
-  atomic_store_explicit(                                                       \
-      &(v), atomic_load_explicit(&(v), memory_order_relaxed) + (by),           \
-      memory_order_relaxed)
-
-#define PR_HIST_BOUNDS 18
-typedef struct pr__hist {
-  atomic_uint_fast64_t count[PR_HIST_BOUNDS + 1]; /* per bucket, +Inf last */
-  atomic_uint_fast64_t sum_ns;
-} pr__hist_t;
-
-typedef struct pr__metrics {
-  /* Written by the engine thread only (PR_BUMP). */
-  atomic_uint_fast64_t consumed;
-  atomic_uint_fast64_t skipped_undecodable, skipped_filtered, skipped_duplicate;
-  atomic_uint_fast64_t calls[2][3]; /* [message, timer][success, transient,
-                                       permanent] */
-  atomic_uint_fast64_t retries, rejected_monopoly, dead_lettered, deferred;
-  atomic_uint_fast64_t timers_scheduled, timers_fired;
-  pr__hist_t handler_time, sched_wait;
-  /* The engine thread's snapshot, every poll_interval: guarded by lock. */
-  pthread_mutex_t lock;
-  int in_flight;
-  size_t timers_pending;
-  char *parts_text; /* committed offsets' lines; then, after its NUL, ... */
-  char *lag_text;   /* ... the lags' lines (same allocation) */
-} pr__metrics_t;
 
 struct pr__engine {
   /* Immutable after start. */
@@ -708,6 +677,18 @@ void pr__df_tick(pr__engine_t *eng);
 static inline int pr__df_listing(const part_t *part) {
   return part->df_listing[0] || part->df_listing[1];
 }
+/* The deferred messages kept for their retries (defer_layer.c). */
+/* Keeps a copy of a message being deferred (out of memory: not kept). */
+void pr__dm_put(inv_t *inv);
+/* The kept message (a timer: its key and time) of this partition, or
+ * NULL. */
+pr__dmsg_t *pr__dm_find(pr__engine_t *eng, int is_timer, const char *topic,
+                        int32_t partition, const char *key, int64_t offset);
+/* Handled (or gone): not kept any more. */
+void pr__dm_drop(pr__engine_t *eng, int is_timer, const char *topic,
+                 int32_t partition, const char *key, int64_t offset);
+/* The retry of a kept message: a new event of it, or NULL. */
+inv_t *pr__dm_inv(part_t *part, const char *key, int64_t offset);
 /* The deferral kind of an event. */
 #define PR_DF_KIND(inv) ((inv)->is_timer ? PR_DEFER_TIMERS : PR_DEFER_MESSAGES)
 
