@@ -82,6 +82,10 @@ struct req {
   uint8_t *paging; /* copy of opts.paging_state */
   pr__cql_cb cb;
   void *arg;
+  int64_t ts; /* its client timestamp, taken when it was issued (so writes
+                 resolve in the order they were issued, even when one waits
+                 for its statement to be prepared or its connection to come
+                 up and a later one does not), kept when it is sent again */
   conn_t *conn;
   int16_t stream;
   uv_timer_t *timer;
@@ -304,6 +308,7 @@ static req_t *req_new(pr__cql_t *s, int kind, pr__cql_cb cb, void *arg) {
   r->kind = kind;
   r->cb = cb;
   r->arg = arg;
+  r->ts = kind == K_PREPARE ? INT64_MIN : next_ts(s);
   uv_timer_init(s->loop, r->timer);
   r->timer->data = r;
   s->handles++;
@@ -511,7 +516,7 @@ static int send_req(conn_t *c, req_t *r) {
   q.paging_state = r->opts.paging_state;
   q.paging_len = r->opts.paging_len;
   q.serial_consistency = r->opts.serial_consistency;
-  q.timestamp = r->kind == K_PREPARE ? INT64_MIN : next_ts(r->s);
+  q.timestamp = r->ts;
   switch (r->kind) {
   case K_QUERY:
     pr__cql_query(&b, (int16_t)id, r->query, &q);

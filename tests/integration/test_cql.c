@@ -159,6 +159,16 @@ static void test_batches(pr__cql_sync_t *y) {
   pr__cql_t *s = pr__cql_sync_session(y);
   pr__cql_val_t a[2], b[2];
   pr__cql_result_t r;
+  /* Rows (1, 0..4), which the batches' deletes remove two of. */
+  snprintf(q1, sizeof(q1),
+           "CREATE TABLE IF NOT EXISTS %s.p (k int, c int, PRIMARY KEY (k, c))",
+           ks);
+  run_ok(y, q1, NULL, 0, 0);
+  snprintf(q1, sizeof(q1), "INSERT INTO %s.p (k, c) VALUES (1, ?)", ks);
+  for (int i = 0; i < 5; i++) {
+    a[0] = pr__cv_int(i);
+    run_ok(y, q1, a, 1, 1);
+  }
   snprintf(q1, sizeof(q1), "INSERT INTO %s.p (k, c) VALUES (?, ?)", ks);
   snprintf(q2, sizeof(q2), "DELETE FROM %s.p WHERE k = ? AND c = ?", ks);
   for (int type = PR_CQL_BATCH_LOGGED; type <= PR_CQL_BATCH_UNLOGGED; type++) {
