@@ -560,6 +560,16 @@ PROSODY_EXPORT const char *prosody_timer_traceparent(const prosody_timer_t *t,
  * cassandra_nodes), PROSODY_ERR_TRANSIENT (Cassandra unreachable or
  * failing: worth retrying), PROSODY_ERR_NOMEM, PROSODY_ERR_INVALID_ARG (no
  * on_message).
+ *
+ * When the consumer itself could not start (Cassandra, the store's
+ * schema, cassandra_nodes, librdkafka, memory; not for the argument,
+ * group_id/subscribed_topics and already-subscribed errors) the error is also
+ * logged at ERROR through the client's logger (subsystem "consumer"), and
+ * prosody_consumer_state() then says "configuration-failed" until a later
+ * call starts it. The probe server is not part of the consumer: when it
+ * cannot start (probe_port taken) the consumer runs all the same, the
+ * failure is logged at ERROR (subsystem "probe") and prosody_probe_port()
+ * is -1.
  */
 PROSODY_EXPORT prosody_err_t prosody_subscribe(prosody_client_t *client,
                                                const prosody_handler_t *handler,
@@ -575,8 +585,10 @@ PROSODY_EXPORT prosody_err_t prosody_subscribe(prosody_client_t *client,
  */
 PROSODY_EXPORT prosody_err_t prosody_unsubscribe(prosody_client_t *client);
 
-/* "unconfigured" (no group_id or subscribed_topics), "configured", or
- * "running" (subscribed). Static storage. */
+/* "unconfigured" (no group_id or subscribed_topics), "configured",
+ * "running" (subscribed), or "configuration-failed" (the last
+ * prosody_subscribe() could not start the consumer; its error was returned
+ * and logged). Static storage. */
 PROSODY_EXPORT const char *
 prosody_consumer_state(const prosody_client_t *client);
 /* Partitions currently assigned to this consumer (0 when not running). */
@@ -587,8 +599,9 @@ prosody_assigned_partition_count(const prosody_client_t *client);
 PROSODY_EXPORT int prosody_is_stalled(const prosody_client_t *client);
 
 /* The port of the probe server (/readyz, /livez, /metrics) while subscribed, or
- * -1 when it is not running (probe_port none, not subscribed, or mock mode
- * without an explicit probe_port). */
+ * -1 when it is not running (probe_port none, not subscribed, mock mode
+ * without an explicit probe_port, or it could not start: see
+ * prosody_subscribe()). */
 PROSODY_EXPORT int prosody_probe_port(const prosody_client_t *client);
 
 /* ------------------------------------------------------------------------ */

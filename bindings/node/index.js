@@ -520,14 +520,27 @@ class ProsodyClient {
   }
 
   subscribe(handler) {
-    if (!handler || typeof handler.onMessage !== 'function') {
-      throw new TypeError('subscribe() needs a handler with an onMessage method');
+    // Both methods are optional (the specification's EventHandler), but a
+    // handler needs one, and one that is given must be a function.
+    if (handler === null || (typeof handler !== 'object' && typeof handler !== 'function')) {
+      throw new TypeError('subscribe() needs a handler object with an onMessage and/or an onTimer method');
     }
+    for (const name of ['onMessage', 'onTimer']) {
+      if (handler[name] !== undefined && handler[name] !== null && typeof handler[name] !== 'function') {
+        throw new TypeError(`subscribe(): handler.${name} must be a function, got ${typeof handler[name]}`);
+      }
+    }
+    const hasMessage = typeof handler.onMessage === 'function';
     const hasTimer = typeof handler.onTimer === 'function';
+    if (!hasMessage && !hasTimer) {
+      throw new TypeError('subscribe() needs a handler with an onMessage or an onTimer method');
+    }
     // The handler is set once the native call accepted: it throws when
     // already subscribed, and the running subscription keeps its handler.
-    // (No batch can arrive before this method returns.)
-    this._subscribing = this._native.subscribe((batch) => this._dispatch(batch), hasTimer)
+    // (No batch can arrive before this method returns.) Without onMessage
+    // the addon completes each message as a success on the engine thread:
+    // it never crosses to JavaScript, and its offset is committed.
+    this._subscribing = this._native.subscribe((batch) => this._dispatch(batch), hasTimer, hasMessage)
       .catch(rethrow);
     this._handler = handler;
     return this._subscribing;

@@ -200,10 +200,10 @@ typedef struct client {
   prosody_client_t *client;
   uint32_t next_id; /* event ids (engine thread) */
   mailbox_t mb;
-  napi_ref dispatch; /* the JS function receiving each batch */
-  int subscribed;    /* subscribe started and not yet unsubscribed */
-  int has_timer;
-  int pending; /* work that keeps the loop alive (JS thread) */
+  napi_ref dispatch;          /* the JS function receiving each batch */
+  int subscribed;             /* subscribe started and not yet unsubscribed */
+  int has_timer, has_message; /* the handler's methods (JS thread) */
+  int pending;                /* work that keeps the loop alive (JS thread) */
   int destroyed;
   int wrap_gone, tsfn_gone; /* c is freed by the later of the two */
   int env_closing;          /* set by this client's env cleanup hook */
@@ -360,6 +360,14 @@ static prosody_result_t c_on_message(prosody_context_t *ctx,
 static prosody_result_t c_on_timer(prosody_context_t *ctx,
                                    const prosody_timer_t *timer, void *opaque) {
   return push_event(opaque, ctx, NULL, timer);
+}
+
+/* The handler has no onMessage (a timer-only handler): each message is
+ * done at once, on the engine thread, and committed. */
+static prosody_result_t c_skip_message(prosody_context_t *ctx,
+                                       const prosody_message_t *msg,
+                                       void *opaque) {
+  return PROSODY_SUCCESS;
 }
 
 static void set_str(napi_env env, napi_value o, const char *name,
@@ -861,8 +869,9 @@ static void work_execute(napi_env env, void *data) {
   work_t *w = data;
   switch (w->kind) {
   case 0: {
-    prosody_handler_t h = {c_on_message, w->c->has_timer ? c_on_timer : NULL,
-                           w->c, PROSODY_HANDLER_ASYNC};
+    prosody_handler_t h = {w->c->has_message ? c_on_message : c_skip_message,
+                           w->c->has_timer ? c_on_timer : NULL, w->c,
+                           PROSODY_HANDLER_ASYNC};
     w->err = prosody_subscribe(w->c->client, &h, w->errstr, sizeof(w->errstr));
     break;
   }
@@ -927,13 +936,13 @@ static napi_value queue_work(napi_env env, work_t *w, napi_value self) {
   return promise;
 }
 
-/* subscribe(dispatch, hasTimer) -> Promise */
+/* subscribe(dispatch, hasTimer, hasMessage) -> Promise */
 static napi_value client_subscribe(napi_env env, napi_callback_info info) {
-  size_t argc = 2;
-  napi_value argv[2], self;
+  size_t argc = 3;
+  napi_value argv[3], self;
   client_t *c;
   work_t *w;
-  bool has_timer = false;
+  bool has_timer = false, has_message = true;
   CHECK(env, napi_get_cb_info(env, info, &argc, argv, &self, NULL));
   if (!(c = unwrap_client(env, info, &argc, argv)))
     return NULL;
@@ -949,10 +958,13 @@ static napi_value client_subscribe(napi_env env, napi_callback_info info) {
     return NULL;
   }
   napi_get_value_bool(env, argv[1], &has_timer);
+  if (argc > 2)
+    napi_get_value_bool(env, argv[2], &has_message);
   if (c->dispatch)
     napi_delete_reference(env, c->dispatch);
   CHECK(env, napi_create_reference(env, argv[0], 1, &c->dispatch));
   c->has_timer = has_timer;
+  c->has_message = has_message;
   if (!(w = calloc(1, sizeof(*w)))) {
     napi_throw_error(env, NULL, "out of memory");
     return NULL;

@@ -1703,6 +1703,14 @@ static void client_detach(ClientObject *c) {
 static PyObject *client_subscribe_done(PyObject *self, PyObject *fut) {
   ClientObject *c = (ClientObject *)self;
   if (c->sub_failed) {
+    /* libprosody logged the failure at ERROR (prosody.consumer) and
+     * consumer_state() says "configuration-failed": the future's
+     * exception counts as seen, so that a subscribe() nobody awaited
+     * does not add asyncio's "exception was never retrieved" when it is
+     * collected. Awaiting it still raises. */
+    PyObject *r = PyObject_CallMethodObjArgs(fut, S_exception, NULL);
+    Py_XDECREF(r);
+    PyErr_Clear();
     c->sub_failed = 0;
     client_detach(c);
   }
@@ -2011,8 +2019,8 @@ static PyMethodDef client_methods[] = {
      "unsubscribe() -> awaitable: stops consuming gracefully (in-flight work "
      "finishes and is committed)."},
     {"consumer_state", client_consumer_state, METH_NOARGS,
-     "consumer_state() -> 'unconfigured' | 'configured' | 'running' (a str "
-     "that may also be awaited)."},
+     "consumer_state() -> 'unconfigured' | 'configured' | 'running' | "
+     "'configuration-failed' (a str that may also be awaited)."},
     {"assigned_partition_count", client_assigned_partition_count, METH_NOARGS,
      "assigned_partition_count() -> awaitable of int."},
     {"is_stalled", client_is_stalled, METH_NOARGS,
