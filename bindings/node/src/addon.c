@@ -8,11 +8,11 @@
  *  - the producer's delivery thread: send results;
  *  - any of the client's threads: its log lines (with a JS logger; bounded,
  *    LOG_QUEUE_LINES, the rest dropped and counted).
- * None touches N-API. Each appends an item to the client's mailbox
- * (`mailbox_t`, a mutex-guarded list) and, when the list was empty, calls
- * the client's one threadsafe function; its JS-thread callback takes the
- * whole list: one call per batch, not per event. Blocking C calls
- * (subscribe, unsubscribe, admin) run as napi_async_work on libuv's pool.
+ * None touches N-API. Each pushes an item to the client's mailbox, a
+ * libprosody event queue (prosody_queue_t) whose wake-up, when it turns
+ * non-empty, calls the client's one threadsafe function; its JS-thread
+ * callback takes the whole batch: one call per batch, not per event. Blocking C
+ * calls (subscribe, unsubscribe, admin) run as napi_async_work on libuv's pool.
  *
  * Ownership. The mailbox and the threadsafe function belong to the client
  * and live until it is finalised (after unsubscribe); the threadsafe
@@ -130,66 +130,26 @@ static char *string_arg(napi_env env, napi_value v, const char *what) {
 /* The mailbox                                                               */
 /* ------------------------------------------------------------------------ */
 
+/* A client's mailbox is libprosody's event queue (prosody_queue_t): the
+ * callbacks on libprosody's threads push items, and the queue's wake-up,
+ * once per batch, is a call of the client's threadsafe function, whose
+ * JS-thread callback (call_js) takes the batch. */
 enum { IT_EVENT, IT_CANCEL, IT_OP, IT_SEND, IT_LOG };
 
-typedef struct item {
-  struct item *next; /* mailbox link (mailbox lock) */
-  int kind;
-} item_t;
+typedef prosody_queue_item_t item_t;
 
 typedef struct mailbox {
-  pthread_mutex_t lock; /* guards head, tail, logs, dropped, signalled */
-  item_t *head, *tail;
-  size_t logs;           /* IT_LOG items listed (at most LOG_QUEUE_LINES) */
-  unsigned long dropped; /* log lines refused since the last take */
-  int signalled;         /* a threadsafe-function call is on its way */
-  int closed; /* the JS object is finalized: log_cb drops what follows */
+  prosody_queue_t *q;    /* freed with the client struct (client_release) */
+  atomic_int closed;     /* the JS object is finalized: log_cb drops lines */
+  unsigned long carried; /* log lines dropped before the last batch was
+                            re-listed, said by the next call_js (JS thread) */
   napi_threadsafe_function tsfn;
 } mailbox_t;
 
-/* Lists `it` (NULL: lists nothing), lock held; returns whether the JS
- * thread must be woken. */
-static int mailbox_append(mailbox_t *mb, item_t *it) {
-  int wake = !mb->signalled;
-  if (it) {
-    it->next = NULL;
-    if (mb->tail)
-      mb->tail->next = it;
-    else
-      mb->head = it;
-    mb->tail = it;
-  }
-  mb->signalled = 1;
-  return wake;
-}
-
-static void mailbox_wake(mailbox_t *mb) {
+/* The queue's wake-up: any thread. */
+static void mailbox_wake(void *arg) {
+  mailbox_t *mb = arg;
   napi_call_threadsafe_function(mb->tsfn, NULL, napi_tsfn_nonblocking);
-}
-
-static void mailbox_push(mailbox_t *mb, item_t *it) {
-  int wake;
-  pthread_mutex_lock(&mb->lock);
-  wake = mailbox_append(mb, it);
-  pthread_mutex_unlock(&mb->lock);
-  if (wake)
-    mailbox_wake(mb);
-}
-
-/* Takes every listed item and, into `dropped` if not NULL, how many log
- * lines were refused since the last take. */
-static item_t *mailbox_take(mailbox_t *mb, unsigned long *dropped) {
-  item_t *it;
-  pthread_mutex_lock(&mb->lock);
-  it = mb->head;
-  mb->head = mb->tail = NULL;
-  mb->logs = 0;
-  if (dropped)
-    *dropped = mb->dropped;
-  mb->dropped = 0;
-  mb->signalled = 0;
-  pthread_mutex_unlock(&mb->lock);
-  return it;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -276,34 +236,23 @@ static void log_cb(prosody_log_level_t level, const char *subsystem,
   client_t *c = opaque;
   size_t n = strlen(message);
   log_line_t *l = malloc(sizeof(*l) + n + 1);
-  int wake;
   if (l) {
     l->item.kind = IT_LOG;
     l->level = (int)level;
     snprintf(l->subsystem, sizeof(l->subsystem), "%s", subsystem);
     memcpy(l->message, message, n + 1);
   }
-  pthread_mutex_lock(&c->mb.lock);
-  if (c->mb.closed) {
+  if (atomic_load(&c->mb.closed)) {
     /* The lines of a client destroyed by its finalizer (garbage
      * collection, or the environment's teardown at exit, when the
      * threadsafe function may already be freed: calling it aborted the
      * process once librdkafka 2.14 logged during destroy). */
-    pthread_mutex_unlock(&c->mb.lock);
     free(l);
     return;
   }
-  if (!l || c->mb.logs >= LOG_QUEUE_LINES) {
-    c->mb.dropped++; /* said with the next batch */
+  /* Refused beyond LOG_QUEUE_LINES (counted, said with the next batch). */
+  if (prosody_queue_offer(c->mb.q, l ? &l->item : NULL))
     free(l);
-    l = NULL;
-  } else {
-    c->mb.logs++;
-  }
-  wake = mailbox_append(&c->mb, l ? &l->item : NULL);
-  pthread_mutex_unlock(&c->mb.lock);
-  if (wake)
-    mailbox_wake(&c->mb);
 }
 
 static void op_free(op_t *op) {
@@ -325,7 +274,7 @@ static void cancel_cb(prosody_context_t *ctx, void *opaque) {
   event_t *ev = opaque;
   atomic_store(&ev->cancel_fired, 1);
   ev->cancel_item.kind = IT_CANCEL;
-  mailbox_push(&ev->c->mb, &ev->cancel_item);
+  prosody_queue_push(ev->c->mb.q, &ev->cancel_item);
 }
 
 static prosody_result_t push_event(client_t *c, prosody_context_t *ctx,
@@ -347,7 +296,7 @@ static prosody_result_t push_event(client_t *c, prosody_context_t *ctx,
    * a cancellation that already happened arrives as an item at once,
    * ahead of the event; call_js puts cancellations after the events. */
   prosody_context_on_cancel(ctx, cancel_cb, ev);
-  mailbox_push(&c->mb, &ev->item);
+  prosody_queue_push(c->mb.q, &ev->item);
   return PROSODY_PENDING;
 }
 
@@ -516,7 +465,9 @@ static void call_js(napi_env env, napi_value js_cb, void *context, void *data) {
     return; /* the environment is going away */
   /* Once the client is finalised only its last log lines are listed (see
    * client_finalize). */
-  it = mailbox_take(&c->mb, &dropped);
+  it = prosody_queue_take(c->mb.q, &dropped);
+  dropped += c->mb.carried;
+  c->mb.carried = 0;
   napi_create_array(env, &b.array);
   while (it) {
     item_t *next = it->next;
@@ -598,7 +549,7 @@ static void client_release(napi_env env, client_t *c) {
     return;
   if (c->logger)
     napi_delete_reference(env, c->logger);
-  pthread_mutex_destroy(&c->mb.lock);
+  prosody_queue_destroy(c->mb.q);
   free(c);
 }
 
@@ -613,14 +564,12 @@ static void tsfn_finalize(napi_env env, void *data, void *hint) {
  * the threadsafe function's last call, which gives them to the logger. */
 static void mailbox_close(client_t *c) {
   unsigned long dropped;
-  item_t *it = mailbox_take(&c->mb, &dropped);
-  int keep = c->logger && !c->tsfn_gone && !c->env_closing, wake = 0;
-  pthread_mutex_lock(&c->mb.lock);
+  item_t *it = prosody_queue_take(c->mb.q, &dropped);
+  int keep = c->logger && !c->tsfn_gone && !c->env_closing, relisted = 0;
   while (it) {
     item_t *next = it->next;
-    if (it->kind == IT_LOG && keep) {
-      c->mb.logs++;
-      wake |= mailbox_append(&c->mb, it);
+    if (it->kind == IT_LOG && keep && !prosody_queue_offer(c->mb.q, it)) {
+      relisted = 1; /* the first one wakes the threadsafe function */
     } else if (it->kind == IT_LOG) {
       free(it);
     } else if (it->kind == IT_OP || it->kind == IT_SEND) {
@@ -629,19 +578,15 @@ static void mailbox_close(client_t *c) {
     it = next;
   }
   if (dropped && keep) {
-    c->mb.dropped += dropped;
-    wake |= mailbox_append(&c->mb, NULL);
+    c->mb.carried += dropped;
+    if (!relisted)
+      mailbox_wake(&c->mb);
   }
-  pthread_mutex_unlock(&c->mb.lock);
-  if (wake)
-    mailbox_wake(&c->mb);
 }
 
 static void client_finalize(napi_env env, void *data, void *hint) {
   client_t *c = data;
-  pthread_mutex_lock(&c->mb.lock);
-  c->mb.closed = 1;
-  pthread_mutex_unlock(&c->mb.lock);
+  atomic_store(&c->mb.closed, 1);
   client_free(c);
   mailbox_close(c);
   if (c->dispatch)
@@ -752,18 +697,25 @@ static napi_value client_new(napi_env env, napi_callback_info info) {
       c->follows_from[i] = !strcmp(val, "follows_from");
   }
   c->env = env;
-  pthread_mutex_init(&c->mb.lock, NULL);
+  atomic_init(&c->mb.closed, 0);
   /* The mailbox first: the client logs while it is being created. */
+  if (!(c->mb.q = prosody_queue_new(LOG_QUEUE_LINES, err, sizeof(err)))) {
+    prosody_config_destroy(conf);
+    free(c);
+    napi_throw_error(env, NULL, err);
+    return NULL;
+  }
   napi_create_string_utf8(env, "prosody", NAPI_AUTO_LENGTH, &name);
   if (napi_create_threadsafe_function(env, NULL, NULL, name, 0, 1, c,
                                       tsfn_finalize, c, call_js,
                                       &c->mb.tsfn) != napi_ok) {
     prosody_config_destroy(conf);
-    pthread_mutex_destroy(&c->mb.lock);
+    prosody_queue_destroy(c->mb.q);
     free(c);
     throw_last(env);
     return NULL;
   }
+  prosody_queue_set_wake_cb(c->mb.q, mailbox_wake, &c->mb);
   /* Nothing pending yet: the client alone never keeps the process up. */
   napi_unref_threadsafe_function(env, c->mb.tsfn);
   if (t == napi_function &&
@@ -793,7 +745,7 @@ static void send_cb(prosody_err_t err, const char *errstr,
   op_t *op = opaque;
   op->err = err;
   op->errstr = err && errstr ? strdup(errstr) : NULL;
-  mailbox_push(&op->c->mb, &op->item);
+  prosody_queue_push(op->c->mb.q, &op->item);
 }
 
 /* send(topic, key, json, traceparent?, tracestate?, baggage?) -> Promise */
@@ -1057,7 +1009,7 @@ static void op_cb(prosody_err_t err, const char *errstr, const int64_t *times,
     memcpy(op->times, times, n * sizeof(int64_t));
     op->n = n;
   }
-  mailbox_push(&op->c->mb, &op->item);
+  prosody_queue_push(op->c->mb.q, &op->item);
 }
 
 /* timerOp(ev, op, timeMs) -> Promise */

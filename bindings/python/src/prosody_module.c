@@ -5,10 +5,10 @@
  * Threads. Python objects are touched only by a thread holding the GIL.
  * libprosody calls back on three kinds of threads:
  *  - the engine thread (on_message / on_timer of the asynchronous handler,
- *    timer-call results, cancellations): it never takes the GIL. It appends
- *    an item to the subscription's mailbox (`bridge_t`) and, when the
- *    mailbox was empty, writes one byte to a pipe the event loop watches
- *    (loop.add_reader). The loop thread drains every item per wake-up:
+ *    timer-call results, cancellations): it never takes the GIL. It pushes
+ *    an item to the subscription's mailbox, a libprosody event queue
+ *    (prosody_queue_t), whose descriptor the event loop watches
+ *    (loop.add_reader). The loop thread takes every item per wake-up:
  *    one wake-up per batch, not per event.
  *  - the producer's delivery thread (send results): it takes the GIL and
  *    resolves the future with loop.call_soon_threadsafe.
@@ -16,11 +16,11 @@
  *    C): they run with the GIL released while in C.
  *  - any of the client's threads (its log lines): like the engine thread,
  *    the callback copies the line into the client's bounded log mailbox
- *    (`log_sink_t`) and wakes the loop through its pipe; the loop hands
- *    the batch to `logging` (_support.forward_logs).
+ *    (`log_sink_t`, a bounded event queue) and the queue wakes the loop; it
+ * hands the batch to `logging` (_support.forward_logs).
  *
- * Ownership. A bridge belongs to its client object and lives until the
- * client is deallocated; its mutex guards the item list and `signalled`.
+ * Ownership. A mailbox belongs to its client object and lives until the
+ * client is deallocated (the queue's own lock guards its list).
  * A mailbox item holds what the loop needs: a context handle and the
  * record (valid until prosody_complete), a timer-call result, or a
  * cancellation (holding a reference to its Context object, taken on the
@@ -415,102 +415,23 @@ fail:
 }
 
 /* ------------------------------------------------------------------------ */
-/* The mailbox between the engine thread and the event loop                  */
+/* The mailbox between libprosody's threads and the event loop               */
 /* ------------------------------------------------------------------------ */
 
+/* A mailbox is libprosody's event queue (prosody_queue_t): callbacks on
+ * libprosody's threads push items, its descriptor wakes the loop
+ * (add_reader) once per batch, and the loop thread takes the batch. */
 enum item_kind { IT_MESSAGE, IT_TIMER, IT_OP, IT_CANCEL };
 
 typedef struct item {
-  struct item *next; /* bridge list link (bridge lock) */
-  int kind;
+  prosody_queue_item_t q; /* first: the queue's link and the kind */
   prosody_context_t *ctx; /* IT_MESSAGE, IT_TIMER */
   const void *event;      /* the message or timer */
   void *obj;              /* IT_OP: the op; IT_CANCEL: the Context */
 } item_t;
 
-typedef struct bridge {
-  pthread_mutex_t lock; /* guards head, tail, n, dropped, signalled */
-  item_t *head, *tail;
-  size_t n, limit;       /* items listed; at most `limit` (0: no bound) */
-  unsigned long dropped; /* items refused since the last take */
-  int signalled;         /* a byte is in the pipe for the items listed */
-  int fds[2]; /* pipe: [0] watched by the loop, [1] written by pushers */
-} bridge_t;
-
-/* Lists `it` and wakes the loop if it was not already woken; never blocks.
- * A bounded mailbox that is full refuses it (returns -1, counted, as is a
- * NULL `it`: an item that could not be allocated). */
-static int bridge_push(bridge_t *b, item_t *it) {
-  int wake;
-  pthread_mutex_lock(&b->lock);
-  if (!it || (b->limit && b->n >= b->limit)) {
-    b->dropped++;
-    pthread_mutex_unlock(&b->lock);
-    return -1;
-  }
-  it->next = NULL;
-  if (b->tail)
-    b->tail->next = it;
-  else
-    b->head = it;
-  b->tail = it;
-  b->n++;
-  wake = !b->signalled;
-  b->signalled = 1;
-  pthread_mutex_unlock(&b->lock);
-  if (wake) {
-    char c = 1;
-    while (write(b->fds[1], &c, 1) < 0 && errno == EINTR)
-      ;
-  }
-  return 0;
-}
-
-/* Takes every queued item (loop thread) and, into `dropped` if not NULL,
- * how many were refused since. The pipe is emptied first, so an item
- * pushed after the list was taken always writes a new byte. */
-static item_t *bridge_take(bridge_t *b, unsigned long *dropped) {
-  char buf[64];
-  item_t *it;
-  while (read(b->fds[0], buf, sizeof(buf)) > 0)
-    ;
-  pthread_mutex_lock(&b->lock);
-  it = b->head;
-  b->head = b->tail = NULL;
-  b->n = 0;
-  if (dropped)
-    *dropped = b->dropped;
-  b->dropped = 0;
-  b->signalled = 0;
-  pthread_mutex_unlock(&b->lock);
-  return it;
-}
-
-static bridge_t *bridge_new(size_t limit) {
-  bridge_t *b = calloc(1, sizeof(*b));
-  if (!b)
-    return NULL;
-  if (pipe(b->fds)) {
-    free(b);
-    return NULL;
-  }
-  for (int i = 0; i < 2; i++) {
-    fcntl(b->fds[i], F_SETFL, fcntl(b->fds[i], F_GETFL) | O_NONBLOCK);
-    fcntl(b->fds[i], F_SETFD, FD_CLOEXEC);
-  }
-  b->limit = limit;
-  pthread_mutex_init(&b->lock, NULL);
-  return b;
-}
-
-static void bridge_free(bridge_t *b) {
-  if (!b)
-    return;
-  close(b->fds[0]);
-  close(b->fds[1]);
-  pthread_mutex_destroy(&b->lock);
-  free(b);
-}
+/* The item after `it` in a taken list. */
+#define ITEM_NEXT(it) ((item_t *)(it)->q.next)
 
 /* ------------------------------------------------------------------------ */
 /* Log lines (libprosody's threads -> the loop -> `logging`)                 */
@@ -528,13 +449,14 @@ typedef struct log_line {
 } log_line_t;
 
 /* A client's log lines. libprosody's log callback (any of the client's
- * threads, GIL not held) copies each line into `box`, a bounded mailbox
- * whose pipe the loop watches; the loop thread forwards them to `logging`
+ * threads, GIL not held) copies each line into `box`, a bounded event
+ * queue whose descriptor the loop watches; the loop thread forwards them to
+ * `logging`
  * (_support.forward_logs). Owned by a capsule: the client holds it, and so
  * does the reader registered on a loop, so neither outlives the other's
  * use of it. */
 typedef struct log_sink {
-  bridge_t *box;
+  prosody_queue_t *box;
   PyObject *source; /* the client's source_system (GIL), once known */
 } log_sink_t;
 
@@ -548,7 +470,7 @@ static void log_cb(prosody_log_level_t level, const char *subsystem,
     snprintf(l->subsystem, sizeof(l->subsystem), "%s", subsystem);
     memcpy(l->message, message, n + 1);
   }
-  if (bridge_push(s->box, l ? &l->item : NULL))
+  if (prosody_queue_offer(s->box, l ? &l->item.q : NULL))
     free(l);
 }
 
@@ -565,12 +487,12 @@ static void log_drain(log_sink_t *s) {
   item_t *it;
   if (!s)
     return;
-  it = bridge_take(s->box, &dropped);
+  it = (item_t *)prosody_queue_take(s->box, &dropped);
   if (!it && !dropped)
     return;
   PyErr_Fetch(&type, &value, &tb);
   if (!PR_FINALIZING() && (lines = PyList_New(0))) {
-    for (item_t *i = it; i && lines; i = i->next) {
+    for (item_t *i = it; i && lines; i = ITEM_NEXT(i)) {
       log_line_t *l = (log_line_t *)i;
       PyObject *t = Py_BuildValue("(iss)", l->level, l->subsystem, l->message);
       if (!t || PyList_Append(lines, t))
@@ -584,7 +506,7 @@ static void log_drain(log_sink_t *s) {
       PyErr_WriteUnraisable(FnForwardLogs);
   }
   while (it) {
-    item_t *next = it->next;
+    item_t *next = ITEM_NEXT(it);
     log_line_t *l = (log_line_t *)it;
     if (!r) {
       int lv = l->level >= 0 && l->level <= 5 ? l->level : 0;
@@ -606,7 +528,7 @@ static void log_sink_free(PyObject *capsule) {
   if (!s)
     return;
   log_drain(s);
-  bridge_free(s->box);
+  prosody_queue_destroy(s->box);
   Py_XDECREF(s->source);
   free(s);
 }
@@ -615,12 +537,12 @@ static void log_sink_free(PyObject *capsule) {
 static PyObject *log_sink_new(void) {
   log_sink_t *s = calloc(1, sizeof(*s));
   PyObject *cap;
-  if (!s || !(s->box = bridge_new(LOG_QUEUE_LINES))) {
+  if (!s || !(s->box = prosody_queue_new(LOG_QUEUE_LINES, NULL, 0))) {
     free(s);
     return PyErr_NoMemory();
   }
   if (!(cap = PyCapsule_New(s, "prosody.log_sink", log_sink_free))) {
-    bridge_free(s->box);
+    prosody_queue_destroy(s->box);
     free(s);
   }
   return cap;
@@ -630,7 +552,7 @@ static log_sink_t *log_sink_of(PyObject *capsule) {
   return capsule ? PyCapsule_GetPointer(capsule, "prosody.log_sink") : NULL;
 }
 
-/* The loop's reader callback for a sink's pipe. */
+/* The loop's reader callback for a sink's queue. */
 static PyObject *log_reader(PyObject *capsule, PyObject *unused) {
   log_sink_t *s = log_sink_of(capsule);
   if (!s)
@@ -650,13 +572,13 @@ typedef struct {
   PyObject_HEAD
   prosody_client_t *client;
   pid_t pid;
-  bridge_t *bridge; /* created at the first subscribe */
-  int subscribed;   /* subscribing, running or unsubscribing */
-  int sub_failed;   /* the executor's prosody_subscribe failed */
-  int has_timer;    /* the handler implements on_timer */
-  int orphaned;     /* unsubscribing from another loop: subscribe()'s closed */
-  int halted;       /* a handler raised SystemExit or KeyboardInterrupt: no
-                       handler runs until unsubscribe() */
+  prosody_queue_t *bridge; /* the mailbox, made at the first subscribe */
+  int subscribed;          /* subscribing, running or unsubscribing */
+  int sub_failed;          /* the executor's prosody_subscribe failed */
+  int has_timer;           /* the handler implements on_timer */
+  int orphaned; /* unsubscribing from another loop: subscribe()'s closed */
+  int halted;   /* a handler raised SystemExit or KeyboardInterrupt: no
+                   handler runs until unsubscribe() */
   int spans_follow[2]; /* message_spans / timer_spans are follows_from */
   char sub_err[1024];
   PyObject *loop, *handler, *on_message, *on_timer, *create_task;
@@ -665,7 +587,7 @@ typedef struct {
   PyObject *stop_exc;  /* SystemExit or KeyboardInterrupt a synchronous
                           handler raised in this drain, re-raised after it */
   PyObject *log_sink;  /* capsule of its log_sink_t */
-  PyObject *log_loop;  /* the loop watching the sink's pipe, or NULL */
+  PyObject *log_loop;  /* the loop watching the sink's queue, or NULL */
 } ClientObject;
 
 typedef struct {
@@ -844,8 +766,8 @@ static PyMethodDef task_done_def = {"_task_done", context_task_done, METH_O,
 /* Timer calls: the op travels to libprosody and back through the mailbox. */
 typedef struct pyop {
   item_t item;
-  bridge_t *bridge; /* the subscription's mailbox */
-  PyObject *fut;    /* strong reference, dropped on the loop thread */
+  prosody_queue_t *bridge; /* the subscription's mailbox */
+  PyObject *fut;           /* strong reference, dropped on the loop thread */
   int op;
   prosody_err_t err;
   char *errstr;
@@ -862,7 +784,7 @@ static void op_done_cb(prosody_err_t err, const char *errstr,
     memcpy(op->times, times, n * sizeof(int64_t));
     op->n = n;
   }
-  bridge_push(op->bridge, &op->item);
+  prosody_queue_push(op->bridge, &op->item.q);
 }
 
 static void op_resolve(pyop_t *op) {
@@ -926,7 +848,7 @@ static PyObject *context_op(ContextObject *cx, int kind, PyObject *time) {
     return NULL;
   }
   op->op = kind;
-  op->item.kind = IT_OP;
+  op->item.q.kind = IT_OP;
   op->item.obj = op;
   op->bridge = c->bridge;
   rc = prosody_timer_async(cx->ctx, (prosody_timer_op_t)kind, ms, op_done_cb,
@@ -968,9 +890,9 @@ static PyObject *context_should_cancel(PyObject *self, PyObject *unused) {
 static void cancel_cb(prosody_context_t *ctx, void *opaque) {
   ContextObject *cx = opaque;
   atomic_store(&cx->cancel_fired, 1);
-  cx->cancel_item.kind = IT_CANCEL;
+  cx->cancel_item.q.kind = IT_CANCEL;
   cx->cancel_item.obj = cx;
-  bridge_push(cx->client->bridge, &cx->cancel_item);
+  prosody_queue_push(cx->client->bridge, &cx->cancel_item.q);
 }
 
 static PyObject *ready(PyObject *value);
@@ -1067,18 +989,18 @@ static PyTypeObject ContextType = {
 /* Handler hand-over (engine thread -> loop)                                 */
 /* ------------------------------------------------------------------------ */
 
-static prosody_result_t push_event(bridge_t *b, int kind,
+static prosody_result_t push_event(prosody_queue_t *b, int kind,
                                    prosody_context_t *ctx, const void *ev) {
   item_t *it = malloc(sizeof(*it));
   if (!it) {
     prosody_context_set_error(ctx, "out of memory handing the event over");
     return PROSODY_TRANSIENT;
   }
-  it->kind = kind;
+  it->q.kind = kind;
   it->ctx = ctx;
   it->event = ev;
   it->obj = NULL;
-  bridge_push(b, it);
+  prosody_queue_push(b, &it->q);
   return PROSODY_PENDING;
 }
 
@@ -1150,7 +1072,7 @@ static PyObject *trace_context(ClientObject *c, ContextObject *cx,
   int follows, spanned = 0;
   if (!otel_enabled)
     return NULL;
-  if (it->kind == IT_MESSAGE) {
+  if (it->q.kind == IT_MESSAGE) {
     const prosody_message_t *m = it->event;
     tp = prosody_message_traceparent(m, &spanned);
     ts = prosody_message_header(m, "tracestate");
@@ -1254,14 +1176,14 @@ static int stop_requested(ClientObject *c, ContextObject *cx) {
 static void dispatch(ClientObject *c, item_t *it) {
   ContextObject *cx = context_new(c, it->ctx);
   PyObject *event = NULL, *coro = NULL, *task = NULL, *cb = NULL, *r, *run_in;
-  PyObject *method = it->kind == IT_MESSAGE ? c->on_message : c->on_timer;
+  PyObject *method = it->q.kind == IT_MESSAGE ? c->on_message : c->on_timer;
   if (!cx) {
     PyErr_Clear();
     prosody_complete(it->ctx, PROSODY_TRANSIENT, "out of memory");
     return;
   }
-  event = it->kind == IT_MESSAGE ? build_message(it->event)
-                                 : build_timer(it->event);
+  event = it->q.kind == IT_MESSAGE ? build_message(it->event)
+                                   : build_timer(it->event);
   if (!event)
     goto failed;
   run_in = trace_context(c, cx, it);
@@ -1281,7 +1203,7 @@ static void dispatch(ClientObject *c, item_t *it) {
     const char *lazy = lazy_kind(coro);
     Py_XDECREF(run_in);
     if (lazy) {
-      finish_lazy(c, cx, it->kind == IT_TIMER, coro, lazy);
+      finish_lazy(c, cx, it->q.kind == IT_TIMER, coro, lazy);
       goto out;
     }
     /* A plain function: its return is the success. */
@@ -1335,10 +1257,10 @@ static PyObject *client_drain(PyObject *self, PyObject *unused) {
   item_t *it;
   if (!c->bridge)
     Py_RETURN_NONE;
-  it = bridge_take(c->bridge, NULL);
+  it = (item_t *)prosody_queue_take(c->bridge, NULL);
   while (it) {
-    item_t *next = it->next;
-    switch (it->kind) {
+    item_t *next = ITEM_NEXT(it);
+    switch (it->q.kind) {
     case IT_MESSAGE:
     case IT_TIMER:
       /* Not run, and not committed: redelivered to a later consumer. */
@@ -1402,7 +1324,7 @@ static PyObject *running_loop(const char *what) {
   return loop;
 }
 
-/* Stops the loop watching the client's log pipe (the caller's exception,
+/* Stops the loop watching the client's log queue (the caller's exception,
  * if any, is kept). */
 static void log_unwatch(ClientObject *c) {
   PyObject *type, *value, *tb, *fd, *r;
@@ -1410,7 +1332,7 @@ static void log_unwatch(ClientObject *c) {
   if (!c->log_loop || !s)
     return;
   PyErr_Fetch(&type, &value, &tb);
-  fd = PyLong_FromLong(s->box->fds[0]);
+  fd = PyLong_FromLong(prosody_queue_fd(s->box));
   r = fd ? PyObject_CallMethodObjArgs(c->log_loop, S_remove_reader, fd, NULL)
          : NULL;
   Py_XDECREF(fd);
@@ -1430,7 +1352,7 @@ static void log_watch(ClientObject *c, PyObject *loop) {
     return;
   log_unwatch(c);
   reader = PyCFunction_New(&log_reader_def, c->log_sink);
-  fd = PyLong_FromLong(s->box->fds[0]);
+  fd = PyLong_FromLong(prosody_queue_fd(s->box));
   if (reader && fd)
     r = PyObject_CallMethodObjArgs(loop, S_add_reader, fd, reader, NULL);
   Py_XDECREF(reader);
@@ -1519,12 +1441,12 @@ static void client_dealloc(ClientObject *c) {
     Py_CLEAR(c->log_sink);
   }
   if (c->bridge) {
-    item_t *it = bridge_take(c->bridge, NULL);
+    item_t *it = (item_t *)prosody_queue_take(c->bridge, NULL);
     while (it) { /* left when the loop stopped before draining */
-      item_t *next = it->next;
-      if (it->kind == IT_MESSAGE || it->kind == IT_TIMER) {
+      item_t *next = ITEM_NEXT(it);
+      if (it->q.kind == IT_MESSAGE || it->q.kind == IT_TIMER) {
         free(it);
-      } else if (it->kind == IT_OP) { /* a result nobody will await now */
+      } else if (it->q.kind == IT_OP) { /* a result nobody will await now */
         pyop_t *op = it->obj;
         Py_DECREF(op->fut);
         free(op->errstr);
@@ -1533,7 +1455,7 @@ static void client_dealloc(ClientObject *c) {
       }
       it = next;
     }
-    bridge_free(c->bridge);
+    prosody_queue_destroy(c->bridge);
   }
   client_clear_handler(c);
   Py_CLEAR(c->loop);
@@ -1684,7 +1606,7 @@ static void client_detach(ClientObject *c) {
   r = client_drain((PyObject *)c, NULL);
   Py_XDECREF(r);
   log_drain(log_sink_of(c->log_sink)); /* e.g. the consumer's stop */
-  fd = PyLong_FromLong(c->bridge->fds[0]);
+  fd = PyLong_FromLong(prosody_queue_fd(c->bridge));
   r = fd ? PyObject_CallMethodObjArgs(c->loop, S_remove_reader, fd, NULL)
          : NULL;
   Py_XDECREF(fd);
@@ -1782,7 +1704,7 @@ static PyObject *client_subscribe(PyObject *self, PyObject *handler) {
   if (!(loop = running_loop("subscribe()")))
     goto fail;
   log_watch(c, loop);
-  if (!c->bridge && !(c->bridge = bridge_new(0))) {
+  if (!c->bridge && !(c->bridge = prosody_queue_new(0, NULL, 0))) {
     PyErr_SetFromErrno(PyExc_OSError);
     goto fail;
   }
@@ -1797,7 +1719,7 @@ static PyObject *client_subscribe(PyObject *self, PyObject *handler) {
     goto fail_reset;
   if (!(reader = PyCFunction_New(&drain_def, self)))
     goto fail_reset;
-  fd = PyLong_FromLong(c->bridge->fds[0]);
+  fd = PyLong_FromLong(prosody_queue_fd(c->bridge));
   r = fd ? PyObject_CallMethodObjArgs(loop, S_add_reader, fd, reader, NULL)
          : NULL;
   Py_XDECREF(fd);
@@ -1904,7 +1826,7 @@ static int adopt_orphan(ClientObject *c, PyObject *running) {
     return -1;
   if (!(reader = PyCFunction_New(&drain_def, (PyObject *)c)))
     return -1;
-  fd = PyLong_FromLong(c->bridge->fds[0]);
+  fd = PyLong_FromLong(prosody_queue_fd(c->bridge));
   r = fd ? PyObject_CallMethodObjArgs(running, S_add_reader, fd, reader, NULL)
          : NULL;
   Py_XDECREF(fd);
