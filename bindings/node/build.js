@@ -1,6 +1,6 @@
 'use strict';
 // Builds the addon: libprosody (static, with CMake, from this source tree),
-// then src/addon.c against it and the Node-API headers. No node-gyp: an
+// then every src/*.c against it and the Node-API headers. No node-gyp: an
 // N-API addon needs only the ABI-stable headers (the node-api-headers
 // package, or the ones Node ships), and node-gyp's header download cannot
 // work offline.
@@ -54,7 +54,10 @@ run(process.env.CC || 'cc', [
   '-Wno-unused-parameter', '-Wno-missing-field-initializers', '-fvisibility=hidden',
   '-I', napiInclude(), '-I', path.join(root, 'include'),
   ...pkgConfig('--cflags').filter((f) => f.startsWith('-I')),
-  path.join(here, 'src', 'addon.c'), path.join(lib, 'libprosody.a'),
+  // Every C file of src/ (one per type; src/prosody_node.h lists them).
+  ...fs.readdirSync(path.join(here, 'src')).filter((f) => f.endsWith('.c')).sort()
+    .map((f) => path.join(here, 'src', f)),
+  path.join(lib, 'libprosody.a'),
   // librdkafka is inside libprosody.a; these are the system libraries of
   // both, as CMake wrote them for this build.
   '-Wl,--exclude-libs,ALL',

@@ -1,7 +1,7 @@
 'use strict';
 // @prosody-events/prosody: the JavaScript API of Prosody over libprosody.
 //
-// The addon (src/addon.c) hands every batch of events from libprosody's
+// The addon (src/*.c: bridge.c) hands every batch of events from libprosody's
 // engine thread to `dispatch` below, on the JavaScript thread; this file
 // turns them into handler calls with a Context, a Message or Timer and an
 // AbortSignal, and reports each promise's outcome with `complete`.
@@ -568,7 +568,7 @@ class ProsodyClient {
   }
 
   // One call per batch from the addon: STRIDE slots per event (see
-  // src/addon.c): [kind, id, ev, ...]; kind 0 message, 1 timer, 2 cancel.
+  // src/bridge.c): [kind, id, ev, ...]; kind 0 message, 1 timer, 2 cancel.
   _dispatch(batch) {
     this._tracing = tracing();
     for (let i = 0; i < batch.length; i += STRIDE) {

@@ -52,14 +52,15 @@ class BuildWithLibprosody(build_ext):
             ext.extra_link_args += libs
             ext.include_dirs.append(str(ROOT / "include"))
         # build_ext compares the module's own sources only: relink whenever
-        # the library may have changed (one C file: cheap).
+        # the library may have changed (a few small C files: cheap).
         self.force = True
         super().run()
 
 
 ext = Extension(
     "prosody.prosody",
-    sources=["src/prosody_module.c"],
+    # Every C file of src/ (one per type; src/prosody_py.h lists them).
+    sources=sorted(str(p.relative_to(HERE)) for p in (HERE / "src").glob("*.c")),
     extra_compile_args=["-std=c11", "-D_GNU_SOURCE", "-Wall", "-Wno-unused-parameter",
                         *[f for f in pkg_config("--cflags") if f.startswith("-I")]],
     # The static library's symbols stay private to the extension.
