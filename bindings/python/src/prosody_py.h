@@ -121,10 +121,9 @@ typedef struct log_line {
 /* A client's log lines. libprosody's log callback (any of the client's
  * threads, GIL not held) copies each line into `box`, a bounded event
  * queue whose descriptor the loop watches; the loop thread forwards them to
- * `logging`
- * (_support.forward_logs). Owned by a capsule: the client holds it, and so
- * does the reader registered on a loop, so neither outlives the other's
- * use of it. */
+ * `logging` (_support.forward_logs). Owned by a capsule: the client holds
+ * it, and so does the reader registered on a loop, so neither outlives the
+ * other's use of it. */
 typedef struct log_sink {
   prosody_queue_t *box;
   PyObject *source; /* the client's source_system (GIL), once known */
