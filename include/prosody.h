@@ -107,7 +107,11 @@ PROSODY_EXPORT int prosody_err_is_transient(prosody_err_t err);
  * variable (read when the configuration is resolved, i.e. by
  * prosody_client_new(), prosody_admin_new(), prosody_config_get() and
  * prosody_config_validate()), the default. The full table, with types,
- * defaults and bounds, is in docs/CONFIGURATION.md.
+ * defaults and bounds, is in docs/CONFIGURATION.md. An environment value
+ * that does not parse is an error (naming the option, the variable and the
+ * accepted form), except for OTEL_EXPORTER_OTLP_PROTOCOL, which other
+ * programs share: a value of it that is not accepted is ignored (the
+ * default applies, and a client logs one warning).
  *
  * Value syntax: durations are humantime strings ("500ms", "5m", "2h 30m",
  * "7d"; units ns us ms s m h d w M y; a bare number is an error); lists are

@@ -87,6 +87,7 @@ prosody_client_new(prosody_config_t *conf, char *errstr, size_t errstr_size) {
   pr__logger_init(c->logger, (pr__log_level_t)PR_CFG_ENUM(&c->st, LOG),
                   conf->log_cb, conf->log_opaque);
   prev = pr__log_adopt(c->logger); /* the producer's thread inherits it */
+  pr__settings_warn_ignored(&c->st);
 
   source = PR_CFG_STR(&c->st, SOURCE_SYSTEM);
   if (!source)
@@ -113,7 +114,7 @@ prosody_client_new(prosody_config_t *conf, char *errstr, size_t errstr_size) {
   if (PR_CFG_SET(&c->st, OTEL_ENDPOINT)) {
     pr_otel_config_t oc = {
         .endpoint = PR_CFG_STR(&c->st, OTEL_ENDPOINT),
-        .json = PR_CFG_ENUM(&c->st, OTEL_PROTOCOL) == 1,
+        .protocol = (pr_otlp_protocol_t)PR_CFG_ENUM(&c->st, OTEL_PROTOCOL),
         .service_name = PR_CFG_STR(&c->st, OTEL_SERVICE_NAME),
         .resource_attributes = PR_CFG_STR(&c->st, OTEL_RESOURCE_ATTRIBUTES)};
     if (!(c->otel = pr__otel_open(&oc, errstr, errstr_size))) {

@@ -664,10 +664,15 @@ void pr__opt_format(pr__opt_id_t id, const pr__value_t *v, char *buf,
 
 prosody_err_t pr__opt_resolve(const prosody_config_t *conf, pr__opt_id_t id,
                               pr__value_t *out, prosody_config_source_t *source,
-                              char *errstr, size_t errstr_size) {
+                              char **env_ignored, char *errstr,
+                              size_t errstr_size) {
   const pr__opt_def_t *d = &pr__opt_defs[id];
   const char *env;
+  char why[512];
+  prosody_err_t err;
 
+  if (env_ignored)
+    *env_ignored = NULL;
   if (conf && conf->set[id]) {
     if (source)
       *source = PROSODY_CONFIG_SOURCE_SET;
@@ -677,7 +682,24 @@ prosody_err_t pr__opt_resolve(const prosody_config_t *conf, pr__opt_id_t id,
   if (env && *env) {
     if (source)
       *source = PROSODY_CONFIG_SOURCE_ENV;
-    return pr__opt_parse(id, env, 1, out, errstr, errstr_size);
+    if (!(d->flags & PR_F_ENV_LENIENT))
+      return pr__opt_parse(id, env, 1, out, errstr, errstr_size);
+    err = pr__opt_parse(id, env, 1, out, why, sizeof(why));
+    if (err != PROSODY_ERR_CONFIG) {
+      if (err)
+        pr__errf(errstr, errstr_size, "%s", why);
+      return err;
+    }
+    /* Ignored: the default applies, and the caller may keep the reason. */
+    if (env_ignored) {
+      size_t n = strlen(why) + 64 + (d->def ? strlen(d->def) : 4);
+      if (!(*env_ignored = malloc(n))) {
+        pr__errf(errstr, errstr_size, "out of memory");
+        return PROSODY_ERR_NOMEM;
+      }
+      snprintf(*env_ignored, n, "%s; using the default, %s", why,
+               d->def ? d->def : "none");
+    }
   }
   if (source)
     *source = PROSODY_CONFIG_SOURCE_DEFAULT;
@@ -691,8 +713,17 @@ prosody_err_t pr__opt_resolve(const prosody_config_t *conf, pr__opt_id_t id,
 void pr__settings_fini(pr__settings_t *st) {
   if (!st)
     return;
-  for (int i = 0; i < PR_OPT__COUNT; i++)
+  for (int i = 0; i < PR_OPT__COUNT; i++) {
     pr__value_fini((pr__opt_id_t)i, &st->v[i]);
+    free(st->env_ignored[i]);
+    st->env_ignored[i] = NULL;
+  }
+}
+
+void pr__settings_warn_ignored(const pr__settings_t *st) {
+  for (int i = 0; i < PR_OPT__COUNT; i++)
+    if (st->env_ignored[i])
+      PR_WARN("config", "%s", st->env_ignored[i]);
 }
 
 static void describe(const pr__settings_t *st, pr__opt_id_t id, char *buf,
@@ -707,8 +738,8 @@ prosody_err_t pr__settings_resolve(const prosody_config_t *conf,
 
   memset(st, 0, sizeof(*st));
   for (int i = 0; i < PR_OPT__COUNT; i++) {
-    err = pr__opt_resolve(conf, (pr__opt_id_t)i, &st->v[i], &st->src[i], errstr,
-                          errstr_size);
+    err = pr__opt_resolve(conf, (pr__opt_id_t)i, &st->v[i], &st->src[i],
+                          &st->env_ignored[i], errstr, errstr_size);
     if (err) {
       pr__settings_fini(st);
       return err;
@@ -798,8 +829,8 @@ PROSODY_EXPORT prosody_err_t prosody_config_get(
     unknown_option(name, errstr, errstr_size);
     return PROSODY_ERR_CONFIG;
   }
-  err =
-      pr__opt_resolve(conf, (pr__opt_id_t)id, &v, source, errstr, errstr_size);
+  err = pr__opt_resolve(conf, (pr__opt_id_t)id, &v, source, NULL, errstr,
+                        errstr_size);
   if (err)
     return err;
   /* Format into a buffer that grows until the value fits, so that a short

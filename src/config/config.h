@@ -34,6 +34,11 @@ typedef enum pr__opt_type {
 #define PR_F_SECRET 0x2u   /* value is never printed */
 #define PR_F_OPEN_MIN 0x4u /* float bound min is exclusive */
 #define PR_F_OPEN_MAX 0x8u /* float bound max is exclusive */
+/* A value from the environment that does not parse is ignored (the default
+ * applies, and the client logs one warning) instead of failing: for
+ * variables other programs share, such as OTEL_EXPORTER_OTLP_PROTOCOL. A
+ * value set in code is still checked. */
+#define PR_F_ENV_LENIENT 0x10u
 
 typedef enum pr__opt_id {
 #define PR_OPT(id, ...) PR_OPT_##id,
@@ -103,6 +108,9 @@ struct prosody_config {
 typedef struct pr__settings {
   pr__value_t v[PR_OPT__COUNT];
   prosody_config_source_t src[PR_OPT__COUNT];
+  /* Why the environment's value of a PR_F_ENV_LENIENT option was ignored
+   * (owned), or NULL. */
+  char *env_ignored[PR_OPT__COUNT];
   pr__test_opts_t test;
 } pr__settings_t;
 
@@ -128,16 +136,23 @@ void pr__opt_format(pr__opt_id_t id, const pr__value_t *v, char *buf,
 /* The accepted form of option `id` ("an integer from 1 to 65536"). */
 const char *pr__opt_accepted(pr__opt_id_t id);
 
-/* Resolves one option (set, then environment, then default). */
+/* Resolves one option (set, then environment, then default). The
+ * environment's value of a PR_F_ENV_LENIENT option that does not parse is
+ * ignored (the source is then the default); `*env_ignored` (if given) is
+ * then the reason, malloc'd, else NULL. */
 prosody_err_t pr__opt_resolve(const prosody_config_t *conf, pr__opt_id_t id,
                               pr__value_t *out, prosody_config_source_t *source,
-                              char *errstr, size_t errstr_size);
+                              char **env_ignored, char *errstr,
+                              size_t errstr_size);
 
 /* Resolves every option. On error the settings are left empty (nothing to
  * free). The rules between options are in pr__settings_check_*. */
 prosody_err_t pr__settings_resolve(const prosody_config_t *conf,
                                    pr__settings_t *st, char *errstr,
                                    size_t errstr_size);
+/* Logs one warning (on the calling thread's logger) for each environment
+ * value that resolution ignored. */
+void pr__settings_warn_ignored(const pr__settings_t *st);
 
 /* Checks what every Kafka handle needs: bootstrap_servers unless mock. */
 prosody_err_t pr__settings_check_kafka(const pr__settings_t *st, char *errstr,

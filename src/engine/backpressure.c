@@ -33,6 +33,7 @@ int pr__bp_under_half(int invs, size_t window, int max_uncommitted) {
  * seconds). A partition that stops and is read again within 100 ms is
  * not paused. */
 void pr__bp_check(pr__engine_t *eng, part_t *part) {
+  PR_ENGINE_THREAD(eng);
   /* Half way to its offset window's limit, a partition's waiting events
    * go first in the scheduler (holding a key back would soon hold the
    * partition back). Not by its unfinished events: every delivery burst
@@ -70,6 +71,7 @@ void pr__bp_check(pr__engine_t *eng, part_t *part) {
 }
 
 void pr__bp_tick(pr__engine_t *eng) {
+  PR_ENGINE_THREAD(eng);
   int64_t now = pr__now_ns();
   for (part_t *part = eng->parts; part; part = part->next)
     if (part->stopped && !part->paused &&

@@ -11,6 +11,11 @@
 
 #include "internal.h"
 
+static void dlq_mail(pr__mail_t *mail, void *owner) {
+  (void)owner;
+  pr__dlq_done(PR_CONTAINER_OF(mail, inv_t, mail));
+}
+
 static void dlq_cb(prosody_err_t err, const char *errstr,
                    const prosody_delivery_t *d, void *opaque) {
   inv_t *inv = opaque;
@@ -18,12 +23,12 @@ static void dlq_cb(prosody_err_t err, const char *errstr,
   inv->dlq_err = err;
   free(inv->dlq_errstr);
   inv->dlq_errstr = errstr ? strdup(errstr) : NULL;
-  inv->mail.kind = MAIL_DLQ;
-  pr__mail_post(inv->eng, &inv->mail);
+  pr__mailbox_post(&inv->eng->mb, &inv->mail, dlq_mail);
 }
 
 /* Sends the record to failure_topic with the source-* headers. */
 void pr__dlq_send(inv_t *inv) {
+  PR_ENGINE_THREAD(inv->eng);
   pr__engine_t *eng = inv->eng;
   rd_kafka_headers_t *h = rd_kafka_headers_new(8);
   prosody_trace_t trace = {NULL, NULL, NULL};
@@ -72,6 +77,7 @@ void pr__dlq_send(inv_t *inv) {
 }
 
 void pr__dlq_done(inv_t *inv) {
+  PR_ENGINE_THREAD(inv->eng);
   pr__engine_t *eng = inv->eng;
   inv->part->active--;
   eng->dlq_inflight--;

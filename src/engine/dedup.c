@@ -18,24 +18,20 @@
  * first. A failed store lookup is transient: the event waits and the lookup
  * is retried with the retry backoff; the handler does not run meanwhile.
  *
- * Without one (mock mode, or cassandra_nodes unset: a process-wide memory
- * store of at most PR_DD_MEMORY_IDS ids, which is its own cache) the
- * engine thread, the pipeline's serial stage, neither reads the id nor
- * looks it up (DD_LATE): the thread about to run the event's first attempt
- * does both (pr__dd_prepare, before decode), and the thread giving a
- * success records it before posting the result (pr__dd_ran). A key's
- * events start one after another, each once the one before it has been
- * recorded, so a duplicate queued behind its original, or claimed by the
- * same run, is still found; it is skipped like a filtered record and
- * committed in order.
+ * With the memory store (mock mode, or cassandra_nodes unset:
+ * src/stores/memdedup.c, process-wide, which is its own cache and answers
+ * at once on any thread) the engine thread, the pipeline's serial stage,
+ * neither reads the id nor looks it up (DD_LATE): the thread about to run
+ * the event's first attempt does both (pr__dd_prepare, before decode),
+ * and the thread giving a success records it before posting the result
+ * (pr__dd_ran). A key's events start one after another, each once the one
+ * before it has been recorded, so a duplicate queued behind its original,
+ * or claimed by the same run, is still found; it is skipped like a
+ * filtered record and committed in order.
  *
  * Threads: the engine thread, except pr__dd_prepare() and pr__dd_ran() (the
- * thread running the event, see above); the process-wide cache and memory
- * store are shared by every client: the cache is guarded by g_lock, the
- * memory store is PR_DD_SHARDS sets by the id's top bits, each under its
- * own lock (workers look ids up and record them concurrently: one lock for
- * all cost the handler threads a fifth of their time in lock waits and
- * wake-ups on two cores; each shard evicts its own least recently used).
+ * thread running the event, see above). The process-wide cache is shared
+ * by every client, guarded by g_lock.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -48,29 +44,9 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-/* The memory store's capacity (mock mode): about 80 MB at most. */
-#define PR_DD_MEMORY_IDS (1u << 20)
-#define PR_DD_SHARDS 16
-
+/* The cache in front of an asynchronous (Cassandra) store. */
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static pr__idset_t *g_cache; /* guarded by g_lock; never freed */
-
-/* The memory store's shards; `set` is created once under g_lock and
- * never freed, its contents guarded by `lock`. */
-static struct shard {
-  pthread_mutex_t lock;
-  pr__idset_t *set;
-} __attribute__((aligned(64))) g_mem[PR_DD_SHARDS];
-static pthread_once_t g_mem_once = PTHREAD_ONCE_INIT;
-
-static void mem_locks_init(void) {
-  for (int i = 0; i < PR_DD_SHARDS; i++)
-    pthread_mutex_init(&g_mem[i].lock, NULL);
-}
-
-static struct shard *shard_of(pr__did_t d) {
-  return &g_mem[d.hi >> 60]; /* PR_DD_SHARDS == 16 */
-}
 
 /* A store lookup in flight: `inv` is cleared when the event goes first. */
 struct pr__dd_req {
@@ -120,43 +96,36 @@ pr__did_t pr__dd_id(const char *version, const char *group, const char *topic,
 
 static int64_t now_s(void) { return (int64_t)time(NULL); }
 
-static void hex(pr__did_t d, char out[33]) {
-  snprintf(out, 33, "%016" PRIx64 "%016" PRIx64, d.hi, d.lo);
+static void got_seen(void *arg, prosody_err_t err, const char *errstr,
+                     int seen) {
+  (void)errstr;
+  *(int *)arg = !err && seen;
 }
 
-/* In the cache, or (without a Cassandra store) the memory store: a
- * superset of the cache, at the cost of a cache lookup, so it replaces
- * it. Any thread. */
+/* In the cache, or (a memory store) the store itself: a superset of the
+ * cache, at the cost of a cache lookup, so it replaces it. Any thread. */
 static int known(pr__engine_t *eng, pr__did_t d) {
   int hit;
-  int64_t now = now_s();
-  struct shard *sh;
-  if (eng->dd_store) {
-    pthread_mutex_lock(&g_lock);
-    hit = pr__idset_has(g_cache, d, now);
-    pthread_mutex_unlock(&g_lock);
+  if (eng->dd_late) {
+    pr__dedup_seen(eng->dd_store, eng->group_id, d, got_seen, &hit);
     return hit;
   }
-  sh = shard_of(d);
-  pthread_mutex_lock(&sh->lock);
-  hit = pr__idset_has(sh->set, d, now);
-  pthread_mutex_unlock(&sh->lock);
+  pthread_mutex_lock(&g_lock);
+  hit = pr__idset_has(g_cache, d, now_s());
+  pthread_mutex_unlock(&g_lock);
   return hit;
 }
 
 /* Records a handled id in the cache or the memory store. Any thread. */
-static void remember(pr__engine_t *eng, pr__did_t d, int64_t expires) {
-  struct shard *sh;
-  if (eng->dd_store) {
-    pthread_mutex_lock(&g_lock);
-    pr__idset_add(g_cache, d, expires);
-    pthread_mutex_unlock(&g_lock);
+static void remember(pr__engine_t *eng, pr__did_t d) {
+  if (eng->dd_late) {
+    pr__dedup_record(eng->dd_store, eng->group_id, d, eng->dd_ttl_s, NULL,
+                     NULL);
     return;
   }
-  sh = shard_of(d);
-  pthread_mutex_lock(&sh->lock);
-  pr__idset_add(sh->set, d, expires);
-  pthread_mutex_unlock(&sh->lock);
+  pthread_mutex_lock(&g_lock);
+  pr__idset_add(g_cache, d, now_s() + eng->dd_ttl_s);
+  pthread_mutex_unlock(&g_lock);
 }
 
 prosody_err_t pr__dd_open(pr__engine_t *eng, void (*wake)(void *), char *errstr,
@@ -170,31 +139,27 @@ prosody_err_t pr__dd_open(pr__engine_t *eng, void (*wake)(void *), char *errstr,
 
   if (eng->mode != PR_MODE_PIPELINE || cap == 0)
     return PROSODY_OK; /* the layer is not in the list */
-  pthread_once(&g_mem_once, mem_locks_init);
+  eng->dd_ttl_s = PR_CFG_NS(st, IDEMPOTENCE_TTL) / 1000000000;
+  if (memory) {
+    if (!(eng->dd_store = pr__dedup_memory())) {
+      pr__errf(errstr, errstr_size, "out of memory");
+      return PROSODY_ERR_NOMEM;
+    }
+    eng->dd_on = 1;
+    eng->dd_late = 1;
+    return PROSODY_OK;
+  }
   pthread_mutex_lock(&g_lock);
   if (!g_cache)
     g_cache = pr__idset_new(cap);
   else
     pr__idset_reserve(g_cache, cap); /* process-wide: the largest asked */
   err = g_cache ? PROSODY_OK : PROSODY_ERR_NOMEM;
-  for (int i = 0; memory && i < PR_DD_SHARDS; i++) {
-    /* Set before any engine uses it; read without g_lock afterwards. */
-    pthread_mutex_lock(&g_mem[i].lock);
-    if (!g_mem[i].set)
-      g_mem[i].set = pr__idset_new(PR_DD_MEMORY_IDS / PR_DD_SHARDS);
-    if (!g_mem[i].set)
-      err = PROSODY_ERR_NOMEM;
-    pthread_mutex_unlock(&g_mem[i].lock);
-  }
   pthread_mutex_unlock(&g_lock);
   if (err) {
     pr__errf(errstr, errstr_size, "out of memory");
     return err;
   }
-  eng->dd_on = 1;
-  eng->dd_ttl_s = PR_CFG_NS(st, IDEMPOTENCE_TTL) / 1000000000;
-  if (memory)
-    return PROSODY_OK;
   /* The timer store migrated the keyspace when it uses Cassandra. */
   if (!eng->handler.on_timer &&
       (err = pr__cql_keyspace_ready(st, errstr, errstr_size)))
@@ -202,19 +167,28 @@ prosody_err_t pr__dd_open(pr__engine_t *eng, void (*wake)(void *), char *errstr,
   c = pr__cql_conf_of(st);
   eng->dd_store = pr__dedup_new(&c, PR_CFG_STR(st, CASSANDRA_KEYSPACE), wake,
                                 eng, errstr, errstr_size);
-  return eng->dd_store ? PROSODY_OK : PROSODY_ERR_TRANSIENT;
+  if (!eng->dd_store)
+    return PROSODY_ERR_TRANSIENT;
+  eng->dd_on = 1;
+  return PROSODY_OK;
 }
 
-void pr__dd_close(pr__engine_t *eng) {
+void pr__dd_close(pr__engine_t *eng, int final) {
+  PR_ENGINE_THREAD(eng);
   /* Records still being written are waited for (a little): a handled id
    * that never reaches the store would be handled again when resent. */
   int64_t give_up = pr__now_ns() + INT64_C(2000000000);
   while (eng->dd_store && eng->dd_recording > 0 && pr__now_ns() < give_up) {
     struct timespec ts;
     pr__deadline_after(CLOCK_REALTIME, 50000000, &ts);
-    pr__mail_wait(eng, &ts);
-    pr__mail_deliver(eng);
+    pr__mailbox_wait(&eng->mb, &ts);
+    pr__mailbox_deliver(&eng->mb);
   }
+  /* The memory store stays until the engine is freed: a handler that
+   * outlived the shutdown records its success in it (pr__dd_ran), and an
+   * abandoned engine is never freed. */
+  if (eng->dd_late && !final)
+    return;
   pr__dedup_free(eng->dd_store);
   eng->dd_store = NULL;
 }
@@ -224,7 +198,6 @@ static void on_seen(void *arg, prosody_err_t err, const char *errstr, int seen);
 static void lookup(inv_t *inv) {
   pr__engine_t *eng = inv->eng;
   struct pr__dd_req *req = malloc(sizeof(*req));
-  char id[33];
   inv->dd = DD_PENDING;
   if (!req) {
     inv->dd = DD_ERROR; /* asked again at the head, with backoff */
@@ -232,8 +205,7 @@ static void lookup(inv_t *inv) {
   }
   req->inv = inv;
   inv->dd_req = req;
-  hex(inv->did, id);
-  pr__dedup_seen(eng->dd_store, eng->group_id, id, on_seen, req);
+  pr__dedup_seen(eng->dd_store, eng->group_id, inv->did, on_seen, req);
 }
 
 static void on_seen(void *arg, prosody_err_t err, const char *errstr,
@@ -297,8 +269,9 @@ static void read_id(inv_t *inv) {
 }
 
 void pr__dd_intake(inv_t *inv) {
+  PR_ENGINE_THREAD(inv->eng);
   pr__engine_t *eng = inv->eng;
-  if (!eng->dd_store) {
+  if (eng->dd_late) {
     inv->dd = DD_LATE; /* read and looked up by the thread that runs it */
     return;
   }
@@ -316,16 +289,15 @@ int pr__dd_prepare(inv_t *inv) {
 }
 
 void pr__dd_ran(inv_t *inv, prosody_result_t result) {
-  int64_t expires;
-  if (inv->dd != DD_UNSEEN || inv->eng->dd_store || result != PROSODY_SUCCESS ||
+  if (inv->dd != DD_UNSEEN || !inv->eng->dd_late || result != PROSODY_SUCCESS ||
       inv->skip)
     return; /* a permanent failure: pr__dd_record, on the engine thread */
-  expires = now_s() + inv->eng->dd_ttl_s;
-  remember(inv->eng, inv->did, expires);
+  remember(inv->eng, inv->did);
   inv->dd = DD_RECORDED;
 }
 
 void pr__dd_skipped(inv_t *inv) {
+  PR_ENGINE_THREAD(inv->eng);
   char ev[160];
   PR_BUMP(inv->eng->metrics.skipped_duplicate, 1);
   PR_DEBUG("engine", "%s: a duplicate of one already handled; skipping it",
@@ -333,6 +305,7 @@ void pr__dd_skipped(inv_t *inv) {
 }
 
 int pr__dd_gate(inv_t *inv) {
+  PR_ENGINE_THREAD(inv->eng);
   switch (inv->dd) {
   case DD_OFF:
     return DD_RUN;
@@ -355,6 +328,7 @@ int pr__dd_gate(inv_t *inv) {
 }
 
 int pr__dd_claimable(inv_t *head, inv_t *f) {
+  PR_ENGINE_THREAD(head->eng);
   if (f->dd == DD_OFF || f->dd == DD_LATE)
     return 1; /* DD_LATE: looked up once the run's earlier ones recorded */
   if (f->dd != DD_UNSEEN)
@@ -376,26 +350,25 @@ static void on_recorded(void *arg, prosody_err_t err, const char *errstr) {
 }
 
 void pr__dd_record(inv_t *inv) {
+  PR_ENGINE_THREAD(inv->eng);
   pr__engine_t *eng = inv->eng;
-  int64_t expires = now_s() + eng->dd_ttl_s;
-  char id[33];
   /* A miss in the cache costs a store lookup; the memory store is its own
    * cache. */
-  remember(eng, inv->did, expires);
+  remember(eng, inv->did);
   /* Taken before this was recorded, the same id behind it on its key. */
   for (inv_t *i = inv->next; i; i = i->next)
     if (i->state == INV_QUEUED && i->dd != DD_OFF && i->dd != DD_LATE &&
         i->did.hi == inv->did.hi && i->did.lo == inv->did.lo)
       i->dd = DD_SEEN;
-  if (eng->dd_store) {
-    hex(inv->did, id);
+  if (!eng->dd_late) {
     eng->dd_recording++;
-    pr__dedup_record(eng->dd_store, eng->group_id, id, eng->dd_ttl_s,
+    pr__dedup_record(eng->dd_store, eng->group_id, inv->did, eng->dd_ttl_s,
                      on_recorded, eng);
   }
 }
 
 void pr__dd_forget(inv_t *inv) {
+  PR_ENGINE_THREAD(inv->eng);
   if (inv->dd_req)
     inv->dd_req->inv = NULL;
   inv->dd_req = NULL;

@@ -32,6 +32,8 @@
 
 #include "internal.h"
 
+static void loaded_mail(pr__mail_t *mail, void *owner);
+
 /* A segment is one group's topic partition. */
 static void segment_of(const part_t *part, char *buf, size_t n) {
   snprintf(buf, n, "%s/%s/%" PRId32, part->eng->group_id, part->topic,
@@ -55,6 +57,7 @@ static void gate_roll(pr__engine_t *eng, int64_t now_ns) {
 }
 
 void pr__df_count(pr__engine_t *eng, prosody_result_t result, int64_t now_ns) {
+  PR_ENGINE_THREAD(eng);
   size_t b;
   if (!eng->df_store[PR_DEFER_MESSAGES] && !eng->df_store[PR_DEFER_TIMERS])
     return;
@@ -67,6 +70,7 @@ void pr__df_count(pr__engine_t *eng, prosody_result_t result, int64_t now_ns) {
 }
 
 int pr__df_gate(pr__engine_t *eng, int64_t now_ns) {
+  PR_ENGINE_THREAD(eng);
   uint64_t ok = 0, fail = 0;
   gate_roll(eng, now_ns);
   for (size_t b = 0; b < PR_DF_BUCKETS; b++) {
@@ -229,6 +233,7 @@ static void dk_free(part_t *part, pr__dk_t *dk) {
 }
 
 void pr__df_part_free(part_t *part) {
+  PR_ENGINE_THREAD(part->eng);
   pr__dk_t *dk, *next;
   for (dk = part->dks; dk; dk = next) {
     next = dk->next;
@@ -359,6 +364,7 @@ static void written(void *arg, prosody_err_t err, const char *errstr) {
 }
 
 void pr__df_write(inv_t *inv) {
+  PR_ENGINE_THREAD(inv->eng);
   pr__engine_t *eng = inv->eng;
   part_t *part = inv->part;
   char seg[SEG_MAX];
@@ -396,6 +402,7 @@ void pr__df_write(inv_t *inv) {
 }
 
 void pr__df_release_waiting(part_t *part) {
+  PR_ENGINE_THREAD(part->eng);
   for (pr__dk_t *dk = part->dks; dk; dk = dk->next)
     for (inv_t *inv = dk->deferring, *next; inv; inv = next) {
       next = inv->df_next;       /* leave() unlinks it */
@@ -441,6 +448,7 @@ static void defer_inv(inv_t *inv, pr__dk_t *dk, int32_t retries,
 }
 
 void pr__df_join(inv_t *inv) {
+  PR_ENGINE_THREAD(inv->eng);
   pr__dk_t *dk = inv->kq->dk[PR_DF_KIND(inv)];
   inv->kq = NULL; /* never in the key queue */
   defer_inv(inv, dk, 0, 0);
@@ -516,6 +524,7 @@ static void retry_later(inv_t *inv) {
 }
 
 void pr__df_defer(inv_t *inv) {
+  PR_ENGINE_THREAD(inv->eng);
   pr__engine_t *eng = inv->eng;
   part_t *part = inv->part;
   kq_t *kq = inv->kq;
@@ -606,6 +615,7 @@ static void advance(part_t *part, pr__dk_t *dk) {
 }
 
 void pr__df_finished(inv_t *inv, int commit) {
+  PR_ENGINE_THREAD(inv->eng);
   pr__engine_t *eng = inv->eng;
   part_t *part = inv->part;
   pr__dk_t *dk = inv->kq ? inv->kq->dk[PR_DF_KIND(inv)] : NULL;
@@ -627,6 +637,7 @@ void pr__df_finished(inv_t *inv, int commit) {
 }
 
 void pr__df_unscheduled(part_t *part, const char *key, int64_t time_s) {
+  PR_ENGINE_THREAD(part->eng);
   pr__engine_t *eng = part->eng;
   pr__defer_t *store = eng->df_store[PR_DEFER_TIMERS];
   kq_t *kq = pr__kq_get(part, key, 0);
@@ -723,7 +734,8 @@ static void head_read(void *arg, prosody_err_t err, const char *errstr,
       return;
     }
   }
-  if (!eng->loader && !(eng->loader = pr__loader_new(eng, eng->bootstrap))) {
+  if (!eng->loader &&
+      !(eng->loader = pr__loader_new(eng, eng->bootstrap, loaded_mail))) {
     PR_ERROR("defer", "could not start the deferred message loader; trying "
                       "again in 1s");
     dk_idle(dk, pr__wall_ms() + 1000);
@@ -760,7 +772,7 @@ static void read_head(part_t *part, pr__dk_t *dk) {
   pr__defer_head(part->eng->df_store[dk->kind], seg, r->key, head_read, r);
 }
 
-void pr__df_loaded(pr__load_t *r) {
+static void loaded(pr__load_t *r) {
   part_t *part;
   pr__dk_t *dk = req_dk(r, &part);
   pr__engine_t *eng = r->eng;
@@ -810,6 +822,12 @@ void pr__df_loaded(pr__load_t *r) {
   inv->df_loaded = 1;
   inv->df_retries = dk->retries;
   pr__dispatch_enqueue(inv);
+}
+
+/* The loader answered (engine thread). */
+static void loaded_mail(pr__mail_t *mail, void *owner) {
+  (void)owner;
+  loaded(PR_CONTAINER_OF(mail, pr__load_t, mail));
 }
 
 static void keys_read(void *arg, prosody_err_t err, const char *errstr,
@@ -873,12 +891,14 @@ static void read_keys(part_t *part, int kind) {
 }
 
 void pr__df_assigned(pr__engine_t *eng, part_t *part) {
+  PR_ENGINE_THREAD(eng);
   for (int kind = 0; kind < 2; kind++)
     if (eng->df_store[kind])
       read_keys(part, kind);
 }
 
 void pr__df_tick(pr__engine_t *eng) {
+  PR_ENGINE_THREAD(eng);
   int64_t now_ms = pr__wall_ms();
   if (eng->phase != PH_RUNNING)
     return;
@@ -942,16 +962,26 @@ prosody_err_t pr__df_open(pr__engine_t *eng, const char *bootstrap,
       (err = pr__cql_keyspace_ready(st, errstr, errstr_size)))
     return err;
   c = pr__cql_conf_of(st);
-  for (int kind = 0; kind < kinds; kind++)
-    if (!(eng->df_store[kind] = pr__defer_new(
-              &c, PR_CFG_STR(st, CASSANDRA_KEYSPACE), (pr__defer_kind_t)kind,
-              PR_CFG_NS(st, CASSANDRA_RETENTION) / 1000000000, wake, eng,
-              errstr, errstr_size)))
+  for (int kind = 0; kind < kinds; kind++) {
+    size_t cache = (size_t)PR_CFG_INT(st, DEFER_STORE_CACHE_SIZE);
+    pr__defer_t *d, *cached;
+    if (!(d = pr__defer_new(&c, PR_CFG_STR(st, CASSANDRA_KEYSPACE),
+                            (pr__defer_kind_t)kind,
+                            PR_CFG_NS(st, CASSANDRA_RETENTION) / 1000000000,
+                            wake, eng, errstr, errstr_size)))
       return PROSODY_ERR_TRANSIENT;
+    if (cache && !(cached = pr__defer_cached(d, cache))) {
+      pr__defer_free(d);
+      pr__errf(errstr, errstr_size, "out of memory");
+      return PROSODY_ERR_NOMEM;
+    }
+    eng->df_store[kind] = cache ? cached : d;
+  }
   return PROSODY_OK;
 }
 
 void pr__df_close(pr__engine_t *eng) {
+  PR_ENGINE_THREAD(eng);
   pr__loader_free(eng->loader);
   eng->loader = NULL;
   while (eng->dm_head) {

@@ -19,6 +19,7 @@
 /* Cancels the running attempt's context (engine thread), and calls its
  * prosody_context_on_cancel() callback once, with the slot's lock held. */
 void pr__dispatch_cancel(inv_t *inv) {
+  PR_ENGINE_THREAD(inv->eng);
   pr__ctx_t *slot = inv->cslot;
   prosody_cancel_cb cb;
   if (!slot)
@@ -86,8 +87,7 @@ static int complete_attempt(prosody_context_t *ctx, prosody_result_t result,
   pr__dd_ran(inv, result); /* before the post: the key's next looks it up */
   if (inv->emitted)
     pr__inv_emit_ran(inv);
-  inv->mail.kind = MAIL_DONE;
-  pr__mail_post(inv->eng, &inv->mail);
+  pr__mailbox_post(&inv->eng->mb, &inv->mail, pr__outcome_mail);
   return go_on;
 }
 
@@ -161,6 +161,7 @@ static void run_handler(void *arg) {
 /* Leaves the deadline list (engine thread). The loop timer stays armed for
  * the old head: on_timeout re-arms it for the new one. */
 void pr__dispatch_untime(inv_t *inv) {
+  PR_ENGINE_THREAD(inv->eng);
   pr__engine_t *eng = inv->eng;
   if (!inv->timed)
     return;
@@ -194,6 +195,7 @@ static void on_timeout(uv_timer_t *t) {
 
 /* Joins the deadline list (engine thread). */
 void pr__dispatch_time(inv_t *inv) {
+  PR_ENGINE_THREAD(inv->eng);
   pr__engine_t *eng = inv->eng;
   inv->deadline_ns = pr__now_ns() + eng->timeout_ms * 1000000;
   inv->tnext = NULL;
@@ -240,6 +242,7 @@ static void claim_followers(inv_t *head) {
 }
 
 void pr__dispatch_run_ended(inv_t *inv) {
+  PR_ENGINE_THREAD(inv->eng);
   part_t *part = inv->part;
   inv_t *f = inv->chain_next, *g;
   kq_t *kq = inv->kq;
@@ -286,8 +289,7 @@ static void start(inv_t *inv) {
     inv->result = PROSODY_TRANSIENT;
     free(inv->result_error);
     inv->result_error = strdup("out of memory (no handler context)");
-    inv->mail.kind = MAIL_DONE;
-    pr__mail_post(eng, &inv->mail);
+    pr__mailbox_post(&eng->mb, &inv->mail, pr__outcome_mail);
     return;
   }
   if (eng->timeout_ms > 0)
@@ -342,6 +344,7 @@ static int monopolized(inv_t *inv) {
  * (normal class for a first attempt, failure class for a retry). A timer
  * unscheduled while it waited is skipped. */
 void pr__dispatch_schedule(inv_t *inv) {
+  PR_ENGINE_THREAD(inv->eng);
   pr__engine_t *eng = inv->eng;
   /* Iteratively: a key may have many dropped timers or duplicates
    * queued. */
@@ -383,6 +386,7 @@ void pr__dispatch_schedule(inv_t *inv) {
 }
 
 void pr__dispatch_start_ready(pr__engine_t *eng) {
+  PR_ENGINE_THREAD(eng);
   pr__sched_task_t *t;
   int64_t now = 0;
   while (eng->running < eng->max_concurrency &&
@@ -407,6 +411,7 @@ static int ready_of(pr__sched_task_t *t, void *arg) {
 
 /* Takes every waiting event of `part` (NULL: all) out of the scheduler. */
 void pr__dispatch_ready_remove(pr__engine_t *eng, part_t *part) {
+  PR_ENGINE_THREAD(eng);
   pr__sched_remove_if(&eng->sched, ready_of, part);
 }
 
@@ -414,6 +419,7 @@ void pr__dispatch_ready_remove(pr__engine_t *eng, part_t *part) {
  * against max_uncommitted (its partition stops at the limit), and starts
  * it if it is the key's head. */
 void pr__dispatch_enqueue(inv_t *inv) {
+  PR_ENGINE_THREAD(inv->eng);
   pr__engine_t *eng = inv->eng;
   part_t *part = inv->part;
   kq_t *kq;

@@ -13,6 +13,7 @@
  * running: not started, ready, waiting for a retry, or deferred and
  * waiting to be written again. */
 void pr__drain_release_idle(pr__engine_t *eng, part_t *only) {
+  PR_ENGINE_THREAD(eng);
   pr__dispatch_ready_remove(eng, only);
   for (part_t *part = eng->parts; part; part = part->next) {
     if (only && part != only)
@@ -69,6 +70,7 @@ static void cancel_running(pr__engine_t *eng, int revoking_only) {
  * them at 80% of shutdown_timeout and giving up at 100%. Runs on the
  * engine thread outside the loop (e.g. inside a rebalance callback). */
 void pr__drain_wait(pr__engine_t *eng, int revoking_only) {
+  PR_ENGINE_THREAD(eng);
   int64_t start = pr__now_ns();
   int64_t cancel_at = start + eng->shutdown_ms * 800000;
   int64_t end = start + eng->shutdown_ms * 1000000;
@@ -103,10 +105,10 @@ void pr__drain_wait(pr__engine_t *eng, int revoking_only) {
     if (wake_at - now > 50000000)
       wake_at = now + 50000000;
     pr__deadline_after(CLOCK_REALTIME, wake_at - now, &ts);
-    pr__mail_wait(eng, &ts);
+    pr__mailbox_wait(&eng->mb, &ts);
     /* Completions, store results (e.g. fired timers' deletes) and timer
      * operations: refused for what drains, served for the rest. */
-    pr__mail_deliver(eng);
+    pr__mailbox_deliver(&eng->mb);
     eng->may_wake = 1; /* outside the loop: no check handle runs */
     if (eng->pool)
       pr__pool_kick(eng->pool);

@@ -25,6 +25,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -36,6 +37,16 @@
 static __thread pr__engine_t *tls_engine;
 
 pr__engine_t *pr__engine_current(void) { return tls_engine; }
+
+void pr__engine_check_thread(const pr__engine_t *eng, const char *fn) {
+  if (eng && eng->owned && !pthread_equal(eng->owner, pthread_self())) {
+    fprintf(stderr,
+            "prosody: internal error: %s called on a thread that does not "
+            "own the consumer engine\n",
+            fn);
+    abort();
+  }
+}
 
 static void error_cb(rd_kafka_t *rk, int err, const char *reason,
                      void *opaque) {
@@ -82,11 +93,11 @@ static void shutdown_engine(pr__engine_t *eng) {
   /* The loader's last answers reach the mailbox before it closes. */
   pr__loader_free(eng->loader);
   eng->loader = NULL;
-  pr__mail_close(eng);
+  pr__mailbox_close(&eng->mb);
   /* The store's handles close with the loop's last run. */
   eng->store->ops->destroy(eng->store);
   eng->store = NULL;
-  pr__dd_close(eng); /* its thread wakes the engine: gone before the loop */
+  pr__dd_close(eng, 0); /* its thread wakes the engine: gone before the loop */
   pr__df_close(eng);
   pr__part_count(eng);
   PR_INFO("engine", "consumer stopped in %lld ms",
@@ -115,9 +126,9 @@ static void on_tick(uv_timer_t *t) {
 
 static void on_wake(uv_async_t *a) {
   pr__engine_t *eng = a->data;
-  pr__mail_deliver(eng);
+  pr__mailbox_deliver(&eng->mb);
   pr__part_store_offsets(eng, NULL);
-  if (atomic_load(&eng->stop_requested))
+  if (eng->stop_asked) /* after the letters that came before the request */
     shutdown_engine(eng);
   else if (eng->resumed)
     pr__intake_poll(eng); /* fires due timers too */
@@ -140,6 +151,8 @@ static void on_check(uv_check_t *h) { end_burst(h->data); }
 
 static void *engine_main(void *arg) {
   pr__engine_t *eng = arg;
+  eng->owner = pthread_self(); /* after pthread_create: the creator has
+                                  finished with the engine's state */
   tls_engine = eng;
   pr__log_adopt(eng->logger);
   pthread_setname_np(pthread_self(), "prosody-engine");
@@ -157,7 +170,7 @@ static void engine_free(pr__engine_t *eng) {
     close(eng->pipefd[1]);
   if (eng->store)
     eng->store->ops->destroy(eng->store);
-  pr__dd_close(eng);
+  pr__dd_close(eng, 1);
   pr__df_close(eng);
   pr__sched_fini(&eng->sched);
   pr__metrics_fini(&eng->metrics);
@@ -167,13 +180,39 @@ static void engine_free(pr__engine_t *eng) {
     eng->inv_pool = inv->next;
     free(inv);
   }
-  pthread_mutex_destroy(&eng->lock);
-  pthread_cond_destroy(&eng->cond);
+  pr__mailbox_fini(&eng->mb);
   free(eng);
 }
 
-/* The store's thread finished operations: the engine delivers them. */
-static void store_wake(void *arg) { pr__mail_post_store(arg); }
+/* The stores' letter: each store delivers the results its thread has
+ * finished. Results finished after this are posted anew. */
+static void store_mail(pr__mail_t *mail, void *owner) {
+  pr__engine_t *eng = owner;
+  (void)mail;
+  atomic_store(&eng->store_posted, 0);
+  if (eng->store)
+    eng->store->ops->poll(eng->store);
+  if (eng->dd_store)
+    pr__dedup_poll(eng->dd_store);
+  for (int kind = 0; kind < 2; kind++)
+    if (eng->df_store[kind])
+      pr__defer_poll(eng->df_store[kind]);
+}
+
+/* A store's thread finished operations (any thread): the engine delivers
+ * them; one letter waits at most. */
+static void store_wake(void *arg) {
+  pr__engine_t *eng = arg;
+  pr__mailbox_post_once(&eng->mb, &eng->store_mail, store_mail,
+                        &eng->store_posted);
+}
+
+/* pr__engine_stop's request: the engine shuts down once the letters
+ * delivered with it have run (on_wake). */
+static void stop_mail(pr__mail_t *mail, void *owner) {
+  (void)mail;
+  ((pr__engine_t *)owner)->stop_asked = 1;
+}
 
 /* Closes the loop's handles and the loop (start failed). */
 static void loop_abandon(pr__engine_t *eng) {
@@ -243,11 +282,11 @@ prosody_err_t pr__engine_start(const pr__settings_t *st, const char *bootstrap,
     return PROSODY_ERR_NOMEM;
   }
   eng->pipefd[0] = eng->pipefd[1] = -1;
+  eng->owner = pthread_self();
+  eng->owned = 1;
   eng->logger = pr__log_current(); /* the subscribing client's */
   pr__metrics_init(&eng->metrics);
-  pthread_mutex_init(&eng->lock, NULL);
-  pthread_cond_init(&eng->cond, NULL);
-  eng->store_mail.kind = MAIL_STORE;
+  pr__mailbox_init(&eng->mb, eng, &eng->wake);
   eng->st = st;
   eng->producer = producer;
   eng->tm = pr__producer_telemetry(producer);
@@ -363,8 +402,7 @@ int pr__engine_stop(pr__engine_t *eng) {
   int rc;
   if (!eng)
     return 0;
-  atomic_store(&eng->stop_requested, 1);
-  uv_async_send(&eng->wake);
+  pr__mailbox_post(&eng->mb, &eng->stop_mail, stop_mail);
   /* The engine drains within shutdown_timeout; leaving the group is
    * librdkafka's part. Wait generously, but not for ever (librdkafka
    * rule 9, docs/ARCHITECTURE.md). */
@@ -378,13 +416,14 @@ int pr__engine_stop(pr__engine_t *eng) {
              (long long)eng->grace_ms);
     return 1;
   }
+  eng->owner = pthread_self();
   /* The engine thread has exited: this thread owns its state now. Collect
    * completions that arrived after its last look (bounded), and let
    * libuv finish closing the timers that closes. */
   {
     int64_t deadline = pr__now_ns() + INT64_C(100000000);
     do {
-      pr__mail_deliver(eng);
+      pr__mailbox_deliver(&eng->mb);
       if (eng->running == 0 && eng->dlq_inflight == 0)
         break;
       usleep(1000);
@@ -402,8 +441,7 @@ int pr__engine_stop(pr__engine_t *eng) {
              eng->running, eng->dlq_inflight);
     return 1;
   }
-  while (atomic_load(&eng->pushers) > 0)
-    sched_yield();
+  pr__mailbox_quiesce(&eng->mb);
   if (eng->pool) {
     pr__pool_destroy(eng->pool);
     eng->pool = NULL;

@@ -23,6 +23,7 @@ static void store_log_cb(void *arg, prosody_err_t err, const char *errstr) {
 
 /* The firing event of (key, time) in `part`, or NULL. */
 inv_t *pr__firing_find(part_t *part, const char *key, int64_t time_s) {
+  PR_ENGINE_THREAD(part->eng);
   kq_t *kq = pr__kq_get(part, key, 0);
   for (inv_t *i = kq ? kq->head : NULL; i; i = i->next)
     if (i->is_timer && i->time_s == time_s)
@@ -60,6 +61,7 @@ static void timer_loaded(part_t *part, const char *key, int64_t time_s,
  * loading); a firing one of the same second is rearmed (or undropped). */
 void pr__firing_written(pr__engine_t *eng, part_t *part, const char *key,
                         int64_t time_s, const pr_span_ctx_t *trace) {
+  PR_ENGINE_THREAD(eng);
   inv_t *f = pr__firing_find(part, key, time_s);
   if (f) {
     if (f->state == INV_QUEUED || f->state == INV_READY)
@@ -76,6 +78,7 @@ void pr__firing_written(pr__engine_t *eng, part_t *part, const char *key,
  * `time_s` is -1. */
 void pr__firing_deleted(part_t *part, const char *key, int64_t time_s,
                         int64_t keep_s) {
+  PR_ENGINE_THREAD(part->eng);
   kq_t *kq;
   /* A load in flight may have read the store before this delete: remember
    * it, so the load's result does not bring the timer back. */
@@ -106,6 +109,7 @@ void pr__firing_deleted(part_t *part, const char *key, int64_t time_s,
 
 /* A timer event ends (from pr__outcome_finish()). */
 void pr__firing_finished(inv_t *inv, int commit) {
+  PR_ENGINE_THREAD(inv->eng);
   pr__engine_t *eng = inv->eng;
   part_t *part = inv->part;
   pr__tseg_t seg = pr__firing_seg(part->topic, part->partition);
@@ -164,6 +168,7 @@ static void timer_deleted_cb(void *arg, prosody_err_t err, const char *errstr) {
  * key's next event sees it gone. Counted as active (a drain waits for it)
  * and as in flight (the engine is not freed under it). */
 void pr__firing_delete(inv_t *inv) {
+  PR_ENGINE_THREAD(inv->eng);
   pr__engine_t *eng = inv->eng;
   pr__tseg_t seg = pr__firing_seg(inv->part->topic, inv->part->partition);
   inv->state = INV_DLQ;
@@ -187,6 +192,7 @@ static void on_fire(uv_timer_t *t);
  * with room. A stopped partition's timers wait for its release, which
  * reads the queues and calls pr__firing_due(). */
 void pr__firing_arm(pr__engine_t *eng) {
+  PR_ENGINE_THREAD(eng);
   int64_t next = -1, delay;
   if (eng->phase == PH_RUNNING)
     for (part_t *part = eng->parts; part; part = part->next) {
@@ -206,6 +212,7 @@ void pr__firing_arm(pr__engine_t *eng) {
 }
 
 inv_t *pr__firing_inv(part_t *part, const char *key, int64_t time_s) {
+  PR_ENGINE_THREAD(part->eng);
   inv_t *inv = calloc(1, sizeof(*inv));
   if (!inv || !(inv->msg.key = strdup(key))) {
     free(inv);
@@ -226,6 +233,7 @@ inv_t *pr__firing_inv(part_t *part, const char *key, int64_t time_s) {
 
 /* Turns due timers into events, within max_uncommitted. */
 void pr__firing_due(pr__engine_t *eng) {
+  PR_ENGINE_THREAD(eng);
   int64_t now_s = pr__wall_ms() / 1000;
   if (eng->phase != PH_RUNNING)
     return;
@@ -342,6 +350,7 @@ static void slabs_listed(void *arg, prosody_err_t err, const char *errstr,
 
 /* A partition was assigned: load every stored slab up to the horizon. */
 void pr__firing_assigned(pr__engine_t *eng, part_t *part) {
+  PR_ENGINE_THREAD(eng);
   int64_t jitter = eng->slab_s / 10 + 1;
   pr__tseg_t seg = pr__firing_seg(part->topic, part->partition);
   load_req_t *r;
@@ -361,6 +370,7 @@ void pr__firing_assigned(pr__engine_t *eng, part_t *part) {
 
 /* Loads the slabs that came within the preload window (loop tick). */
 void pr__firing_advance(pr__engine_t *eng) {
+  PR_ENGINE_THREAD(eng);
   int64_t now_s = pr__wall_ms() / 1000;
   for (part_t *part = eng->parts; part; part = part->next) {
     int64_t target;
@@ -375,6 +385,7 @@ void pr__firing_advance(pr__engine_t *eng) {
 /* A partition leaves: drop its loaded timers; the store decides what it
  * keeps (the memory store forgets them). */
 void pr__firing_released(pr__engine_t *eng, part_t *part) {
+  PR_ENGINE_THREAD(eng);
   pr__tseg_t seg = pr__firing_seg(part->topic, part->partition);
   pr__tq_free(part->tq);
   part->tq = NULL;

@@ -58,6 +58,7 @@ static void intake(pr__engine_t *eng, rd_kafka_message_t *rkm) {
 }
 
 inv_t *pr__intake_inv(part_t *part, rd_kafka_message_t *rkm) {
+  PR_ENGINE_THREAD(part->eng);
   inv_t *inv =
       pr__inv_message(part, rkm->key, rkm->key_len, rkm->payload, rkm->len,
                       rkm->offset, rd_kafka_message_timestamp(rkm, NULL));
@@ -86,6 +87,7 @@ static void take(pr__engine_t *eng, rd_kafka_message_t *rkm) {
  * queue turns non-empty: librdkafka rule 4, docs/ARCHITECTURE.md), except
  * a stopped one, which pr__bp_check() has read again once released. */
 void pr__intake_poll(pr__engine_t *eng) {
+  PR_ENGINE_THREAD(eng);
   char buf[256];
   rd_kafka_message_t *rkm;
   while (read(eng->pipefd[0], buf, sizeof(buf)) > 0)
@@ -99,7 +101,7 @@ void pr__intake_poll(pr__engine_t *eng) {
     while (!part->stopped && (rkm = rd_kafka_consume_queue(part->rkq, 0)))
       take(eng, rkm);
   }
-  pr__mail_deliver(eng);
+  pr__mailbox_deliver(&eng->mb);
   pr__part_store_offsets(eng, NULL);
   pr__firing_due(eng);
 }

@@ -52,6 +52,7 @@
 #include "../util/util.h"
 #include "context.h"
 #include "engine.h"
+#include "mailbox.h"
 #include "pool.h"
 #include "prosody.h"
 #include "scheduler.h"
@@ -60,25 +61,6 @@
 typedef struct part part_t;
 typedef struct kq kq_t;
 typedef struct inv inv_t;
-
-/* --- The mailbox: work for the engine thread from other threads -------- */
-
-enum mail_kind {
-  MAIL_DONE,  /* a handler attempt completed (inv) */
-  MAIL_DLQ,   /* a failure-topic send completed (inv) */
-  MAIL_OP,    /* a handler's timer operation (timer_ops.c) */
-  MAIL_STORE, /* the timer store has results to deliver */
-  MAIL_LOADED /* the loader fetched a deferred message (pr__load_t) */
-};
-
-/* A letter, embedded in what it carries. Linked under the mailbox lock. */
-typedef struct pr__mail {
-  struct pr__mail *next;
-  int kind; /* enum mail_kind */
-} pr__mail_t;
-
-#define PR_CONTAINER_OF(p, type, member)                                       \
-  ((type *)(void *)((char *)(p)-offsetof(type, member)))
 
 /* --- Messages, timers, invocations (engine thread unless marked) ------- */
 
@@ -392,20 +374,20 @@ struct pr__engine {
   pthread_t thread;
   pr__logger_t *logger; /* the client's: the engine's threads log there */
 
-  /* The mailbox (mailbox.c): guarded by `lock`. */
-  pthread_mutex_t lock;
-  pthread_cond_t cond;   /* signalled on a post while `draining` */
-  pr__mail_t *mail_head; /* letters in posting order */
-  pr__mail_t *mail_tail;
-  int mail_closed;         /* timer operations are refused */
-  int draining;            /* the engine waits on `cond` (drain) */
-  pr__mail_t store_mail;   /* the store's letter, posted at most once ... */
+  /* The mailbox (mailbox.h: its own lock), and the letters the engine
+   * posts to itself. */
+  pr__mailbox_t mb;
+  pr__mail_t store_mail;   /* the stores' letter, posted at most once ... */
   atomic_int store_posted; /* ... while this is set */
+  pr__mail_t stop_mail;    /* pr__engine_stop's request */
+
+  /* The thread that owns the engine's state (PR_ENGINE_THREAD): written
+   * only by the thread taking it over, before or after the hand-over
+   * (pthread_create, pthread_join) orders it against the others. */
+  pthread_t owner;
+  int owned; /* `owner` is set (engines made by pr__engine_start) */
 
   /* Cross-thread atomics. */
-  atomic_int pushers; /* threads inside pr__mail_post(): the engine is not
-                         freed until none is left */
-  atomic_int stop_requested;
   atomic_int assigned;
   atomic_int stalled;
 
@@ -434,7 +416,9 @@ struct pr__engine {
   double mono_threshold; /* monopolization: the share that is rejected;
                             0: the layer is off */
   int dd_on;             /* deduplication: pipeline mode, cache size > 0 */
-  pr__dedup_t *dd_store; /* its Cassandra store, or NULL: memory */
+  int dd_late;           /* ... with the memory store: ids are read and
+                            looked up by the handler's thread (DD_LATE) */
+  pr__dedup_t *dd_store; /* its store (dd_on): memory (sync) or Cassandra */
   int64_t dd_ttl_s;      /* idempotence_ttl */
   int dd_recording;      /* ids being written to the store */
   /* Deferral (defer.c). */
@@ -448,7 +432,8 @@ struct pr__engine {
   pr__dmsg_t *dm_head, *dm_tail; /* the deferred messages kept */
   size_t dm_n, dm_cap;           /* how many; defer_cache_size */
   int phase;
-  int stopping; /* shutdown has begun */
+  int stop_asked; /* the stop letter arrived: shut down after this batch */
+  int stopping;   /* shutdown has begun */
   unsigned seed;
   pr__tstore_t *store; /* the timer store */
   uint64_t part_gen;   /* last partition assignment generation */
@@ -475,21 +460,20 @@ struct pr__engine {
 /* The engine whose loop runs on the calling thread, or NULL. */
 pr__engine_t *pr__engine_current(void);
 
-/* --- mailbox.c (any thread unless marked) ------------------------------ */
-
-/* Posts a letter and wakes the engine. A timer operation is refused (-1)
- * once the mailbox is closed; anything else is always taken. */
-int pr__mail_post(pr__engine_t *eng, pr__mail_t *mail);
-/* Posts the store's letter unless it is already waiting. */
-void pr__mail_post_store(pr__engine_t *eng);
-/* Handles every letter posted so far, in posting order (engine thread). */
-void pr__mail_deliver(pr__engine_t *eng);
-/* Waits until a letter arrives or `deadline` (CLOCK_REALTIME) passes
- * (engine thread, outside the loop). */
-void pr__mail_wait(pr__engine_t *eng, const struct timespec *deadline);
-/* Refuses further timer operations and delivers what is queued (engine
- * thread). */
-void pr__mail_close(pr__engine_t *eng);
+/* Thread checks. Every function of the engine that runs on the engine
+ * thread starts with PR_ENGINE_THREAD(eng): in builds without NDEBUG (the
+ * Debug builds of the sanitizer tiers) it aborts, naming the function,
+ * when the calling thread does not own the engine. The owner is the
+ * subscribing thread until the engine thread starts, then the engine
+ * thread, then, once it has exited, the thread that stops the engine. An
+ * engine not made by pr__engine_start (the unit tests') has no owner and
+ * is not checked. */
+void pr__engine_check_thread(const pr__engine_t *eng, const char *fn);
+#ifndef NDEBUG
+#define PR_ENGINE_THREAD(eng) pr__engine_check_thread((eng), __func__)
+#else
+#define PR_ENGINE_THREAD(eng) ((void)0)
+#endif
 
 /* --- message.c -------------------------------------------------------- */
 
@@ -648,7 +632,9 @@ pr__did_t pr__dd_id(const char *version, const char *group, const char *topic,
  * its store; `wake` is the stores' wake-up (subscribing thread). */
 prosody_err_t pr__dd_open(pr__engine_t *eng, void (*wake)(void *), char *errstr,
                           size_t errstr_size);
-void pr__dd_close(pr__engine_t *eng);
+/* Closes the store: at shutdown (`final` 0) an asynchronous one, whose
+ * thread wakes the engine; when the engine is freed (1), any. */
+void pr__dd_close(pr__engine_t *eng, int final);
 /* A message taken: its id, looked up in the cache and the store; without
  * a store only marked DD_LATE. */
 void pr__dd_intake(inv_t *inv);
@@ -716,8 +702,6 @@ void pr__df_assigned(pr__engine_t *eng, part_t *part);
 void pr__df_part_free(part_t *part);
 /* Starts the retries that are due (loop tick). */
 void pr__df_tick(pr__engine_t *eng);
-/* The loader answered (engine thread). */
-void pr__df_loaded(pr__load_t *r);
 /* Are `part`'s deferred keys being read (its records and timers wait)? */
 static inline int pr__df_listing(const part_t *part) {
   return part->df_listing[0] || part->df_listing[1];
@@ -727,7 +711,10 @@ static inline int pr__df_listing(const part_t *part) {
 
 /* --- loader.c --------------------------------------------------------- */
 
-pr__loader_t *pr__loader_new(pr__engine_t *eng, const char *bootstrap);
+/* A loader whose answers (pr__load_t letters) go to `answered` on the
+ * engine thread; NULL when it cannot start. */
+pr__loader_t *pr__loader_new(pr__engine_t *eng, const char *bootstrap,
+                             pr__mail_fn *answered);
 void pr__loader_post(pr__loader_t *l, pr__load_t *r);
 void pr__loader_free(pr__loader_t *l);
 void pr__load_free(pr__load_t *r);
@@ -754,6 +741,8 @@ typedef enum pr__verdict {
 
 pr__verdict_t pr__outcome_decide(inv_t *inv);
 void pr__outcome_handler_done(inv_t *inv);
+/* The letter of a completed attempt (`inv->mail`): pr__outcome_handler_done. */
+void pr__outcome_mail(pr__mail_t *mail, void *owner);
 inv_t *pr__outcome_finish_detach(inv_t *inv, int commit);
 void pr__outcome_finish(inv_t *inv, int commit);
 /* Fails a queued event transiently without running its handler (a layer
@@ -788,11 +777,6 @@ inv_t *pr__firing_inv(part_t *part, const char *key, int64_t time_s);
 void pr__firing_assigned(pr__engine_t *eng, part_t *part);
 void pr__firing_advance(pr__engine_t *eng);
 void pr__firing_released(pr__engine_t *eng, part_t *part);
-
-/* --- timer_ops.c ------------------------------------------------------ */
-
-/* Runs a posted timer operation (engine thread). */
-void pr__tops_run_mail(pr__engine_t *eng, pr__mail_t *mail);
 
 /* --- drain.c ---------------------------------------------------------- */
 

@@ -23,6 +23,7 @@
 
 struct pr__loader {
   pr__engine_t *eng;
+  pr__mail_fn *answered; /* receives each answer's letter */
   char *bootstrap;
   int mock;
   int64_t seek_timeout_ms;
@@ -196,21 +197,23 @@ static void *loader_main(void *arg) {
       if (!v)
         batch = batch->next;
       serve(l, r);
-      r->mail.kind = MAIL_LOADED;
-      pr__mail_post(l->eng, &r->mail);
+      pr__mailbox_post(&l->eng->mb, &r->mail, l->answered);
     }
     free(v);
   }
   return NULL;
 }
 
-pr__loader_t *pr__loader_new(pr__engine_t *eng, const char *bootstrap) {
+pr__loader_t *pr__loader_new(pr__engine_t *eng, const char *bootstrap,
+                             pr__mail_fn *answered) {
+  PR_ENGINE_THREAD(eng);
   pr__loader_t *l = calloc(1, sizeof(*l));
   if (!l || !(l->bootstrap = strdup(bootstrap))) {
     free(l);
     return NULL;
   }
   l->eng = eng;
+  l->answered = answered;
   l->mock = PR_CFG_BOOL(eng->st, MOCK);
   l->seek_timeout_ms = PR_CFG_MS(eng->st, DEFER_SEEK_TIMEOUT);
   l->discard = PR_CFG_INT(eng->st, DEFER_DISCARD_THRESHOLD);
@@ -227,6 +230,7 @@ pr__loader_t *pr__loader_new(pr__engine_t *eng, const char *bootstrap) {
 }
 
 void pr__loader_post(pr__loader_t *l, pr__load_t *r) {
+  PR_ENGINE_THREAD(l->eng);
   pthread_mutex_lock(&l->lock);
   r->next = l->queue;
   l->queue = r;
@@ -238,6 +242,7 @@ void pr__loader_free(pr__loader_t *l) {
   pr__load_t *r;
   if (!l)
     return;
+  PR_ENGINE_THREAD(l->eng);
   atomic_store(&l->halt, 1);
   pthread_mutex_lock(&l->lock);
   l->stop = 1;
@@ -250,7 +255,7 @@ void pr__loader_free(pr__loader_t *l) {
   }
   /* Its answers in the mailbox may hold records of its consumer, which
    * must be destroyed before the consumer is. */
-  pr__mail_deliver(l->eng);
+  pr__mailbox_deliver(&l->eng->mb);
   if (l->rk) {
     rd_kafka_consumer_close(l->rk);
     pr__kafka_destroy_bounded(l->rk, 10000, "deferred message loader");

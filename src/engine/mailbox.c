@@ -2,103 +2,113 @@
  * mailbox.c - the one way into the engine thread from other threads.
  *
  * Workers completing handlers, a host loop completing async handlers,
- * librdkafka's delivery reports, handlers' timer calls and the timer
- * store's thread all post letters here: one lock, one FIFO, one
- * wake-up (uv_async_send, sent only when the mailbox turns non-empty, so
- * a burst of completions costs the engine one wake-up). The engine takes
- * the whole FIFO at once and handles it in posting order.
+ * librdkafka's delivery reports, handlers' timer calls, the stores'
+ * threads, the loader and the stopping thread all post letters here: one
+ * lock, one FIFO, one wake-up (uv_async_send, sent only when the mailbox
+ * turns non-empty, so a burst of completions costs the owner one
+ * wake-up). The owner takes the whole FIFO at once and runs each letter's
+ * function in posting order. It calls nothing else of the engine.
  *
- * Threads: pr__mail_post* from any thread; the rest on the engine thread.
+ * Threads: the posts from any thread; the rest on the owner thread
+ * (mailbox.h).
  */
-#include <stdlib.h>
-#include <string.h>
+#include <sched.h>
 
-#include "internal.h"
+#include "mailbox.h"
 
-int pr__mail_post(pr__engine_t *eng, pr__mail_t *mail) {
+void pr__mailbox_init(pr__mailbox_t *mb, void *owner, uv_async_t *wake) {
+  mb->owner = owner;
+  mb->wake = wake;
+  pthread_mutex_init(&mb->lock, NULL);
+  pthread_cond_init(&mb->cond, NULL);
+  mb->head = mb->tail = NULL;
+  mb->closed = mb->waiting = 0;
+  atomic_init(&mb->pushers, 0);
+}
+
+void pr__mailbox_quiesce(pr__mailbox_t *mb) {
+  while (atomic_load(&mb->pushers) > 0)
+    sched_yield();
+}
+
+void pr__mailbox_fini(pr__mailbox_t *mb) {
+  pthread_mutex_destroy(&mb->lock);
+  pthread_cond_destroy(&mb->cond);
+}
+
+static int post(pr__mailbox_t *mb, pr__mail_t *mail, pr__mail_fn *fn,
+                int refusable) {
   int first;
-  /* Once the letter is linked the engine may handle it (and finish with
-   * the engine) at once; the counter keeps the engine and its wake handle
+  /* Once the letter is linked the owner may run it (and finish with the
+   * mailbox) at once; the counter keeps the mailbox and its wake handle
    * alive until this function has finished touching them. */
-  atomic_fetch_add(&eng->pushers, 1);
-  pthread_mutex_lock(&eng->lock);
-  if (mail->kind == MAIL_OP && eng->mail_closed) {
-    pthread_mutex_unlock(&eng->lock);
-    atomic_fetch_sub(&eng->pushers, 1);
+  atomic_fetch_add(&mb->pushers, 1);
+  pthread_mutex_lock(&mb->lock);
+  if (refusable && mb->closed) {
+    pthread_mutex_unlock(&mb->lock);
+    atomic_fetch_sub(&mb->pushers, 1);
     return -1;
   }
+  mail->fn = fn;
   mail->next = NULL;
-  first = eng->mail_head == NULL;
-  if (eng->mail_tail)
-    eng->mail_tail->next = mail;
+  first = mb->head == NULL;
+  if (mb->tail)
+    mb->tail->next = mail;
   else
-    eng->mail_head = mail;
-  eng->mail_tail = mail;
-  if (eng->draining)
-    pthread_cond_signal(&eng->cond);
-  pthread_mutex_unlock(&eng->lock);
-  /* Whoever made the mailbox non-empty wakes the engine; later letters
-   * ride on that wake-up (the engine takes the whole mailbox at once). */
+    mb->head = mail;
+  mb->tail = mail;
+  if (mb->waiting)
+    pthread_cond_signal(&mb->cond);
+  pthread_mutex_unlock(&mb->lock);
+  /* Whoever made the mailbox non-empty wakes the owner; later letters
+   * ride on that wake-up (the owner takes the whole mailbox at once). */
   if (first)
-    uv_async_send(&eng->wake);
-  atomic_fetch_sub(&eng->pushers, 1);
+    uv_async_send(mb->wake);
+  atomic_fetch_sub(&mb->pushers, 1);
   return 0;
 }
 
-void pr__mail_post_store(pr__engine_t *eng) {
-  if (!atomic_exchange(&eng->store_posted, 1))
-    pr__mail_post(eng, &eng->store_mail);
+void pr__mailbox_post(pr__mailbox_t *mb, pr__mail_t *mail, pr__mail_fn *fn) {
+  (void)post(mb, mail, fn, 0);
 }
 
-void pr__mail_deliver(pr__engine_t *eng) {
+int pr__mailbox_try_post(pr__mailbox_t *mb, pr__mail_t *mail, pr__mail_fn *fn) {
+  return post(mb, mail, fn, 1);
+}
+
+void pr__mailbox_post_once(pr__mailbox_t *mb, pr__mail_t *mail, pr__mail_fn *fn,
+                           atomic_int *posted) {
+  if (!atomic_exchange(posted, 1))
+    (void)post(mb, mail, fn, 0);
+}
+
+void pr__mailbox_deliver(pr__mailbox_t *mb) {
   pr__mail_t *m;
-  pthread_mutex_lock(&eng->lock);
-  m = eng->mail_head;
-  eng->mail_head = eng->mail_tail = NULL;
-  pthread_mutex_unlock(&eng->lock);
+  pthread_mutex_lock(&mb->lock);
+  m = mb->head;
+  mb->head = mb->tail = NULL;
+  pthread_mutex_unlock(&mb->lock);
   while (m) {
-    pr__mail_t *next = m->next; /* m may be freed by its handling */
-    switch (m->kind) {
-    case MAIL_DONE:
-      pr__outcome_handler_done(PR_CONTAINER_OF(m, inv_t, mail));
-      break;
-    case MAIL_DLQ:
-      pr__dlq_done(PR_CONTAINER_OF(m, inv_t, mail));
-      break;
-    case MAIL_OP:
-      pr__tops_run_mail(eng, m);
-      break;
-    case MAIL_LOADED:
-      pr__df_loaded(PR_CONTAINER_OF(m, pr__load_t, mail));
-      break;
-    default: /* MAIL_STORE: results posted after this are posted anew */
-      atomic_store(&eng->store_posted, 0);
-      if (eng->store)
-        eng->store->ops->poll(eng->store);
-      if (eng->dd_store)
-        pr__dedup_poll(eng->dd_store);
-      for (int kind = 0; kind < 2; kind++)
-        if (eng->df_store[kind])
-          pr__defer_poll(eng->df_store[kind]);
-      break;
-    }
+    pr__mail_t *next = m->next; /* m may be freed by its function */
+    m->fn(m, mb->owner);
     m = next;
   }
 }
 
-void pr__mail_wait(pr__engine_t *eng, const struct timespec *deadline) {
-  pthread_mutex_lock(&eng->lock);
-  if (!eng->mail_head) {
-    eng->draining = 1;
-    pthread_cond_timedwait(&eng->cond, &eng->lock, deadline);
-    eng->draining = 0;
+void pr__mailbox_wait(pr__mailbox_t *mb, const struct timespec *deadline) {
+  pthread_mutex_lock(&mb->lock);
+  if (!mb->head) {
+    mb->waiting = 1;
+    pthread_cond_timedwait(&mb->cond, &mb->lock, deadline);
+    mb->waiting = 0;
   }
-  pthread_mutex_unlock(&eng->lock);
+  pthread_mutex_unlock(&mb->lock);
 }
 
-void pr__mail_close(pr__engine_t *eng) {
-  pthread_mutex_lock(&eng->lock);
-  eng->mail_closed = 1;
-  pthread_mutex_unlock(&eng->lock);
-  pr__mail_deliver(eng); /* operations queued before: refused as stopping */
+void pr__mailbox_close(pr__mailbox_t *mb) {
+  pthread_mutex_lock(&mb->lock);
+  mb->closed = 1;
+  pthread_mutex_unlock(&mb->lock);
+  pr__mailbox_deliver(mb); /* refusable letters queued before: run, and
+                              their functions see the owner stopping */
 }

@@ -13,6 +13,7 @@
 /* The event is done: commit its offset when `commit`, free it; returns the
  * key's next event if it may start now (pr__outcome_finish() starts it). */
 inv_t *pr__outcome_finish_detach(inv_t *inv, int commit) {
+  PR_ENGINE_THREAD(inv->eng);
   pr__engine_t *eng = inv->eng;
   part_t *part = inv->part;
   inv_t *next;
@@ -36,6 +37,7 @@ inv_t *pr__outcome_finish_detach(inv_t *inv, int commit) {
 }
 
 void pr__outcome_finish(inv_t *inv, int commit) {
+  PR_ENGINE_THREAD(inv->eng);
   inv_t *next = pr__outcome_finish_detach(inv, commit);
   if (!next)
     return;
@@ -66,6 +68,7 @@ uint64_t pr__outcome_backoff_ms(pr__engine_t *eng, int n) {
 static void on_retry(uv_timer_t *t);
 
 void pr__outcome_arm_retry(inv_t *inv, uint64_t ms) {
+  PR_ENGINE_THREAD(inv->eng);
   pr__inv_timer_close(&inv->timer);
   inv->timer = malloc(sizeof(uv_timer_t));
   if (!inv->timer) { /* no timer: try again at once */
@@ -230,6 +233,7 @@ static const layer_t *mode_layers(int mode) {
 /* What the mode's layers decide about the attempt's result (V_COMMIT when
  * none decides). Logs, but changes nothing. */
 pr__verdict_t pr__outcome_decide(inv_t *inv) {
+  PR_ENGINE_THREAD(inv->eng);
   pr__verdict_t v = V_COMMIT;
   for (const layer_t *l = mode_layers(inv->eng->mode); l->complete; l++)
     if ((v = l->complete(inv)) != V_NEXT)
@@ -240,6 +244,7 @@ pr__verdict_t pr__outcome_decide(inv_t *inv) {
 static void decided(inv_t *inv, pr__verdict_t v);
 
 void pr__outcome_reject(inv_t *inv, const char *why) {
+  PR_ENGINE_THREAD(inv->eng);
   pr__inv_release_rkm(inv); /* its headers: the failure topic's, a defer's */
   inv->attempt++;
   inv->result = PROSODY_TRANSIENT;
@@ -250,7 +255,13 @@ void pr__outcome_reject(inv_t *inv, const char *why) {
 
 /* A handler attempt finished (engine thread): free its slot, then let the
  * mode's layers decide. */
+void pr__outcome_mail(pr__mail_t *mail, void *owner) {
+  (void)owner;
+  pr__outcome_handler_done(PR_CONTAINER_OF(mail, inv_t, mail));
+}
+
 void pr__outcome_handler_done(inv_t *inv) {
+  PR_ENGINE_THREAD(inv->eng);
   pr__engine_t *eng = inv->eng;
 
   inv->part->active--;

@@ -10,6 +10,7 @@
 #include "internal.h"
 
 part_t *pr__part_find(pr__engine_t *eng, const char *topic, int32_t p) {
+  PR_ENGINE_THREAD(eng);
   for (part_t *part = eng->parts; part; part = part->next)
     if (part->partition == p && !strcmp(part->topic, topic))
       return part;
@@ -17,6 +18,7 @@ part_t *pr__part_find(pr__engine_t *eng, const char *topic, int32_t p) {
 }
 
 kq_t *pr__kq_get(part_t *part, const char *key, int create) {
+  PR_ENGINE_THREAD(part->eng);
   uint64_t h = pr__fnv1a_str(key);
   kq_t *kq;
   if (!part->buckets) {
@@ -70,6 +72,7 @@ kq_t *pr__kq_get(part_t *part, const char *key, int create) {
 }
 
 void pr__kq_remove(part_t *part, kq_t *kq) {
+  PR_ENGINE_THREAD(part->eng);
   kq_t **pp = &part->buckets[pr__fnv1a_str(kq->key) % part->nbuckets];
   while (*pp && *pp != kq)
     pp = &(*pp)->next;
@@ -87,6 +90,7 @@ void pr__kq_remove(part_t *part, kq_t *kq) {
  * since the last tick is removed (pr__kq_detach keeps emptied ones for
  * reuse). */
 void pr__part_tick_keys(pr__engine_t *eng) {
+  PR_ENGINE_THREAD(eng);
   for (part_t *part = eng->parts; part; part = part->next) {
     for (size_t b = 0; part->buckets && b < part->nbuckets; b++) {
       kq_t **pp = &part->buckets[b], *kq;
@@ -113,11 +117,13 @@ void pr__part_tick_keys(pr__engine_t *eng) {
 }
 
 void pr__kq_trim(part_t *part, kq_t *kq) {
+  PR_ENGINE_THREAD(part->eng);
   if (!kq->head && !kq->dk[0] && !kq->dk[1])
     pr__kq_remove(part, kq);
 }
 
 void pr__kq_unlink(inv_t *inv) {
+  PR_ENGINE_THREAD(inv->eng);
   kq_t *kq = inv->kq;
   inv_t **pp, *prev = NULL;
   if (!kq)
@@ -134,6 +140,7 @@ void pr__kq_unlink(inv_t *inv) {
 }
 
 part_t *pr__part_new(pr__engine_t *eng, const char *topic, int32_t p) {
+  PR_ENGINE_THREAD(eng);
   part_t *part;
   if (eng->fail_part_new > 0) { /* test option: as if out of memory */
     eng->fail_part_new--;
@@ -155,6 +162,7 @@ part_t *pr__part_new(pr__engine_t *eng, const char *topic, int32_t p) {
 }
 
 void pr__part_free(part_t *part) {
+  PR_ENGINE_THREAD(part->eng);
   pr__df_part_free(part);
   for (size_t i = 0; part->buckets && i < part->nbuckets; i++) {
     kq_t *k = part->buckets[i], *next;
@@ -175,6 +183,7 @@ void pr__part_free(part_t *part) {
 
 /* Detaches a finished or released event from its key and partition. */
 inv_t *pr__kq_detach(inv_t *inv) {
+  PR_ENGINE_THREAD(inv->eng);
   part_t *part = inv->part;
   kq_t *kq = inv->kq;
   inv_t *next = NULL;
@@ -195,6 +204,7 @@ inv_t *pr__kq_detach(inv_t *inv) {
 }
 
 part_t *pr__part_zombie_find(pr__engine_t *eng, const char *topic, int32_t p) {
+  PR_ENGINE_THREAD(eng);
   for (part_t *z = eng->zombies; z; z = z->next)
     if (z->partition == p && !strcmp(z->topic, topic))
       return z;
@@ -204,6 +214,7 @@ part_t *pr__part_zombie_find(pr__engine_t *eng, const char *topic, int32_t p) {
 /* The last handler of a released partition finished: free it, and let a
  * live assignment of the same partition start its keys. */
 void pr__part_zombie_done(pr__engine_t *eng, part_t *zombie) {
+  PR_ENGINE_THREAD(eng);
   part_t **pp = &eng->zombies, *live;
   while (*pp && *pp != zombie)
     pp = &(*pp)->next;
@@ -230,6 +241,7 @@ void pr__part_zombie_done(pr__engine_t *eng, part_t *zombie) {
 
 /* Stores watermark + 1 of every partition that advanced (or `only`). */
 void pr__part_store_offsets(pr__engine_t *eng, part_t *only) {
+  PR_ENGINE_THREAD(eng);
   rd_kafka_topic_partition_list_t *list = NULL;
   for (part_t *part = eng->parts; part; part = part->next) {
     if (!part->dirty || (only && part != only))
@@ -257,6 +269,7 @@ void pr__part_store_offsets(pr__engine_t *eng, part_t *only) {
  * assign(), so that no record of the partition reaches the consumer queue.
  * The queue shares the consumer queue's wake-up pipe. */
 void pr__part_queue_open(pr__engine_t *eng, part_t *part) {
+  PR_ENGINE_THREAD(eng);
   part->rkq =
       rd_kafka_queue_get_partition(eng->rk, part->topic, part->partition);
   if (!part->rkq) {
@@ -271,6 +284,7 @@ void pr__part_queue_open(pr__engine_t *eng, part_t *part) {
 }
 
 void pr__part_queue_close(part_t *part) {
+  PR_ENGINE_THREAD(part->eng);
   if (!part->rkq)
     return;
   rd_kafka_queue_io_event_enable(part->rkq, -1, NULL, 0);
@@ -279,6 +293,7 @@ void pr__part_queue_close(part_t *part) {
 }
 
 void pr__part_pause(pr__engine_t *eng, part_t *part, int pause) {
+  PR_ENGINE_THREAD(eng);
   rd_kafka_topic_partition_list_t *list;
   rd_kafka_resp_err_t err;
   if (part->paused == pause || part->zombie || !eng->rk)
@@ -302,6 +317,7 @@ void pr__part_pause(pr__engine_t *eng, part_t *part, int pause) {
 /* Unlinks `part`; frees it, or keeps it as a zombie while a handler of it
  * still runs. */
 void pr__part_release(pr__engine_t *eng, part_t *part) {
+  PR_ENGINE_THREAD(eng);
   part_t **pp = &eng->parts;
   while (*pp && *pp != part)
     pp = &(*pp)->next;
@@ -329,6 +345,7 @@ void pr__part_release(pr__engine_t *eng, part_t *part) {
 }
 
 void pr__part_count(pr__engine_t *eng) {
+  PR_ENGINE_THREAD(eng);
   int n = 0;
   for (part_t *part = eng->parts; part; part = part->next)
     n++;
@@ -336,6 +353,7 @@ void pr__part_count(pr__engine_t *eng) {
 }
 
 void pr__part_check_stalls(pr__engine_t *eng) {
+  PR_ENGINE_THREAD(eng);
   int64_t now = pr__now_ns();
   int stalled = 0;
   for (part_t *part = eng->parts; part; part = part->next) {

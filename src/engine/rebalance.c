@@ -97,6 +97,7 @@ static void on_assign(pr__engine_t *eng, rd_kafka_topic_partition_list_t *list,
 }
 
 void pr__rebalance_retry(pr__engine_t *eng) {
+  PR_ENGINE_THREAD(eng);
   rd_kafka_topic_partition_list_t *list = eng->assign_retry;
   if (!list || eng->stopping)
     return;
@@ -171,6 +172,7 @@ void pr__rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
 }
 
 void pr__rebalance_mismatch(pr__engine_t *eng) {
+  PR_ENGINE_THREAD(eng);
   const char *group = PR_CFG_STR(eng->st, GROUP_ID);
   int64_t now = pr__now_ns();
   if (eng->mismatch_q ||
@@ -183,6 +185,7 @@ void pr__rebalance_mismatch(pr__engine_t *eng) {
 }
 
 void pr__rebalance_mismatch_poll(pr__engine_t *eng) {
+  PR_ENGINE_THREAD(eng);
   const rd_kafka_DescribeConsumerGroups_result_t *res;
   const rd_kafka_ConsumerGroupDescription_t **groups;
   const char *theirs = NULL, *kind = "";
@@ -215,6 +218,7 @@ void pr__rebalance_mismatch_poll(pr__engine_t *eng) {
 }
 
 void pr__rebalance_mismatch_free(pr__engine_t *eng) {
+  PR_ENGINE_THREAD(eng);
   if (eng->mismatch_q)
     rd_kafka_queue_destroy(eng->mismatch_q);
   eng->mismatch_q = NULL;

@@ -29,7 +29,7 @@ enum top_kind {
  * what arrives while it stops); started, to the store, which completes every
  * operation before it is destroyed. */
 typedef struct top {
-  pr__mail_t mail; /* MAIL_OP, while posted */
+  pr__mail_t mail; /* op_mail, while posted */
   int kind;
   prosody_context_t *ctx;
   int64_t time_s;
@@ -221,6 +221,11 @@ static void run_op(pr__engine_t *eng, top_t *op) {
   }
 }
 
+/* A posted operation reaches the engine thread. */
+static void op_mail(pr__mail_t *mail, void *owner) {
+  run_op(owner, PR_CONTAINER_OF(mail, top_t, mail));
+}
+
 /* Hands an operation to the engine (any thread): an asynchronous handler
  * on the engine thread runs it at once, any other thread queues it; either
  * way top_done() reports it, possibly before this returns. A stale context
@@ -251,12 +256,11 @@ static prosody_err_t top_submit(top_t *op, char *errstr, size_t errstr_size) {
   }
   /* The live attempt keeps the engine alive; `pushers` keeps it alive
    * until this thread has finished touching it. */
-  atomic_fetch_add(&eng->pushers, 1);
+  pr__mailbox_hold(&eng->mb);
   pthread_mutex_unlock(&slot->lock);
-  op->mail.kind = MAIL_OP;
-  if (pr__mail_post(eng, &op->mail))
+  if (pr__mailbox_try_post(&eng->mb, &op->mail, op_mail))
     top_done(op, PROSODY_ERR_STATE, "the consumer has stopped");
-  atomic_fetch_sub(&eng->pushers, 1);
+  pr__mailbox_unhold(&eng->mb);
   return PROSODY_OK;
 }
 
@@ -405,8 +409,4 @@ PROSODY_EXPORT prosody_err_t prosody_timer_async(
     return PROSODY_ERR_INVALID_ARG;
   }
   return timer_async(ctx, (int)op, time_s, cb, opaque, errstr, errstr_size);
-}
-
-void pr__tops_run_mail(pr__engine_t *eng, pr__mail_t *mail) {
-  run_op(eng, PR_CONTAINER_OF(mail, top_t, mail));
 }

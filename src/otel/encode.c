@@ -362,6 +362,22 @@ int pr__otel_encode_pb(const pr__otel_resource_t *res, pr_span_t *const *spans,
   return out->oom ? -1 : 0;
 }
 
+int pr__otel_encode_grpc(const pr__otel_resource_t *res,
+                         pr_span_t *const *spans, size_t n,
+                         pr__otel_buf_t *out) {
+  static const uint8_t prefix[5] = {0};
+  size_t at = out->len, len;
+  buf_put(out, prefix, sizeof prefix);
+  if (pr__otel_encode_pb(res, spans, n, out))
+    return -1;
+  len = out->len - at - sizeof prefix;
+  if (len > UINT32_MAX)
+    return -1;
+  for (int i = 0; i < 4; i++)
+    out->p[at + 1 + i] = (uint8_t)(len >> (8 * (3 - i)));
+  return 0;
+}
+
 /* -------------------------------------------------------------------- JSON */
 
 static json_t *hex_str(const uint8_t *p, size_t n) {

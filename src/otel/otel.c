@@ -1,6 +1,11 @@
 /*
  * otel.c - span contexts (W3C traceparent), spans, and their exporter over
- * OTLP/HTTP (issue 16; the contract is otel.h).
+ * OTLP: protobuf or JSON over HTTP/1.1, or gRPC over HTTP/2 (issue 16; the
+ * contract is otel.h). gRPC is one unary call per batch, made by libcurl:
+ * h2c with prior knowledge for an http:// endpoint, h2 through ALPN for
+ * https://; the request is one length-prefixed message, and the answer's
+ * grpc-status (a trailer, or a header in a trailers-only answer) says
+ * whether the collector took it.
  *
  * Threads:
  * - span functions: the thread that owns the span (otel.h); ids come from
@@ -9,7 +14,8 @@
  *   queue (or to count a drop), never waits for room or for the network;
  * - the exporter thread (one per pr_otel_t, exporter_main): takes batches
  *   off the queue under `o->lock`, encodes and POSTs them with its own
- *   libcurl easy handle without the lock, then updates the counters and
+ *   libcurl easy handle without the lock (the reply's gRPC status lands in
+ *   `o->grpc_*`, the exporter thread's own), then updates the counters and
  *   wakes flushers (`o->done`) under the lock;
  * - pr__otel_flush/close/stats: any thread (close: the owner, once).
  */
@@ -18,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
@@ -213,7 +220,7 @@ static uint64_t wall_ns(void) {
 struct pr_otel {
   /* Immutable after pr__otel_open. */
   char *url;
-  bool json;
+  pr_otlp_protocol_t proto; /* the one spoken (pr__otel_target) */
   pr__otel_resource_t res;
   size_t queue_max, batch_max;
   int64_t delay_ns;
@@ -221,6 +228,10 @@ struct pr_otel {
   pthread_t thread;
   pr__logger_t *logger; /* the opening thread's (its client's) */
   atomic_bool abort;    /* close gave up flushing: cut the request short */
+
+  /* The exporter thread's own: the last gRPC answer (-1: no grpc-status). */
+  int grpc_status;
+  char grpc_message[160];
 
   /* Everything below: `lock`. `wake` wakes the exporter thread (a span
    * queued, a flush asked, stop); `done` wakes flushers (a batch done). */
@@ -266,38 +277,99 @@ static int progress(void *ud, curl_off_t a, curl_off_t b, curl_off_t c,
   return atomic_load(&o->abort) ? 1 : 0;
 }
 
-/* POSTs one encoded batch: the HTTP status, or 0 when no answer came. */
-static long post_once(pr_otel_t *o, CURL *h, const void *body, size_t len) {
+/* libcurl's header callback (gRPC only): each header line of the answer,
+ * its trailers included; keeps grpc-status and grpc-message. */
+static size_t on_header(char *p, size_t size, size_t n, void *ud) {
+  pr_otel_t *o = ud;
+  size_t len = size * n;
+  if (len > 12 && !strncasecmp(p, "grpc-status:", 12)) {
+    o->grpc_status = atoi(p + 12);
+  } else if (len > 13 && !strncasecmp(p, "grpc-message:", 13)) {
+    size_t b = 13, e = len;
+    while (b < e && p[b] == ' ')
+      b++;
+    while (e > b && (p[e - 1] == '\r' || p[e - 1] == '\n' || p[e - 1] == ' '))
+      e--;
+    snprintf(o->grpc_message, sizeof o->grpc_message, "%.*s", (int)(e - b),
+             p + b);
+  }
+  return len;
+}
+
+typedef enum sent { SENT_OK, SENT_RETRY, SENT_FAILED } sent_t;
+
+/* An HTTP status: 2xx is taken; 429, 502, 503 and 504 (the receiver is busy
+ * or restarting) are worth one retry. */
+static sent_t http_sent(long code) {
+  if (code >= 200 && code <= 299)
+    return SENT_OK;
+  return code == 429 || code == 502 || code == 503 || code == 504 ? SENT_RETRY
+                                                                  : SENT_FAILED;
+}
+
+/* A gRPC status: OK is taken; those OTLP calls retryable (CANCELLED,
+ * DEADLINE_EXCEEDED, ABORTED, OUT_OF_RANGE, UNAVAILABLE, DATA_LOSS) are
+ * worth one retry. */
+static sent_t grpc_sent(int status) {
+  switch (status) {
+  case 0:
+    return SENT_OK;
+  case 1:
+  case 4:
+  case 10:
+  case 11:
+  case 14:
+  case 15:
+    return SENT_RETRY;
+  default:
+    return SENT_FAILED;
+  }
+}
+
+/* POSTs one encoded batch once. */
+static sent_t post_once(pr_otel_t *o, CURL *h, const void *body, size_t len) {
   long code = 0;
   CURLcode rc;
   curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
   curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
+  o->grpc_status = -1;
+  o->grpc_message[0] = 0;
   rc = curl_easy_perform(h);
   if (rc != CURLE_OK) {
     pr__log(PR_LOG_WARN, "otel", "span export to %s failed: %s", o->url,
             curl_easy_strerror(rc));
-    return 0;
+    return SENT_FAILED;
   }
   curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &code);
+  if (o->proto == PR_OTLP_GRPC && code == 200) {
+    sent_t r = o->grpc_status < 0 ? SENT_FAILED : grpc_sent(o->grpc_status);
+    if (o->grpc_status < 0)
+      pr__log(PR_LOG_WARN, "otel",
+              "span export to %s: the answer has no grpc-status", o->url);
+    else if (r != SENT_OK)
+      pr__log(PR_LOG_WARN, "otel",
+              "span export to %s answered grpc-status %d%s%s", o->url,
+              o->grpc_status, *o->grpc_message ? ": " : "", o->grpc_message);
+    return r;
+  }
   if (code < 200 || code > 299)
     pr__log(PR_LOG_WARN, "otel", "span export to %s answered HTTP %ld", o->url,
             code);
-  return code;
+  return http_sent(code);
 }
 
-/* True when the receiver accepted the batch (2xx). A 429, 502, 503 or 504
- * (the receiver is busy or restarting) is retried once after
- * PR_OTEL_RETRY_MS, unless the exporter is closing. */
+/* True when the receiver accepted the batch. An answer worth a retry is
+ * retried once after PR_OTEL_RETRY_MS, unless the exporter is closing. */
 #define PR_OTEL_RETRY_MS 200
 static bool post(pr_otel_t *o, CURL *h, const void *body, size_t len) {
-  long code = post_once(o, h, body, len);
-  if (code == 429 || code == 502 || code == 503 || code == 504) {
+  sent_t r = post_once(o, h, body, len);
+  if (r == SENT_RETRY) {
     for (int i = 0; i < PR_OTEL_RETRY_MS / 10 && !atomic_load(&o->abort); i++)
       usleep(10000);
     if (!atomic_load(&o->abort))
-      code = post_once(o, h, body, len);
+      r = post_once(o, h, body, len);
   }
-  return code >= 200 && code <= 299;
+  return r == SENT_OK;
 }
 
 /* Encodes and sends `n` spans; true when accepted. */
@@ -305,14 +377,15 @@ static bool send_batch(pr_otel_t *o, CURL *h, pr_span_t **batch, size_t n) {
   bool ok = false;
   if (!h)
     return false;
-  if (o->json) {
+  if (o->proto == PR_OTLP_HTTP_JSON) {
     char *text = pr__otel_encode_json(&o->res, batch, n);
     if (text)
       ok = post(o, h, text, strlen(text));
     free(text);
   } else {
     pr__otel_buf_t b = {0};
-    if (!pr__otel_encode_pb(&o->res, batch, n, &b))
+    if (!(o->proto == PR_OTLP_GRPC ? pr__otel_encode_grpc(&o->res, batch, n, &b)
+                                   : pr__otel_encode_pb(&o->res, batch, n, &b)))
       ok = post(o, h, b.p, b.len);
     free(b.p);
   }
@@ -320,20 +393,39 @@ static bool send_batch(pr_otel_t *o, CURL *h, pr_span_t **batch, size_t n) {
 }
 
 static CURL *make_handle(pr_otel_t *o, struct curl_slist **hdrs) {
+  static const char *const types[] = {
+      [PR_OTLP_HTTP_PROTOBUF] = "Content-Type: application/x-protobuf",
+      [PR_OTLP_HTTP_JSON] = "Content-Type: application/json",
+      [PR_OTLP_GRPC] = "Content-Type: application/grpc"};
+  bool grpc = o->proto == PR_OTLP_GRPC;
   CURL *h = curl_easy_init();
   if (!h)
     return NULL;
-  struct curl_slist *l =
-      curl_slist_append(NULL, o->json ? "Content-Type: application/json"
-                                      : "Content-Type: application/x-protobuf");
+  struct curl_slist *l = curl_slist_append(NULL, types[o->proto]);
   /* No "Expect: 100-continue" round trip before a large batch. */
   struct curl_slist *l2 = l ? curl_slist_append(l, "Expect:") : NULL;
-  if (!l2) {
+  /* gRPC: the server must know the client reads trailers. */
+  struct curl_slist *l3 =
+      l2 && grpc ? curl_slist_append(l2, "TE: trailers") : l2;
+  if (!l3) {
     curl_slist_free_all(l);
     curl_easy_cleanup(h);
     return NULL;
   }
-  *hdrs = l2;
+  *hdrs = l3;
+  if (grpc) {
+    bool h2c = strncasecmp(o->url, "https://", 8) != 0;
+    curl_easy_setopt(h, CURLOPT_HTTP_VERSION,
+                     h2c ? (long)CURL_HTTP_VERSION_2_PRIOR_KNOWLEDGE
+                         : (long)CURL_HTTP_VERSION_2TLS);
+    /* libcurl before 8.0.0 (Debian 12's 7.88) fails the second request on
+     * a reused prior-knowledge connection ("Error in the HTTP2 framing
+     * layer", curl issue 10634): there, one connection per batch. */
+    if (h2c && curl_version_info(CURLVERSION_NOW)->version_num < 0x080000)
+      curl_easy_setopt(h, CURLOPT_FORBID_REUSE, 1L);
+    curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(h, CURLOPT_HEADERDATA, o);
+  }
   curl_easy_setopt(h, CURLOPT_URL, o->url);
   curl_easy_setopt(h, CURLOPT_HTTPHEADER, *hdrs);
   curl_easy_setopt(h, CURLOPT_POST, 1L);
@@ -436,10 +528,63 @@ static bool pending_upto(const pr_otel_t *o, uint64_t target) {
          (o->inflight && o->inflight_seq <= target);
 }
 
+/* The first `len` bytes of `s` with the `cut` bytes at `at` replaced by
+ * `with`, then `tail` (malloc'd), or NULL. */
+static char *splice(const char *s, size_t len, size_t at, size_t cut,
+                    const char *with, const char *tail) {
+  size_t wl = strlen(with), tl = strlen(tail);
+  char *out = malloc(len - cut + wl + tl + 1);
+  if (!out)
+    return NULL;
+  memcpy(out, s, at);
+  memcpy(out + at, with, wl);
+  memcpy(out + at + wl, s + at + cut, len - at - cut);
+  memcpy(out + len - cut + wl, tail, tl + 1);
+  return out;
+}
+
+int pr__otel_target(const char *endpoint, pr_otlp_protocol_t protocol,
+                    bool http2, char **url, pr_otlp_protocol_t *used,
+                    char *warn, size_t warn_size) {
+  const char *sep = strstr(endpoint, "://");
+  size_t auth = sep ? (size_t)(sep - endpoint) + 3 : 0;
+  size_t path = auth + strcspn(endpoint + auth, "/?#"); /* authority's end */
+  size_t n = strlen(endpoint);
+  bool port;
+  if (warn_size)
+    *warn = 0;
+  *used = protocol;
+  if (protocol == PR_OTLP_GRPC && http2) {
+    *url = splice(endpoint, path, path, 0, "", PR_OTLP_GRPC_PATH);
+    return *url ? 0 : -1;
+  }
+  if (n && endpoint[n - 1] == '/')
+    n--;
+  if (protocol != PR_OTLP_GRPC) {
+    *url = splice(endpoint, n, n, 0, "", "/v1/traces");
+    return *url ? 0 : -1;
+  }
+  /* No HTTP/2: http/protobuf, on OTLP/HTTP's port when the endpoint names
+   * OTLP/gRPC's. */
+  *used = PR_OTLP_HTTP_PROTOBUF;
+  port = path - auth > 5 && !memcmp(endpoint + path - 5, ":4317", 5);
+  *url = port ? splice(endpoint, n, path - 5, 5, ":4318", "/v1/traces")
+              : splice(endpoint, n, n, 0, "", "/v1/traces");
+  if (!*url)
+    return -1;
+  pr__errf(warn, warn_size,
+           "otel_exporter_otlp_protocol (OTEL_EXPORTER_OTLP_PROTOCOL) is grpc, "
+           "but this libcurl (%s) has no HTTP/2: spans go over http/protobuf "
+           "to %s instead",
+           curl_version(), *url);
+  return 0;
+}
+
 pr_otel_t *pr__otel_open(const pr_otel_config_t *cfg, char *err,
                          size_t err_size) {
   pr_otel_t *o;
-  size_t n;
+  char warn[512];
+  bool http2;
   pthread_condattr_t ca;
   if (!cfg->endpoint || (strncmp(cfg->endpoint, "http://", 7) &&
                          strncmp(cfg->endpoint, "https://", 8))) {
@@ -463,18 +608,16 @@ pr_otel_t *pr__otel_open(const pr_otel_config_t *cfg, char *err,
     free(o);
     return NULL;
   }
-  n = strlen(cfg->endpoint);
-  if (n && cfg->endpoint[n - 1] == '/')
-    n--;
-  o->url = malloc(n + sizeof "/v1/traces");
-  if (!o->url) {
+  http2 = !cfg->test_no_http2 &&
+          (curl_version_info(CURLVERSION_NOW)->features & CURL_VERSION_HTTP2);
+  if (pr__otel_target(cfg->endpoint, cfg->protocol, http2, &o->url, &o->proto,
+                      warn, sizeof warn)) {
     pr__otel_resource_free(&o->res);
     free(o);
     goto oom;
   }
-  memcpy(o->url, cfg->endpoint, n);
-  memcpy(o->url + n, "/v1/traces", sizeof "/v1/traces");
-  o->json = cfg->json;
+  if (*warn)
+    pr__log(PR_LOG_WARN, "otel", "%s", warn);
   o->queue_max = cfg->queue_max ? cfg->queue_max : 2048;
   o->batch_max = cfg->batch_max ? cfg->batch_max : 512;
   o->delay_ns = (int64_t)(cfg->delay_ms ? cfg->delay_ms : 1000) * 1000000;

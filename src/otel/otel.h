@@ -1,5 +1,6 @@
 /*
- * otel.h - spans and their export over OTLP/HTTP (private; issue 16).
+ * otel.h - spans and their export over OTLP: protobuf or JSON over HTTP,
+ * or gRPC over HTTP/2 (private; issue 16).
  *
  * Threads: a span is started, filled and ended by one thread at a time (the
  * thread that owns the event it describes: the engine thread, a handler
@@ -85,17 +86,31 @@ void pr__span_end(pr_span_t *s);
 /* Frees a span without exporting it. */
 void pr__span_discard(pr_span_t *s);
 
+/* OTLP's transports, in the order of otel_exporter_otlp_protocol's
+ * values. */
+typedef enum pr_otlp_protocol {
+  PR_OTLP_HTTP_PROTOBUF = 0,
+  PR_OTLP_HTTP_JSON = 1,
+  PR_OTLP_GRPC = 2,
+} pr_otlp_protocol_t;
+
 /* An exporter's settings (from the client's options). */
 typedef struct pr_otel_config {
-  const char *endpoint;     /* base URL: spans go to <endpoint>/v1/traces */
-  bool json;                /* http/json instead of http/protobuf */
-  const char *service_name; /* NULL: "prosody" */
+  /* http/protobuf, http/json: a base URL, spans go to
+   * <endpoint>/v1/traces; grpc: the
+   * collector's scheme, host and port (a path is ignored): h2c with prior
+   * knowledge for http://, h2 through ALPN for https://. */
+  const char *endpoint;
+  pr_otlp_protocol_t protocol; /* grpc without HTTP/2 in libcurl: http/protobuf
+                                  (pr__otel_target), with one warning */
+  const char *service_name;    /* NULL: "prosody" */
   const char *resource_attributes; /* "k=v,k2=v2" (OTEL_RESOURCE_ATTRIBUTES;
                                       values percent-decoded), or NULL */
   size_t queue_max;                /* spans waiting at most; 0: 2048 */
   size_t batch_max;                /* spans in one request at most; 0: 512 */
   uint32_t delay_ms;   /* a waiting span is sent within this; 0: 1000 */
   uint32_t timeout_ms; /* one request's bound; 0: 10000 */
+  bool test_no_http2;  /* tests: act as if libcurl had no HTTP/2 */
 } pr_otel_config_t;
 
 /* Starts an exporter and its thread. NULL with the reason in `err` on bad
@@ -112,9 +127,10 @@ int pr__otel_flush(pr_otel_t *o, uint32_t timeout_ms);
 void pr__otel_close(pr_otel_t *o, uint32_t flush_ms);
 
 typedef struct pr_otel_stats {
-  uint64_t exported; /* spans the receiver accepted (HTTP 2xx) */
+  uint64_t exported; /* spans the receiver accepted (HTTP 2xx; gRPC: OK) */
   uint64_t dropped;  /* spans dropped: queue full, request failed, closed */
-  uint64_t failed_requests; /* requests that failed (no answer, non-2xx) */
+  uint64_t failed_requests; /* requests that failed (no answer, non-2xx,
+                               a grpc-status other than OK) */
 } pr_otel_stats_t;
 /* A snapshot of the counters; any thread. */
 void pr__otel_stats(pr_otel_t *o, pr_otel_stats_t *out);

@@ -84,9 +84,28 @@ void pr__otel_pb_span(pr__otel_buf_t *b, const pr_span_t *s);
  * out of memory. */
 int pr__otel_encode_pb(const pr__otel_resource_t *res, pr_span_t *const *spans,
                        size_t n, pr__otel_buf_t *out);
+/* The same as one gRPC message: a 5-byte prefix (0: not compressed, then
+ * the length, big-endian) and the protobuf. */
+int pr__otel_encode_grpc(const pr__otel_resource_t *res,
+                         pr_span_t *const *spans, size_t n,
+                         pr__otel_buf_t *out);
 /* The same as OTLP/JSON (NUL-terminated, malloc'd), or NULL when out of
  * memory. */
 char *pr__otel_encode_json(const pr__otel_resource_t *res,
                            pr_span_t *const *spans, size_t n);
+
+/* Where and how an exporter sends, from its settings: `*url` (malloc'd) and
+ * `*used`, the protocol it will speak. http/protobuf and http/json:
+ * <endpoint>/v1/traces (one
+ * trailing '/' of the endpoint dropped). grpc: the endpoint's scheme and
+ * authority, then PR_OTLP_GRPC_PATH; when `http2` is false (libcurl was
+ * built without it), http/protobuf instead, to the endpoint with port 4317
+ * changed to 4318 (OTLP/HTTP's), and `warn` says so (otherwise it is
+ * empty). 0, or -1 when out of memory. */
+#define PR_OTLP_GRPC_PATH                                                      \
+  "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+int pr__otel_target(const char *endpoint, pr_otlp_protocol_t protocol,
+                    bool http2, char **url, pr_otlp_protocol_t *used,
+                    char *warn, size_t warn_size);
 
 #endif

@@ -4,6 +4,7 @@
  * an operation is one job: posted by the owner, run on the worker, its
  * callback delivered back on the owner's thread by poll().
  */
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -160,15 +161,71 @@ static void run_stmt(job_t *j) {
 
 /* ---- dedup -------------------------------------------------------------- */
 
-struct pr__dedup {
+typedef struct cql_dedup {
+  pr__dedup_t base; /* first */
   pr__cqlw_t *w;
   pr__cql_stmt_t *sel, *ins;
-};
+} cql_dedup_t;
+
+/* An id as the table keeps it: 32 hex digits. */
+static void hex(pr__did_t d, char out[33]) {
+  snprintf(out, 33, "%016" PRIx64 "%016" PRIx64, d.hi, d.lo);
+}
+
+static void dedup_record_start(job_t *j) {
+  pr__cql_val_t v[3] = {pr__cv_text(j->a), pr__cv_text(j->b),
+                        pr__cv_int((int32_t)j->n)};
+  pr__cql_execute_stmt(j->cql, j->st, v, 3, NULL, answered, j);
+}
+
+static void cql_seen(pr__dedup_t *b, const char *scope, pr__did_t id,
+                     pr__seen_cb cb, void *arg) {
+  cql_dedup_t *d = (cql_dedup_t *)b;
+  char idx[33];
+  job_t *j;
+  hex(id, idx);
+  if (!(j = job_new(d->w, J_SEEN, (void *)cb, arg, scope, idx)))
+    return;
+  j->start = run_stmt;
+  j->st = d->sel;
+  j->cql = pr__cqlw_cql(d->w);
+  j->nvals = 2;
+  pr__cqlw_post(&j->job);
+}
+
+static void cql_record(pr__dedup_t *b, const char *scope, pr__did_t id,
+                       int64_t ttl_s, pr__store_done_cb cb, void *arg) {
+  cql_dedup_t *d = (cql_dedup_t *)b;
+  char idx[33];
+  job_t *j;
+  hex(id, idx);
+  if (!(j = job_new(d->w, J_DONE, (void *)cb, arg, scope, idx)))
+    return;
+  j->start = dedup_record_start;
+  j->st = d->ins;
+  j->cql = pr__cqlw_cql(d->w);
+  j->n = ttl_s < 1 ? 1 : ttl_s > MAX_TTL_S ? MAX_TTL_S : ttl_s;
+  pr__cqlw_post(&j->job);
+}
+
+static void cql_dedup_poll(pr__dedup_t *b) {
+  pr__cqlw_poll(((cql_dedup_t *)b)->w);
+}
+
+static void cql_dedup_destroy(pr__dedup_t *b) {
+  cql_dedup_t *d = (cql_dedup_t *)b;
+  if (d->w)
+    pr__cqlw_free(d->w);
+  free(d);
+}
+
+static const pr__dedup_ops_t cql_dedup_ops = {
+    cql_seen, cql_record, cql_dedup_poll, cql_dedup_destroy};
 
 pr__dedup_t *pr__dedup_new(const pr__cql_conf_t *conf, const char *keyspace,
                            void (*wake)(void *), void *wake_arg, char *errstr,
                            size_t errstr_size) {
-  pr__dedup_t *d = calloc(1, sizeof(*d));
+  cql_dedup_t *d = calloc(1, sizeof(*d));
   char q[256];
   if (!d || !(d->w = pr__cqlw_new(conf, wake, wake_arg, errstr, errstr_size))) {
     if (!d)
@@ -176,6 +233,7 @@ pr__dedup_t *pr__dedup_new(const pr__cql_conf_t *conf, const char *keyspace,
     free(d);
     return NULL;
   }
+  d->base.ops = &cql_dedup_ops;
   snprintf(q, sizeof(q),
            "SELECT id FROM %s.dedup_ids WHERE scope = ? AND id = ?", keyspace);
   d->sel = pr__cql_stmt(pr__cqlw_cql(d->w), q);
@@ -188,67 +246,121 @@ pr__dedup_t *pr__dedup_new(const pr__cql_conf_t *conf, const char *keyspace,
   if (!d->sel || !d->ins || pr__cqlw_start(d->w, errstr, errstr_size)) {
     if (!d->sel || !d->ins)
       pr__errf(errstr, errstr_size, "out of memory");
-    pr__dedup_free(d);
+    cql_dedup_destroy(&d->base);
     return NULL;
   }
-  return d;
-}
-
-static void dedup_record_start(job_t *j) {
-  pr__cql_val_t v[3] = {pr__cv_text(j->a), pr__cv_text(j->b),
-                        pr__cv_int((int32_t)j->n)};
-  pr__cql_execute_stmt(j->cql, j->st, v, 3, NULL, answered, j);
-}
-
-void pr__dedup_seen(pr__dedup_t *d, const char *scope, const char *id,
-                    pr__seen_cb cb, void *arg) {
-  job_t *j = job_new(d->w, J_SEEN, (void *)cb, arg, scope, id);
-  if (!j)
-    return;
-  j->start = run_stmt;
-  j->st = d->sel;
-  j->cql = pr__cqlw_cql(d->w);
-  j->nvals = 2;
-  pr__cqlw_post(&j->job);
-}
-
-void pr__dedup_record(pr__dedup_t *d, const char *scope, const char *id,
-                      int64_t ttl_s, pr__store_done_cb cb, void *arg) {
-  job_t *j = job_new(d->w, J_DONE, (void *)cb, arg, scope, id);
-  if (!j)
-    return;
-  j->start = dedup_record_start;
-  j->st = d->ins;
-  j->cql = pr__cqlw_cql(d->w);
-  j->n = ttl_s < 1 ? 1 : ttl_s > MAX_TTL_S ? MAX_TTL_S : ttl_s;
-  pr__cqlw_post(&j->job);
-}
-
-void pr__dedup_poll(pr__dedup_t *d) { pr__cqlw_poll(d->w); }
-
-void pr__dedup_free(pr__dedup_t *d) {
-  if (!d)
-    return;
-  pr__cqlw_free(d->w);
-  free(d);
+  return &d->base;
 }
 
 /* ---- deferral ----------------------------------------------------------- */
 
-/* w NULL: the memory store (memdefer.c) of `kind`. */
-struct pr__defer {
+/* The Cassandra deferral store. */
+typedef struct cql_defer {
+  pr__defer_t base; /* first */
   pr__cqlw_t *w;
-  pr__defer_kind_t kind;
   int64_t retention_s;
   pr__cql_stmt_t *ins, *head, *del, *trim, *upd, *keys, *key_ins, *key_del;
-};
+} cql_defer_t;
 
-pr__defer_t *pr__defer_memory(pr__defer_kind_t kind) {
-  pr__defer_t *d = calloc(1, sizeof(*d));
-  if (d)
-    d->kind = kind;
-  return d;
+static void cql_defer_destroy(pr__defer_t *base) {
+  cql_defer_t *d = (cql_defer_t *)base;
+  if (d->w)
+    pr__cqlw_free(d->w);
+  free(d);
 }
+
+static void post_defer(cql_defer_t *d, pr__cql_stmt_t *st, int kind, void *cb,
+                       void *arg, const char *segment, const char *key,
+                       int nvals, int64_t position, int32_t retries,
+                       void (*start)(job_t *)) {
+  job_t *j = job_new(d->w, kind, cb, arg, segment, key);
+  if (!j)
+    return;
+  j->start = start;
+  j->st = st;
+  j->cql = pr__cqlw_cql(d->w);
+  j->nvals = nvals;
+  j->n = position;
+  j->r = retries;
+  pr__cqlw_post(&j->job);
+}
+
+/* UPDATE takes retry_count first, then the key columns. */
+static void update_start(job_t *j) {
+  pr__cql_val_t v[4] = {pr__cv_int(j->r), pr__cv_text(j->a), pr__cv_text(j->b),
+                        pr__cv_bigint(j->n)};
+  pr__cql_execute_stmt(j->cql, j->st, v, 4, NULL, answered, j);
+}
+
+/* A statement of the segment alone. */
+static void segment_start(job_t *j) {
+  pr__cql_val_t v[1] = {pr__cv_text(j->a)};
+  pr__cql_execute_stmt(j->cql, j->st, v, 1, NULL, answered, j);
+}
+
+static void cql_append(pr__defer_t *b, const char *segment, const char *key,
+                       int64_t position, int32_t retries, pr__store_done_cb cb,
+                       void *arg) {
+  cql_defer_t *d = (cql_defer_t *)b;
+  post_defer(d, d->ins, J_DONE, (void *)cb, arg, segment, key, 4, position,
+             retries, run_stmt);
+}
+
+static void cql_head(pr__defer_t *b, const char *segment, const char *key,
+                     pr__head_cb cb, void *arg) {
+  cql_defer_t *d = (cql_defer_t *)b;
+  post_defer(d, d->head, J_HEAD, (void *)cb, arg, segment, key, 2, 0, 0,
+             run_stmt);
+}
+
+static void cql_advance(pr__defer_t *b, const char *segment, const char *key,
+                        int64_t position, pr__store_done_cb cb, void *arg) {
+  cql_defer_t *d = (cql_defer_t *)b;
+  post_defer(d, d->del, J_DONE, (void *)cb, arg, segment, key, 3, position, 0,
+             run_stmt);
+}
+
+static void cql_trim(pr__defer_t *b, const char *segment, const char *key,
+                     int64_t below, pr__store_done_cb cb, void *arg) {
+  cql_defer_t *d = (cql_defer_t *)b;
+  post_defer(d, d->trim, J_DONE, (void *)cb, arg, segment, key, 3, below, 0,
+             run_stmt);
+}
+
+static void cql_set_retries(pr__defer_t *b, const char *segment,
+                            const char *key, int64_t position, int32_t retries,
+                            pr__store_done_cb cb, void *arg) {
+  cql_defer_t *d = (cql_defer_t *)b;
+  post_defer(d, d->upd, J_DONE, (void *)cb, arg, segment, key, 4, position,
+             retries, update_start);
+}
+
+static void cql_keys(pr__defer_t *b, const char *segment, pr__dkeys_cb cb,
+                     void *arg) {
+  cql_defer_t *d = (cql_defer_t *)b;
+  post_defer(d, d->keys, J_KEYS, (void *)cb, arg, segment, "", 1, 0, 0,
+             segment_start);
+}
+
+static void cql_set_key(pr__defer_t *b, const char *segment, const char *key,
+                        int64_t retry_at_s, pr__store_done_cb cb, void *arg) {
+  cql_defer_t *d = (cql_defer_t *)b;
+  post_defer(d, d->key_ins, J_DONE, (void *)cb, arg, segment, key, 3,
+             retry_at_s, 0, run_stmt);
+}
+
+static void cql_del_key(pr__defer_t *b, const char *segment, const char *key,
+                        pr__store_done_cb cb, void *arg) {
+  cql_defer_t *d = (cql_defer_t *)b;
+  post_defer(d, d->key_del, J_DONE, (void *)cb, arg, segment, key, 2, 0, 0,
+             run_stmt);
+}
+
+static void cql_poll(pr__defer_t *b) { pr__cqlw_poll(((cql_defer_t *)b)->w); }
+
+static const pr__defer_ops_t cql_ops = {
+    cql_keys,    cql_set_key, cql_del_key,     cql_append, cql_head,
+    cql_advance, cql_trim,    cql_set_retries, cql_poll,   cql_defer_destroy};
 
 pr__defer_t *pr__defer_new(const pr__cql_conf_t *conf, const char *keyspace,
                            pr__defer_kind_t kind, int64_t retention_s,
@@ -257,7 +369,7 @@ pr__defer_t *pr__defer_new(const pr__cql_conf_t *conf, const char *keyspace,
   const char *table =
       kind == PR_DEFER_MESSAGES ? "deferred_messages" : "deferred_timers";
   const char *col = kind == PR_DEFER_MESSAGES ? "message_offset" : "time";
-  pr__defer_t *d = calloc(1, sizeof(*d));
+  cql_defer_t *d = calloc(1, sizeof(*d));
   pr__cql_t *cql;
   char q[256];
   if (!d || !(d->w = pr__cqlw_new(conf, wake, wake_arg, errstr, errstr_size))) {
@@ -266,7 +378,8 @@ pr__defer_t *pr__defer_new(const pr__cql_conf_t *conf, const char *keyspace,
     free(d);
     return NULL;
   }
-  d->kind = kind;
+  d->base.ops = &cql_ops;
+  d->base.kind = kind;
   d->retention_s = retention_s > MAX_TTL_S ? MAX_TTL_S : retention_s;
   cql = pr__cqlw_cql(d->w);
   snprintf(q, sizeof(q),
@@ -313,124 +426,8 @@ pr__defer_t *pr__defer_new(const pr__cql_conf_t *conf, const char *keyspace,
     if (!d->ins || !d->head || !d->del || !d->trim || !d->upd || !d->keys ||
         !d->key_ins || !d->key_del)
       pr__errf(errstr, errstr_size, "out of memory");
-    pr__defer_free(d);
+    cql_defer_destroy(&d->base);
     return NULL;
   }
-  return d;
-}
-
-static void post_defer(pr__defer_t *d, pr__cql_stmt_t *st, int kind, void *cb,
-                       void *arg, const char *segment, const char *key,
-                       int nvals, int64_t position, int32_t retries,
-                       void (*start)(job_t *)) {
-  job_t *j = job_new(d->w, kind, cb, arg, segment, key);
-  if (!j)
-    return;
-  j->start = start;
-  j->st = st;
-  j->cql = pr__cqlw_cql(d->w);
-  j->nvals = nvals;
-  j->n = position;
-  j->r = retries;
-  pr__cqlw_post(&j->job);
-}
-
-/* UPDATE takes retry_count first, then the key columns. */
-static void update_start(job_t *j) {
-  pr__cql_val_t v[4] = {pr__cv_int(j->r), pr__cv_text(j->a), pr__cv_text(j->b),
-                        pr__cv_bigint(j->n)};
-  pr__cql_execute_stmt(j->cql, j->st, v, 4, NULL, answered, j);
-}
-
-/* A statement of the segment alone. */
-static void segment_start(job_t *j) {
-  pr__cql_val_t v[1] = {pr__cv_text(j->a)};
-  pr__cql_execute_stmt(j->cql, j->st, v, 1, NULL, answered, j);
-}
-
-void pr__defer_append(pr__defer_t *d, const char *segment, const char *key,
-                      int64_t position, int32_t retries, pr__store_done_cb cb,
-                      void *arg) {
-  if (!d->w)
-    pr__memdefer_put(d->kind, segment, key, position, retries, 0, cb, arg);
-  else
-    post_defer(d, d->ins, J_DONE, (void *)cb, arg, segment, key, 4, position,
-               retries, run_stmt);
-}
-
-void pr__defer_head(pr__defer_t *d, const char *segment, const char *key,
-                    pr__head_cb cb, void *arg) {
-  if (!d->w)
-    pr__memdefer_head(d->kind, segment, key, cb, arg);
-  else
-    post_defer(d, d->head, J_HEAD, (void *)cb, arg, segment, key, 2, 0, 0,
-               run_stmt);
-}
-
-void pr__defer_advance(pr__defer_t *d, const char *segment, const char *key,
-                       int64_t position, pr__store_done_cb cb, void *arg) {
-  if (!d->w)
-    pr__memdefer_remove(d->kind, segment, key, position, cb, arg);
-  else
-    post_defer(d, d->del, J_DONE, (void *)cb, arg, segment, key, 3, position, 0,
-               run_stmt);
-}
-
-void pr__defer_trim(pr__defer_t *d, const char *segment, const char *key,
-                    int64_t below, pr__store_done_cb cb, void *arg) {
-  if (!d->w)
-    pr__memdefer_trim(d->kind, segment, key, below, cb, arg);
-  else
-    post_defer(d, d->trim, J_DONE, (void *)cb, arg, segment, key, 3, below, 0,
-               run_stmt);
-}
-
-void pr__defer_set_retries(pr__defer_t *d, const char *segment, const char *key,
-                           int64_t position, int32_t retries,
-                           pr__store_done_cb cb, void *arg) {
-  if (!d->w)
-    pr__memdefer_put(d->kind, segment, key, position, retries, 1, cb, arg);
-  else
-    post_defer(d, d->upd, J_DONE, (void *)cb, arg, segment, key, 4, position,
-               retries, update_start);
-}
-
-void pr__defer_keys(pr__defer_t *d, const char *segment, pr__dkeys_cb cb,
-                    void *arg) {
-  if (!d->w)
-    pr__memdefer_keys(d->kind, segment, cb, arg);
-  else
-    post_defer(d, d->keys, J_KEYS, (void *)cb, arg, segment, "", 1, 0, 0,
-               segment_start);
-}
-
-void pr__defer_set_key(pr__defer_t *d, const char *segment, const char *key,
-                       int64_t retry_at_s, pr__store_done_cb cb, void *arg) {
-  if (!d->w)
-    pr__memdefer_set_key(d->kind, segment, key, retry_at_s, cb, arg);
-  else
-    post_defer(d, d->key_ins, J_DONE, (void *)cb, arg, segment, key, 3,
-               retry_at_s, 0, run_stmt);
-}
-
-void pr__defer_del_key(pr__defer_t *d, const char *segment, const char *key,
-                       pr__store_done_cb cb, void *arg) {
-  if (!d->w)
-    pr__memdefer_del_key(d->kind, segment, key, cb, arg);
-  else
-    post_defer(d, d->key_del, J_DONE, (void *)cb, arg, segment, key, 2, 0, 0,
-               run_stmt);
-}
-
-void pr__defer_poll(pr__defer_t *d) {
-  if (d->w)
-    pr__cqlw_poll(d->w);
-}
-
-void pr__defer_free(pr__defer_t *d) {
-  if (!d)
-    return;
-  if (d->w)
-    pr__cqlw_free(d->w);
-  free(d);
+  return &d->base;
 }

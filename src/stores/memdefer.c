@@ -4,7 +4,8 @@
  * deferred positions in ascending order with their retry counts.
  *
  * One store per process, shared by every client (a revoked partition's
- * deferred keys wait here for its next owner) and never freed. Threads:
+ * deferred keys wait here for its next owner) and never freed; each
+ * client's handle (pr__defer_memory) is a view of one kind of it. Threads:
  * any; g_lock guards everything. Callbacks run before the operation
  * returns, outside the lock.
  */
@@ -84,9 +85,9 @@ static void done(pr__store_done_cb cb, void *arg, int nomem) {
        nomem ? "out of memory" : NULL);
 }
 
-void pr__memdefer_put(pr__defer_kind_t kind, const char *segment,
-                      const char *key, int64_t position, int32_t retries,
-                      int existing_only, pr__store_done_cb cb, void *arg) {
+static void put(pr__defer_kind_t kind, const char *segment, const char *key,
+                int64_t position, int32_t retries, int existing_only,
+                pr__store_done_cb cb, void *arg) {
   entry_t *e;
   size_t i;
   int nomem = 0;
@@ -122,8 +123,9 @@ void pr__memdefer_put(pr__defer_kind_t kind, const char *segment,
   done(cb, arg, nomem);
 }
 
-void pr__memdefer_head(pr__defer_kind_t kind, const char *segment,
-                       const char *key, pr__head_cb cb, void *arg) {
+static void mem_head(pr__defer_t *d, const char *segment, const char *key,
+                     pr__head_cb cb, void *arg) {
+  pr__defer_kind_t kind = d->kind;
   entry_t *e;
   int found = 0;
   int64_t position = 0;
@@ -138,9 +140,9 @@ void pr__memdefer_head(pr__defer_kind_t kind, const char *segment,
   cb(arg, PROSODY_OK, NULL, found, position, retries);
 }
 
-void pr__memdefer_remove(pr__defer_kind_t kind, const char *segment,
-                         const char *key, int64_t position,
-                         pr__store_done_cb cb, void *arg) {
+static void mem_advance(pr__defer_t *d, const char *segment, const char *key,
+                        int64_t position, pr__store_done_cb cb, void *arg) {
+  pr__defer_kind_t kind = d->kind;
   entry_t *e;
   pthread_mutex_lock(&g_lock);
   if ((e = find((int)kind, segment, key, 0))) {
@@ -156,9 +158,9 @@ void pr__memdefer_remove(pr__defer_kind_t kind, const char *segment,
   done(cb, arg, 0);
 }
 
-void pr__memdefer_trim(pr__defer_kind_t kind, const char *segment,
-                       const char *key, int64_t below, pr__store_done_cb cb,
-                       void *arg) {
+static void mem_trim(pr__defer_t *d, const char *segment, const char *key,
+                     int64_t below, pr__store_done_cb cb, void *arg) {
+  pr__defer_kind_t kind = d->kind;
   entry_t *e;
   pthread_mutex_lock(&g_lock);
   if ((e = find((int)kind, segment, key, 0))) {
@@ -173,8 +175,9 @@ void pr__memdefer_trim(pr__defer_kind_t kind, const char *segment,
   done(cb, arg, 0);
 }
 
-void pr__memdefer_keys(pr__defer_kind_t kind, const char *segment,
-                       pr__dkeys_cb cb, void *arg) {
+static void mem_keys(pr__defer_t *d, const char *segment, pr__dkeys_cb cb,
+                     void *arg) {
+  pr__defer_kind_t kind = d->kind;
   pr__dkey_t *keys = NULL;
   size_t n = 0, cap = 0;
   int nomem = 0;
@@ -207,9 +210,9 @@ void pr__memdefer_keys(pr__defer_kind_t kind, const char *segment,
   free(keys);
 }
 
-void pr__memdefer_set_key(pr__defer_kind_t kind, const char *segment,
-                          const char *key, int64_t retry_at_s,
-                          pr__store_done_cb cb, void *arg) {
+static void mem_set_key(pr__defer_t *d, const char *segment, const char *key,
+                        int64_t retry_at_s, pr__store_done_cb cb, void *arg) {
+  pr__defer_kind_t kind = d->kind;
   entry_t *e;
   pthread_mutex_lock(&g_lock);
   if ((e = find((int)kind, segment, key, 1))) {
@@ -220,8 +223,9 @@ void pr__memdefer_set_key(pr__defer_kind_t kind, const char *segment,
   done(cb, arg, e == NULL);
 }
 
-void pr__memdefer_del_key(pr__defer_kind_t kind, const char *segment,
-                          const char *key, pr__store_done_cb cb, void *arg) {
+static void mem_del_key(pr__defer_t *d, const char *segment, const char *key,
+                        pr__store_done_cb cb, void *arg) {
+  pr__defer_kind_t kind = d->kind;
   entry_t *e;
   pthread_mutex_lock(&g_lock);
   if ((e = find((int)kind, segment, key, 0))) {
@@ -230,4 +234,35 @@ void pr__memdefer_del_key(pr__defer_kind_t kind, const char *segment,
   }
   pthread_mutex_unlock(&g_lock);
   done(cb, arg, 0);
+}
+
+static void mem_append(pr__defer_t *d, const char *segment, const char *key,
+                       int64_t position, int32_t retries, pr__store_done_cb cb,
+                       void *arg) {
+  put(d->kind, segment, key, position, retries, 0, cb, arg);
+}
+
+static void mem_set_retries(pr__defer_t *d, const char *segment,
+                            const char *key, int64_t position, int32_t retries,
+                            pr__store_done_cb cb, void *arg) {
+  put(d->kind, segment, key, position, retries, 1, cb, arg);
+}
+
+static void mem_poll(pr__defer_t *d) { (void)d; }
+
+/* The handle goes; what it stored stays (process-wide). */
+static void mem_destroy(pr__defer_t *d) { free(d); }
+
+static const pr__defer_ops_t mem_ops = {
+    mem_keys,    mem_set_key, mem_del_key,     mem_append, mem_head,
+    mem_advance, mem_trim,    mem_set_retries, mem_poll,   mem_destroy};
+
+pr__defer_t *pr__defer_memory(pr__defer_kind_t kind) {
+  pr__defer_t *d = calloc(1, sizeof(*d));
+  if (d) {
+    d->ops = &mem_ops;
+    d->kind = kind;
+    d->sync = 1;
+  }
+  return d;
 }

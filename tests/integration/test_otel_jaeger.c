@@ -1,17 +1,21 @@
 /*
  * test_otel_jaeger.c - the OTLP exporter (src/otel/) against a real Jaeger
  * (scripts/services/jaeger; the real tier starts it): OTLP/HTTP on
- * 127.0.0.1:4318, Jaeger's v1 HTTP query API on 127.0.0.1:16686
- * (PROSODY_TEST_JAEGER_OTLP / PROSODY_TEST_JAEGER_QUERY override them).
+ * 127.0.0.1:4318, OTLP/gRPC on 127.0.0.1:4317, Jaeger's v1 HTTP query API
+ * on 127.0.0.1:16686 (PROSODY_TEST_JAEGER_OTLP, PROSODY_TEST_JAEGER_GRPC and
+ * PROSODY_TEST_JAEGER_QUERY override them; PROSODY_TEST_JAEGER_QUERY_GRPC
+ * the query API's gRPC port).
  *
- * Once over http/protobuf and once over http/json (each with a service name
- * of its own): a root PRODUCER span, a CONSUMER child of it (failed, with a
- * tracestate), and a span that FOLLOWS_FROM the child (a new trace with a
- * link). Then each trace is read back from Jaeger (polled, bounded) and
- * checked: span names, the CHILD_OF reference, the FOLLOWS_FROM reference
- * of the linked span, tags with their types and values (span.kind, the
- * error status), the process's service name and the resource attributes
- * as process tags.
+ * Once over http/protobuf, once over http/json and once over grpc (h2c;
+ * each with a service name of its own): a root PRODUCER span, a CONSUMER child
+ * of it (failed, with a tracestate), and a span that FOLLOWS_FROM the child (a
+ * new trace with a link). Then each trace is read back from Jaeger (polled,
+ * bounded) and checked: span names, the CHILD_OF reference, the FOLLOWS_FROM
+ * reference of the linked span, tags with their types and values (span.kind,
+ * the error status), the process's service name and the resource attributes as
+ * process tags. And a gRPC server that is no OTLP collector (Jaeger's own query
+ * API on 127.0.0.1:16685 answers UNIMPLEMENTED): the batch is counted as a
+ * failed request, not as exported.
  *
  * Threads: the main thread only (the exporter has its own).
  */
@@ -125,7 +129,9 @@ static json_t *process_of(json_t *trace, json_t *span) {
   return json_object_get(json_object_get(trace, "processes"), pid);
 }
 
-static void run(const char *otlp, const char *query, bool json) {
+static const char *const proto_names[] = {"protobuf", "json", "grpc"};
+
+static void run(const char *otlp, const char *query, pr_otlp_protocol_t proto) {
   char service[64], err[256];
   char root_trace[33], root_span[17], child_span[17], ff_trace[33];
   pr_otel_stats_t st;
@@ -134,10 +140,10 @@ static void run(const char *otlp, const char *query, bool json) {
   json_t *trace, *s, *proc, *v;
   const char *type;
   snprintf(service, sizeof service, "prosody-otel-test-%s-%d",
-           json ? "json" : "protobuf", (int)getpid());
+           proto_names[proto], (int)getpid());
   pr_otel_config_t cfg = {
       .endpoint = otlp,
-      .json = json,
+      .protocol = proto,
       .service_name = service,
       .resource_attributes =
           "deployment.environment=otel%20test, team = core%2Cplatform",
@@ -260,16 +266,51 @@ static void run(const char *otlp, const char *query, bool json) {
   printf("%s: Jaeger shows both traces as expected\n", service);
 }
 
+/* A gRPC server without the OTLP trace service: grpc-status UNIMPLEMENTED
+ * (12) in an HTTP 200 answer must count as a failure. */
+static void run_not_otlp(const char *grpc_other) {
+  char err[256];
+  pr_otel_stats_t st;
+  pr_otel_config_t cfg = {.endpoint = grpc_other,
+                          .protocol = PR_OTLP_GRPC,
+                          .delay_ms = 50,
+                          .timeout_ms = 5000};
+  pr_otel_t *o = pr__otel_open(&cfg, err, sizeof err);
+  CHECK(o, "%s", err);
+  pr__span_end(
+      pr__span_start(o, "lost", PR_SPAN_INTERNAL, NULL, PR_SPAN_CHILD, NULL));
+  CHECK(pr__otel_flush(o, 10000) == 0, "flush timed out");
+  pr__otel_stats(o, &st);
+  CHECK(st.exported == 0 && st.dropped == 1 && st.failed_requests == 1,
+        "a server without TraceService: exported %" PRIu64 " dropped %" PRIu64
+        " failed %" PRIu64,
+        st.exported, st.dropped, st.failed_requests);
+  pr__otel_close(o, 1000);
+  printf("grpc to %s (no TraceService): counted as a failed request\n",
+         grpc_other);
+}
+
 int main(void) {
   const char *otlp = getenv("PROSODY_TEST_JAEGER_OTLP");
+  const char *grpc = getenv("PROSODY_TEST_JAEGER_GRPC");
+  const char *grpc_other = getenv("PROSODY_TEST_JAEGER_QUERY_GRPC");
   const char *query = getenv("PROSODY_TEST_JAEGER_QUERY");
   if (!otlp)
     otlp = "http://127.0.0.1:4318/";
+  if (!grpc)
+    grpc = "http://127.0.0.1:4317";
+  if (!grpc_other)
+    grpc_other = "http://127.0.0.1:16685";
   if (!query)
     query = "http://127.0.0.1:16686";
   curl_global_init(CURL_GLOBAL_ALL);
-  run(otlp, query, false);
-  run(otlp, query, true);
+  run(otlp, query, PR_OTLP_HTTP_PROTOBUF);
+  run(otlp, query, PR_OTLP_HTTP_JSON);
+  CHECK(curl_version_info(CURLVERSION_NOW)->features & CURL_VERSION_HTTP2,
+        "this libcurl (%s) has no HTTP/2: OTLP/gRPC cannot be tested",
+        curl_version());
+  run(grpc, query, PR_OTLP_GRPC);
+  run_not_otlp(grpc_other);
   curl_global_cleanup();
   printf("test_otel_jaeger: OK\n");
   return 0;

@@ -94,27 +94,28 @@ static const char *keyspace = "prosody_test";
 
 static void test_dedup(const pr__cql_conf_t *conf) {
   char err[1024], scope[64];
+  const pr__did_t evt1 = {0x1111, 1}, evt2 = {0x2222, 2};
   ans_t a;
   pr__dedup_t *d = pr__dedup_new(conf, keyspace, wake, NULL, err, sizeof(err));
   CHECK(d, "dedup: %s", err);
   snprintf(scope, sizeof(scope), "group-%d", (int)getpid());
-  DEDUP(pr__dedup_seen(d, scope, "evt-1", on_seen, &a));
+  DEDUP(pr__dedup_seen(d, scope, evt1, on_seen, &a));
   CHECK(!a.seen, "evt-1 seen before it was recorded");
-  DEDUP(pr__dedup_record(d, scope, "evt-1", 3600, on_done, &a));
-  DEDUP(pr__dedup_seen(d, scope, "evt-1", on_seen, &a));
+  DEDUP(pr__dedup_record(d, scope, evt1, 3600, on_done, &a));
+  DEDUP(pr__dedup_seen(d, scope, evt1, on_seen, &a));
   CHECK(a.seen, "evt-1 not seen after it was recorded");
-  DEDUP(pr__dedup_seen(d, "another-group", "evt-1", on_seen, &a));
+  DEDUP(pr__dedup_seen(d, "another-group", evt1, on_seen, &a));
   CHECK(!a.seen, "evt-1 seen in another scope");
   /* A short TTL expires (5 s: a busy node may take a second or two
    * between the write and the read). */
-  DEDUP(pr__dedup_record(d, scope, "evt-2", 5, on_done, &a));
-  DEDUP(pr__dedup_seen(d, scope, "evt-2", on_seen, &a));
+  DEDUP(pr__dedup_record(d, scope, evt2, 5, on_done, &a));
+  DEDUP(pr__dedup_seen(d, scope, evt2, on_seen, &a));
   CHECK(a.seen, "evt-2 not seen right after it was recorded");
   {
     double deadline = t_now() + 15;
     do {
       usleep(200 * 1000); /* the TTL is the server's clock: poll it */
-      DEDUP(pr__dedup_seen(d, scope, "evt-2", on_seen, &a));
+      DEDUP(pr__dedup_seen(d, scope, evt2, on_seen, &a));
     } while (a.seen && t_now() < deadline);
     CHECK(!a.seen, "evt-2 still seen 15 s after its 5 s TTL");
   }

@@ -8,12 +8,15 @@
  * its memory store (stores/memdefer.c), and the mailbox (mailbox.c).
  */
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -468,6 +471,142 @@ static void test_memdefer(void **state) {
   pr__defer_free(t);
 }
 
+/* A deferral store whose answers wait until the test releases them. */
+typedef struct slow_store {
+  pr__defer_t base;
+  int nheld;
+  struct {
+    pr__head_cb head;
+    pr__store_done_cb done;
+    void *arg;
+  } held[8];
+} slow_store_t;
+
+static void slow_head(pr__defer_t *d, const char *seg, const char *key,
+                      pr__head_cb cb, void *arg) {
+  slow_store_t *s = (slow_store_t *)d;
+  (void)seg;
+  (void)key;
+  s->held[s->nheld].head = cb;
+  s->held[s->nheld].done = NULL;
+  s->held[s->nheld++].arg = arg;
+}
+
+static void slow_append(pr__defer_t *d, const char *seg, const char *key,
+                        int64_t position, int32_t retries, pr__store_done_cb cb,
+                        void *arg) {
+  slow_store_t *s = (slow_store_t *)d;
+  (void)seg;
+  (void)key;
+  (void)position;
+  (void)retries;
+  s->held[s->nheld].head = NULL;
+  s->held[s->nheld].done = cb;
+  s->held[s->nheld++].arg = arg;
+}
+
+/* Answers held request `i`: a head read says `found` at `pos`; a write
+ * gives `err`. */
+static void slow_release(slow_store_t *s, int i, int found, int64_t pos,
+                         prosody_err_t err) {
+  if (s->held[i].head)
+    s->held[i].head(s->held[i].arg, PROSODY_OK, NULL, found, pos, 0);
+  else
+    s->held[i].done(s->held[i].arg, err, err ? "refused" : NULL);
+}
+
+static void slow_destroy(pr__defer_t *d) { (void)d; }
+
+static void cache_on_done(void *arg, prosody_err_t err, const char *errstr) {
+  (void)errstr;
+  *(prosody_err_t *)arg = err;
+}
+
+/* defer_store_cache_size: a head read the cache knows costs no store read,
+ * and what it answers is what the store would. */
+static void test_defer_cache(void **state) {
+  pr__defer_t *m = pr__defer_memory(PR_DEFER_MESSAGES);
+  pr__defer_t *c = pr__defer_cached(m, 2);
+  static const pr__defer_ops_t slow_ops = {
+      NULL, NULL, NULL, slow_append, slow_head,
+      NULL, NULL, NULL, NULL,        slow_destroy};
+  slow_store_t slow = {{&slow_ops, PR_DEFER_MESSAGES, 0}, 0, {{0}}};
+  prosody_err_t werr = PROSODY_OK;
+  uint64_t hits, misses;
+  (void)state;
+  assert_non_null(c);
+  pr__defer_head(c, "dc", "a", on_head, NULL); /* read, and kept */
+  assert_false(g_found);
+  pr__defer_head(c, "dc", "a", on_head, NULL);
+  assert_false(g_found);
+  pr__defer_cache_stats(c, &hits, &misses);
+  assert_int_equal(hits, 1);
+  assert_int_equal(misses, 1);
+  /* writes keep a known head true: append, retry count, a lower append */
+  pr__defer_append(c, "dc", "a", 10, 0, on_done, NULL);
+  pr__defer_head(c, "dc", "a", on_head, NULL);
+  assert_true(g_found);
+  assert_int_equal(g_pos, 10);
+  pr__defer_set_retries(c, "dc", "a", 10, 3, on_done, NULL);
+  pr__defer_append(c, "dc", "a", 20, 0, on_done, NULL);
+  pr__defer_head(c, "dc", "a", on_head, NULL);
+  assert_int_equal(g_pos, 10);
+  assert_int_equal(g_retries, 3);
+  pr__defer_append(c, "dc", "a", 5, 1, on_done, NULL);
+  pr__defer_head(c, "dc", "a", on_head, NULL);
+  assert_int_equal(g_pos, 5);
+  assert_int_equal(g_retries, 1);
+  pr__defer_cache_stats(c, &hits, &misses);
+  assert_int_equal(hits, 4);
+  assert_int_equal(misses, 1);
+  /* removing the head: the next one is read from the store */
+  pr__defer_advance(c, "dc", "a", 5, on_done, NULL);
+  pr__defer_head(c, "dc", "a", on_head, NULL);
+  assert_int_equal(g_pos, 10);
+  assert_int_equal(g_retries, 3);
+  pr__defer_trim(c, "dc", "a", 15, on_done, NULL);
+  pr__defer_head(c, "dc", "a", on_head, NULL);
+  assert_int_equal(g_pos, 20);
+  pr__defer_cache_stats(c, &hits, &misses);
+  assert_int_equal(misses, 3);
+  /* an assignment of the segment forgets it */
+  pr__defer_keys(c, "dc", on_keys, NULL);
+  pr__defer_head(c, "dc", "a", on_head, NULL);
+  pr__defer_cache_stats(c, &hits, &misses);
+  assert_int_equal(misses, 4);
+  /* at most two keys: the least recently used goes */
+  pr__defer_head(c, "dc", "b", on_head, NULL);
+  pr__defer_head(c, "dc", "c", on_head, NULL);
+  pr__defer_head(c, "dc", "a", on_head, NULL);
+  pr__defer_cache_stats(c, &hits, &misses);
+  assert_int_equal(misses, 7);
+  assert_int_equal(g_pos, 20);
+  pr__defer_advance(c, "dc", "a", 20, on_done, NULL);
+  pr__defer_free(c); /* frees m too */
+
+  /* A read answered after a write of its key started is not kept (it may
+   * predate the write), and a failed write forgets the head. */
+  c = pr__defer_cached(&slow.base, 4);
+  pr__defer_head(c, "s", "k", on_head, NULL);         /* held 0 */
+  pr__defer_append(c, "s", "k", 7, 0, on_done, NULL); /* held 1 */
+  slow_release(&slow, 0, 0, 0, PROSODY_OK);           /* "nothing" */
+  assert_false(g_found);
+  slow_release(&slow, 1, 0, 0, PROSODY_OK);
+  pr__defer_head(c, "s", "k", on_head, NULL); /* not known: read (held 2) */
+  assert_int_equal(slow.nheld, 3);
+  slow_release(&slow, 2, 1, 7, PROSODY_OK);
+  pr__defer_head(c, "s", "k", on_head, NULL); /* known now */
+  assert_int_equal(slow.nheld, 3);
+  assert_int_equal(g_pos, 7);
+  pr__defer_append(c, "s", "k", 3, 0, cache_on_done, &werr); /* held 3 */
+  slow_release(&slow, 3, 0, 0, PROSODY_ERR_TRANSIENT);
+  assert_int_equal(werr, PROSODY_ERR_TRANSIENT);
+  pr__defer_head(c, "s", "k", on_head, NULL); /* unknown again: read */
+  assert_int_equal(slow.nheld, 5);
+  slow_release(&slow, 4, 1, 7, PROSODY_OK);
+  pr__defer_free(c);
+}
+
 /* Full jitter: uniform in [0, min(2^n * base, max)). */
 static void test_backoff(void **state) {
   fixture_t *f = fixture("pipeline", "3");
@@ -647,14 +786,6 @@ static void test_json_valid(void **state) {
   free(deep);
   assert_false(pr__json_valid("1\0", 2)); /* NUL: never valid here */
   assert_true(pr__json_valid("{\"type\":\"a\"}", 12));
-}
-
-/* --- mailbox.c --------------------------------------------------------- */
-
-static int polls;
-static void count_poll(pr__tstore_t *s) {
-  (void)s;
-  polls++;
 }
 
 /* --- dedup.c, util/jsonv.c, stores/idset.c ----------------------------- */
@@ -882,50 +1013,100 @@ static void test_logger(void **state) {
                       "1 cql the previous message repeated 1 more time");
 }
 
-static void test_mailbox(void **state) {
+/* --- thread checks (engine.c) ------------------------------------------ */
+
+/* In builds with the checks (no NDEBUG: the sanitizer tiers), an engine
+ * function called on a thread that does not own the engine aborts, naming
+ * the function; on the owner it runs. */
+static void test_thread_check(void **state) {
+#ifndef NDEBUG
   pr__engine_t eng;
-  pr__tstore_ops_t ops;
-  pr__tstore_t store;
-  pr__mail_t op = {NULL, MAIL_OP};
+  pid_t pid;
+  int status;
   (void)state;
   memset(&eng, 0, sizeof(eng));
-  memset(&ops, 0, sizeof(ops));
-  ops.poll = count_poll;
-  store.ops = &ops;
-  store.sync = 0;
-  eng.store = &store;
-  eng.store_mail.kind = MAIL_STORE;
-  pthread_mutex_init(&eng.lock, NULL);
-  pthread_cond_init(&eng.cond, NULL);
-  uv_loop_init(&eng.loop);
-  uv_async_init(&eng.loop, &eng.wake, NULL);
-  /* the store's letter is posted once however often its thread wakes us */
-  pr__mail_post_store(&eng);
-  pr__mail_post_store(&eng);
-  assert_ptr_equal(eng.mail_head, &eng.store_mail);
-  assert_ptr_equal(eng.mail_tail, &eng.store_mail);
-  pr__mail_deliver(&eng);
-  assert_int_equal(polls, 1);
-  assert_null(eng.mail_head);
+  eng.owned = 1;
+  eng.owner = pthread_self();
+  pr__part_count(&eng); /* the owner: runs */
+  fflush(NULL);
+  pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) { /* the child's only thread is not the recorded owner */
+    eng.owner = (pthread_t)0;
+    if (!freopen("/dev/null", "w", stderr))
+      _exit(1);
+    pr__part_count(&eng);
+    _exit(0);
+  }
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFSIGNALED(status));
+  assert_int_equal(WTERMSIG(status), SIGABRT);
+#else
+  (void)state;
+  skip();
+#endif
+}
+
+/* --- mailbox.c --------------------------------------------------------- */
+
+/* Letters run their own functions, in posting order. */
+static char mail_seen[8];
+static int mail_n;
+typedef struct {
+  pr__mail_t mail;
+  char name;
+} named_mail_t;
+
+static void note_mail(pr__mail_t *mail, void *owner) {
+  assert_ptr_equal(owner, &mail_seen);
+  mail_seen[mail_n++] = PR_CONTAINER_OF(mail, named_mail_t, mail)->name;
+}
+
+static atomic_int once_posted;
+static void once_mail(pr__mail_t *mail, void *owner) {
+  atomic_store(&once_posted, 0);
+  note_mail(mail, owner);
+}
+
+static void test_mailbox(void **state) {
+  pr__mailbox_t mb;
+  uv_loop_t loop;
+  uv_async_t wake;
+  named_mail_t a = {{NULL, NULL}, 'a'}, b = {{NULL, NULL}, 'b'},
+               o = {{NULL, NULL}, 'o'}, r = {{NULL, NULL}, 'r'};
+  (void)state;
+  uv_loop_init(&loop);
+  uv_async_init(&loop, &wake, NULL);
+  pr__mailbox_init(&mb, &mail_seen, &wake);
+  pr__mailbox_post(&mb, &a.mail, note_mail);
+  /* the coalesced letter is posted once however often its cause recurs */
+  pr__mailbox_post_once(&mb, &o.mail, once_mail, &once_posted);
+  pr__mailbox_post_once(&mb, &o.mail, once_mail, &once_posted);
+  pr__mailbox_post(&mb, &b.mail, note_mail);
+  pr__mailbox_deliver(&mb);
+  assert_int_equal(mail_n, 3);
+  assert_memory_equal(mail_seen, "aob", 3);
   /* after delivery it is posted anew */
-  pr__mail_post_store(&eng);
-  pr__mail_deliver(&eng);
-  assert_int_equal(polls, 2);
-  /* closed: timer operations are refused, the rest still taken */
-  eng.store = NULL;
-  pr__mail_close(&eng);
-  assert_int_equal(pr__mail_post(&eng, &op), -1);
-  assert_null(eng.mail_head);
-  pr__mail_post_store(&eng);
-  assert_ptr_equal(eng.mail_head, &eng.store_mail);
-  pr__mail_deliver(&eng); /* no store any more: nothing polled */
-  assert_int_equal(polls, 2);
-  assert_int_equal(atomic_load(&eng.pushers), 0);
-  uv_close((uv_handle_t *)&eng.wake, NULL);
-  uv_run(&eng.loop, UV_RUN_DEFAULT);
-  uv_loop_close(&eng.loop);
-  pthread_mutex_destroy(&eng.lock);
-  pthread_cond_destroy(&eng.cond);
+  pr__mailbox_post_once(&mb, &o.mail, once_mail, &once_posted);
+  pr__mailbox_deliver(&mb);
+  assert_int_equal(mail_n, 4);
+  /* closing delivers what waits; then refusable letters are refused and
+   * the rest still taken */
+  pr__mailbox_try_post(&mb, &r.mail, note_mail);
+  pr__mailbox_close(&mb);
+  assert_int_equal(mail_n, 5);
+  assert_int_equal(mail_seen[4], 'r');
+  assert_int_equal(pr__mailbox_try_post(&mb, &r.mail, note_mail), -1);
+  assert_null(mb.head);
+  pr__mailbox_post(&mb, &a.mail, note_mail);
+  pr__mailbox_deliver(&mb);
+  assert_int_equal(mail_n, 6);
+  assert_int_equal(mail_seen[5], 'a');
+  pr__mailbox_quiesce(&mb);
+  pr__mailbox_fini(&mb);
+  uv_close((uv_handle_t *)&wake, NULL);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  uv_loop_close(&loop);
 }
 
 int main(void) {
@@ -942,6 +1123,7 @@ int main(void) {
       cmocka_unit_test(test_defer_delay),
       cmocka_unit_test(test_defer_gate),
       cmocka_unit_test(test_memdefer),
+      cmocka_unit_test(test_defer_cache),
       cmocka_unit_test(test_decode),
       cmocka_unit_test(test_decode_lazy),
       cmocka_unit_test(test_json_valid),
@@ -950,6 +1132,7 @@ int main(void) {
       cmocka_unit_test(test_idset),
       cmocka_unit_test(test_idset_model),
       cmocka_unit_test(test_mailbox),
+      cmocka_unit_test(test_thread_check),
       cmocka_unit_test(test_logger),
   };
   static pr__logger_t quiet; /* the layers log their decisions */

@@ -2,8 +2,9 @@
  * test_otel.c - spans and their OTLP encodings (src/otel/): traceparent
  * parsing and formatting, a span's protobuf bytes against a hand-assembled
  * sequence, its OTLP/JSON field by field, OTEL_RESOURCE_ATTRIBUTES parsing,
- * and the ids a span gets (never zero, all different, child and
- * follows-from relations).
+ * the ids a span gets (never zero, all different, child and follows-from
+ * relations), where each protocol sends (pr__otel_target: the gRPC path,
+ * the http/protobuf fallback without HTTP/2) and the gRPC message framing.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -420,8 +421,97 @@ static void test_ids_and_relations(void **state) {
   assert_non_null(strstr(err, "OTEL_RESOURCE_ATTRIBUTES"));
 }
 
+/* One case of pr__otel_target. */
+static void target(const char *endpoint, pr_otlp_protocol_t proto, bool http2,
+                   const char *want_url, pr_otlp_protocol_t want_used,
+                   bool want_warn) {
+  char *url = NULL, warn[512] = "x";
+  pr_otlp_protocol_t used;
+  assert_int_equal(
+      pr__otel_target(endpoint, proto, http2, &url, &used, warn, sizeof warn),
+      0);
+  assert_string_equal(url, want_url);
+  assert_int_equal(used, want_used);
+  if (want_warn) {
+    /* Names the setting and where the spans go instead. */
+    assert_non_null(strstr(warn, "OTEL_EXPORTER_OTLP_PROTOCOL"));
+    assert_non_null(strstr(warn, "no HTTP/2"));
+    assert_non_null(strstr(warn, want_url));
+  } else {
+    assert_string_equal(warn, "");
+  }
+  free(url);
+}
+
+static void test_target(void **state) {
+  const pr_otlp_protocol_t P = PR_OTLP_HTTP_PROTOBUF, J = PR_OTLP_HTTP_JSON,
+                           G = PR_OTLP_GRPC;
+  (void)state;
+  /* OTLP/HTTP: <base>/v1/traces, one trailing slash dropped. */
+  target("http://c:4318", P, true, "http://c:4318/v1/traces", P, false);
+  target("http://c:4318/", J, true, "http://c:4318/v1/traces", J, false);
+  target("https://c/otlp", P, false, "https://c/otlp/v1/traces", P, false);
+  /* gRPC: scheme and authority, then the service's method; a path, query
+   * or trailing slash of the endpoint is not part of it. */
+  target("http://localhost:4317", G, true,
+         "http://localhost:4317" PR_OTLP_GRPC_PATH, G, false);
+  target("https://c.example:443/ignored/", G, true,
+         "https://c.example:443" PR_OTLP_GRPC_PATH, G, false);
+  target("http://[::1]:4317?x=1", G, true,
+         "http://[::1]:4317" PR_OTLP_GRPC_PATH, G, false);
+  /* Without HTTP/2: http/protobuf, on 4318 when the endpoint said 4317. */
+  target("http://localhost:4317", G, false, "http://localhost:4318/v1/traces",
+         P, true);
+  target("http://localhost:4317/", G, false, "http://localhost:4318/v1/traces",
+         P, true);
+  target("http://[::1]:4317", G, false, "http://[::1]:4318/v1/traces", P, true);
+  target("http://c:14317", G, false, "http://c:14317/v1/traces", P, true);
+  target("http://c:9000/base", G, false, "http://c:9000/base/v1/traces", P,
+         true);
+  target("http://c", G, false, "http://c/v1/traces", P, true);
+}
+
+/* A gRPC message: 0 (no compression), the length big-endian, then the very
+ * protobuf of pr__otel_encode_pb. */
+static void test_grpc_framing(void **state) {
+  pr_otel_t *o;
+  pr_span_t *spans[40];
+  pr__otel_resource_t res;
+  pr__otel_buf_t pb = {0}, g = {0};
+  char err[256];
+  pr_otel_config_t cfg = {.endpoint = "http://127.0.0.1:9"};
+  (void)state;
+  assert_int_equal(pr__otel_resource_parse("svc", NULL, &res, err, sizeof err),
+                   0);
+  o = pr__otel_open(&cfg, err, sizeof err);
+  assert_non_null(o);
+  for (int i = 0; i < 40; i++) { /* > 256 bytes: a length over one byte */
+    spans[i] =
+        pr__span_start(o, "s", PR_SPAN_INTERNAL, NULL, PR_SPAN_CHILD, NULL);
+    pr__span_attr_int(spans[i], "i", i);
+  }
+  assert_int_equal(pr__otel_encode_pb(&res, spans, 40, &pb), 0);
+  assert_int_equal(pr__otel_encode_grpc(&res, spans, 40, &g), 0);
+  assert_true(pb.len > 256);
+  assert_int_equal(g.len, pb.len + 5);
+  assert_int_equal(g.p[0], 0);
+  assert_int_equal(((size_t)g.p[1] << 24 | (size_t)g.p[2] << 16 |
+                    (size_t)g.p[3] << 8 | g.p[4]),
+                   pb.len);
+  /* The same spans encoded twice: the bytes agree. */
+  assert_memory_equal(g.p + 5, pb.p, pb.len);
+  for (int i = 0; i < 40; i++)
+    pr__span_discard(spans[i]);
+  free(pb.p);
+  free(g.p);
+  pr__otel_resource_free(&res);
+  pr__otel_close(o, 100);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_target),
+      cmocka_unit_test(test_grpc_framing),
       cmocka_unit_test(test_traceparent),
       cmocka_unit_test(test_span_protobuf),
       cmocka_unit_test(test_span_json),

@@ -8,7 +8,8 @@
  * (awaited with a bounded poll, never a fixed sleep); close returns within
  * its flush bound. And against a loopback HTTP receiver of its own: the
  * path and content type, a 503 retried once, a 400 counted and not
- * retried, batches of at most batch_max, flush.
+ * retried, batches of at most batch_max, flush; and grpc where libcurl has
+ * no HTTP/2: http/protobuf to the same receiver, with one warning.
  */
 #include <inttypes.h>
 #include <setjmp.h>
@@ -29,6 +30,7 @@
 #include <cmocka.h>
 
 #include "otel/otel.h"
+#include "util/util.h"
 
 #define N_SPANS 10000
 /* Ending 10 000 spans takes milliseconds; a thread that waited for the
@@ -149,7 +151,7 @@ static void test_slow_receiver(void **state) {
   assert_int_equal(pthread_create(&th, NULL, acceptor, &fd), 0);
   snprintf(url, sizeof url, "http://127.0.0.1:%d", port);
   pr_otel_config_t cfg = {.endpoint = url,
-                          .json = true,
+                          .protocol = PR_OTLP_HTTP_JSON,
                           .queue_max = 1000,
                           .batch_max = 100,
                           .delay_ms = 20,
@@ -328,7 +330,7 @@ static void test_answering_receiver(void **state) {
   receiver_start(&r, refuse, 1);
   snprintf(url, sizeof url, "http://127.0.0.1:%d", r.port);
   cfg.endpoint = url;
-  cfg.json = true;
+  cfg.protocol = PR_OTLP_HTTP_JSON;
   o = pr__otel_open(&cfg, err, sizeof err);
   assert_non_null(o);
   for (int i = 0; i < 10; i++)
@@ -348,8 +350,67 @@ static void test_answering_receiver(void **state) {
   receiver_stop(&r);
 }
 
+static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
+static int no_http2_warnings; /* log_mu */
+
+static void on_log(prosody_log_level_t level, const char *subsystem,
+                   const char *message, void *opaque) {
+  (void)opaque;
+  if (level == PROSODY_LOG_WARN && !strcmp(subsystem, "otel") &&
+      strstr(message, "no HTTP/2")) {
+    pthread_mutex_lock(&log_mu);
+    no_http2_warnings++;
+    pthread_mutex_unlock(&log_mu);
+  }
+}
+
+/* grpc with a libcurl that has no HTTP/2 (the test switch): the spans go
+ * as http/protobuf to <endpoint>/v1/traces, and the exporter says so once,
+ * not once per batch. */
+static void test_grpc_fallback(void **state) {
+  static const int ok[] = {200};
+  receiver_t r;
+  char url[64], err[256];
+  pr_otel_t *o;
+  pr_otel_stats_t st;
+  pr__logger_t lg, *prev;
+  (void)state;
+  pr__logger_init(&lg, PR_LOG_INFO, on_log, NULL);
+  prev = pr__log_adopt(&lg); /* the exporter's thread inherits it */
+  receiver_start(&r, ok, 1);
+  snprintf(url, sizeof url, "http://127.0.0.1:%d", r.port);
+  pr_otel_config_t cfg = {.endpoint = url,
+                          .protocol = PR_OTLP_GRPC,
+                          .test_no_http2 = true,
+                          .batch_max = 10,
+                          .delay_ms = 50,
+                          .timeout_ms = 2000};
+  o = pr__otel_open(&cfg, err, sizeof err);
+  assert_non_null(o);
+  for (int i = 0; i < 30; i++)
+    pr__span_end(
+        pr__span_start(o, "x", PR_SPAN_INTERNAL, NULL, PR_SPAN_CHILD, NULL));
+  assert_int_equal(pr__otel_flush(o, 5000), 0);
+  pr__otel_stats(o, &st);
+  assert_int_equal(st.exported, 30);
+  assert_int_equal(st.failed_requests, 0);
+  pthread_mutex_lock(&r.lock);
+  assert_true(r.requests >= 3); /* batches of at most 10 */
+  assert_string_equal(r.path, "/v1/traces");
+  assert_string_equal(r.content_type, "application/x-protobuf");
+  pthread_mutex_unlock(&r.lock);
+  pr__otel_close(o, 1000);
+  receiver_stop(&r);
+  pr__log_adopt(prev);
+  pr__logger_fini(&lg);
+  pthread_mutex_lock(&log_mu);
+  assert_int_equal(no_http2_warnings, 1);
+  pthread_mutex_unlock(&log_mu);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_grpc_fallback),
       cmocka_unit_test(test_closed_port),
       cmocka_unit_test(test_slow_receiver),
       cmocka_unit_test(test_answering_receiver),

@@ -97,3 +97,24 @@ test('admin options validated', () => {
   assert.throws(() => new AdminClient('::nonsense::'), /bootstrap_servers|bootstrapServers/);
   assert.throws(() => new AdminClient({ bootstrapServers: 5 }), TypeError);
 });
+
+test('OTEL_EXPORTER_OTLP_PROTOCOL never breaks a client: an unknown value is one warning', () => {
+  // Containers set the variable for every process, with values of other SDKs.
+  const saved = process.env.OTEL_EXPORTER_OTLP_PROTOCOL;
+  try {
+    for (const [value, warned] of [['grpc', false], ['http/json', false], ['http/protobuf', false],
+      ['bogus', true], ['grpc/2', true]]) {
+      process.env.OTEL_EXPORTER_OTLP_PROTOCOL = value;
+      const said = [];
+      const logger = { error() {}, warn: (m) => said.push(m), info() {}, debug() {} };
+      mock({ otelExporterOtlpEndpoint: 'http://127.0.0.1:1', logger });
+      new AdminClient({ mock: true });
+      const lines = said.filter((m) => m.includes('OTEL_EXPORTER_OTLP_PROTOCOL'));
+      assert.strictEqual(lines.length, warned ? 1 : 0, `${value}: ${JSON.stringify(said)}`);
+      if (warned) assert.match(lines[0], /^prosody::config: .*one of http\/protobuf, http\/json, grpc/);
+    }
+  } finally {
+    if (saved === undefined) delete process.env.OTEL_EXPORTER_OTLP_PROTOCOL;
+    else process.env.OTEL_EXPORTER_OTLP_PROTOCOL = saved;
+  }
+});

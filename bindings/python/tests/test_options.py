@@ -1,6 +1,7 @@
 """Options: converted by the package, validated by libprosody's table."""
 
 import datetime
+import logging
 import os
 
 import pytest
@@ -103,6 +104,23 @@ def test_environment_fallback(monkeypatch):
     monkeypatch.setenv("PROSODY_MAX_CONCURRENCY", "zero")
     with pytest.raises(ValueError, match="PROSODY_MAX_CONCURRENCY"):
         ProsodyClient(mock=True)
+
+
+@pytest.mark.parametrize("value,warned", [
+    ("grpc", False), ("http/json", False), ("http/protobuf", False),
+    ("bogus", True), ("grpc/2", True)])
+def test_otel_protocol_variable_never_breaks_a_client(monkeypatch, caplog, value, warned):
+    # Containers set OTEL_EXPORTER_OTLP_PROTOCOL for every process: a value
+    # libprosody does not know is one warning, never a failed constructor.
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", value)
+    caplog.set_level(logging.WARNING, logger="prosody")
+    ProsodyClient(mock=True, group_id="g", otel_exporter_otlp_endpoint="http://127.0.0.1:1")
+    AdminClient(mock=True)
+    said = [r for r in caplog.records if "OTEL_EXPORTER_OTLP_PROTOCOL" in r.getMessage()]
+    assert len(said) == (1 if warned else 0)
+    if warned:
+        assert said[0].name == "prosody.config" and said[0].levelno == logging.WARNING
+        assert "one of http/protobuf, http/json, grpc" in said[0].getMessage()
 
 
 def test_needs_bootstrap_unless_mock(monkeypatch):
