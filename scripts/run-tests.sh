@@ -5,8 +5,8 @@
 # consumer group shared by our Python package and PyPI's prosody-events),
 # Node) against Apache Kafka on localhost:9094, Apache Cassandra on
 # localhost:9042 and Jaeger (OTLP/HTTP 127.0.0.1:4318, query API
-# 127.0.0.1:16686, for the span tests real.test_otel_jaeger and
-# real.test_trace_chain; PROSODY_TEST_JAEGER=1 skips starting it), each
+# 127.0.0.1:16686, for the span tests real.otel_jaeger.* and
+# real.trace_chain.*; PROSODY_TEST_JAEGER=1 skips starting it), each
 # started here unless it already runs, and stopped again if started here
 # (logs stay in
 # ${PROSODY_SERVICES_RUN:-/tmp/prosody-services}/<service>/logs).

@@ -373,3 +373,46 @@ void pr__dd_forget(inv_t *inv) {
     inv->dd_req->inv = NULL;
   inv->dd_req = NULL;
 }
+
+/* ---- the layer ---------------------------------------------------------- */
+
+static prosody_err_t open_layer(pr__engine_t *eng, const char *bootstrap,
+                                void (*wake)(void *), char *errstr,
+                                size_t errstr_size) {
+  (void)bootstrap;
+  return pr__dd_open(eng, wake, errstr, errstr_size);
+}
+
+static void intake(inv_t *inv) {
+  if (inv->eng->dd_on && !inv->is_timer)
+    pr__dd_intake(inv);
+}
+
+static int admit(inv_t *inv) {
+  if (inv->dd == DD_OFF)
+    return PR_ADMIT_RUN;
+  switch (pr__dd_gate(inv)) {
+  case DD_RUN:
+    return PR_ADMIT_RUN;
+  case DD_SKIP:
+    pr__dd_skipped(inv);
+    return PR_ADMIT_SKIP;
+  default:
+    return PR_ADMIT_WAIT;
+  }
+}
+
+/* Handled (success or permanent failure): remembered, and the same id
+ * queued behind it on its key is a duplicate from now on (DD_RECORDED: by
+ * its worker already). */
+static void done(inv_t *inv) {
+  if (inv->dd == DD_UNSEEN)
+    pr__dd_record(inv);
+}
+
+const pr__layer_t pr__layer_dedup = {.name = "dedup",
+                                     .open = open_layer,
+                                     .intake = intake,
+                                     .admit = admit,
+                                     .done = done,
+                                     .close = pr__dd_close};

@@ -996,3 +996,44 @@ void pr__df_close(pr__engine_t *eng) {
   free(eng->bootstrap);
   eng->bootstrap = NULL;
 }
+
+/* ---- the layer ---------------------------------------------------------- */
+
+/* pipeline: a transient failure (message or timer) is deferred (defer.c)
+ * while the failure rate allows; a deferred event loaded again always is. Else
+ * it falls through to the retry layer, which retries it in place. */
+static pr__verdict_t decide(inv_t *inv) {
+  pr__engine_t *eng = inv->eng;
+  int64_t now;
+  if (inv->result != PROSODY_TRANSIENT || !eng->df_store[PR_DF_KIND(inv)])
+    return V_NEXT;
+  if (inv->df_loaded || pr__df_gate(eng, now = pr__now_ns()))
+    return V_DEFER;
+  if (now - eng->df_warned_ns > INT64_C(10000000000)) {
+    eng->df_warned_ns = now;
+    PR_WARN("defer",
+            "more than defer_failure_threshold of recent results are "
+            "failures: deferral pauses and failures are retried in place "
+            "(their partitions wait)");
+  }
+  return V_NEXT;
+}
+
+/* A handler's result, for the failure rate. */
+static void ran(inv_t *inv) {
+  pr__df_count(inv->eng, inv->result, pr__now_ns());
+}
+
+static void close_layer(pr__engine_t *eng, int final) {
+  (void) final;
+  pr__df_close(eng);
+}
+
+const pr__layer_t pr__layer_defer = {.name = "defer",
+                                     .open = pr__df_open,
+                                     .ran = ran,
+                                     .decide = decide,
+                                     .take = pr__df_defer,
+                                     .on_assign = pr__df_assigned,
+                                     .on_tick = pr__df_tick,
+                                     .close = close_layer};

@@ -316,30 +316,6 @@ int pr__dispatch_urgent(const pr__sched_task_t *t) {
           inv->msg.offset == pr__tracker_oldest(&inv->part->tracker));
 }
 
-/* Monopolization (pipeline mode): an event whose key used more than
- * monopolization_threshold of the last monopolization_window is refused
- * with a transient error (retried after a backoff), so the partition's
- * other keys get their turn. */
-static int monopolized(inv_t *inv) {
-  pr__engine_t *eng = inv->eng;
-  double share;
-  char why[256], window[32];
-  if (!pr__sched_may_exceed(&eng->sched, inv->kq->sk, eng->mono_threshold))
-    return 0; /* the common case, without the window's sum nor the clock */
-  share = pr__sched_share(&eng->sched, inv->kq->sk, pr__now_ns());
-  if (share <= eng->mono_threshold)
-    return 0;
-  PR_BUMP(eng->metrics.rejected_monopoly, 1);
-  pr__duration_format(PR_CFG_NS(eng->st, MONOPOLIZATION_WINDOW), window,
-                      sizeof(window));
-  snprintf(why, sizeof(why),
-           "key \"%.64s\" monopolizes its handlers: it used %.1f%% of the "
-           "last %s, above monopolization_threshold %.1f%%",
-           inv->msg.key, share * 100, window, eng->mono_threshold * 100);
-  pr__outcome_reject(inv, why);
-  return 1;
-}
-
 /* Starts the event when a slot is free, else it waits in the scheduler
  * (normal class for a first attempt, failure class for a retry). A timer
  * unscheduled while it waited is skipped. */
@@ -349,20 +325,14 @@ void pr__dispatch_schedule(inv_t *inv) {
   /* Iteratively: a key may have many dropped timers or duplicates
    * queued. */
   for (;;) {
-    int gate = inv->is_timer && inv->dropped ? DD_SKIP
-               : inv->dd != DD_OFF           ? pr__dd_gate(inv)
-                                             : DD_RUN;
-    if (gate == DD_RUN) {
-      if (inv->eng->mono_threshold > 0 && monopolized(inv))
-        return; /* rejected: retried later */
+    int admit =
+        inv->is_timer && inv->dropped ? PR_ADMIT_SKIP : pr__layers_admit(inv);
+    if (admit == PR_ADMIT_RUN)
       break;
-    }
-    if (gate == DD_WAIT)
-      return;
-    if (!inv->is_timer)
-      pr__dd_skipped(inv);
-    /* A message is committed past; a dropped timer is deleted already,
-     * and a deferred one's entry goes from its queue. */
+    if (admit != PR_ADMIT_SKIP)
+      return; /* waits, or refused: scheduled again later */
+    /* A duplicate message is committed past; a dropped timer is deleted
+     * already, and a deferred one's entry goes from its queue. */
     if (!(inv =
               pr__outcome_finish_detach(inv, !inv->is_timer || inv->df_loaded)))
       return;
@@ -441,8 +411,7 @@ void pr__dispatch_enqueue(inv_t *inv) {
     pr__bp_check(eng, part);
     return;
   }
-  if (eng->dd_on && !inv->is_timer)
-    pr__dd_intake(inv);
+  pr__layers_intake(inv);
   if (kq->tail) {
     kq->tail->next = inv; /* its message: as in pr__dispatch_schedule() */
     kq->tail = inv;

@@ -97,8 +97,9 @@ static void shutdown_engine(pr__engine_t *eng) {
   /* The store's handles close with the loop's last run. */
   eng->store->ops->destroy(eng->store);
   eng->store = NULL;
-  pr__dd_close(eng, 0); /* its thread wakes the engine: gone before the loop */
-  pr__df_close(eng);
+  /* The layers' stores: their threads wake the engine, gone before the
+   * loop. */
+  pr__layers_close(eng, 0);
   pr__part_count(eng);
   PR_INFO("engine", "consumer stopped in %lld ms",
           (long long)((pr__now_ns() - t0) / 1000000));
@@ -115,7 +116,7 @@ static void on_tick(uv_timer_t *t) {
   pr__engine_t *eng = t->data;
   pr__rebalance_retry(eng);
   pr__firing_advance(eng);
-  pr__df_tick(eng);
+  pr__layers_tick(eng);
   pr__intake_poll(eng);
   pr__part_check_stalls(eng);
   pr__bp_tick(eng);
@@ -170,8 +171,7 @@ static void engine_free(pr__engine_t *eng) {
     close(eng->pipefd[1]);
   if (eng->store)
     eng->store->ops->destroy(eng->store);
-  pr__dd_close(eng, 1);
-  pr__df_close(eng);
+  pr__layers_close(eng, 1);
   pr__sched_fini(&eng->sched);
   pr__metrics_fini(&eng->metrics);
   pr__ctx_stash_flush(&eng->ctx_stash);
@@ -298,6 +298,7 @@ prosody_err_t pr__engine_start(const pr__settings_t *st, const char *bootstrap,
   eng->handler = *handler;
   eng->group_id = PR_CFG_STR(st, GROUP_ID);
   eng->mode = PR_CFG_ENUM(st, MODE);
+  eng->layers = pr__mode_layers(eng->mode);
   eng->max_concurrency = (int)PR_CFG_INT(st, MAX_CONCURRENCY);
   eng->max_uncommitted = (int)PR_CFG_INT(st, MAX_UNCOMMITTED);
   eng->stall_ns = PR_CFG_NS(st, STALL_THRESHOLD);
@@ -361,8 +362,7 @@ prosody_err_t pr__engine_start(const pr__settings_t *st, const char *bootstrap,
            pr__tstore_open(st, handler->on_timer != NULL, eng->slab_s,
                            store_wake, eng, &eng->store, errstr, errstr_size)))
     goto fail;
-  if ((err = pr__dd_open(eng, store_wake, errstr, errstr_size)) ||
-      (err = pr__df_open(eng, bootstrap, store_wake, errstr, errstr_size)))
+  if ((err = pr__layers_open(eng, bootstrap, store_wake, errstr, errstr_size)))
     goto fail;
   if (!(handler->flags & PROSODY_HANDLER_ASYNC) &&
       !(eng->pool = pr__pool_new(eng->max_concurrency))) {

@@ -52,6 +52,7 @@
 #include "../util/util.h"
 #include "context.h"
 #include "engine.h"
+#include "layer.h"
 #include "mailbox.h"
 #include "pool.h"
 #include "prosody.h"
@@ -415,6 +416,7 @@ struct pr__engine {
   pr__metrics_t metrics;
   double mono_threshold; /* monopolization: the share that is rejected;
                             0: the layer is off */
+  const pr__layer_t *const *layers; /* the mode's (mode.c), NULL-ended */
   int dd_on;             /* deduplication: pipeline mode, cache size > 0 */
   int dd_late;           /* ... with the memory store: ids are read and
                             looked up by the handler's thread (DD_LATE) */
@@ -729,17 +731,6 @@ void pr__metrics_snapshot(pr__engine_t *eng);
 
 /* --- outcome.c -------------------------------------------------------- */
 
-/* What the mode's layers decide about a finished attempt. */
-typedef enum pr__verdict {
-  V_NEXT,   /* no decision: the next layer out decides */
-  V_COMMIT, /* done: complete the offset */
-  V_ABORT,  /* done without commit: redelivered later */
-  V_RETRY,  /* run the handler again after a backoff */
-  V_DEAD,   /* send to failure_topic, commit once written */
-  V_DEFER   /* defer it (defer.c): commit once its offset is stored */
-} pr__verdict_t;
-
-pr__verdict_t pr__outcome_decide(inv_t *inv);
 void pr__outcome_handler_done(inv_t *inv);
 /* The letter of a completed attempt (`inv->mail`): pr__outcome_handler_done. */
 void pr__outcome_mail(pr__mail_t *mail, void *owner);

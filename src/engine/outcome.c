@@ -109,139 +109,14 @@ static void on_retry(uv_timer_t *t) {
     pr__dispatch_schedule(inv);
 }
 
-static const char *mode_name(int mode) {
-  return mode == PR_MODE_LOW_LATENCY   ? "low-latency"
-         : mode == PR_MODE_BEST_EFFORT ? "best-effort"
-                                       : "pipeline";
+static void decided(inv_t *inv, pr__verdict_t v, const pr__layer_t *by);
+
+/* The mode's layers decide; then that is carried out. */
+static void decide(inv_t *inv) {
+  const pr__layer_t *by = NULL;
+  pr__verdict_t v = pr__layers_decide(inv, &by);
+  decided(inv, v, by);
 }
-
-static void log_failure(inv_t *inv, const char *what) {
-  char ev[160];
-  PR_WARN("engine", "%s: %s handler failure (attempt %d, %s mode): %s; %s",
-          pr__inv_describe(inv, ev, sizeof(ev)),
-          inv->result == PROSODY_PERMANENT ? "permanent" : "transient",
-          inv->attempt, mode_name(inv->eng->mode),
-          inv->result_error ? inv->result_error : "(no message)", what);
-}
-
-/*
- * Result layers (docs/ARCHITECTURE.md section 3e). A mode is a list of
- * small layers, from the handler outwards; on the way out each layer sees
- * the attempt's result and either passes it on (V_NEXT) or decides. The
- * invocation side (limiter, timeout, handler) is dispatch.c's; dedup,
- * defer, monopolization and telemetry join these lists as further layers.
- */
-typedef struct layer {
-  const char *name;
-  pr__verdict_t (*complete)(inv_t *inv);
-} layer_t;
-
-/* Success is final in every mode. */
-static pr__verdict_t l_success(inv_t *inv) {
-  return inv->result == PROSODY_SUCCESS ? V_COMMIT : V_NEXT;
-}
-
-/* Shutdown, revoke or a released partition make any failure terminal. */
-static pr__verdict_t l_terminal(inv_t *inv) {
-  char ev[160];
-  if (inv->eng->phase == PH_RUNNING && !inv->part->revoking &&
-      !inv->part->zombie)
-    return V_NEXT;
-  PR_DEBUG("engine", "%s aborted by shutdown/revoke",
-           pr__inv_describe(inv, ev, sizeof(ev)));
-  return V_ABORT;
-}
-
-/* low-latency: transient failures retried up to max_retries. */
-static pr__verdict_t l_retry_capped(inv_t *inv) {
-  if (inv->result == PROSODY_TRANSIENT &&
-      inv->attempt <= PR_CFG_INT(inv->eng->st, MAX_RETRIES))
-    return V_RETRY;
-  return V_NEXT;
-}
-
-/* low-latency: what is still failing goes to the failure topic; a timer
- * never does: it is dropped. */
-static pr__verdict_t l_failure_topic(inv_t *inv) {
-  if (inv->is_timer) {
-    log_failure(inv, "dropping the timer");
-    return V_COMMIT;
-  }
-  log_failure(inv, "sending it to the failure topic");
-  return V_DEAD;
-}
-
-/* pipeline: a transient failure (message or timer) is deferred (defer.c)
- * while the failure rate allows; a deferred event loaded again always is. Else
- * it falls through to the retry layer, which retries it in place. */
-static pr__verdict_t l_defer(inv_t *inv) {
-  pr__engine_t *eng = inv->eng;
-  int64_t now;
-  if (inv->result != PROSODY_TRANSIENT || !eng->df_store[PR_DF_KIND(inv)])
-    return V_NEXT;
-  if (inv->df_loaded || pr__df_gate(eng, now = pr__now_ns()))
-    return V_DEFER;
-  if (now - eng->df_warned_ns > INT64_C(10000000000)) {
-    eng->df_warned_ns = now;
-    PR_WARN("defer",
-            "more than defer_failure_threshold of recent results are "
-            "failures: deferral pauses and failures are retried in place "
-            "(their partitions wait)");
-  }
-  return V_NEXT;
-}
-
-/* pipeline: transient failures retried without limit; permanent ones are
- * logged and committed past. */
-static pr__verdict_t l_retry_unbounded(inv_t *inv) {
-  if (inv->result == PROSODY_PERMANENT) {
-    log_failure(inv, "skipping it");
-    return V_COMMIT;
-  }
-  if (inv->attempt == 1 || inv->attempt % 10 == 0)
-    log_failure(inv, "retrying");
-  return V_RETRY;
-}
-
-/* best-effort: any failure is logged and committed past. */
-static pr__verdict_t l_log_skip(inv_t *inv) {
-  log_failure(inv, "skipping it");
-  return V_COMMIT;
-}
-
-#define LAYER(fn)                                                              \
-  { #fn, fn }
-static const layer_t pipeline_layers[] = {LAYER(l_success),
-                                          LAYER(l_terminal),
-                                          LAYER(l_defer),
-                                          LAYER(l_retry_unbounded),
-                                          {0, 0}};
-static const layer_t low_latency_layers[] = {LAYER(l_success),
-                                             LAYER(l_terminal),
-                                             LAYER(l_retry_capped),
-                                             LAYER(l_failure_topic),
-                                             {0, 0}};
-static const layer_t best_effort_layers[] = {
-    LAYER(l_success), LAYER(l_terminal), LAYER(l_log_skip), {0, 0}};
-
-static const layer_t *mode_layers(int mode) {
-  return mode == PR_MODE_LOW_LATENCY   ? low_latency_layers
-         : mode == PR_MODE_BEST_EFFORT ? best_effort_layers
-                                       : pipeline_layers;
-}
-
-/* What the mode's layers decide about the attempt's result (V_COMMIT when
- * none decides). Logs, but changes nothing. */
-pr__verdict_t pr__outcome_decide(inv_t *inv) {
-  PR_ENGINE_THREAD(inv->eng);
-  pr__verdict_t v = V_COMMIT;
-  for (const layer_t *l = mode_layers(inv->eng->mode); l->complete; l++)
-    if ((v = l->complete(inv)) != V_NEXT)
-      break;
-  return v == V_NEXT ? V_COMMIT : v;
-}
-
-static void decided(inv_t *inv, pr__verdict_t v);
 
 void pr__outcome_reject(inv_t *inv, const char *why) {
   PR_ENGINE_THREAD(inv->eng);
@@ -250,7 +125,7 @@ void pr__outcome_reject(inv_t *inv, const char *why) {
   inv->result = PROSODY_TRANSIENT;
   free(inv->result_error);
   inv->result_error = strdup(why);
-  decided(inv, pr__outcome_decide(inv));
+  decide(inv);
 }
 
 /* A handler attempt finished (engine thread): free its slot, then let the
@@ -312,12 +187,12 @@ void pr__outcome_handler_done(inv_t *inv) {
   pr__hist_observe(&eng->metrics.handler_time, inv->run_ns);
   if (!inv->emitted) /* else its worker did (complete_attempt) */
     pr__inv_emit_ran(inv);
-  pr__df_count(eng, inv->result, pr__now_ns());
-  decided(inv, pr__outcome_decide(inv));
+  pr__layers_ran(inv);
+  decide(inv);
 }
 
 /* Carries out the layers' verdict on an attempt's result. */
-static void decided(inv_t *inv, pr__verdict_t v) {
+static void decided(inv_t *inv, pr__verdict_t v, const pr__layer_t *by) {
   pr__engine_t *eng = inv->eng;
   switch (v) {
   case V_RETRY:
@@ -329,16 +204,15 @@ static void decided(inv_t *inv, pr__verdict_t v) {
     pr__dlq_send(inv);
     return;
   case V_DEFER:
-    pr__df_defer(inv);
+    by->take(inv);
     return;
   case V_ABORT:
     pr__outcome_finish(inv, 0);
     return;
   default:
-    if (inv->dd == DD_UNSEEN &&
-        (inv->result == PROSODY_SUCCESS || inv->result == PROSODY_PERMANENT))
-      pr__dd_record(inv); /* handled: a duplicate is skipped from now on
-                             (DD_RECORDED: by its worker already) */
+    if (inv->result == PROSODY_SUCCESS || inv->result == PROSODY_PERMANENT)
+      pr__layers_done(inv); /* handled (dedup: a duplicate is skipped from
+                               now on) */
     if (inv->is_timer && !inv->rearmed && eng->store && !inv->df_loaded) {
       pr__firing_delete(inv); /* finishes once the store has deleted it */
       return;

@@ -38,7 +38,7 @@ static int take_partitions(pr__engine_t *eng,
     eng->parts = part;
     pr__part_queue_open(eng, part);
     pr__firing_assigned(eng, part);
-    pr__df_assigned(eng, part);
+    pr__layers_assign(eng, part);
   }
   return 0;
 }

@@ -1,12 +1,19 @@
 /*
  * harness.h - shared helpers for the integration tests.
  *
+ * A program holds scenarios, each one behaviour, defined with T_SCENARIO and
+ * run one per process by harness.c's main(): `prog NAME` runs one, `prog
+ * --list` prints them for tests/CMakeLists.txt, which registers each as its
+ * own ctest entry per tier (mock.PROG.NAME, real.PROG.NAME), `prog` alone
+ * runs them all in turn. A scenario makes its own topics, groups and
+ * keyspace rows, so entries run alone and side by side (ctest -j).
+ *
  * Every scenario runs against the embedded mock cluster by default, or
- * against a real broker when PROSODY_TEST_BOOTSTRAP is set (the `real` tier
- * sets it to 127.0.0.1:9094). Records are read back with a plain librdkafka
- * consumer using assign() (no group), so no test waits on a rebalance.
- * Assertions run on the test's main thread only; failures print what did
- * not happen and exit 1.
+ * against a real broker when PROSODY_TEST_REAL=1 (the `real` tier; the
+ * broker is PROSODY_TEST_BOOTSTRAP, by default 127.0.0.1:9094). Records are
+ * read back with a plain librdkafka consumer using assign() (no group), so no
+ * test waits on a rebalance. Assertions run on the test's main thread only;
+ * failures print what did not happen and exit 1.
  */
 #ifndef PR_TEST_HARNESS_H
 #define PR_TEST_HARNESS_H
@@ -27,6 +34,54 @@
 #include <unistd.h>
 
 #include "prosody.h"
+
+/* The tiers a scenario is registered in. */
+#define T_MOCK 1u /* the embedded mock cluster */
+#define T_REAL 2u /* real Kafka (and Cassandra, Jaeger) */
+#define T_BOTH (T_MOCK | T_REAL)
+#define T_CLUSTER 4u /* the three-broker cluster (make test-cluster) */
+
+/* What a scenario returns when its tier lacks what it needs (ctest's
+ * SKIP_RETURN_CODE). */
+#define T_SKIP 77
+
+typedef struct t_scenario {
+  const char *name;        /* what it checks, as in the ctest name */
+  int (*run)(void);        /* 0 passed, T_SKIP; a failed CHECK exits 1 */
+  unsigned tiers;          /* T_MOCK, T_REAL, T_BOTH or T_CLUSTER */
+  int timeout;             /* seconds, ctest's TIMEOUT for the entry */
+  struct t_scenario *next; /* harness.c's list, in definition order */
+} t_scenario_t;
+
+/* harness.c: adds a scenario (T_SCENARIO does, before main()). */
+void t_scenario_add(t_scenario_t *s);
+
+/* harness.c: `prog --child ARGS...` calls fn(argc, argv) instead of a
+ * scenario (T_CHILD does), for programs that start members of their own. */
+void t_child_set(int (*fn)(int argc, char **argv));
+
+/* Defines scenario NAME, registered in TIERS with TIMEOUT seconds:
+ *   T_SCENARIO(key_order_held, T_BOTH, 120) { ...; return 0; } */
+#define T_SCENARIO(name_, tiers_, timeout_)                                    \
+  static int t_run_##name_(void);                                              \
+  static t_scenario_t t_sc_##name_ = {#name_, t_run_##name_, tiers_, timeout_, \
+                                      NULL};                                   \
+  __attribute__((constructor)) static void t_add_##name_(void) {               \
+    t_scenario_add(&t_sc_##name_);                                             \
+  }                                                                            \
+  static int t_run_##name_(void)
+
+/* harness.c: starts this program again as `prog --child ARGS...` (its
+ * T_CHILD function; `args` ends with NULL), killed if this process dies,
+ * its standard output into a pipe whose read end goes to *out (read it
+ * with t_read_line()). Returns the child's pid. */
+pid_t t_spawn_child(const char *const *args, int *out);
+
+/* The function `prog --child ...` runs. */
+#define T_CHILD(fn_)                                                           \
+  __attribute__((constructor)) static void t_child_##fn_(void) {               \
+    t_child_set(fn_);                                                          \
+  }
 
 #define CHECK(cond, ...)                                                       \
   do {                                                                         \
@@ -49,6 +104,38 @@ static inline double t_now(void) {
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
+
+/* The wall clock in milliseconds since the epoch (timer times). */
+static inline int64_t t_wall_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* The monotonic clock in nanoseconds. */
+static inline int64_t t_mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Waits, holding `mu`, until `cond_expr` (read under `mu`) or `seconds`
+ * pass: `cv` is signalled by whoever changes what cond_expr reads, and
+ * each wait is bounded (50 ms), so a missed signal costs 50 ms at most. */
+#define T_WAIT_UNTIL(cond_expr, cv, mu, seconds)                               \
+  do {                                                                         \
+    double d_ = t_now() + (seconds);                                           \
+    while (!(cond_expr) && t_now() < d_) {                                     \
+      struct timespec ts_;                                                     \
+      clock_gettime(CLOCK_REALTIME, &ts_);                                     \
+      ts_.tv_nsec += 50 * 1000000;                                             \
+      if (ts_.tv_nsec >= 1000000000) {                                         \
+        ts_.tv_sec++;                                                          \
+        ts_.tv_nsec -= 1000000000;                                             \
+      }                                                                        \
+      pthread_cond_timedwait((cv), (mu), &ts_);                                \
+    }                                                                          \
+  } while (0)
 
 /* Waits until *v >= want or `seconds` pass; 1 if reached. */
 static inline int t_wait_at_least(atomic_int *v, int want, double seconds) {
@@ -303,6 +390,16 @@ static inline void t_produce(const char *topic, int from, int to, int keys) {
   free(k);
 }
 
+/* The real tier's Cassandra node: PROSODY_TEST_CASSANDRA_NODES, by default
+ * 127.0.0.1:9042. */
+static inline const char *t_cassandra_nodes(void) {
+  const char *n = getenv("PROSODY_TEST_CASSANDRA_NODES");
+  return n && *n ? n : "127.0.0.1:9042";
+}
+
+/* The keyspace of the real tier's consumers and store tests. */
+#define T_KEYSPACE "prosody_test"
+
 /* A consumer configuration: the broker under test, a fresh group, topics. */
 static inline prosody_config_t *t_consumer_config(const char *group,
                                                   const char *topics) {
@@ -313,9 +410,8 @@ static inline prosody_config_t *t_consumer_config(const char *group,
   t_set(conf, "commit_interval", "100ms");
   t_set(conf, "poll_interval", "20ms");
   if (t_real_bootstrap()) { /* consumers keep timers in real Cassandra */
-    const char *nodes = getenv("PROSODY_TEST_CASSANDRA_NODES");
-    t_set(conf, "cassandra_nodes", nodes && *nodes ? nodes : "127.0.0.1:9042");
-    t_set(conf, "cassandra_keyspace", "prosody_test");
+    t_set(conf, "cassandra_nodes", t_cassandra_nodes());
+    t_set(conf, "cassandra_keyspace", T_KEYSPACE);
   }
   return conf;
 }
@@ -412,5 +508,31 @@ static inline long long t_metric(int port, const char *name) {
       return atoll(p + n + 1);
   return -1;
 }
+
+#ifdef PROSODY_TEST_INTERNAL
+/* White-box programs (tests/CMakeLists.txt: INTERNAL) also get the store
+ * tests' Cassandra set-up. */
+#include "cql/cql.h"
+
+/* `conf` pointing at t_cassandra_nodes() (`*node` holds the address). */
+static inline void t_cql_conf(pr__cql_conf_t *conf, char **node) {
+  *node = (char *)t_cassandra_nodes();
+  memset(conf, 0, sizeof(*conf));
+  conf->nodes = node;
+  conf->nnodes = 1;
+}
+
+/* Brings T_KEYSPACE's tables up to date (the real tier; the mock has no
+ * Cassandra). */
+static inline void t_cql_migrate(const pr__cql_conf_t *conf) {
+  char err[1024];
+  pr__cql_sync_t *y;
+  CHECK(t_real_bootstrap(), "needs the real tier (Cassandra)");
+  y = pr__cql_sync_new(conf, err, sizeof(err));
+  CHECK(y, "%s", err);
+  CHECK_OK(pr__cql_migrate(y, T_KEYSPACE, 60000, NULL, err, sizeof(err)), err);
+  pr__cql_sync_free(y);
+}
+#endif
 
 #endif /* PR_TEST_HARNESS_H */

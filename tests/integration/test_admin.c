@@ -65,12 +65,14 @@ static void topic_config(const char *topic, const char *name, char *out,
   rd_kafka_destroy(rk);
 }
 
-int main(void) {
+T_SCENARIO(created_topic_has_its_partitions_and_is_usable_at_once, T_BOTH, 60) {
   char err[1024];
   prosody_admin_t *admin = admin_new();
   prosody_topic_options_t o = PROSODY_TOPIC_OPTIONS_INIT;
   const char *t1 = t_topic("admin-three");
-  const char *t2 = t_topic("admin-env");
+  prosody_config_t *conf;
+  prosody_client_t *client;
+  t_record_t r[1];
   prosody_err_t e;
 
   o.partitions = 3;
@@ -85,32 +87,49 @@ int main(void) {
   CHECK(strstr(err, t1), "message \"%s\" does not name the topic", err);
 
   /* A created topic is usable at once. */
-  {
-    prosody_config_t *conf = t_config();
-    prosody_client_t *client;
-    t_record_t r[1];
-    t_set(conf, "source_system", "admin-test");
-    client = prosody_client_new(conf, err, sizeof(err));
-    CHECK(client, "client: %s", err);
-    CHECK_OK(prosody_send(client, t1, "k", "{\"x\":1}", NULL, err, sizeof(err)),
-             err);
-    prosody_client_destroy(client);
-    CHECK(t_read_back(t1, 1, 20, r) == 1, "record missing");
-    t_records_free(r, 1);
-  }
-
-  /* PROSODY_TOPIC_PARTITIONS applies when the call leaves it unset. */
-  setenv("PROSODY_TOPIC_PARTITIONS", "2", 1);
+  conf = t_config();
+  t_set(conf, "source_system", "admin-test");
+  client = prosody_client_new(conf, err, sizeof(err));
+  CHECK(client, "client: %s", err);
+  CHECK_OK(prosody_send(client, t1, "k", "{\"x\":1}", NULL, err, sizeof(err)),
+           err);
+  prosody_client_destroy(client);
+  CHECK(t_read_back(t1, 1, 20, r) == 1, "record missing");
+  t_records_free(r, 1);
+  if (t_real_bootstrap())
+    CHECK_OK(prosody_admin_delete_topic(admin, t1, err, sizeof(err)), err);
   prosody_admin_destroy(admin);
+  return 0;
+}
+
+/* PROSODY_TOPIC_PARTITIONS applies when the call leaves it unset. */
+T_SCENARIO(partitions_default_from_environment, T_BOTH, 60) {
+  char err[1024];
+  prosody_admin_t *admin;
+  const char *t2 = t_topic("admin-env");
+
+  setenv("PROSODY_TOPIC_PARTITIONS", "2", 1);
   admin = admin_new();
   CHECK_OK(prosody_admin_create_topic(admin, t2, NULL, err, sizeof(err)), err);
   CHECK(partitions_of(t2) == 2, "%s has %d partitions, want 2 from env", t2,
         partitions_of(t2));
   unsetenv("PROSODY_TOPIC_PARTITIONS");
+  if (t_real_bootstrap())
+    CHECK_OK(prosody_admin_delete_topic(admin, t2, err, sizeof(err)), err);
+  prosody_admin_destroy(admin);
+  return 0;
+}
 
-  /* Invalid input. */
+T_SCENARIO(bad_name_and_cleanup_policy_named_in_error, T_BOTH, 60) {
+  char err[1024];
+  prosody_admin_t *admin = admin_new();
+  prosody_topic_options_t o = PROSODY_TOPIC_OPTIONS_INIT;
+  prosody_err_t e;
+
   e = prosody_admin_create_topic(admin, "no spaces", NULL, err, sizeof(err));
   CHECK(e == PROSODY_ERR_INVALID_ARG, "bad name: %s", prosody_err_name(e));
+  o.partitions = 3;
+  o.replication_factor = 1;
   o.cleanup_policy = "shred";
   e = prosody_admin_create_topic(admin, t_topic("admin-bad"), &o, err,
                                  sizeof(err));
@@ -122,7 +141,6 @@ int main(void) {
                         "delete,compact, or none") &&
             !strstr(err, "PROSODY_TOPIC_CLEANUP_POLICY"),
         "bad policy: %s (%s)", prosody_err_name(e), err);
-  o.cleanup_policy = NULL;
   /* The variable is named when the value came from it. */
   setenv("PROSODY_TOPIC_CLEANUP_POLICY", "shred", 1);
   {
@@ -134,8 +152,19 @@ int main(void) {
     prosody_config_destroy(conf);
   }
   unsetenv("PROSODY_TOPIC_CLEANUP_POLICY");
+  prosody_admin_destroy(admin);
+  return 0;
+}
 
-  /* Delete, then the topic is gone, then it can be created again. */
+/* Delete, then the topic is gone, then it can be created again. */
+T_SCENARIO(deleted_topic_is_gone_and_can_be_created_again, T_BOTH, 60) {
+  char err[1024];
+  prosody_admin_t *admin = admin_new();
+  const char *t2 = t_topic("admin-delete");
+  prosody_err_t e;
+
+  CHECK_OK(prosody_admin_create_topic(admin, t2, NULL, err, sizeof(err)), err);
+  CHECK(partitions_of(t2) > 0, "%s not created", t2);
   CHECK_OK(prosody_admin_delete_topic(admin, t2, err, sizeof(err)), err);
   CHECK(partitions_of(t2) < 0, "%s still listed after delete", t2);
   e = prosody_admin_delete_topic(admin, t2, err, sizeof(err));
@@ -143,37 +172,38 @@ int main(void) {
         prosody_err_name(e), err);
   CHECK_OK(prosody_admin_create_topic(admin, t2, NULL, err, sizeof(err)), err);
   CHECK(partitions_of(t2) > 0, "%s not back after re-create", t2);
-
-  if (t_real_bootstrap()) {
-    const char *t3 = t_topic("admin-config");
-    char value[64];
-    prosody_topic_options_t c = PROSODY_TOPIC_OPTIONS_INIT;
-    c.partitions = 1;
-    c.cleanup_policy = "compact";
-    c.retention_ms = 3600000;
-    CHECK_OK(prosody_admin_create_topic(admin, t3, &c, err, sizeof(err)), err);
-    topic_config(t3, "cleanup.policy", value, sizeof(value));
-    CHECK(!strcmp(value, "compact"), "cleanup.policy is \"%s\"", value);
-    topic_config(t3, "retention.ms", value, sizeof(value));
-    CHECK(!strcmp(value, "3600000"), "retention.ms is \"%s\"", value);
-    /* Broker defaults when nothing is given. */
-    CHECK_OK(prosody_admin_delete_topic(admin, t3, err, sizeof(err)), err);
-    CHECK_OK(prosody_admin_delete_topic(admin, t1, err, sizeof(err)), err);
+  if (t_real_bootstrap())
     CHECK_OK(prosody_admin_delete_topic(admin, t2, err, sizeof(err)), err);
-    /* "none" is the broker's default, as for the option (t_topic() reuses
-     * t1's buffer here). */
-    {
-      const char *t4 = t_topic("admin-policy-none");
-      c.cleanup_policy = "none";
-      c.retention_ms = 0;
-      CHECK_OK(prosody_admin_create_topic(admin, t4, &c, err, sizeof(err)),
-               err);
-      topic_config(t4, "cleanup.policy", value, sizeof(value));
-      CHECK(!strcmp(value, "delete"), "cleanup.policy is \"%s\"", value);
-      CHECK_OK(prosody_admin_delete_topic(admin, t4, err, sizeof(err)), err);
-    }
+  prosody_admin_destroy(admin);
+  return 0;
+}
+
+/* The cleanup policy and retention reach the topic's config; "none" is the
+ * broker's default (the mock cluster keeps no topic config). */
+T_SCENARIO(cleanup_policy_and_retention_reach_topic_config, T_REAL, 60) {
+  char err[1024], value[64];
+  prosody_admin_t *admin = admin_new();
+  const char *t3 = t_topic("admin-config");
+  prosody_topic_options_t c = PROSODY_TOPIC_OPTIONS_INIT;
+
+  c.partitions = 1;
+  c.cleanup_policy = "compact";
+  c.retention_ms = 3600000;
+  CHECK_OK(prosody_admin_create_topic(admin, t3, &c, err, sizeof(err)), err);
+  topic_config(t3, "cleanup.policy", value, sizeof(value));
+  CHECK(!strcmp(value, "compact"), "cleanup.policy is \"%s\"", value);
+  topic_config(t3, "retention.ms", value, sizeof(value));
+  CHECK(!strcmp(value, "3600000"), "retention.ms is \"%s\"", value);
+  CHECK_OK(prosody_admin_delete_topic(admin, t3, err, sizeof(err)), err);
+  {
+    const char *t4 = t_topic("admin-policy-none");
+    c.cleanup_policy = "none";
+    c.retention_ms = 0;
+    CHECK_OK(prosody_admin_create_topic(admin, t4, &c, err, sizeof(err)), err);
+    topic_config(t4, "cleanup.policy", value, sizeof(value));
+    CHECK(!strcmp(value, "delete"), "cleanup.policy is \"%s\"", value);
+    CHECK_OK(prosody_admin_delete_topic(admin, t4, err, sizeof(err)), err);
   }
   prosody_admin_destroy(admin);
-  printf("ok\n");
   return 0;
 }

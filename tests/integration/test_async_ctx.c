@@ -81,18 +81,6 @@ static void host_fail(int line, const char *fmt, ...) {
   pthread_mutex_unlock(&lock);
 }
 
-static int64_t wall_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static int64_t mono_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
 /* 1 on the engine thread (lock held). */
 static int on_engine_locked(void) {
   return engine_tid_set && pthread_equal(pthread_self(), engine_tid);
@@ -100,19 +88,7 @@ static int on_engine_locked(void) {
 
 /* Waits (lock held) until `cond_expr`, a failure, or the deadline. */
 #define WAIT_UNTIL(cond_expr, seconds)                                         \
-  do {                                                                         \
-    double d_ = t_now() + (seconds);                                           \
-    while (!(cond_expr) && !failure[0] && t_now() < d_) {                      \
-      struct timespec ts_;                                                     \
-      clock_gettime(CLOCK_REALTIME, &ts_);                                     \
-      ts_.tv_nsec += 50 * 1000000;                                             \
-      if (ts_.tv_nsec >= 1000000000) {                                         \
-        ts_.tv_sec++;                                                          \
-        ts_.tv_nsec -= 1000000000;                                             \
-      }                                                                        \
-      pthread_cond_timedwait(&cond, &lock, &ts_);                              \
-    }                                                                          \
-  } while (0)
+  T_WAIT_UNTIL((cond_expr) || failure[0], &cond, &lock, seconds)
 
 /* Appends to a log (lock held). */
 static void log_add(char *log, const char *fmt, ...) {
@@ -276,7 +252,7 @@ static void hang_cancel(prosody_context_t *ctx, void *opaque) {
   (void)opaque;
   pthread_mutex_lock(&lock);
   cancels_off_engine += !on_engine_locked();
-  hang_cancel_ns = mono_ns();
+  hang_cancel_ns = t_mono_ns();
   pthread_mutex_unlock(&lock);
   post(J_CANCELLED, 0, ctx, "hang", 0);
 }
@@ -406,7 +382,7 @@ static void complete(prosody_context_t *ctx, prosody_result_t r,
 static void check_refused(prosody_context_t *ctx, const char *what) {
   char err[256] = "";
   prosody_err_t e =
-      prosody_timer_async(ctx, PROSODY_TIMER_SCHEDULE, wall_ms() + 60000,
+      prosody_timer_async(ctx, PROSODY_TIMER_SCHEDULE, t_wall_ms() + 60000,
                           never_cb, NULL, err, sizeof(err));
   if (e != PROSODY_ERR_STATE || !strstr(err, "stale"))
     FAIL("%s: timer call on a finished context: %s: %s", what,
@@ -481,7 +457,7 @@ static void serve_ops(prosody_context_t *ctx) {
 }
 
 static void serve_fire_message(prosody_context_t *ctx) {
-  int64_t target = wall_ms() + 1500;
+  int64_t target = t_wall_ms() + 1500;
   prosody_context_on_cancel(ctx, unexpected_cancel, "fire");
   pthread_mutex_lock(&lock);
   fire_target = target;
@@ -495,7 +471,7 @@ static void serve_fire_timer(prosody_context_t *ctx, const char *key,
   prosody_context_on_cancel(ctx, unexpected_cancel, "fire timer");
   pthread_mutex_lock(&lock);
   fire_time = time_ms;
-  fire_at = wall_ms();
+  fire_at = t_wall_ms();
   log_add(fire_log, "fired:%s ", key);
   pthread_mutex_unlock(&lock);
   /* The firing timer is not listed. */
@@ -542,7 +518,7 @@ static void serve_cancelled(prosody_context_t *ctx, const char *key) {
   for (int i = 0; i < HANG_OPS; i++) {
     char err[256];
     prosody_err_t e =
-        prosody_timer_async(ctx, PROSODY_TIMER_SCHEDULE, wall_ms() + 60000,
+        prosody_timer_async(ctx, PROSODY_TIMER_SCHEDULE, t_wall_ms() + 60000,
                             hang_op_cb, NULL, err, sizeof(err));
     if (e)
       FAIL("timer call during shutdown: %s: %s", prosody_err_name(e), err);
@@ -621,7 +597,7 @@ static void produce(const char *topic, const char *const *keys) {
   prosody_client_destroy(prod);
 }
 
-int main(void) {
+T_SCENARIO(async_timer_calls_and_cancel_callbacks_from_host_loop, T_BOTH, 120) {
   char err[1024], group[160];
   const char *topic = t_topic("async-ctx");
   /* tmo first: its cancel callback is registered before its timeout. */
@@ -645,7 +621,7 @@ int main(void) {
             PROSODY_ERR_INVALID_ARG,
         "on_cancel(NULL) accepted");
 
-  ops_base = (wall_ms() / 1000 + 3600) * 1000; /* nothing fires meanwhile */
+  ops_base = (t_wall_ms() / 1000 + 3600) * 1000; /* nothing fires meanwhile */
   CHECK(!pthread_create(&host, NULL, host_loop, NULL), "host thread");
   pthread_mutex_lock(&lock);
   host_tid = host;
@@ -697,9 +673,9 @@ int main(void) {
   CHECK(!failure[0], "%s", failure);
   CHECK(hang_registered, "the hang event did not start");
   pthread_mutex_unlock(&lock);
-  start_ns = mono_ns();
+  start_ns = t_mono_ns();
   CHECK_OK(prosody_unsubscribe(client), "unsubscribe");
-  took = (double)(mono_ns() - start_ns) / 1e9;
+  took = (double)(t_mono_ns() - start_ns) / 1e9;
 
   pthread_mutex_lock(&lock);
   WAIT_UNTIL(hang_done, 10);

@@ -48,7 +48,7 @@ static void on_log(prosody_log_level_t level, const char *subsystem,
     atomic_fetch_add(&late_calls, 1);
 }
 
-int main(void) {
+T_SCENARIO(abandoned_engine_logs_to_stderr_not_callback, T_MOCK, 60) {
   char err[1024], group[64], buf[4096];
   const char *topic = t_topic("abandon");
   prosody_handler_t h = {on_message, NULL, NULL, 0};

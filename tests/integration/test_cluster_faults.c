@@ -15,14 +15,17 @@
  * handlings (and between two acknowledgements of sends) of one partition
  * from the fault on, while values kept arriving.
  *
- *   test_cluster_faults leader-kill     the leader of partition 0 is killed
+ *   leader_kill_loses_no_record         the leader of partition 0 is killed
  *                                       (SIGKILL) mid-stream, restarted later
- *   test_cluster_faults rebalance-stop  the group's coordinator is stopped
+ *   coordinator_stop_during_join_loses_no_record
+ *                                       the group's coordinator is stopped
  *                                       (SIGTERM) while a second consumer
  *                                       joins, started again later
- *   test_cluster_faults produce         sending only: the leader of partition
+ *   producer_through_leader_changes_loses_no_record
+ *                                       sending only: the leader of partition
  *                                       0 stopped (controlled leader change),
  *                                       then the leader of partition 1 killed
+ * (ctest entries cluster.cluster_faults.NAME, one at a time).
  *
  * Deduplication is off so that duplicates show what the group redelivers;
  * timers and the other stores are in memory (the faults are Kafka's).
@@ -474,21 +477,29 @@ static void produce_only(void) {
   }
 }
 
-int main(int argc, char **argv) {
-  CHECK(argc == 2, "usage: %s leader-kill|rebalance-stop|produce", argv[0]);
+/* Every node up, whatever an earlier test left. */
+static void cluster_up(void) {
   CHECK(t_real_bootstrap(), "needs PROSODY_TEST_REAL=1 and the cluster's "
                             "PROSODY_TEST_BOOTSTRAP");
   setvbuf(stdout, NULL, _IOLBF, 0);
-  cluster("start", 0); /* every node up, whatever an earlier test left */
+  cluster("start", 0);
   CHECK((handled = calloc(KEYS * 100, sizeof(int))), "memory");
-  if (!strcmp(argv[1], "leader-kill"))
-    leader_kill();
-  else if (!strcmp(argv[1], "rebalance-stop"))
-    rebalance_stop();
-  else if (!strcmp(argv[1], "produce"))
-    produce_only();
-  else
-    CHECK(0, "unknown scenario %s", argv[1]);
-  printf("ok: %s\n", argv[1]);
+}
+
+T_SCENARIO(leader_kill_loses_no_record, T_CLUSTER, 400) {
+  cluster_up();
+  leader_kill();
+  return 0;
+}
+
+T_SCENARIO(coordinator_stop_during_join_loses_no_record, T_CLUSTER, 400) {
+  cluster_up();
+  rebalance_stop();
+  return 0;
+}
+
+T_SCENARIO(producer_through_leader_changes_loses_no_record, T_CLUSTER, 400) {
+  cluster_up();
+  produce_only();
   return 0;
 }

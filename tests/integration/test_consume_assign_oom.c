@@ -31,7 +31,7 @@ static prosody_result_t handle(prosody_context_t *ctx,
   return PROSODY_SUCCESS;
 }
 
-int main(void) {
+T_SCENARIO(failed_partition_allocation_retried_until_all_handled, T_MOCK, 60) {
   char err[1024], topic[128], group[160];
   prosody_config_t *conf;
   prosody_client_t *c;

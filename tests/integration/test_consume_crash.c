@@ -28,7 +28,6 @@
  */
 #include <fcntl.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 
 #include "config/config.h"
@@ -150,7 +149,7 @@ typedef struct kill_rec {
   double stall;             /* until each partition with work is handled */
 } kill_rec_t;
 
-static char exe[512], topic[128], group[160], rec_path[64];
+static char topic[128], group[160], rec_path[64];
 static handling_t *hs;
 static int n_hs, cap_hs, distinct, handled[N];
 static kill_rec_t kills[KILLS];
@@ -201,26 +200,12 @@ static void wait_distinct(int want, double seconds) {
 }
 
 static void start(child_t *c, int index) {
-  int fds[2];
   char idx[16];
-  pid_t parent = getpid();
-  CHECK(pipe(fds) == 0, "pipe");
+  const char *args[] = {idx,      t_real_bootstrap() ? "-" : t_bootstrap(),
+                        topic,    group,
+                        rec_path, NULL};
   snprintf(idx, sizeof(idx), "%d", index);
-  c->pid = fork();
-  CHECK(c->pid >= 0, "fork");
-  if (c->pid == 0) {
-    /* A failed check ends the test: its consumers end with it. */
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent)
-      _exit(1);
-    dup2(fds[1], STDOUT_FILENO);
-    close(fds[0]);
-    execl(exe, exe, "--child", idx, t_real_bootstrap() ? "-" : t_bootstrap(),
-          topic, group, rec_path, (char *)NULL);
-    _exit(127);
-  }
-  close(fds[1]);
-  c->fd = fds[0];
+  c->pid = t_spawn_child(args, &c->fd);
   c->len = 0;
 }
 
@@ -334,7 +319,15 @@ static void verify(void) {
   CHECK(disorder == 0, "%d values handled first out of key order", disorder);
 }
 
-int main(int argc, char **argv) {
+/* `--child ...`: one consumer of the group (start()). */
+static int child(int argc, char **argv) {
+  CHECK(argc == 7, "usage: %s --child INDEX BOOTSTRAP TOPIC GROUP FILE",
+        argv[0]);
+  return child_main(argv);
+}
+T_CHILD(child)
+
+T_SCENARIO(killed_members_lose_no_record_and_keep_key_order, T_BOTH, 180) {
   unsigned seed = getenv("PROSODY_TEST_SEED")
                       ? (unsigned)atoi(getenv("PROSODY_TEST_SEED"))
                       : (unsigned)time(NULL) ^ (unsigned)getpid();
@@ -344,14 +337,8 @@ int main(int argc, char **argv) {
   int fd, status = 0, drained;
   pid_t gone;
   double t0 = t_now(), deadline;
-  ssize_t n;
 
-  if (argc == 7 && !strcmp(argv[1], "--child"))
-    return child_main(argv);
   printf("seed %u (PROSODY_TEST_SEED)\n", seed);
-  n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-  CHECK(n > 0, "readlink");
-  exe[n] = '\0';
   snprintf(topic, sizeof(topic), "%s", t_topic("crash"));
   snprintf(group, sizeof(group), "%s-g", topic);
   snprintf(rec_path, sizeof(rec_path), "/tmp/prosody-crash-XXXXXX");

@@ -846,15 +846,45 @@ static void refused_timer_row(void) {
          "order, on the next consumer\n");
 }
 
-int main(void) {
+T_SCENARIO(refused_key_row_keeps_key_messages_uncommitted_in_order, T_BOTH,
+           120) {
   refused_key_row();
+  return 0;
+}
+
+T_SCENARIO(refused_timer_row_keeps_key_timers_in_store_in_order, T_BOTH, 120) {
   refused_timer_row();
+  return 0;
+}
+
+T_SCENARIO(unscheduled_deferred_timer_leaves_defer_queue, T_BOTH, 120) {
   unscheduled_timer();
+  return 0;
+}
+
+T_SCENARIO(timer_unscheduling_itself_in_retry_leaves_defer_queue, T_BOTH, 120) {
   self_unscheduled_timer();
+  return 0;
+}
+
+T_SCENARIO(failing_key_deferred_partition_moves_key_in_order_across_restart,
+           T_BOTH, 180) {
   failing_key();
+  return 0;
+}
+
+T_SCENARIO(failing_timer_defers_key_timers_others_fire, T_BOTH, 120) {
   failing_timer();
+  return 0;
+}
+
+/* The mock cluster cannot delete records from a partition. */
+T_SCENARIO(deferred_messages_gone_from_partition_skipped, T_REAL, 120) {
   gone_offset();
+  return 0;
+}
+
+T_SCENARIO(failure_storm_retries_in_place_then_defers_again, T_BOTH, 120) {
   failure_storm();
-  printf("ok: deferral keeps the partition moving and the key in order\n");
   return 0;
 }

@@ -38,22 +38,12 @@ static prosody_result_t handle(prosody_context_t *ctx,
   return PROSODY_SUCCESS;
 }
 
-static int processed(void) {
-  int d;
-  pthread_mutex_lock(&lock);
-  d = distinct;
-  pthread_mutex_unlock(&lock);
-  return d;
-}
-
 static void wait_processed(int want, double seconds) {
-  double deadline = t_now() + seconds;
-  while (processed() < want && t_now() < deadline)
-    usleep(10000);
-  CHECK(processed() >= want, "processed %d of %d", processed(), want);
+  int n = t_wait_locked(&lock, &distinct, want, seconds);
+  CHECK(n >= want, "processed %d of %d", n, want);
 }
 
-int main(void) {
+T_SCENARIO(survives_broker_outage_and_request_errors, T_MOCK, 120) {
   char err[1024], topic[128], group[160];
   prosody_config_t *conf;
   prosody_client_t *c;

@@ -165,11 +165,11 @@ static void raw_produce(const char *topic, const char *key, size_t klen,
   rd_kafka_destroy(rk);
 }
 
-int main(void) {
-  char t1[128], t2[128], t3[128], t4[128], g[160];
+/* max_concurrency = 3 over many keys. */
+T_SCENARIO(at_most_max_concurrency_handlers_run_at_once, T_BOTH, 90) {
+  char t1[128], g[160];
   prosody_client_t *c;
 
-  /* max_concurrency = 3 over many keys. */
   snprintf(t1, sizeof(t1), "%s", t_topic("flow-limit"));
   t_create_topic(t1, 4);
   t_produce(t1, 0, 300, 100);
@@ -185,8 +185,14 @@ int main(void) {
           "at most 3 handlers should run at once, and 3 should: saw %d",
           atomic_load(&max_running));
   }
+  return 0;
+}
 
-  /* Backpressure: a tiny max_uncommitted still drains everything. */
+/* Backpressure: a tiny max_uncommitted still drains everything. */
+T_SCENARIO(backpressure_at_max_uncommitted_still_drains_all, T_BOTH, 90) {
+  char t2[128], g[160];
+  prosody_client_t *c;
+
   snprintf(t2, sizeof(t2), "%s", t_topic("flow-backpressure"));
   t_create_topic(t2, 2);
   t_produce(t2, 0, 400, 40);
@@ -200,8 +206,14 @@ int main(void) {
           atomic_load(&done_limit));
     stop(c);
   }
+  return 0;
+}
 
-  /* Async handler completed from a host thread. */
+/* Async handler completed from a host thread. */
+T_SCENARIO(async_handler_completed_from_host_thread, T_BOTH, 90) {
+  char t3[128], g[160];
+  prosody_client_t *c;
+
   snprintf(t3, sizeof(t3), "%s", t_topic("flow-async"));
   t_create_topic(t3, 2);
   t_produce(t3, 0, 500, 50);
@@ -221,8 +233,14 @@ int main(void) {
     CHECK(atomic_load(&async_on_engine) == 0,
           "an async callback ran on the host thread");
   }
+  return 0;
+}
 
-  /* Out-of-order completion with a blocked key. */
+/* Out-of-order completion with a blocked key. */
+T_SCENARIO(blocked_key_holds_neither_others_nor_commit_past_it, T_BOTH, 90) {
+  char t4[128], g[160];
+  prosody_client_t *c;
+
   snprintf(t4, sizeof(t4), "%s", t_topic("flow-blocked"));
   t_create_topic(t4, 1);
   t_produce(t4, 0, 200, 10);
@@ -248,13 +266,17 @@ int main(void) {
           (long long)end[0]);
     stop(c);
   }
+  return 0;
+}
 
-  /* A rebalance gets through while every handler is stuck and every
-   * partition is stopped at max_uncommitted: the consumer queue, which
-   * carries the rebalance, is served whatever the backpressure, so a
-   * joining member gets its share (the stuck handlers are cancelled by the
-   * revoke's drain and their records redelivered); then everything is
-   * processed and committed. */
+/* A rebalance gets through while every handler is stuck and every
+ * partition is stopped at max_uncommitted: the consumer queue, which
+ * carries the rebalance, is served whatever the backpressure, so a
+ * joining member gets its share (the stuck handlers are cancelled by the
+ * revoke's drain and their records redelivered); then everything is
+ * processed and committed. */
+T_SCENARIO(member_joins_while_stuck_at_max_uncommitted, T_BOTH, 120) {
+  prosody_client_t *c;
   {
     char t6[128], g6[160];
     const char *o[] = {"max_uncommitted",
@@ -317,8 +339,12 @@ int main(void) {
     stop(c2);
     stop(c);
   }
+  return 0;
+}
 
-  /* Filters and undecodable records. */
+/* Filters and undecodable records. */
+T_SCENARIO(filtered_and_undecodable_records_committed_past, T_BOTH, 90) {
+  prosody_client_t *c;
   {
     char t5[128], g5[160];
     prosody_handler_t h = {filtered, NULL, NULL, 0};

@@ -1,6 +1,6 @@
 /*
- * test_consume_modes.c - failure handling per mode, four consumers running
- * side by side:
+ * test_consume_modes.c - failure handling per mode, one consumer per
+ * scenario:
  *  - pipeline, transient: retried until success (here: 4th attempt);
  *  - pipeline, permanent: never retried, committed past;
  *  - low-latency: max_retries, then the record goes to failure_topic with
@@ -103,73 +103,68 @@ static void finish(scenario_t *s, int want_settled) {
   prosody_client_destroy(s->client);
 }
 
-/* Counts permanent/transient failures that settle (no more retries). */
-static void *watch_settled(void *arg) { return arg; }
+/* Waits until every record seq with seq % every == 0 ran at least
+ * `attempts` times (a failing record settles without a success), then
+ * counts them as settled. */
+static void failures_settle(scenario_t *s, int every, int attempts) {
+  double deadline = t_now() + 60;
+  int want = (N + every - 1) / every, n = 0;
+  while (t_now() < deadline) {
+    n = 0;
+    for (int i = 0; i < N; i += every)
+      n += atomic_load(&s->attempts[i]) >= attempts;
+    if (n == want)
+      break;
+    usleep(20000);
+  }
+  CHECK(n == want, "%s: %d of %d failing records reached their attempt limit",
+        s->name, n, want);
+  atomic_fetch_add(&s->settled, want);
+}
 
-int main(void) {
+T_SCENARIO(pipeline_retries_transient_failure_until_success, T_BOTH, 90) {
   static scenario_t retry = {
       .name = "modes-pipeline-transient", .mode = "pipeline", .fail_until = 3};
+  start(&retry, NULL);
+  finish(&retry, N);
+  for (int i = 0; i < N; i++)
+    CHECK(retry.attempts[i] == 4, "pipeline transient: record %d ran %d times",
+          i, retry.attempts[i]);
+  return 0;
+}
+
+T_SCENARIO(pipeline_skips_permanent_failure_without_retry, T_BOTH, 90) {
   static scenario_t perm = {.name = "modes-pipeline-permanent",
                             .mode = "pipeline",
                             .fail_every = 5,
                             .failure = PROSODY_PERMANENT};
+  start(&perm, NULL);
+  failures_settle(&perm, 5, 1);
+  finish(&perm, N);
+  for (int i = 0; i < N; i++)
+    CHECK(perm.attempts[i] == 1, "pipeline permanent: record %d ran %d times",
+          i, perm.attempts[i]);
+  return 0;
+}
+
+T_SCENARIO(low_latency_dead_letters_after_max_retries_with_headers, T_BOTH,
+           90) {
   static scenario_t low = {.name = "modes-low-latency",
                            .mode = "low-latency",
                            .fail_every = 4,
                            .failure = PROSODY_TRANSIENT};
-  static scenario_t best = {.name = "modes-best-effort",
-                            .mode = "best-effort",
-                            .fail_every = 3,
-                            .failure = PROSODY_TRANSIENT};
   char dlq[128];
   t_record_t *recs = calloc(N, sizeof(*recs));
-  int want_dlq = 0, got;
-  (void)watch_settled;
+  int want_dlq, got;
 
   snprintf(dlq, sizeof(dlq), "%s", t_topic("modes-dlq"));
   t_create_topic(dlq, 1);
-  start(&retry, NULL);
-  start(&perm, NULL);
   start(&low, dlq);
-  start(&best, NULL);
-
-  /* Failing records settle without a success: count them as settled once
-   * their attempts reached the mode's limit. */
-  {
-    double deadline = t_now() + 60;
-    int ok = 0;
-    while (!ok && t_now() < deadline) {
-      int p = 0, l = 0, b = 0;
-      for (int i = 0; i < N; i += 5)
-        p += atomic_load(&perm.attempts[i]) >= 1;
-      for (int i = 0; i < N; i += 4)
-        l += atomic_load(&low.attempts[i]) >= 3;
-      for (int i = 0; i < N; i += 3)
-        b += atomic_load(&best.attempts[i]) >= 1;
-      ok = p == (N + 4) / 5 && l == (N + 3) / 4 && b == (N + 2) / 3;
-      if (!ok)
-        usleep(20000);
-    }
-    CHECK(ok, "failing records did not all reach their attempt limit");
-    atomic_fetch_add(&perm.settled, (N + 4) / 5);
-    atomic_fetch_add(&low.settled, (N + 3) / 4);
-    atomic_fetch_add(&best.settled, (N + 2) / 3);
-  }
-  finish(&retry, N);
-  finish(&perm, N);
+  failures_settle(&low, 4, 3);
   finish(&low, N);
-  finish(&best, N);
-
-  for (int i = 0; i < N; i++) {
-    CHECK(retry.attempts[i] == 4, "pipeline transient: record %d ran %d times",
-          i, retry.attempts[i]);
-    CHECK(perm.attempts[i] == 1, "pipeline permanent: record %d ran %d times",
-          i, perm.attempts[i]);
+  for (int i = 0; i < N; i++)
     CHECK(low.attempts[i] == (i % 4 == 0 ? 3 : 1),
           "low-latency: record %d ran %d times", i, low.attempts[i]);
-    CHECK(best.attempts[i] == 1, "best-effort: record %d ran %d times", i,
-          best.attempts[i]);
-  }
 
   /* The dead letters: exactly the failing records, with their headers. */
   want_dlq = (N + 3) / 4;
@@ -209,7 +204,19 @@ int main(void) {
   }
   t_records_free(recs, got);
   free(recs);
-  printf("ok: pipeline retries, permanent skips, low-latency dead letters, "
-         "best-effort skips\n");
+  return 0;
+}
+
+T_SCENARIO(best_effort_commits_past_failure_without_retry, T_BOTH, 90) {
+  static scenario_t best = {.name = "modes-best-effort",
+                            .mode = "best-effort",
+                            .fail_every = 3,
+                            .failure = PROSODY_TRANSIENT};
+  start(&best, NULL);
+  failures_settle(&best, 3, 1);
+  finish(&best, N);
+  for (int i = 0; i < N; i++)
+    CHECK(best.attempts[i] == 1, "best-effort: record %d ran %d times", i,
+          best.attempts[i]);
   return 0;
 }

@@ -2,7 +2,8 @@
  * test_consume_order.c - the core promise: every record is processed, in
  * order per key, concurrently across keys, with out-of-order completion
  * (random handler delays), and the committed offsets end at the end of
- * every partition. Also the consumer state and assignment readings.
+ * every partition, and the assignment readings; apart, the consumer state
+ * across subscribe and unsubscribe.
  */
 #include <pthread.h>
 
@@ -46,7 +47,7 @@ static prosody_result_t on_message(prosody_context_t *ctx,
   return PROSODY_SUCCESS;
 }
 
-int main(void) {
+T_SCENARIO(every_record_once_in_key_order_committed_to_end, T_BOTH, 120) {
   char err[1024], group[128];
   const char *topic = t_topic("consume-order");
   prosody_config_t *conf;
@@ -66,14 +67,7 @@ int main(void) {
   t_set(conf, "max_concurrency", "8");
   client = prosody_client_new(conf, err, sizeof(err));
   CHECK(client, "client: %s", err);
-  CHECK(!strcmp(prosody_consumer_state(client), "configured"), "state %s",
-        prosody_consumer_state(client));
   CHECK_OK(prosody_subscribe(client, &handler, err, sizeof(err)), err);
-  CHECK(!strcmp(prosody_consumer_state(client), "running"), "state %s",
-        prosody_consumer_state(client));
-  CHECK(prosody_subscribe(client, &handler, err, sizeof(err)) ==
-            PROSODY_ERR_STATE,
-        "second subscribe accepted");
 
   deadline = t_now() + 60;
   pthread_mutex_lock(&lock);
@@ -92,10 +86,6 @@ int main(void) {
   CHECK(!prosody_is_stalled(client), "reported stalled");
 
   CHECK_OK(prosody_unsubscribe(client), "unsubscribe");
-  CHECK(!strcmp(prosody_consumer_state(client), "configured"), "state %s",
-        prosody_consumer_state(client));
-  CHECK(prosody_unsubscribe(client) == PROSODY_ERR_STATE,
-        "second unsubscribe accepted");
   prosody_client_destroy(client);
 
   CHECK(violations == 0, "%d per-key order violations, first: %s", violations,
@@ -110,5 +100,37 @@ int main(void) {
   printf("ok: %d records in per-key order over %d partitions, committed to "
          "the end\n",
          N, np);
+  return 0;
+}
+
+/* The consumer's state across subscribe and unsubscribe; each refused a
+ * second time. */
+T_SCENARIO(state_follows_subscribe_and_unsubscribe_each_refused_twice, T_BOTH,
+           60) {
+  char err[1024], group[128];
+  const char *topic = t_topic("consume-state");
+  prosody_config_t *conf;
+  prosody_client_t *client;
+  prosody_handler_t handler = {on_message, NULL, NULL, 0};
+
+  snprintf(group, sizeof(group), "%s-group", topic);
+  t_create_topic(topic, 1);
+  conf = t_consumer_config(group, topic);
+  client = prosody_client_new(conf, err, sizeof(err));
+  CHECK(client, "client: %s", err);
+  CHECK(!strcmp(prosody_consumer_state(client), "configured"), "state %s",
+        prosody_consumer_state(client));
+  CHECK_OK(prosody_subscribe(client, &handler, err, sizeof(err)), err);
+  CHECK(!strcmp(prosody_consumer_state(client), "running"), "state %s",
+        prosody_consumer_state(client));
+  CHECK(prosody_subscribe(client, &handler, err, sizeof(err)) ==
+            PROSODY_ERR_STATE,
+        "second subscribe accepted");
+  CHECK_OK(prosody_unsubscribe(client), "unsubscribe");
+  CHECK(!strcmp(prosody_consumer_state(client), "configured"), "state %s",
+        prosody_consumer_state(client));
+  CHECK(prosody_unsubscribe(client) == PROSODY_ERR_STATE,
+        "second unsubscribe accepted");
+  prosody_client_destroy(client);
   return 0;
 }

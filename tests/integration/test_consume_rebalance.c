@@ -84,9 +84,8 @@ static int child_main(const char *bootstrap, const char *topic,
   t_set(conf, "commit_interval", "100ms");
   t_set(conf, "log", "error");
   if (t_real_bootstrap()) {
-    const char *nodes = getenv("PROSODY_TEST_CASSANDRA_NODES");
-    t_set(conf, "cassandra_nodes", nodes && *nodes ? nodes : "127.0.0.1:9042");
-    t_set(conf, "cassandra_keyspace", "prosody_test");
+    t_set(conf, "cassandra_nodes", t_cassandra_nodes());
+    t_set(conf, "cassandra_keyspace", T_KEYSPACE);
   } else {
     /* Joins the mock cluster by address (so mock is false): no Cassandra
      * here, and the mock's short session like A and B (a dead member with
@@ -145,23 +144,20 @@ static prosody_client_t *member(const char *topic, const char *group,
   return c;
 }
 
-static int processed(void) {
-  int d;
-  pthread_mutex_lock(&lock);
-  d = distinct;
-  pthread_mutex_unlock(&lock);
-  return d;
-}
-
 static void wait_processed(int want, double seconds) {
-  double deadline = t_now() + seconds;
-  while (processed() < want && t_now() < deadline)
-    usleep(10000);
-  CHECK(processed() >= want, "processed %d of %d", processed(), want);
+  int n = t_wait_locked(&lock, &distinct, want, seconds);
+  CHECK(n >= want, "processed %d of %d", n, want);
 }
 
-int main(int argc, char **argv) {
-  char topic[128], group[160], exe[512];
+/* `--child BOOTSTRAP TOPIC GROUP`: member C, killed mid-flight. */
+static int child(int argc, char **argv) {
+  CHECK(argc == 5, "usage: %s --child BOOTSTRAP TOPIC GROUP", argv[0]);
+  return child_main(argv[2], argv[3], argv[4]);
+}
+T_CHILD(child)
+
+T_SCENARIO(members_join_leave_and_die_without_key_skipping_ahead, T_BOTH, 300) {
+  char topic[128], group[160];
   prosody_client_t *a, *b;
   pid_t child;
   int pipefd[2];
@@ -169,9 +165,6 @@ int main(int argc, char **argv) {
                       ? (unsigned)atoi(getenv("PROSODY_TEST_SEED"))
                       : (unsigned)time(NULL) ^ (unsigned)getpid();
   int partitions, last[KEYS];
-
-  if (argc == 5 && !strcmp(argv[1], "--child"))
-    return child_main(argv[2], argv[3], argv[4]);
 
   snprintf(topic, sizeof(topic), "%s", t_topic("rebalance"));
   snprintf(group, sizeof(group), "%s-g", topic);
@@ -198,22 +191,10 @@ int main(int argc, char **argv) {
   prosody_client_destroy(a);
 
   /* C joins in a child process and is killed mid-flight. */
-  CHECK(pipe(pipefd) == 0, "pipe");
-  CHECK(readlink("/proc/self/exe", exe, sizeof(exe) - 1) > 0, "readlink");
-  exe[sizeof(exe) - 1] = '\0';
   {
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-    exe[n] = '\0';
+    const char *args[] = {t_bootstrap(), topic, group, NULL};
+    child = t_spawn_child(args, &pipefd[0]);
   }
-  child = fork();
-  CHECK(child >= 0, "fork");
-  if (child == 0) {
-    dup2(pipefd[1], STDOUT_FILENO);
-    close(pipefd[0]);
-    execl(exe, exe, "--child", t_bootstrap(), topic, group, (char *)NULL);
-    _exit(127);
-  }
-  close(pipefd[1]);
   /* Once C shares the partitions, the last third arrives; when C has
    * processed some of it, kill it. */
   read_child(pipefd[0], 0, 1, 120);

@@ -9,8 +9,8 @@
  *  - a probe_port already taken does not stop the consumer: subscribe
  *    succeeds, the state is "running", prosody_probe_port() is -1 and the
  *    failure is logged at ERROR (subsystem "probe").
- * Needs no broker (the first client points at a closed port, the second
- * uses the embedded mock).
+ * Mock tier only: the first client points at a closed port, the second
+ * uses the embedded mock.
  */
 #include <errno.h>
 
@@ -54,7 +54,7 @@ static prosody_result_t on_timer(prosody_context_t *ctx,
 }
 
 /* A failed start is reported, and a later successful one clears it. */
-static void failed_start(void) {
+T_SCENARIO(failed_start_logged_and_reported_until_a_start, T_MOCK, 30) {
   char err[1024], line[512];
   prosody_config_t *conf = prosody_config_new();
   prosody_client_t *c;
@@ -91,10 +91,11 @@ static void failed_start(void) {
   CHECK(!strcmp(prosody_consumer_state(c), "configured"),
         "state after unsubscribe: %s", prosody_consumer_state(c));
   prosody_client_destroy(c);
+  return 0;
 }
 
 /* A probe port in use: the consumer runs without its probe server. */
-static void probe_port_taken(void) {
+T_SCENARIO(taken_probe_port_leaves_the_consumer_running, T_MOCK, 60) {
   char err[1024], line[512], port_text[16];
   struct sockaddr_in a = {.sin_family = AF_INET,
                           .sin_addr.s_addr = htonl(INADDR_ANY)};
@@ -125,12 +126,5 @@ static void probe_port_taken(void) {
   CHECK_OK(prosody_unsubscribe(c), "unsubscribe");
   prosody_client_destroy(c);
   close(fd);
-}
-
-int main(void) {
-  failed_start();
-  printf("ok: a failed start is logged and reported as configuration-failed\n");
-  probe_port_taken();
-  printf("ok: a taken probe port leaves the consumer running\n");
   return 0;
 }

@@ -20,10 +20,7 @@
 
 static char ks[64];
 
-static const char *cassandra(void) {
-  const char *n = getenv("PROSODY_TEST_CASSANDRA_NODES");
-  return n && *n ? n : "127.0.0.1:9042";
-}
+static const char *cassandra(void) { return t_cassandra_nodes(); }
 
 static pr__cql_sync_t *session(const char *node) {
   char err[1024], *nodes[1] = {(char *)node};
@@ -428,7 +425,9 @@ static void test_locality(void) {
          "peers\n");
 }
 
-int main(void) {
+/* A session with keyspace `ks` (this process's own) created; drop it with
+ * keyspace_drop(). */
+static pr__cql_sync_t *keyspace_new(void) {
   pr__cql_sync_t *y;
   char q[256];
   CHECK(t_real_bootstrap(), "needs the real tier (Cassandra)");
@@ -439,16 +438,58 @@ int main(void) {
            "'SimpleStrategy', 'replication_factor': 1}",
            ks);
   run_ok(y, q, NULL, 0, 0);
-  test_types_batches_paging(y);
-  test_batches(y);
-  test_unprepared(y);
-  test_errors(y);
+  return y;
+}
+
+static void keyspace_drop(pr__cql_sync_t *y) {
+  char q[256];
   snprintf(q, sizeof(q), "DROP KEYSPACE %s", ks);
   run_ok(y, q, NULL, 0, 0);
   pr__cql_sync_free(y);
+}
+
+T_SCENARIO(prepared_statements_round_trip_every_type_and_page, T_REAL, 90) {
+  pr__cql_sync_t *y = keyspace_new();
+  test_types_batches_paging(y);
+  keyspace_drop(y);
+  return 0;
+}
+
+T_SCENARIO(logged_and_unlogged_batches_apply, T_REAL, 90) {
+  pr__cql_sync_t *y = keyspace_new();
+  test_batches(y);
+  keyspace_drop(y);
+  return 0;
+}
+
+T_SCENARIO(forgotten_statement_prepared_again, T_REAL, 90) {
+  pr__cql_sync_t *y = keyspace_new();
+  test_unprepared(y);
+  keyspace_drop(y);
+  return 0;
+}
+
+T_SCENARIO(server_errors_classified_with_message, T_REAL, 90) {
+  pr__cql_sync_t *y = keyspace_new();
+  test_errors(y);
+  keyspace_drop(y);
+  return 0;
+}
+
+T_SCENARIO(cut_connection_reestablished_and_resumed, T_REAL, 90) {
+  CHECK(t_real_bootstrap(), "needs the real tier (Cassandra)");
   test_reconnect();
+  return 0;
+}
+
+T_SCENARIO(session_learns_node_datacenter_and_rack, T_REAL, 90) {
+  CHECK(t_real_bootstrap(), "needs the real tier (Cassandra)");
   test_locality();
+  return 0;
+}
+
+T_SCENARIO(concurrent_migrations_apply_each_file_once, T_REAL, 120) {
+  CHECK(t_real_bootstrap(), "needs the real tier (Cassandra)");
   test_migrations();
-  printf("ok: cql\n");
   return 0;
 }

@@ -60,7 +60,7 @@ static int until_ok(pr__cql_sync_t *y, const char *what) {
   return failures;
 }
 
-int main(void) {
+T_SCENARIO(session_survives_node_restart_and_names_auth_failures, T_REAL, 600) {
   char err[1024];
   pr__cql_sync_t *y, *bad;
   prosody_err_t e;
@@ -69,7 +69,7 @@ int main(void) {
 
   if (getenv("PROSODY_TEST_CASSANDRA") && *getenv("PROSODY_TEST_CASSANDRA")) {
     printf("skipped: Cassandra is external (PROSODY_TEST_CASSANDRA)\n");
-    return 77;
+    return T_SKIP;
   }
   CHECK(t_real_bootstrap(), "needs the real tier (Cassandra)");
 

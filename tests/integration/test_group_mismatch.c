@@ -49,7 +49,7 @@ static prosody_client_t *member(const char *topic, const char *group,
   return c;
 }
 
-int main(void) {
+T_SCENARIO(mismatched_strategy_refused_first_member_undisturbed, T_REAL, 120) {
   char topic[128], group[160], line[2048];
   prosody_client_t *a, *b;
   double t0;

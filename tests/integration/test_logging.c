@@ -68,7 +68,7 @@ static prosody_client_t *client(const char *topic, const char *group,
   return c;
 }
 
-int main(void) {
+T_SCENARIO(each_client_logs_through_own_callback_at_own_level, T_MOCK, 60) {
   char err[1024], t1[128], t2[128], g1[160], g2[160];
   prosody_client_t *v, *q;
   prosody_handler_t h = {on_message, NULL, NULL, 0};

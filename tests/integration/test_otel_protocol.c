@@ -93,7 +93,7 @@ static void check_value(const char *value, const char *want, int known,
   prosody_admin_destroy(a);
 }
 
-int main(void) {
+T_SCENARIO(every_protocol_value_builds_a_client_and_an_admin, T_MOCK, 120) {
   static const struct {
     const char *value, *want;
     int known;
@@ -114,8 +114,7 @@ int main(void) {
   };
   /* Port 1 on loopback: nothing listens, a request fails at once. */
   const char *closed = "http://127.0.0.1:1";
-  char err[1024], longv[3000];
-  prosody_config_t *conf;
+  char longv[3000];
 
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     check_value(cases[i].value, cases[i].want, cases[i].known, NULL);
@@ -125,8 +124,13 @@ int main(void) {
   longv[sizeof longv - 1] = 0;
   check_value(longv, "http/protobuf", 0, closed);
   printf("every value of OTEL_EXPORTER_OTLP_PROTOCOL builds a client\n");
+  return 0;
+}
 
-  /* In code, a bad value is the caller's mistake: refused. */
+/* In code, a bad value is the caller's mistake: refused. */
+T_SCENARIO(a_bad_protocol_set_in_code_is_refused, T_MOCK, 30) {
+  char err[1024];
+  prosody_config_t *conf;
   unsetenv("OTEL_EXPORTER_OTLP_PROTOCOL");
   conf = prosody_config_new();
   CHECK(prosody_config_set(conf, "otel_exporter_otlp_protocol", "bogus", err,
@@ -136,6 +140,5 @@ int main(void) {
             strstr(err, "http/json"),
         "error: %s", err);
   prosody_config_destroy(conf);
-  printf("test_otel_protocol: OK\n");
   return 0;
 }

@@ -22,7 +22,7 @@ static prosody_result_t handler(prosody_context_t *ctx,
   return PROSODY_SUCCESS;
 }
 
-int main(void) {
+T_SCENARIO(readiness_liveness_and_stall_reported, T_BOTH, 90) {
   char err[1024], topic[128], group[160], body[32768];
   prosody_config_t *conf;
   prosody_client_t *c;

@@ -40,7 +40,7 @@ static void send_range(prosody_client_t *client, const char *topic, int from,
   }
 }
 
-int main(void) {
+T_SCENARIO(fatal_error_replaces_handle_and_loses_nothing, T_BOTH, 90) {
   char err[1024];
   const char *topic = t_topic("producer-fatal");
   prosody_config_t *conf = t_config();

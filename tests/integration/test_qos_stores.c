@@ -90,7 +90,7 @@ static void fpoll(void *s) { pr__defer_poll(s); }
     await_ans(&a, fpoll, f);                                                   \
   } while (0)
 
-static const char *keyspace = "prosody_test";
+static const char *keyspace = T_KEYSPACE;
 
 static void test_dedup(const pr__cql_conf_t *conf) {
   char err[1024], scope[64];
@@ -157,23 +157,32 @@ static void test_defer(const pr__cql_conf_t *conf, pr__defer_kind_t kind) {
   pr__defer_free(f);
 }
 
-int main(void) {
-  char err[1024], *nodes[1];
-  const char *n = getenv("PROSODY_TEST_CASSANDRA_NODES");
+/* The store tests' CQL configuration, T_KEYSPACE's tables migrated. */
+static void store_conf(pr__cql_conf_t *conf, char **node) {
+  t_cql_conf(conf, node);
+  t_cql_migrate(conf);
+}
+
+T_SCENARIO(dedup_ids_seen_once_recorded_and_expire_with_ttl, T_REAL, 90) {
+  char *node;
   pr__cql_conf_t conf;
-  pr__cql_sync_t *y;
-  CHECK(t_real_bootstrap(), "needs the real tier (Cassandra)");
-  nodes[0] = (char *)(n && *n ? n : "127.0.0.1:9042");
-  memset(&conf, 0, sizeof(conf));
-  conf.nodes = nodes;
-  conf.nnodes = 1;
-  y = pr__cql_sync_new(&conf, err, sizeof(err));
-  CHECK(y, "%s", err);
-  CHECK_OK(pr__cql_migrate(y, keyspace, 60000, NULL, err, sizeof(err)), err);
-  pr__cql_sync_free(y);
+  store_conf(&conf, &node);
   test_dedup(&conf);
+  return 0;
+}
+
+T_SCENARIO(deferred_messages_fifo_per_key_and_segment, T_REAL, 90) {
+  char *node;
+  pr__cql_conf_t conf;
+  store_conf(&conf, &node);
   test_defer(&conf, PR_DEFER_MESSAGES);
+  return 0;
+}
+
+T_SCENARIO(deferred_timers_fifo_per_key_and_segment, T_REAL, 90) {
+  char *node;
+  pr__cql_conf_t conf;
+  store_conf(&conf, &node);
   test_defer(&conf, PR_DEFER_TIMERS);
-  printf("ok: dedup and deferral stores\n");
   return 0;
 }

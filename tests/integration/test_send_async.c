@@ -38,7 +38,7 @@ static void never_called(prosody_err_t err, const char *errstr,
   atomic_fetch_add(&total, 1000000);
 }
 
-int main(void) {
+T_SCENARIO(callback_once_per_record_off_caller_thread_with_offset, T_BOTH, 60) {
   char err[1024];
   const char *topic = t_topic("send-async");
   prosody_config_t *conf = t_config();

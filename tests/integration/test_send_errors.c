@@ -14,7 +14,7 @@ static void expect(prosody_err_t got, prosody_err_t want, const char *err,
         needle);
 }
 
-int main(void) {
+T_SCENARIO(bad_input_refused_with_named_error_and_nothing_sent, T_BOTH, 60) {
   char err[1024];
   const char *topic = t_topic("send-errors");
   prosody_config_t *conf = t_config();
@@ -81,8 +81,12 @@ int main(void) {
     CHECK(n == 1, "%d records on the topic, want 1", n);
     t_records_free(more, n);
   }
+  return 0;
+}
 
-  /* Handles: NULL is a no-op for destroy, an error for new. */
+/* Handles: NULL is a no-op for destroy, an error for new. */
+T_SCENARIO(null_handles_noop_on_destroy_refused_on_new, T_BOTH, 30) {
+  char err[1024];
   prosody_client_destroy(NULL);
   prosody_admin_destroy(NULL);
   CHECK(!prosody_client_new(NULL, err, sizeof(err)), "NULL conf accepted");

@@ -60,7 +60,7 @@ static int has(json_t *o, const char *k) {
   return json_object_get(o, k) != NULL;
 }
 
-int main(void) {
+T_SCENARIO(every_event_type_and_field_on_telemetry_topic, T_BOTH, 90) {
   char err[1024], topic[128], tm_topic[128], group[160], host[256] = "";
   prosody_config_t *conf;
   prosody_client_t *p, *c;

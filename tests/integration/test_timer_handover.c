@@ -21,12 +21,6 @@ static int fired_here[KEYS], fired_child[KEYS]; /* guarded by lock */
 static int64_t late_ms[KEYS];                   /* guarded by lock */
 static int scheduled_here;                      /* guarded by lock */
 
-static int64_t wall_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* Payload "<k> <time ms>": schedule a timer for key k at that time. */
 static prosody_result_t on_message(prosody_context_t *ctx,
                                    const prosody_message_t *msg, void *op) {
@@ -67,7 +61,7 @@ static prosody_result_t on_timer(prosody_context_t *ctx,
   }
   pthread_mutex_lock(&lock);
   fired_here[k]++;
-  late_ms[k] = wall_ms() - prosody_timer_time(t);
+  late_ms[k] = t_wall_ms() - prosody_timer_time(t);
   pthread_mutex_unlock(&lock);
   return PROSODY_SUCCESS;
 }
@@ -146,17 +140,24 @@ static void read_child(int fd, int want_sched, int want_fired, double secs) {
   }
 }
 
-int main(int argc, char **argv) {
-  char topic[128], group[160], exe[512];
+/* `--child TOPIC GROUP`: the member that schedules, then hands over. */
+static int child(int argc, char **argv) {
+  CHECK(argc == 4, "usage: %s --child TOPIC GROUP", argv[0]);
+  return child_main(argv[2], argv[3]);
+}
+T_CHILD(child)
+
+/* Handover: the child schedules every timer ~20 s out, then a member joins
+ * and takes partitions: each timer fires once, on time, wherever its
+ * partition went. */
+T_SCENARIO(timers_fire_once_after_partitions_move, T_REAL, 180) {
+  char topic[128], group[160];
   prosody_client_t *parent;
   pid_t child;
   int pipefd[2], here = 0;
   int64_t at;
   double t0;
-  ssize_t n;
 
-  if (argc == 4 && !strcmp(argv[1], "--child"))
-    return child_main(argv[2], argv[3]);
   CHECK(t_real_bootstrap(), "needs the real tier (Kafka and Cassandra)");
 
   snprintf(topic, sizeof(topic), "%s", t_topic("handover"));
@@ -164,28 +165,19 @@ int main(int argc, char **argv) {
   t_create_topic(topic, 6);
 
   /* Handover: the child schedules every timer ~20 s out. */
-  CHECK(pipe(pipefd) == 0, "pipe");
-  n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-  CHECK(n > 0, "readlink");
-  exe[n] = '\0';
-  child = fork();
-  CHECK(child >= 0, "fork");
-  if (child == 0) {
-    dup2(pipefd[1], STDOUT_FILENO);
-    close(pipefd[0]);
-    execl(exe, exe, "--child", topic, group, (char *)NULL);
-    _exit(127);
+  {
+    const char *args[] = {topic, group, NULL};
+    child = t_spawn_child(args, &pipefd[0]);
   }
-  close(pipefd[1]);
   t0 = t_now();
-  at = wall_ms() + 20000;
+  at = t_wall_ms() + 20000;
   produce_keys(topic, 0, KEYS, at);
   read_child(pipefd[0], KEYS, 0, 60);
   CHECK(child_scheduled == KEYS, "the child scheduled %d of %d timers",
         child_scheduled, KEYS);
-  CHECK(wall_ms() < at - 5000, "scheduling took too long to test a handover");
+  CHECK(t_wall_ms() < at - 5000, "scheduling took too long to test a handover");
   parent = member(topic, group, NULL); /* rebalance: partitions move here */
-  read_child(pipefd[0], KEYS, KEYS, (double)(at - wall_ms()) / 1000 + 30);
+  read_child(pipefd[0], KEYS, KEYS, (double)(at - t_wall_ms()) / 1000 + 30);
   kill(child, SIGTERM);
   waitpid(child, NULL, 0);
   close(pipefd[0]);
@@ -207,11 +199,22 @@ int main(int argc, char **argv) {
          KEYS, here, KEYS - here, t_now() - t0);
   CHECK_OK(prosody_unsubscribe(parent), "unsubscribe");
   prosody_client_destroy(parent);
+  return 0;
+}
 
-  /* Restart: schedule, stop before they are due, start again. */
-  memset(fired_here, 0, sizeof(fired_here));
+/* Restart: schedule, stop before they are due, start again. */
+T_SCENARIO(timers_fire_once_after_consumer_restart, T_REAL, 120) {
+  char topic[128], group[160];
+  prosody_client_t *parent;
+  int64_t at;
+  double t0;
+
+  CHECK(t_real_bootstrap(), "needs the real tier (Kafka and Cassandra)");
+  snprintf(topic, sizeof(topic), "%s", t_topic("restart"));
+  snprintf(group, sizeof(group), "%s-g", topic);
+  t_create_topic(topic, 6);
   t0 = t_now();
-  at = wall_ms() + 8000;
+  at = t_wall_ms() + 8000;
   produce_keys(topic, 0, KEYS, at);
   parent = member(topic, group, NULL);
   {
@@ -226,7 +229,7 @@ int main(int argc, char **argv) {
       usleep(20000); /* polling a counter the handlers raise */
     }
   }
-  CHECK(wall_ms() < at, "scheduling took too long to test a restart");
+  CHECK(t_wall_ms() < at, "scheduling took too long to test a restart");
   CHECK_OK(prosody_unsubscribe(parent), "unsubscribe");
   prosody_client_destroy(parent);
   pthread_mutex_lock(&lock);
@@ -235,7 +238,7 @@ int main(int argc, char **argv) {
   pthread_mutex_unlock(&lock);
   parent = member(topic, group, NULL);
   {
-    double deadline = t_now() + (double)(at - wall_ms()) / 1000 + 30;
+    double deadline = t_now() + (double)(at - t_wall_ms()) / 1000 + 30;
     int total = 0;
     while (total < KEYS && t_now() < deadline) {
       usleep(20000);

@@ -324,36 +324,56 @@ static void test_unreachable(void) {
         answered, failed);
 }
 
-int main(void) {
-  char err[1024], *nodes[1], group[64], topic2[64];
-  const char *n = getenv("PROSODY_TEST_CASSANDRA_NODES");
-  pr__cql_conf_t conf;
-  pr__cql_sync_t *y;
+/* A store of a group of this process's own over T_KEYSPACE (migrated),
+ * timers a day ahead; segs[0] and segs[1] two segments. */
+static pr__tstore_t *store_new(pr__cql_conf_t *conf, char **node,
+                               pr__tseg_t *segs) {
+  static char group[64];
+  char err[1024];
   pr__tstore_t *s;
-  pr__tseg_t segs[2];
-  CHECK(t_real_bootstrap(), "needs the real tier (Cassandra)");
-  nodes[0] = (char *)(n && *n ? n : "127.0.0.1:9042");
-  memset(&conf, 0, sizeof(conf));
-  conf.nodes = nodes;
-  conf.nnodes = 1;
-  y = pr__cql_sync_new(&conf, err, sizeof(err));
-  CHECK(y, "%s", err);
-  CHECK_OK(pr__cql_migrate(y, "prosody_test", 60000, NULL, err, sizeof(err)),
-           err);
-  pr__cql_sync_free(y);
+  t_cql_conf(conf, node);
+  t_cql_migrate(conf);
   base_s = (pr__wall_ms() / 1000 / SLAB_S + 1440) * SLAB_S;
   snprintf(group, sizeof(group), "tstore-%d", (int)getpid());
-  snprintf(topic2, sizeof(topic2), "other");
   segs[0] = (pr__tseg_t){"topic", 3};
-  segs[1] = (pr__tseg_t){topic2, 0};
-  s = pr__cqlstore_new(&conf, "prosody_test", group, SLAB_S, 3600, wake, NULL,
-                       err, sizeof(err));
+  segs[1] = (pr__tseg_t){"other", 0};
+  s = pr__cqlstore_new(conf, T_KEYSPACE, group, SLAB_S, 3600, wake, NULL, err,
+                       sizeof(err));
   CHECK(s, "%s", err);
+  return s;
+}
+
+T_SCENARIO(thousands_of_puts_acknowledged_and_read_back, T_REAL, 120) {
+  char *node;
+  pr__cql_conf_t conf;
+  pr__tseg_t segs[2];
+  pr__tstore_t *s = store_new(&conf, &node, segs);
   test_many(s, segs, 2);
+  s->ops->destroy(s);
+  return 0;
+}
+
+T_SCENARIO(put_and_delete_resolve_in_issue_order, T_REAL, 90) {
+  char *node;
+  pr__cql_conf_t conf;
+  pr__tseg_t segs[2];
+  pr__tstore_t *s = store_new(&conf, &node, segs);
   test_order(s, &segs[0]);
+  s->ops->destroy(s);
+  return 0;
+}
+
+T_SCENARIO(timer_trace_context_stored_and_loaded, T_REAL, 90) {
+  char *node;
+  pr__cql_conf_t conf;
+  pr__tseg_t segs[2];
+  pr__tstore_t *s = store_new(&conf, &node, segs);
   test_trace(s, &segs[0]);
   s->ops->destroy(s);
+  return 0;
+}
+
+T_SCENARIO(unreachable_node_answers_every_operation, T_REAL, 90) {
   test_unreachable();
-  printf("ok: timer store\n");
   return 0;
 }

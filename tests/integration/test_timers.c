@@ -12,8 +12,9 @@
  * context kept past its handler is refused; bad times are refused with the
  * time named.
  *
- * One consumer runs every scenario; each scenario has its own keys. A
- * record's payload is a JSON string "<op> <arg>".
+ * One consumer runs every scenario but the low-latency one (its own ctest
+ * entry); each has its own keys. A record's payload is a JSON string
+ * "<op> <arg>".
  */
 #include <pthread.h>
 
@@ -56,12 +57,6 @@ static char replace_log[512];
 static int burst_running, burst_peak;
 static int ll_attempts, ll_after_done;
 static char ll_after[128];
-
-static int64_t wall_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* Marks `key` busy; notes an overlap if it already was. */
 static void enter(const char *key) {
@@ -131,7 +126,7 @@ static prosody_result_t on_message(prosody_context_t *ctx,
   const char *key = prosody_message_key(msg);
   char verb[32], err[512];
   long long arg = 0;
-  int64_t now = wall_ms();
+  int64_t now = t_wall_ms();
   (void)op;
   CHECK(sscanf(prosody_message_payload(msg), "\"%31s %lld", verb, &arg) >= 1,
         "payload %s", prosody_message_payload(msg));
@@ -224,7 +219,7 @@ static prosody_result_t on_message(prosody_context_t *ctx,
 static prosody_result_t on_timer(prosody_context_t *ctx,
                                  const prosody_timer_t *timer, void *op) {
   const char *key = prosody_timer_key(timer);
-  int64_t t = prosody_timer_time(timer), now = wall_ms();
+  int64_t t = prosody_timer_time(timer), now = t_wall_ms();
   char err[512];
   prosody_result_t r = PROSODY_SUCCESS;
   (void)op;
@@ -339,19 +334,7 @@ static int burst_fired(void) {
 
 /* Waits (lock held) until `cond_expr` or the deadline. */
 #define WAIT_UNTIL(cond_expr, seconds)                                         \
-  do {                                                                         \
-    double d_ = t_now() + (seconds);                                           \
-    while (!(cond_expr) && t_now() < d_) {                                     \
-      struct timespec ts_;                                                     \
-      clock_gettime(CLOCK_REALTIME, &ts_);                                     \
-      ts_.tv_nsec += 50 * 1000000;                                             \
-      if (ts_.tv_nsec >= 1000000000) {                                         \
-        ts_.tv_sec++;                                                          \
-        ts_.tv_nsec -= 1000000000;                                             \
-      }                                                                        \
-      pthread_cond_timedwait(&cond, &lock, &ts_);                              \
-    }                                                                          \
-  } while (0)
+  T_WAIT_UNTIL(cond_expr, &cond, &lock, seconds)
 
 static void produce(const char *topic, const char *key, const char *verb,
                     long long arg) {
@@ -367,7 +350,10 @@ static void produce(const char *topic, const char *key, const char *verb,
   prosody_client_destroy(client);
 }
 
-int main(void) {
+/* One consumer runs the scenarios of the public API at once (each with keys
+ * of its own), sharing one group join. */
+T_SCENARIO(timers_fire_at_their_second_in_key_order_with_context_rules, T_BOTH,
+           120) {
   char err[1024], group[160], key[32], payload[64];
   const char *topic = t_topic("timers");
   prosody_config_t *conf;
@@ -391,8 +377,8 @@ int main(void) {
 
   /* All scenarios at once. Absolute targets leave room for the group
    * join (3 s on the mock cluster). */
-  abs_target = wall_ms() + 9000 + 250; /* a sub-second part: rounds */
-  same_target = (wall_ms() / 1000 + 9) * 1000;
+  abs_target = t_wall_ms() + 9000 + 250; /* a sub-second part: rounds */
+  same_target = (t_wall_ms() / 1000 + 9) * 1000;
   conf = t_config();
   t_set(conf, "source_system", "timer-test");
   prod = prosody_client_new(conf, err, sizeof(err));
@@ -445,7 +431,7 @@ int main(void) {
     prosody_context_t *kept = leaked;
     prosody_err_t e;
     pthread_mutex_unlock(&lock);
-    e = prosody_schedule(kept, wall_ms() + 60000, err, sizeof(err));
+    e = prosody_schedule(kept, t_wall_ms() + 60000, err, sizeof(err));
     CHECK(e == PROSODY_ERR_STATE && strstr(err, "stale"),
           "schedule on a kept context: %s: %s", prosody_err_name(e), err);
     CHECK(prosody_complete(kept, PROSODY_SUCCESS, NULL) == PROSODY_ERR_STATE,
@@ -524,10 +510,19 @@ int main(void) {
   CHECK(fired_of("h", f, 8) == 3, "h fired %d times", fired_of("h", f, 8));
   CHECK(fired_of("replace", f, 8) == 2, "replace fired again");
   pthread_mutex_unlock(&lock);
+  return 0;
+}
 
-  /* Low-latency: a timer failing past max_retries (2) is dropped; the
-   * failure topic gets only the key's next record, which fails on purpose
-   * and runs only after the timer's event ended. */
+/* Low-latency: a timer failing past max_retries (2) is dropped; the
+ * failure topic gets only the key's next record, which fails on purpose
+ * and runs only after the timer's event ended. */
+T_SCENARIO(low_latency_timer_dropped_past_max_retries_not_dead_lettered, T_BOTH,
+           90) {
+  char err[1024], group[160];
+  prosody_config_t *conf;
+  prosody_client_t *client;
+  prosody_handler_t handler = {on_message, on_timer, NULL, 0};
+  int n;
   {
     char ll_topic[128], dlq[128];
     t_record_t recs[4];

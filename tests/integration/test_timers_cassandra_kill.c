@@ -55,12 +55,6 @@ static int64_t last_handling_ms; /* wall clock */
 /* Set while this test has Cassandra down: restored on any exit. */
 static volatile int cassandra_down;
 
-static int64_t wall_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static int service(const char *verb) {
   char cmd[1024];
   snprintf(cmd, sizeof(cmd), "%s%s %s >&2", root, SERVICE, verb);
@@ -85,7 +79,7 @@ static prosody_result_t on_message(prosody_context_t *ctx,
           3 ||
       k < 0 || k >= KEYS)
     return PROSODY_PERMANENT;
-  at = what == 's' ? (wall_ms() + ms + 999) / 1000 * 1000 : ms;
+  at = what == 's' ? (t_wall_ms() + ms + 999) / 1000 * 1000 : ms;
   if (prosody_schedule(ctx, at, err, sizeof(err))) {
     prosody_context_set_error(ctx, err);
     return PROSODY_TRANSIENT;
@@ -103,7 +97,7 @@ static prosody_result_t on_message(prosody_context_t *ctx,
 static prosody_result_t on_timer(prosody_context_t *ctx,
                                  const prosody_timer_t *t, void *op) {
   int k = atoi(prosody_timer_key(t) + 1); /* "k<n>" */
-  int64_t time = prosody_timer_time(t), now = wall_ms();
+  int64_t time = prosody_timer_time(t), now = t_wall_ms();
   (void)ctx;
   (void)op;
   pthread_mutex_lock(&lock);
@@ -132,7 +126,7 @@ static int64_t wait_quiet(double seconds) {
   int64_t ago;
   for (;;) {
     pthread_mutex_lock(&lock);
-    ago = wall_ms() - last_handling_ms;
+    ago = t_wall_ms() - last_handling_ms;
     pthread_mutex_unlock(&lock);
     if (ago >= QUIET_MS || t_now() >= deadline)
       return ago;
@@ -208,11 +202,9 @@ static int stored_timers(pr__cql_sync_t *y, const char *group,
   return n;
 }
 
-int main(void) {
+T_SCENARIO(timers_survive_cassandra_sigkill_none_lost_none_twice, T_REAL, 600) {
   char topic[128], group[160], err[1024];
-  const char *nodes_env = getenv("PROSODY_TEST_CASSANDRA_NODES");
-  char *nodes[1] = {
-      (char *)(nodes_env && *nodes_env ? nodes_env : "127.0.0.1:9042")};
+  char *nodes[1] = {(char *)t_cassandra_nodes()};
   pr__cql_conf_t cql = {
       .nodes = nodes, .nnodes = 1, .request_timeout_ms = 5000};
   pr__cql_sync_t *y;
@@ -224,7 +216,7 @@ int main(void) {
 
   if (getenv("PROSODY_TEST_CASSANDRA") && *getenv("PROSODY_TEST_CASSANDRA")) {
     printf("skipped: Cassandra is external (PROSODY_TEST_CASSANDRA)\n");
-    return 77;
+    return T_SKIP;
   }
   CHECK(t_real_bootstrap(), "needs the real tier (Kafka and Cassandra)");
   atexit(restore_cassandra);
@@ -234,7 +226,7 @@ int main(void) {
   t_create_topic(topic, PARTITIONS);
 
   /* Timers due from 12 s on, one every SPACING_MS. */
-  base = wall_ms() + 12000;
+  base = t_wall_ms() + 12000;
   for (int k = 0; k < KEYS; k++)
     keys[k].time_ms = (base + k * SPACING_MS + 500) / 1000 * 1000;
   slab_from = keys[0].time_ms / 1000 / SLAB_S;
@@ -242,7 +234,7 @@ int main(void) {
   produce(topic, 't', base, SPACING_MS);
   CHECK(t_wait_locked(&lock, &scheduled, KEYS, 60) == KEYS,
         "%d of %d timers scheduled", t_locked_int(&lock, &scheduled), KEYS);
-  CHECK(wall_ms() < keys[0].time_ms,
+  CHECK(t_wall_ms() < keys[0].time_ms,
         "scheduling took too long: timers were due before it ended");
 
   /* SIGKILL once a quarter were handled, QUIET_MS after the last handling
@@ -255,7 +247,7 @@ int main(void) {
   CHECK(quiet_ms >= QUIET_MS, "timers kept firing: no %d ms without one",
         QUIET_MS);
   t_kill = t_now();
-  kill_ms = wall_ms();
+  kill_ms = t_wall_ms();
   cassandra_down = 1;
   CHECK(service("kill") == 0, "cassandra kill failed");
   at_kill = t_locked_int(&lock, &handled_keys);
@@ -263,12 +255,12 @@ int main(void) {
   CHECK(service("start") == 0, "cassandra start failed");
   cassandra_down = 0;
   t_up = t_now();
-  up_ms = wall_ms();
+  up_ms = t_wall_ms();
   at_up = t_locked_int(&lock, &handled_keys);
 
   /* None lost, none handled again. */
   t_wait_locked(&lock, &handled_keys, KEYS,
-                (double)(keys[KEYS - 1].time_ms - wall_ms()) / 1000 + 60);
+                (double)(keys[KEYS - 1].time_ms - t_wall_ms()) / 1000 + 60);
   t_all = t_now();
   pthread_mutex_lock(&lock);
   for (int k = 0; k < KEYS; k++) {

@@ -184,7 +184,7 @@ static prosody_client_t *sender(const char *service, const char *source) {
   return c;
 }
 
-int main(void) {
+T_SCENARIO(trace_follows_send_consume_schedule_timer_in_jaeger, T_REAL, 180) {
   char err[1024], service[96], group[96], v[256];
   char t_first[33], s_first[17], t_second[33], s_second[17], t_timer[33],
       s_timer[17];

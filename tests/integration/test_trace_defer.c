@@ -50,7 +50,7 @@ static prosody_result_t on_timer(prosody_context_t *ctx,
   return run == 0 ? PROSODY_TRANSIENT : PROSODY_SUCCESS;
 }
 
-int main(void) {
+T_SCENARIO(deferred_timer_retry_keeps_scheduling_trace, T_BOTH, 60) {
   char err[1024], group[64], root_tp[64], t0[33];
   const char *topic = t_topic("trace-defer");
   prosody_trace_t root = {.traceparent = root_tp};

@@ -242,6 +242,7 @@ static fixture_t *fixture(const char *mode, const char *max_retries) {
                    PROSODY_OK);
   f->eng.st = &f->st;
   f->eng.mode = PR_CFG_ENUM(&f->st, MODE);
+  f->eng.layers = pr__mode_layers(f->eng.mode);
   f->eng.group_id = "g";
   f->eng.phase = PH_RUNNING;
   f->eng.seed = 42;
@@ -262,7 +263,7 @@ static void fixture_free(fixture_t *f) {
 static pr__verdict_t decide(fixture_t *f, prosody_result_t r, int attempt) {
   f->inv.result = r;
   f->inv.attempt = attempt;
-  return pr__outcome_decide(&f->inv);
+  return pr__layers_decide(&f->inv, NULL);
 }
 
 static void test_outcome_pipeline(void **state) {
@@ -373,19 +374,19 @@ static void test_defer_gate(void **state) {
    * deferred event loaded again is always deferred again */
   f->inv.result = PROSODY_TRANSIENT;
   f->inv.attempt = 1;
-  assert_int_equal(pr__outcome_decide(&f->inv), V_RETRY); /* closed now */
+  assert_int_equal(pr__layers_decide(&f->inv, NULL), V_RETRY); /* closed now */
   f->inv.df_loaded = 1;
-  assert_int_equal(pr__outcome_decide(&f->inv), V_DEFER);
+  assert_int_equal(pr__layers_decide(&f->inv, NULL), V_DEFER);
   f->inv.df_loaded = 0;
   for (int i = 0; i < 20; i++)
     pr__df_count(&f->eng, PROSODY_SUCCESS, t + INT64_C(121000000000));
   f->eng.df_bucket_ns = 1000000000;
-  assert_int_equal(pr__outcome_decide(&f->inv), V_DEFER);
+  assert_int_equal(pr__layers_decide(&f->inv, NULL), V_DEFER);
   f->inv.result = PROSODY_PERMANENT;
-  assert_int_equal(pr__outcome_decide(&f->inv), V_COMMIT);
+  assert_int_equal(pr__layers_decide(&f->inv, NULL), V_COMMIT);
   f->inv.is_timer = 1; /* timers: only with a timer defer store */
   f->inv.result = PROSODY_TRANSIENT;
-  assert_int_equal(pr__outcome_decide(&f->inv), V_RETRY);
+  assert_int_equal(pr__layers_decide(&f->inv, NULL), V_RETRY);
   pr__defer_free(f->eng.df_store[0]);
   fixture_free(f);
 }

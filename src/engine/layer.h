@@ -1,0 +1,99 @@
+/*
+ * layer.h - the quality-of-service layers' one interface (private to
+ * src/engine/).
+ *
+ * A mode is a table of layers (mode.c), from the handler outwards. Each
+ * layer owns its state and implements the hooks it needs; the engine runs
+ * a hook over the mode's table, in table order, at one place each:
+ *
+ *   open      before the consumer starts (the subscribing thread)
+ *   intake    a message was taken into its key's queue (after the layers
+ *             that hold a key's messages elsewhere: defer's join)
+ *   admit     at the head of its key, before it starts: run it, skip it
+ *             (committed past), make it wait (the layer schedules it
+ *             again), or the layer took it (refused, retried later)
+ *   ran       an attempt completed (engine thread, before decide)
+ *   decide    on the way out: pass (V_NEXT) or decide the attempt's fate;
+ *             a layer that decides V_DEFER carries it out in `take`
+ *   done      the event is committed past after its handler ran
+ *   on_assign a partition was assigned (after its timers were loaded)
+ *   on_tick   every poll_interval
+ *   close     at shutdown (`final` 0) and when the engine is freed (1)
+ *
+ * Hooks left NULL are skipped. A layer that its settings turn off stays in
+ * the table and passes (its hooks check its own state). Which layers
+ * exist: success, terminal and the result layers of each mode (mode.c),
+ * dedup (dedup.c), monopolization (monopoly.c) and defer (defer.c).
+ *
+ * Threads: every hook runs on the engine thread (open: on the thread that
+ * owns the engine before it starts).
+ */
+#ifndef PR_ENGINE_LAYER_H
+#define PR_ENGINE_LAYER_H
+
+#include <stddef.h>
+
+#include "engine.h"
+#include "prosody.h"
+
+typedef struct part part_t;
+typedef struct inv inv_t;
+
+/* What the mode's layers decide about a finished attempt. */
+typedef enum pr__verdict {
+  V_NEXT,   /* no decision: the next layer out decides */
+  V_COMMIT, /* done: complete the offset */
+  V_ABORT,  /* done without commit: redelivered later */
+  V_RETRY,  /* run the handler again after a backoff */
+  V_DEAD,   /* send to failure_topic, commit once written */
+  V_DEFER   /* the deciding layer takes it (defer.c: commit once its
+               offset is stored) */
+} pr__verdict_t;
+
+/* What admission says about an event at the head of its key. */
+enum pr__admit {
+  PR_ADMIT_RUN,  /* start it */
+  PR_ADMIT_SKIP, /* commit past it without running it (a duplicate) */
+  PR_ADMIT_WAIT, /* not yet: the layer schedules it again */
+  PR_ADMIT_TAKEN /* the layer refused it and owns what happens next */
+};
+
+typedef struct pr__layer {
+  const char *name;
+  prosody_err_t (*open)(pr__engine_t *eng, const char *bootstrap,
+                        void (*wake)(void *), char *errstr, size_t errstr_size);
+  void (*intake)(inv_t *inv);
+  int (*admit)(inv_t *inv);
+  void (*ran)(inv_t *inv);
+  pr__verdict_t (*decide)(inv_t *inv);
+  void (*take)(inv_t *inv);
+  void (*done)(inv_t *inv);
+  void (*on_assign)(pr__engine_t *eng, part_t *part);
+  void (*on_tick)(pr__engine_t *eng);
+  void (*close)(pr__engine_t *eng, int final);
+} pr__layer_t;
+
+/* The layers (each defined by the file that owns its state). */
+extern const pr__layer_t pr__layer_dedup;    /* dedup.c */
+extern const pr__layer_t pr__layer_monopoly; /* monopoly.c */
+extern const pr__layer_t pr__layer_defer;    /* defer.c */
+
+/* --- mode.c: the modes' tables and running a hook over one ------------ */
+
+/* The table of `mode` (PR_MODE_*), NULL-terminated. */
+const pr__layer_t *const *pr__mode_layers(int mode);
+prosody_err_t pr__layers_open(pr__engine_t *eng, const char *bootstrap,
+                              void (*wake)(void *), char *errstr,
+                              size_t errstr_size);
+void pr__layers_intake(inv_t *inv);
+int pr__layers_admit(inv_t *inv);
+void pr__layers_ran(inv_t *inv);
+/* What the layers decide (V_COMMIT when none does); `*by` the layer that
+ * decided (may be NULL). Changes nothing but a layer's logs. */
+pr__verdict_t pr__layers_decide(inv_t *inv, const pr__layer_t **by);
+void pr__layers_done(inv_t *inv);
+void pr__layers_assign(pr__engine_t *eng, part_t *part);
+void pr__layers_tick(pr__engine_t *eng);
+void pr__layers_close(pr__engine_t *eng, int final);
+
+#endif /* PR_ENGINE_LAYER_H */
