@@ -21,6 +21,10 @@
 #                       joining and leaving, one failing key; SOAK_MINUTES
 #                       (30); summary in build-soak/soak-summary.md
 #   make install        install into PREFIX (default /usr/local)
+#   make dist           release tarball of libprosody and the CLI (dist/)
+#   make dist-python    the Python sdist and a manylinux wheel per CPython (dist/)
+#   make dist-node      the npm tarball, with a prebuilt addon (dist/)
+#   make test-dist      each artefact installed and run outside the checkout
 #   make docs           regenerate docs/CONFIGURATION.md from the option table
 #   make format         clang-format every C file
 
@@ -33,7 +37,7 @@ CTEST   = ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 PKGS := jansson libuv libmicrohttpd libcurl libxxhash cmocka libssl libsasl2 libzstd liblz4 zlib
 
 .PHONY: fuzz soak all deps configure demo test test-quick test-real test-cluster test-kafka4 test-sanitize \
-        bench install docs format format-check clean
+        bench install docs format format-check clean dist dist-python dist-node test-dist
 
 all: configure
 	cmake --build $(BUILD) -j $(JOBS)
@@ -96,6 +100,18 @@ bench: deps
 install: all
 	cmake --install $(BUILD) --prefix $(PREFIX)
 
+dist: deps
+	scripts/dist.sh c
+
+dist-python: deps
+	scripts/dist.sh python
+
+dist-node: deps
+	scripts/dist.sh node
+
+test-dist: dist dist-python dist-node
+	scripts/test-dist.sh
+
 docs: all
 	$(BUILD)/prosody config --markdown > docs/CONFIGURATION.md
 
@@ -106,4 +122,4 @@ format-check: deps
 	clang-format --dry-run --Werror $$(git ls-files '*.c' '*.h')
 
 clean:
-	rm -rf build build-asan build-tsan build-release build-soak
+	rm -rf build build-asan build-tsan build-release build-soak dist

@@ -30,6 +30,14 @@
  * as issue 14's targets measure it); result names then end in
  * "-telemetry-off".
  *
+ * BENCH_SECURITY=pair (with BENCH_BOOTSTRAP, the PLAINTEXT listener of
+ * scripts/services/kafka) runs prosody twice per repetition: over PLAINTEXT
+ * and over SASL_SSL with SCRAM-SHA-512 (BENCH_SASL_BOOTSTRAP, default
+ * localhost:9097; CA from BENCH_TLS_DIR, default
+ * /tmp/prosody-services/kafka/tls), in turn, on the same records; the line
+ * consume-sasl_ssl-real-DIST gives the SASL_SSL rate, ratio = SASL_SSL /
+ * PLAINTEXT (medians).
+ *
  * BENCH_MAX_CONCURRENCY / BENCH_MAX_UNCOMMITTED override those options and
  * BENCH_SKIP_RAW=1 skips the baseline, for profiling; `make bench` uses
  * neither.
@@ -94,6 +102,23 @@ static void zipf_init(void) {
 
 /* The real broker's address (BENCH_BOOTSTRAP), or NULL: the mock cluster. */
 static const char *real_bootstrap;
+/* BENCH_SECURITY=pair: the next prosody run goes over SASL_SSL. */
+static int over_sasl_ssl;
+
+/* Points `conf` at the SASL_SSL listener of scripts/services/kafka. */
+static void sasl_ssl_target(prosody_config_t *conf) {
+  const char *b = getenv("BENCH_SASL_BOOTSTRAP");
+  const char *dir = getenv("BENCH_TLS_DIR");
+  char ca[512];
+  snprintf(ca, sizeof(ca), "%s/ca.pem",
+           dir && *dir ? dir : "/tmp/prosody-services/kafka/tls");
+  bench_set(conf, "bootstrap_servers", b && *b ? b : "localhost:9097");
+  bench_set(conf, "kafka_security_protocol", "SASL_SSL");
+  bench_set(conf, "kafka_sasl_mechanism", "SCRAM-SHA-512");
+  bench_set(conf, "kafka_sasl_username", "scram-user");
+  bench_set(conf, "kafka_sasl_password", "scram-secret");
+  bench_set(conf, "kafka_ssl_ca_location", ca);
+}
 
 static void produce(const char *topic, long n) {
   unsigned seed = 42;
@@ -260,6 +285,8 @@ static double run_prosody(const char *topic, long n, int rep) {
     prosody_config_set(conf, "shutdown_timeout", "2s", err, sizeof(err));
   }
   bench_target(conf, real_bootstrap);
+  if (over_sasl_ssl)
+    sasl_ssl_target(conf);
   if (telemetry_off)
     prosody_config_set(conf, "telemetry_enabled", "false", err, sizeof(err));
   prosody_config_set(conf, "group_id", group, err, sizeof(err));
@@ -341,6 +368,31 @@ static double telemetry_floor_us(const char *bootstrap, long n) {
   return cpu0;
 }
 
+/* Runs prosody twice per repetition, with *flag 0 (into a) and 1 (into
+ * b), the order alternating; rates and CPU per record sorted (medians at
+ * reps / 2). CPU per record too: on a machine busy with other work the
+ * rates swing, the CPU each record costs much less. */
+static void run_pair(const char *topic, long n, int reps, int *flag,
+                     const char *a_name, double *a, double *a_cpu,
+                     const char *b_name, double *b, double *b_cpu) {
+  for (int r = 0; r < reps; r++) {
+    for (int i = 0; i < 2; i++) {
+      *flag = (r + i) % 2; /* the order alternates */
+      (*flag ? b : a)[r] = run_prosody(topic, n, 2 * r + i);
+      (*flag ? b_cpu : a_cpu)[r] = last_cpu_us;
+    }
+    *flag = 0;
+    fprintf(stderr,
+            "  run %d: %s %.0f msg/s (%.2f us CPU/record), %s %.0f msg/s "
+            "(%.2f us)\n",
+            r, a_name, a[r], a_cpu[r], b_name, b[r], b_cpu[r]);
+  }
+  qsort(a, (size_t)reps, sizeof(double), bench_cmp_double);
+  qsort(b, (size_t)reps, sizeof(double), bench_cmp_double);
+  qsort(a_cpu, (size_t)reps, sizeof(double), bench_cmp_double);
+  qsort(b_cpu, (size_t)reps, sizeof(double), bench_cmp_double);
+}
+
 int main(int argc, char **argv) {
   long n = argc > 1 ? atol(argv[1]) : 200000;
   int reps = argc > 2 ? atoi(argv[2]) : 3;
@@ -374,27 +426,9 @@ int main(int argc, char **argv) {
   if (poison_mode)
     healthy_want = healthy_records(bootstrap, topic);
   if (getenv("BENCH_TELEMETRY") && !strcmp(getenv("BENCH_TELEMETRY"), "pair")) {
-    /* CPU per record too: on a machine busy with other work the rates
-     * swing, the CPU each record costs much less. */
     double on[16], off[16], on_cpu[16], off_cpu[16], floor_us;
-    for (int r = 0; r < reps; r++) {
-      int first_off = r % 2; /* the order alternates */
-      telemetry_off = first_off;
-      (first_off ? off : on)[r] = run_prosody(topic, n, 2 * r);
-      (first_off ? off_cpu : on_cpu)[r] = last_cpu_us;
-      telemetry_off = !first_off;
-      (first_off ? on : off)[r] = run_prosody(topic, n, 2 * r + 1);
-      (first_off ? on_cpu : off_cpu)[r] = last_cpu_us;
-      telemetry_off = 0;
-      fprintf(stderr,
-              "  run %d: telemetry on %.0f msg/s (%.2f us CPU/record), off "
-              "%.0f msg/s (%.2f us)\n",
-              r, on[r], on_cpu[r], off[r], off_cpu[r]);
-    }
-    qsort(on, (size_t)reps, sizeof(double), bench_cmp_double);
-    qsort(off, (size_t)reps, sizeof(double), bench_cmp_double);
-    qsort(on_cpu, (size_t)reps, sizeof(double), bench_cmp_double);
-    qsort(off_cpu, (size_t)reps, sizeof(double), bench_cmp_double);
+    run_pair(topic, n, reps, &telemetry_off, "telemetry on", on, on_cpu, "off",
+             off, off_cpu);
     floor_us = telemetry_floor_us(bootstrap, 2 * n);
     printf("bench consume-telemetry-%s%s %.0f msg/s ratio=%.3f off=%.0f "
            "cpu=%.2fus/record off_cpu=%.2fus/record "
@@ -405,6 +439,19 @@ int main(int argc, char **argv) {
            off_cpu[reps / 2] / (off_cpu[reps / 2] + 2 * floor_us));
     if (real_bootstrap)
       bench_real_topic(real_bootstrap, topic, 0);
+    return 0;
+  }
+  if (real_bootstrap && getenv("BENCH_SECURITY") &&
+      !strcmp(getenv("BENCH_SECURITY"), "pair")) {
+    double tls[16], plain[16], tls_cpu[16], plain_cpu[16];
+    run_pair(topic, n, reps, &over_sasl_ssl, "PLAINTEXT", plain, plain_cpu,
+             "SASL_SSL", tls, tls_cpu);
+    printf("bench consume-sasl_ssl-real-%s %.0f msg/s ratio=%.3f "
+           "plaintext=%.0f cpu=%.2fus/record plaintext_cpu=%.2fus/record "
+           "(no-op handler, SASL_SSL SCRAM-SHA-512 against PLAINTEXT)\n",
+           dist, tls[reps / 2], tls[reps / 2] / plain[reps / 2],
+           plain[reps / 2], tls_cpu[reps / 2], plain_cpu[reps / 2]);
+    bench_real_topic(real_bootstrap, topic, 0);
     return 0;
   }
   if (getenv("BENCH_TELEMETRY") && !strcmp(getenv("BENCH_TELEMETRY"), "off")) {

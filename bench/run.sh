@@ -99,6 +99,14 @@ if python3 "$here/../scripts/services/kafka_check.py" --timeout 3 >/dev/null 2>&
   done
   echo "== consume floor against Apache Kafka: raw librdkafka plus prosody's per-record work inline, 1 000 000 records (uniform) =="
   BENCH_BOOTSTRAP=127.0.0.1:9094 "$build/bench/bench_floor" 1000000 3 | tee -a "$lines"
+  # Kafka security: the same consumer over SASL_SSL (SCRAM-SHA-512, the
+  # service's listener on localhost:9097) against PLAINTEXT, in turn.
+  if python3 -c 'import socket; socket.create_connection(("127.0.0.1", 9097), 2)' 2>/dev/null; then
+    echo "== consume throughput over SASL_SSL against PLAINTEXT, 1 000 000 records, Apache Kafka on localhost (uniform) =="
+    BENCH_SECURITY=pair BENCH_BOOTSTRAP=127.0.0.1:9094 "$build/bench/bench_consume" 1000000 3 uniform | tee -a "$lines"
+  else
+    echo "== SASL_SSL: skipped (nothing on localhost:9097; restart scripts/services/kafka) =="
+  fi
   echo "== memory behind one blocked key, 500 000 records behind it, against Apache Kafka (telemetry off) =="
   BENCH_TELEMETRY=off BENCH_BOOTSTRAP=127.0.0.1:9094 "$build/bench/bench_blocked" 500000 | tee -a "$lines"
   echo "== rebalance: a member joins a busy group, eager against cooperative, against Apache Kafka =="
@@ -138,6 +146,18 @@ if python3 "$here/../scripts/services/cql_check.py" --timeout 3 >/dev/null 2>&1;
   echo "== timers on the Cassandra store, scheduled with prosody_timer_async (same scenario) =="
   BENCH_TIMER_ASYNC=1 BENCH_CASSANDRA=127.0.0.1:9042 "$build/bench/bench_timers" 100000 10000 10 |
     sed 's/^bench timers_/bench timers_cassandra_async_/' | tee -a "$lines"
+  # The TLS cost of the store: the blocking scenario again with TLS to the
+  # same node (scripts/services/cassandra takes TLS on 9042 too; its CA is
+  # made at its start), against the plaintext row above.
+  cass_ca="${PROSODY_SERVICES_RUN:-/tmp/prosody-services}/cassandra/tls/ca.pem"
+  if [ -f "$cass_ca" ]; then
+    echo "== timers on the Cassandra store over TLS (same scenario as the blocking one) =="
+    PROSODY_CASSANDRA_SSL=true PROSODY_CASSANDRA_SSL_CA_LOCATION="$cass_ca" BENCH_CASSANDRA=localhost:9042 \
+      "$build/bench/bench_timers" 100000 10000 10 | sed 's/^bench timers_/bench timers_cassandra_tls_/' | tee -a "$lines"
+    p=$(awk '$2 == "timers_cassandra_scheduled" {print $3}' "$lines")
+    t=$(awk '$2 == "timers_cassandra_tls_scheduled" {print $3}' "$lines")
+    echo "bench timers_cassandra_tls_vs_plain $t timers/s ratio=$(awk -v t="$t" -v p="$p" 'BEGIN {printf "%.3f", t / p}') plain=$p" | tee -a "$lines"
+  fi
   for op in insert select; do
     o=$(echo "$ours" | awk -v k="${op}_ops_s" '$1 == k {print $2}')
     t=$(echo "$theirs" | awk -v k="${op}_ops_s" '$1 == k {print $2}')

@@ -36,7 +36,7 @@ extern "C" {
 /* ------------------------------------------------------------------------ */
 
 #define PROSODY_VERSION_MAJOR 0
-#define PROSODY_VERSION_MINOR 1
+#define PROSODY_VERSION_MINOR 2
 #define PROSODY_VERSION_PATCH 0
 /* 0xMMmmpp: comparable with < and >. */
 #define PROSODY_VERSION                                                        \

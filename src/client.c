@@ -278,7 +278,8 @@ PROSODY_EXPORT prosody_err_t prosody_subscribe(prosody_client_t *c,
       char perr[256];
       pr__probe_source_t src = {probe_assigned, probe_stalled, probe_metrics,
                                 c->engine};
-      c->probe = pr__probe_start((int)PR_CFG_INT(&c->st, PROBE_PORT), src, perr,
+      c->probe = pr__probe_start(PR_CFG_STR(&c->st, PROBE_HOST),
+                                 (int)PR_CFG_INT(&c->st, PROBE_PORT), src, perr,
                                  sizeof(perr));
       if (!c->probe)
         PR_ERROR("probe",

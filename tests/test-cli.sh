@@ -76,6 +76,26 @@ expect 2 'invalid --messages "1000001": expected a whole number from 1 to 100000
 expect 2 'prosody demo: --messages needs a value: a whole number from 1 to 1000000' "demo refuses a count flag without its value" -- "$cli" demo --messages
 expect 2 'prosody topic create: --partitions needs a value: an integer from 1 to' "topic create refuses a flag without its value" -- \
   "$cli" --set mock=true topic create cli-x --partitions
+# Secrets: never in `prosody config`, its note, or an error about them.
+secret_free() { # secret_free WHAT: no known secret in the last output
+  if grep -qE 'pw-S3cret|cs-S3cret|kp-S3cret|ks-S3cret' "$out"; then
+    echo "FAIL: $1 prints a secret:"; sed 's/^/  | /' "$out"; fails=$((fails + 1))
+  else echo "ok: $1 prints no secret"; fi
+}
+expect 0 "kafka_sasl_password          ****" "config masks the SASL password" -- \
+  env PROSODY_BOOTSTRAP_SERVERS=h:1 PROSODY_GROUP_ID=g PROSODY_KAFKA_SECURITY_PROTOCOL=SASL_SSL \
+  PROSODY_KAFKA_SASL_MECHANISM=OAUTHBEARER PROSODY_KAFKA_SASL_PASSWORD=pw-S3cret \
+  PROSODY_KAFKA_SASL_OAUTHBEARER_CLIENT_SECRET=cs-S3cret PROSODY_KAFKA_SSL_KEY_PASSWORD=kp-S3cret \
+  PROSODY_KAFKA_PROPERTIES=ssl.keystore.password=ks-S3cret "$cli" config
+also "kafka_properties             ssl.keystore.password=****" "config masks a secret kafka property"
+also "note: a client could not start" "the conflict is noted"
+secret_free "config with secrets and a conflict"
+expect 2 "invalid value \"****\" for option kafka_sasl_password" "a bad secret is not echoed" -- \
+  "$cli" --set kafka_sasl_password=$'pw-S3cret\xff' config
+secret_free "a bad secret value"
+expect 2 "property enable.auto.commit is refused" "kafka_properties refuses an owned property" -- \
+  "$cli" --set kafka_properties=ssl.keystore.password=ks-S3cret,enable.auto.commit=true config
+secret_free "a refused kafka_properties"
 expect 2 'prosody config: unexpected argument "extra"' "config --markdown refuses more arguments" -- "$cli" config --markdown extra
 expect 2 'prosody: --set expects NAME=VALUE, got nothing' "--set without its value" -- "$cli" --set
 expect 2 'invalid --keys "0"' "demo refuses zero keys" -- "$cli" demo --keys 0

@@ -40,6 +40,21 @@ export interface Configuration {
   failureTopic?: string | null;
   partitionAssignmentStrategy?: 'cooperative-sticky' | 'range' | 'roundrobin' | null;
   groupProtocol?: 'classic' | 'consumer' | null;
+  kafkaSecurityProtocol?: 'PLAINTEXT' | 'SSL' | 'SASL_PLAINTEXT' | 'SASL_SSL' | null;
+  kafkaSaslMechanism?: 'PLAIN' | 'SCRAM-SHA-256' | 'SCRAM-SHA-512' | 'OAUTHBEARER' | null;
+  kafkaSaslUsername?: string | null;
+  kafkaSaslPassword?: string | null;
+  kafkaSaslOauthbearerTokenEndpointUrl?: string | null;
+  kafkaSaslOauthbearerClientId?: string | null;
+  kafkaSaslOauthbearerClientSecret?: string | null;
+  kafkaSaslOauthbearerScope?: string | null;
+  kafkaSslCaLocation?: string | null;
+  kafkaSslCertificateLocation?: string | null;
+  kafkaSslKeyLocation?: string | null;
+  kafkaSslKeyPassword?: string | null;
+  kafkaSslEndpointIdentification?: boolean | null;
+  /** librdkafka `name=value` properties for every Kafka handle. */
+  kafkaProperties?: string | string[] | null;
   idempotenceCacheSize?: number | null;
   idempotenceVersion?: string | null;
   idempotenceTtlS?: number | string | null;
@@ -73,6 +88,10 @@ export interface Configuration {
   cassandraKeyspace?: string | null;
   cassandraUser?: string | null;
   cassandraPassword?: string | null;
+  cassandraSsl?: boolean | null;
+  cassandraSslCaLocation?: string | null;
+  cassandraSslCertificateLocation?: string | null;
+  cassandraSslKeyLocation?: string | null;
   cassandraDatacenter?: string | null;
   cassandraRack?: string | null;
   cassandraRetentionSeconds?: number | string | null;

@@ -210,7 +210,10 @@ function optionText(jsName, name, unit, value) {
   const info = OPTION_TABLE[name];
   const got = () => {
     if (Array.isArray(value)) return 'array';
-    if (typeof value === 'number') return Number.isNaN(value) ? 'NaN' : `${value}`;
+    // A number given to a text option (a password) is never echoed.
+    if (typeof value === 'number' && ['integer', 'number', 'duration'].includes(info.type)) {
+      return Number.isNaN(value) ? 'NaN' : `${value}`;
+    }
     return typeof value;
   };
   const bad = (what) => new TypeError(

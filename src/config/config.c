@@ -6,6 +6,7 @@
  * Every message a user can see names the option, its environment variable,
  * the offending value and the accepted form.
  */
+#include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
@@ -62,6 +63,8 @@ static const char *type_name(pr__opt_type_t t) {
     return "duration";
   case PR_T_ENUM:
     return "enum";
+  case PR_T_PROPS:
+    return "property list";
   }
   return "?";
 }
@@ -96,6 +99,11 @@ static void build_accepted(pr__opt_id_t id, char *buf, size_t n) {
     break;
   case PR_T_LIST:
     off = (size_t)snprintf(buf, n, "a comma-separated list");
+    break;
+  case PR_T_PROPS:
+    off = (size_t)snprintf(buf, n,
+                           "a comma-separated list of librdkafka name=value "
+                           "properties");
     break;
   case PR_T_HOSTPORTS:
     off = (size_t)snprintf(
@@ -395,6 +403,19 @@ static char *trimmed_dup(const char *text, size_t len) {
   return s;
 }
 
+/* Appends `item` (owned) to a list value; -1 (item freed) when out of
+ * memory. */
+static int list_push(pr__value_t *out, char *item) {
+  char **grown = realloc(out->list, (out->list_n + 1) * sizeof(char *));
+  if (!grown) {
+    free(item);
+    return -1;
+  }
+  out->list = grown;
+  out->list[out->list_n++] = item;
+  return 0;
+}
+
 static int parse_list(pr__opt_id_t id, const char *text, pr__value_t *out,
                       char *why, size_t n) {
   const pr__opt_def_t *d = &pr__opt_defs[id];
@@ -409,19 +430,13 @@ static int parse_list(pr__opt_id_t id, const char *text, pr__value_t *out,
     if (*item == '\0') {
       free(item); /* empty entries (e.g. a trailing comma) are ignored */
     } else {
-      char **grown;
       if ((d->type == PR_T_TOPICS && pr__topic_name_check(item, why, n)) ||
           (d->type == PR_T_HOSTPORTS && hostport_check(item, why, n))) {
         free(item);
         return -1;
       }
-      grown = realloc(out->list, (out->list_n + 1) * sizeof(char *));
-      if (!grown) {
-        free(item);
+      if (list_push(out, item))
         goto nomem;
-      }
-      out->list = grown;
-      out->list[out->list_n++] = item;
     }
     if (!comma)
       break;
@@ -433,6 +448,164 @@ static int parse_list(pr__opt_id_t id, const char *text, pr__value_t *out,
       (d->type == PR_T_HOSTPORTS || d->type == PR_T_TOPICS)) {
     pr__errf(why, n, "the list is empty");
     return -1;
+  }
+  out->isset = 1;
+  return 0;
+nomem:
+  pr__errf(why, n, "out of memory");
+  return -1;
+}
+
+/* The librdkafka properties kafka_properties refuses, and why: prosody
+ * sets them itself on some handle (a value given here would be overridden
+ * there, or break the engine), or an option of ours carries them. */
+static const struct {
+  const char *name;
+  const char *why;
+} owned_props[] = {
+    {"bootstrap.servers", "an option of its own: bootstrap_servers"},
+    {"metadata.broker.list", "an option of its own: bootstrap_servers"},
+    {"group.id", "an option of its own: group_id"},
+    {"enable.auto.commit", "set by prosody: offsets are stored as events "
+                           "finish and committed every commit_interval"},
+    {"auto.commit.interval.ms", "an option of its own: commit_interval"},
+    {"enable.auto.offset.store", "set by prosody: offsets are stored as "
+                                 "events finish"},
+    {"auto.offset.reset", "set by prosody (earliest)"},
+    {"enable.partition.eof", "set by prosody"},
+    {"partition.assignment.strategy",
+     "an option of its own: partition_assignment_strategy"},
+    {"group.protocol", "an option of its own: group_protocol"},
+    {"isolation.level", "set by prosody (read_committed, librdkafka's "
+                        "default: aborted transactions are never handled)"},
+    {"enable.idempotence", "set by prosody (on for the producer, off for "
+                           "telemetry)"},
+    {"acks", "set by prosody (all for the producer, 1 for telemetry)"},
+    {"request.required.acks", "set by prosody (all for the producer, 1 for "
+                              "telemetry)"},
+    {"message.timeout.ms", "an option of its own: send_timeout"},
+    {"delivery.timeout.ms", "an option of its own: send_timeout"},
+    {"linger.ms", "set by prosody per producer"},
+    {"queue.buffering.max.ms", "set by prosody per producer"},
+    {"compression.type", "set by prosody (lz4)"},
+    {"compression.codec", "set by prosody (lz4)"},
+    {"queue.buffering.max.messages", "set by prosody for telemetry"},
+    {"delivery.report.only.error", "set by prosody for telemetry"},
+    {"queued.max.messages.kbytes", "set by prosody for the defer loader"},
+    {"enable.sparse.connections", "set by prosody for the admin client"},
+    {"security.protocol", "an option of its own: kafka_security_protocol"},
+    {"sasl.mechanism", "an option of its own: kafka_sasl_mechanism"},
+    {"sasl.mechanisms", "an option of its own: kafka_sasl_mechanism"},
+    {"sasl.username", "an option of its own: kafka_sasl_username"},
+    {"sasl.password", "an option of its own: kafka_sasl_password (secret)"},
+    {"sasl.oauthbearer.method", "set by prosody (oidc with OAUTHBEARER)"},
+    {"sasl.oauthbearer.token.endpoint.url",
+     "an option of its own: kafka_sasl_oauthbearer_token_endpoint_url"},
+    {"sasl.oauthbearer.client.id",
+     "an option of its own: kafka_sasl_oauthbearer_client_id"},
+    {"sasl.oauthbearer.client.secret",
+     "an option of its own: kafka_sasl_oauthbearer_client_secret (secret)"},
+    {"sasl.oauthbearer.scope",
+     "an option of its own: kafka_sasl_oauthbearer_scope"},
+    {"ssl.ca.location", "an option of its own: kafka_ssl_ca_location"},
+    {"ssl.certificate.location",
+     "an option of its own: kafka_ssl_certificate_location"},
+    {"ssl.key.location", "an option of its own: kafka_ssl_key_location"},
+    {"ssl.key.password",
+     "an option of its own: kafka_ssl_key_password (secret)"},
+    {"ssl.endpoint.identification.algorithm",
+     "an option of its own: kafka_ssl_endpoint_identification"},
+    {"opaque", "set by prosody"},
+    {"default_topic_conf", "set by prosody"},
+};
+
+int pr__kafka_prop_secret(const char *name) {
+  return strstr(name, "password") || strstr(name, "secret") ||
+         strstr(name, "key.pem") || strstr(name, "jaas") ||
+         !strcmp(name, "sasl.oauthbearer.config") || strstr(name, "keystore");
+}
+
+/* Why kafka_properties refuses property `name`, or NULL. */
+static const char *prop_refused(const char *name) {
+  size_t len = strlen(name);
+  for (size_t i = 0; i < sizeof(owned_props) / sizeof(owned_props[0]); i++)
+    if (!strcmp(owned_props[i].name, name))
+      return owned_props[i].why;
+  if (len > 3 && !strcmp(name + len - 3, "_cb"))
+    return "a callback, set by prosody";
+  return NULL;
+}
+
+/* kafka_properties: "name=value" items; an item without '=' belongs to the
+ * previous value (a value may hold commas: ssl.cipher.suites=A,B). */
+static int parse_props(const char *text, pr__value_t *out, char *why,
+                       size_t n) {
+  const char *p = text;
+  for (;;) {
+    const char *comma = strchr(p, ',');
+    size_t len = comma ? (size_t)(comma - p) : strlen(p);
+    char *item = trimmed_dup(p, len), *eq;
+    if (!item)
+      goto nomem;
+    eq = strchr(item, '=');
+    if (*item == '\0') {
+      free(item); /* empty entries (e.g. a trailing comma) are ignored */
+    } else if (!eq && out->list_n == 0) {
+      pr__errf(why, n, "the first item is not name=value");
+      free(item);
+      return -1;
+    } else if (!eq) { /* continues the previous value */
+      char **last = &out->list[out->list_n - 1];
+      char *joined = malloc(strlen(*last) + strlen(item) + 2);
+      if (!joined) {
+        free(item);
+        goto nomem;
+      }
+      sprintf(joined, "%s,%s", *last, item);
+      free(*last);
+      free(item);
+      *last = joined;
+    } else {
+      const char *refused;
+      char *name_end = eq;
+      while (name_end > item && isspace((unsigned char)name_end[-1]))
+        name_end--;
+      *name_end = '\0';
+      if (*item == '\0' ||
+          strspn(item, "abcdefghijklmnopqrstuvwxyz0123456789._") !=
+              strlen(item)) {
+        pr__errf(why, n,
+                 "\"%.60s\" is no librdkafka property name (lower-case "
+                 "letters, digits, . and _)",
+                 item);
+        free(item);
+        return -1;
+      }
+      if ((refused = prop_refused(item))) {
+        pr__errf(why, n, "property %s is refused: %s", item, refused);
+        free(item);
+        return -1;
+      }
+      for (size_t i = 0; i < out->list_n; i++) {
+        size_t l = strlen(item);
+        if (!strncmp(out->list[i], item, l) && out->list[i][l] == '=') {
+          pr__errf(why, n, "property %s is given twice", item);
+          free(item);
+          return -1;
+        }
+      }
+      /* "name=value" again, without blanks around the '='. */
+      eq++;
+      while (isspace((unsigned char)*eq))
+        eq++;
+      memmove(item + strlen(item) + 1, eq, strlen(eq) + 1);
+      item[strlen(item)] = '=';
+      if (list_push(out, item))
+        goto nomem;
+    }
+    if (!comma)
+      break;
+    p = comma + 1;
   }
   out->isset = 1;
   return 0;
@@ -526,6 +699,9 @@ prosody_err_t pr__opt_parse(pr__opt_id_t id, const char *text, int from_env,
   case PR_T_HOSTPORTS:
     rc = parse_list(id, s, out, why, sizeof(why));
     break;
+  case PR_T_PROPS:
+    rc = parse_props(s, out, why, sizeof(why));
+    break;
   case PR_T_BOOL:
     if (!strcasecmp(s, "true"))
       out->u.b = 1;
@@ -595,11 +771,12 @@ prosody_err_t pr__opt_parse(pr__opt_id_t id, const char *text, int from_env,
   return PROSODY_OK;
 
 bad:
+  /* kafka_properties may hold secrets: its message names the item. */
   pr__errf(errstr, errstr_size,
            "invalid value \"%.80s\" for option %s (%s%s)%s%s; expected %s",
-           (d->flags & PR_F_SECRET) ? "****" : s, d->name,
-           from_env ? "environment variable " : "", d->env, *why ? ": " : "",
-           why, pr__opt_accepted(id));
+           (d->flags & PR_F_SECRET) || d->type == PR_T_PROPS ? "****" : s,
+           d->name, from_env ? "environment variable " : "", d->env,
+           *why ? ": " : "", why, pr__opt_accepted(id));
   pr__value_fini(id, out);
   free(s);
   return PROSODY_ERR_CONFIG;
@@ -627,6 +804,15 @@ void pr__opt_format(pr__opt_id_t id, const pr__value_t *v, char *buf,
   case PR_T_IDENT:
   case PR_T_URL:
     snprintf(buf, n, "%s", v->u.s);
+    break;
+  case PR_T_PROPS:
+    for (size_t i = 0; i < v->list_n && off < n; i++) {
+      const char *eq = strchr(v->list[i], '=');
+      char name[128];
+      snprintf(name, sizeof(name), "%.*s", (int)(eq - v->list[i]), v->list[i]);
+      off += (size_t)snprintf(buf + off, n - off, "%s%s=%s", i ? "," : "", name,
+                              pr__kafka_prop_secret(name) ? "****" : eq + 1);
+    }
     break;
   case PR_T_TOPICS:
   case PR_T_LIST:
@@ -880,6 +1066,147 @@ PROSODY_EXPORT prosody_err_t prosody_config_validate(
   return err;
 }
 
+/* "option a (A) is x, which does not go with option b (B) being y; why". */
+static prosody_err_t conflict(const pr__settings_t *st, pr__opt_id_t a,
+                              pr__opt_id_t b, const char *why, char *errstr,
+                              size_t errstr_size) {
+  char va[64], vb[64];
+  describe(st, a, va, sizeof(va));
+  describe(st, b, vb, sizeof(vb));
+  pr__errf(errstr, errstr_size,
+           "option %s (%s) is set (%s) but option %s (%s) is %s; %s",
+           pr__opt_defs[a].name, pr__opt_defs[a].env, va, pr__opt_defs[b].name,
+           pr__opt_defs[b].env, vb, why);
+  return PROSODY_ERR_CONFIG;
+}
+
+/* "option a (A) is needed when b (B) is y". */
+static prosody_err_t needed(const pr__settings_t *st, pr__opt_id_t a,
+                            pr__opt_id_t b, const char *accepted, char *errstr,
+                            size_t errstr_size) {
+  char vb[64];
+  describe(st, b, vb, sizeof(vb));
+  pr__errf(errstr, errstr_size,
+           "option %s (%s) is not set but option %s (%s) is %s, which needs "
+           "it; expected %s",
+           pr__opt_defs[a].name, pr__opt_defs[a].env, pr__opt_defs[b].name,
+           pr__opt_defs[b].env, vb, accepted);
+  return PROSODY_ERR_CONFIG;
+}
+
+/* Security protocols and SASL mechanisms, in the order of the table. */
+enum { PR_SEC_PLAINTEXT, PR_SEC_SSL, PR_SEC_SASL_PLAINTEXT, PR_SEC_SASL_SSL };
+enum { PR_SASL_PLAIN, PR_SASL_SCRAM_256, PR_SASL_SCRAM_512, PR_SASL_OAUTH };
+
+static prosody_err_t check_kafka_security(const pr__settings_t *st,
+                                          char *errstr, size_t errstr_size) {
+  static const pr__opt_id_t sasl_opts[] = {
+      PR_OPT_KAFKA_SASL_MECHANISM,
+      PR_OPT_KAFKA_SASL_USERNAME,
+      PR_OPT_KAFKA_SASL_PASSWORD,
+      PR_OPT_KAFKA_SASL_OAUTHBEARER_TOKEN_ENDPOINT_URL,
+      PR_OPT_KAFKA_SASL_OAUTHBEARER_CLIENT_ID,
+      PR_OPT_KAFKA_SASL_OAUTHBEARER_CLIENT_SECRET,
+      PR_OPT_KAFKA_SASL_OAUTHBEARER_SCOPE};
+  static const pr__opt_id_t oauth_opts[] = {
+      PR_OPT_KAFKA_SASL_OAUTHBEARER_TOKEN_ENDPOINT_URL,
+      PR_OPT_KAFKA_SASL_OAUTHBEARER_CLIENT_ID,
+      PR_OPT_KAFKA_SASL_OAUTHBEARER_CLIENT_SECRET,
+      PR_OPT_KAFKA_SASL_OAUTHBEARER_SCOPE};
+  static const pr__opt_id_t ssl_opts[] = {
+      PR_OPT_KAFKA_SSL_CA_LOCATION, PR_OPT_KAFKA_SSL_CERTIFICATE_LOCATION,
+      PR_OPT_KAFKA_SSL_KEY_LOCATION, PR_OPT_KAFKA_SSL_KEY_PASSWORD};
+  const pr__opt_id_t proto = PR_OPT_KAFKA_SECURITY_PROTOCOL;
+  int p = PR_CFG_ENUM(st, KAFKA_SECURITY_PROTOCOL);
+  int sasl = p == PR_SEC_SASL_PLAINTEXT || p == PR_SEC_SASL_SSL;
+  int tls = p == PR_SEC_SSL || p == PR_SEC_SASL_SSL;
+  int mech = PR_CFG_SET(st, KAFKA_SASL_MECHANISM)
+                 ? PR_CFG_ENUM(st, KAFKA_SASL_MECHANISM)
+                 : -1;
+
+  if (PR_CFG_BOOL(st, MOCK) && p != PR_SEC_PLAINTEXT)
+    return conflict(st, PR_OPT_MOCK, proto,
+                    "the embedded mock cluster speaks PLAINTEXT only; expected "
+                    "kafka_security_protocol=PLAINTEXT with mock=true",
+                    errstr, errstr_size);
+  for (size_t i = 0; !sasl && i < sizeof(sasl_opts) / sizeof(*sasl_opts); i++)
+    if (st->v[sasl_opts[i]].isset)
+      return conflict(st, sasl_opts[i], proto,
+                      "SASL options need kafka_security_protocol "
+                      "SASL_PLAINTEXT or SASL_SSL",
+                      errstr, errstr_size);
+  for (size_t i = 0; !tls && i < sizeof(ssl_opts) / sizeof(*ssl_opts); i++)
+    if (st->v[ssl_opts[i]].isset)
+      return conflict(st, ssl_opts[i], proto,
+                      "TLS options need kafka_security_protocol SSL or "
+                      "SASL_SSL",
+                      errstr, errstr_size);
+  if (!tls && !PR_CFG_BOOL(st, KAFKA_SSL_ENDPOINT_IDENTIFICATION))
+    return conflict(st, PR_OPT_KAFKA_SSL_ENDPOINT_IDENTIFICATION, proto,
+                    "TLS options need kafka_security_protocol SSL or SASL_SSL",
+                    errstr, errstr_size);
+  if (PR_CFG_SET(st, KAFKA_SSL_CERTIFICATE_LOCATION) !=
+      PR_CFG_SET(st, KAFKA_SSL_KEY_LOCATION)) {
+    int cert = PR_CFG_SET(st, KAFKA_SSL_CERTIFICATE_LOCATION);
+    pr__errf(errstr, errstr_size,
+             "option %s (%s) is set but option %s (%s) is not; a client "
+             "certificate needs its private key and a key its certificate: "
+             "expected both or neither",
+             cert ? "kafka_ssl_certificate_location" : "kafka_ssl_key_location",
+             cert ? "PROSODY_KAFKA_SSL_CERTIFICATE_LOCATION"
+                  : "PROSODY_KAFKA_SSL_KEY_LOCATION",
+             cert ? "kafka_ssl_key_location" : "kafka_ssl_certificate_location",
+             cert ? "PROSODY_KAFKA_SSL_KEY_LOCATION"
+                  : "PROSODY_KAFKA_SSL_CERTIFICATE_LOCATION");
+    return PROSODY_ERR_CONFIG;
+  }
+  if (PR_CFG_SET(st, KAFKA_SSL_KEY_PASSWORD) &&
+      !PR_CFG_SET(st, KAFKA_SSL_KEY_LOCATION))
+    return conflict(st, PR_OPT_KAFKA_SSL_KEY_PASSWORD,
+                    PR_OPT_KAFKA_SSL_KEY_LOCATION,
+                    "a key password needs the key: expected "
+                    "kafka_ssl_key_location too",
+                    errstr, errstr_size);
+  if (!sasl)
+    return PROSODY_OK;
+  if (mech < 0)
+    return needed(st, PR_OPT_KAFKA_SASL_MECHANISM, proto,
+                  "one of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER",
+                  errstr, errstr_size);
+  if (mech == PR_SASL_OAUTH) {
+    if (PR_CFG_SET(st, KAFKA_SASL_USERNAME))
+      return conflict(st, PR_OPT_KAFKA_SASL_USERNAME,
+                      PR_OPT_KAFKA_SASL_MECHANISM,
+                      "OAUTHBEARER takes a client id and secret, not a user "
+                      "name and password",
+                      errstr, errstr_size);
+    if (PR_CFG_SET(st, KAFKA_SASL_PASSWORD))
+      return conflict(st, PR_OPT_KAFKA_SASL_PASSWORD,
+                      PR_OPT_KAFKA_SASL_MECHANISM,
+                      "OAUTHBEARER takes a client id and secret, not a user "
+                      "name and password",
+                      errstr, errstr_size);
+    for (size_t i = 0; i < 3; i++) /* all but the scope */
+      if (!st->v[oauth_opts[i]].isset)
+        return needed(st, oauth_opts[i], PR_OPT_KAFKA_SASL_MECHANISM,
+                      pr__opt_accepted(oauth_opts[i]), errstr, errstr_size);
+    return PROSODY_OK;
+  }
+  for (size_t i = 0; i < sizeof(oauth_opts) / sizeof(*oauth_opts); i++)
+    if (st->v[oauth_opts[i]].isset)
+      return conflict(st, oauth_opts[i], PR_OPT_KAFKA_SASL_MECHANISM,
+                      "the OAUTHBEARER options need "
+                      "kafka_sasl_mechanism=OAUTHBEARER",
+                      errstr, errstr_size);
+  if (!PR_CFG_SET(st, KAFKA_SASL_USERNAME))
+    return needed(st, PR_OPT_KAFKA_SASL_USERNAME, PR_OPT_KAFKA_SASL_MECHANISM,
+                  "a non-empty string", errstr, errstr_size);
+  if (!PR_CFG_SET(st, KAFKA_SASL_PASSWORD))
+    return needed(st, PR_OPT_KAFKA_SASL_PASSWORD, PR_OPT_KAFKA_SASL_MECHANISM,
+                  "a non-empty string", errstr, errstr_size);
+  return PROSODY_OK;
+}
+
 prosody_err_t pr__settings_check_kafka(const pr__settings_t *st, char *errstr,
                                        size_t errstr_size) {
   if (!PR_CFG_BOOL(st, MOCK) && !PR_CFG_SET(st, BOOTSTRAP_SERVERS)) {
@@ -889,7 +1216,7 @@ prosody_err_t pr__settings_check_kafka(const pr__settings_t *st, char *errstr,
              "(PROSODY_MOCK) for the embedded mock cluster");
     return PROSODY_ERR_CONFIG;
   }
-  return PROSODY_OK;
+  return check_kafka_security(st, errstr, errstr_size);
 }
 
 /* A duration option that must not be below another one. */
@@ -926,6 +1253,45 @@ prosody_err_t pr__settings_check_client(const pr__settings_t *st, char *errstr,
              "mode (PROSODY_MODE) is low-latency; expected a topic name for "
              "messages that fail after max_retries");
     return PROSODY_ERR_CONFIG;
+  }
+  {
+    static const pr__opt_id_t cass_tls[] = {
+        PR_OPT_CASSANDRA_SSL_CA_LOCATION,
+        PR_OPT_CASSANDRA_SSL_CERTIFICATE_LOCATION,
+        PR_OPT_CASSANDRA_SSL_KEY_LOCATION};
+    for (size_t i = 0; i < 3 && !PR_CFG_BOOL(st, CASSANDRA_SSL); i++)
+      if (st->v[cass_tls[i]].isset)
+        return conflict(st, cass_tls[i], PR_OPT_CASSANDRA_SSL,
+                        "expected cassandra_ssl=true with the Cassandra TLS "
+                        "options",
+                        errstr, errstr_size);
+    if (PR_CFG_SET(st, CASSANDRA_SSL_CERTIFICATE_LOCATION) !=
+        PR_CFG_SET(st, CASSANDRA_SSL_KEY_LOCATION))
+      return conflict(
+          st,
+          PR_CFG_SET(st, CASSANDRA_SSL_KEY_LOCATION)
+              ? PR_OPT_CASSANDRA_SSL_KEY_LOCATION
+              : PR_OPT_CASSANDRA_SSL_CERTIFICATE_LOCATION,
+          PR_CFG_SET(st, CASSANDRA_SSL_KEY_LOCATION)
+              ? PR_OPT_CASSANDRA_SSL_CERTIFICATE_LOCATION
+              : PR_OPT_CASSANDRA_SSL_KEY_LOCATION,
+          "a client certificate needs its private key and a key its "
+          "certificate: expected both or neither",
+          errstr, errstr_size);
+  }
+  {
+    const char *host = PR_CFG_STR(st, PROBE_HOST);
+    unsigned char addr[16];
+    if (inet_pton(AF_INET, host, addr) != 1 &&
+        inet_pton(AF_INET6, host, addr) != 1) {
+      pr__errf(errstr, errstr_size,
+               "option probe_host (PROSODY_PROBE_HOST) is \"%s\", no IP "
+               "address; expected an IPv4 or IPv6 address such as 0.0.0.0 "
+               "(every IPv4 interface), :: (every interface) or 127.0.0.1 "
+               "(loopback only)",
+               host);
+      return PROSODY_ERR_CONFIG;
+    }
   }
   if (!PR_CFG_SET(st, SOURCE_SYSTEM) && !PR_CFG_SET(st, GROUP_ID)) {
     pr__errf(errstr, errstr_size,

@@ -27,7 +27,8 @@ typedef enum pr__opt_type {
   PR_T_INT,       /* integer within [min, max] */
   PR_T_FLOAT,     /* number within [min, max] (PR_F_OPEN_* for exclusive) */
   PR_T_DURATION,  /* humantime duration within [min, max] seconds */
-  PR_T_ENUM       /* one of the '|'-separated values */
+  PR_T_ENUM,      /* one of the '|'-separated values */
+  PR_T_PROPS      /* comma-separated librdkafka name=value (config.c) */
 } pr__opt_type_t;
 
 #define PR_F_OPTIONAL 0x1u /* "none" unsets the value */
@@ -154,10 +155,14 @@ prosody_err_t pr__settings_resolve(const prosody_config_t *conf,
  * value that resolution ignored. */
 void pr__settings_warn_ignored(const pr__settings_t *st);
 
-/* Checks what every Kafka handle needs: bootstrap_servers unless mock. */
+/* Checks what every Kafka handle needs: bootstrap_servers unless mock, and
+ * Kafka security options that agree with each other (the SASL options
+ * only with a SASL protocol, the TLS ones only with a TLS one, a client
+ * certificate with its key, what the SASL mechanism needs). */
 prosody_err_t pr__settings_check_kafka(const pr__settings_t *st, char *errstr,
                                        size_t errstr_size);
-/* Checks what a client needs on top: the rules between options
+/* Checks what a client needs on top: probe_host an IP address, the rules
+ * between options
  * (max_retry_delay >= retry_base, defer_max_delay >= defer_base,
  * failure_topic in low-latency mode) and source_system or group_id. */
 prosody_err_t pr__settings_check_client(const pr__settings_t *st, char *errstr,
@@ -187,6 +192,10 @@ int pr__duration_parse(const char *text, int64_t *ns, char *errstr,
                        size_t errstr_size);
 /* Formats nanoseconds as a humantime string ("2h 30m", "20ms", "0s"). */
 void pr__duration_format(int64_t ns, char *buf, size_t buf_size);
+
+/* 1 if the librdkafka property `name` holds a secret (a password, a
+ * private key, a client secret): its value is never printed. */
+int pr__kafka_prop_secret(const char *name);
 
 /* Validates a Kafka topic name; 0 if valid, -1 with the reason. */
 int pr__topic_name_check(const char *name, char *why, size_t why_size);

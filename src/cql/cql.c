@@ -17,6 +17,14 @@
  * (measured: a TCP write on loopback also runs the receiving side's
  * processing, ~10 us of our CPU each). The connection's handshake frames
  * are still written at once.
+ *
+ * TLS (conf.ssl): OpenSSL over memory BIOs on the same libuv stream.
+ * Ciphertext read goes into the SSL's read BIO and the plaintext it yields
+ * into rbuf, where the frame parser reads it as before; frames written go
+ * through SSL_write and what the write BIO then holds is written to the
+ * stream. The handshake runs before STARTUP, verifying the node's
+ * certificate and that it names the host we connected to (the host of
+ * cassandra_nodes, or a discovered node's address).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,8 +32,12 @@
 #include <time.h>
 
 #include <arpa/inet.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/stat.h>
 
 #include "../util/util.h"
 #include "cql.h"
@@ -97,6 +109,9 @@ struct conn {
   int flushing; /* on the session's flush list */
   int wfail;    /* a write could not start: the flush fails the conn */
   conn_t *fnext;
+  SSL *ssl;      /* TLS over memory BIOs (see the top); NULL: plaintext */
+  int tls_up;    /* the handshake finished */
+  uint8_t *cbuf; /* TLS: ciphertext as read (READ_CHUNK bytes) */
 };
 
 struct pr__cql {
@@ -108,6 +123,8 @@ struct pr__cql {
   req_t *pend_head, *pend_tail;
   pr__cql_stmt_t *stmts;
   int64_t last_ts;
+  SSL_CTX *ssl_ctx;     /* conf.ssl: the TLS settings; NULL: plaintext */
+  char last_error[384]; /* "host:port: why" of the last connection lost */
   int closing;
   int handles;         /* open libuv handles: freed at 0 once closing */
   uv_prepare_t *flush; /* writes the connections' queued frames */
@@ -125,6 +142,8 @@ static void session_destroy(pr__cql_t *s) {
     for (size_t i = 0; i < s->nconns; i++) {
       free(s->conns[i]->host);
       free(s->conns[i]->rbuf);
+      free(s->conns[i]->cbuf);
+      SSL_free(s->conns[i]->ssl);
       free(s->conns[i]);
     }
     free(s->conns);
@@ -135,6 +154,7 @@ static void session_destroy(pr__cql_t *s) {
     free((char *)s->conf.password);
     free((char *)s->conf.datacenter);
     free((char *)s->conf.rack);
+    SSL_CTX_free(s->ssl_ctx);
     while (s->stmts) {
       pr__cql_stmt_t *n = s->stmts->next;
       free(s->stmts->query);
@@ -251,7 +271,7 @@ static void conn_fail(conn_t *c, const char *why);
 
 static void on_req_timeout(uv_timer_t *t) {
   req_t *r = t->data;
-  char why[160];
+  char why[640];
   conn_t *c = r->where == Q_WIRE ? r->conn : NULL;
   if (c) {
     c->streams[r->stream] = &orphan; /* until the late answer */
@@ -259,8 +279,11 @@ static void on_req_timeout(uv_timer_t *t) {
     c->orphans++;
     r->where = Q_NONE;
   }
-  snprintf(why, sizeof(why), "Cassandra did not answer within %lld ms",
-           (long long)r->s->conf.request_timeout_ms);
+  /* Never sent (no connection came up): what the last attempt met. */
+  snprintf(why, sizeof(why), "Cassandra did not answer within %lld ms%s%s",
+           (long long)r->s->conf.request_timeout_ms,
+           !c && r->s->last_error[0] ? "; last connection error: " : "",
+           !c ? r->s->last_error : "");
   finish(r, PROSODY_ERR_TIMEOUT, why, NULL);
   /* A connection that stopped answering altogether (half-open) is
    * replaced rather than fed more requests. */
@@ -348,8 +371,8 @@ static void on_written(uv_write_t *w, int status) {
   free(wr);
 }
 
-/* Writes n frames at once (each freed whatever happens). */
-static int conn_writev(conn_t *c, const uv_buf_t *bufs, unsigned n) {
+/* Writes n buffers to the stream at once (each freed whatever happens). */
+static int raw_writev(conn_t *c, const uv_buf_t *bufs, unsigned n) {
   wreq_t *wr = malloc(sizeof(*wr) + n * sizeof(uint8_t *));
   if (!wr) {
     for (unsigned i = 0; i < n; i++)
@@ -364,6 +387,33 @@ static int conn_writev(conn_t *c, const uv_buf_t *bufs, unsigned n) {
     return -1;
   }
   return 0;
+}
+
+/* Writes what TLS has for the stream; -1 if it could not. */
+static int tls_flush(conn_t *c) {
+  BIO *w = SSL_get_wbio(c->ssl);
+  size_t pend = BIO_ctrl_pending(w);
+  uv_buf_t b;
+  if (!pend)
+    return 0;
+  if (!(b.base = malloc(pend)))
+    return -1;
+  b.len = (size_t)BIO_read(w, b.base, (int)pend);
+  return raw_writev(c, &b, 1);
+}
+
+/* Writes n frames at once (each freed whatever happens). */
+static int conn_writev(conn_t *c, const uv_buf_t *bufs, unsigned n) {
+  int ok = 1;
+  if (!c->ssl)
+    return raw_writev(c, bufs, n);
+  for (unsigned i = 0; i < n; i++) {
+    if (ok && bufs[i].len &&
+        SSL_write(c->ssl, bufs[i].base, (int)bufs[i].len) <= 0)
+      ok = 0;
+    free(bufs[i].base);
+  }
+  return tls_flush(c) || !ok ? -1 : 0;
 }
 
 /* Writes b at once (the handshake's frames). */
@@ -601,6 +651,8 @@ static void conn_fail(conn_t *c, const char *why) {
     PR_WARN("cql", "connection to %s:%d lost: %s", c->host, c->port, why);
   snprintf(msg, sizeof(msg), "connection to Cassandra at %s:%d lost: %s",
            c->host, c->port, why);
+  snprintf(s->last_error, sizeof(s->last_error), "%s:%d: %s", c->host, c->port,
+           why);
   c->state = C_DOWN;
   for (int i = 0; i < MAX_STREAMS; i++) {
     req_t *r = c->streams[i];
@@ -623,6 +675,9 @@ static void conn_fail(conn_t *c, const char *why) {
     close_handle(s, (uv_handle_t *)c->tcp);
     c->tcp = NULL;
   }
+  SSL_free(c->ssl);
+  c->ssl = NULL;
+  c->tls_up = 0;
   if (!s->closing && c->retry) {
     int jitter = c->backoff_ms / 4 + 1;
     uv_timer_start(c->retry, on_retry,
@@ -874,31 +929,134 @@ static void handle_response(conn_t *c, const pr__cql_header_t *h,
   finish(r, PROSODY_ERR_PERMANENT, err, NULL);
 }
 
-static void on_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
-  conn_t *c = h->data;
-  (void)hint;
+/* Room for READ_CHUNK more bytes in rbuf; 0 when out of memory. */
+static int rbuf_room(conn_t *c) {
   if (c->rcap - c->rlen < READ_CHUNK) {
     uint8_t *p = realloc(c->rbuf, c->rlen + READ_CHUNK);
-    if (!p) {
-      *buf = uv_buf_init(NULL, 0);
-      return;
-    }
+    if (!p)
+      return 0;
     c->rbuf = p;
     c->rcap = c->rlen + READ_CHUNK;
   }
+  return 1;
+}
+
+static void on_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
+  conn_t *c = h->data;
+  (void)hint;
+  if (c->ssl) {
+    if (!c->cbuf && !(c->cbuf = malloc(READ_CHUNK)))
+      *buf = uv_buf_init(NULL, 0);
+    else
+      *buf = uv_buf_init((char *)c->cbuf, READ_CHUNK);
+    return;
+  }
+  if (!rbuf_room(c)) {
+    *buf = uv_buf_init(NULL, 0);
+    return;
+  }
   *buf = uv_buf_init((char *)c->rbuf + c->rlen, (unsigned)(c->rcap - c->rlen));
+}
+
+/* Fails the connection with why TLS did (the node's certificate refused:
+ * OpenSSL's reason). */
+static void tls_fail(conn_t *c) {
+  long v = SSL_get_verify_result(c->ssl);
+  unsigned long e = ERR_peek_last_error();
+  char why[384];
+  if (v != X509_V_OK)
+    snprintf(why, sizeof(why),
+             "TLS handshake failed: the node's certificate %s (OpenSSL: %s)",
+             v == X509_V_ERR_CERT_HAS_EXPIRED ? "has expired"
+             : v == X509_V_ERR_HOSTNAME_MISMATCH ||
+                     v == X509_V_ERR_IP_ADDRESS_MISMATCH
+                 ? "does not name the host we connected to (use the name it "
+                   "was issued for in cassandra_nodes)"
+             : v == X509_V_ERR_UNABLE_TO_GET_ISSUER_CERT_LOCALLY ||
+                     v == X509_V_ERR_DEPTH_ZERO_SELF_SIGNED_CERT ||
+                     v == X509_V_ERR_SELF_SIGNED_CERT_IN_CHAIN
+                 ? "is not signed by a CA in cassandra_ssl_ca_location (or the "
+                   "system's CAs when it is not set)"
+                 : "was refused",
+             X509_verify_cert_error_string(v));
+  else
+    snprintf(why, sizeof(why),
+             "TLS failed: %s (is the port a TLS one? cassandra_ssl is on)",
+             e ? ERR_reason_error_string(e) : "the node closed the connection");
+  ERR_clear_error();
+  conn_fail(c, why);
+}
+
+static void send_startup(conn_t *c) {
+  pr__cbuf_t b = {0};
+  pr__cql_startup(&b, 0);
+  if (conn_write(c, &b))
+    conn_fail(c, "could not start the session");
+}
+
+/* Ciphertext in; the plaintext it yields appended to rbuf. -1 when the
+ * connection failed. */
+static int tls_read(conn_t *c, const char *data, size_t n) {
+  BIO_write(SSL_get_rbio(c->ssl), data, (int)n);
+  if (!c->tls_up) {
+    int r = SSL_do_handshake(c->ssl);
+    if (r != 1) {
+      if (SSL_get_error(c->ssl, r) != SSL_ERROR_WANT_READ)
+        tls_fail(c);
+      else if (tls_flush(c))
+        conn_fail(c, "could not write the TLS handshake");
+      return c->state == C_DOWN ? -1 : 0;
+    }
+    c->tls_up = 1;
+    if (tls_flush(c)) {
+      conn_fail(c, "could not write the TLS handshake");
+      return -1;
+    }
+    send_startup(c);
+    if (c->state == C_DOWN)
+      return -1;
+  }
+  for (;;) {
+    int r;
+    if (!rbuf_room(c)) {
+      conn_fail(c, "out of memory");
+      return -1;
+    }
+    r = SSL_read(c->ssl, c->rbuf + c->rlen, (int)(c->rcap - c->rlen));
+    if (r > 0) {
+      c->rlen += (size_t)r;
+      continue;
+    }
+    r = SSL_get_error(c->ssl, r);
+    if (r == SSL_ERROR_WANT_READ)
+      break;
+    if (r == SSL_ERROR_ZERO_RETURN)
+      conn_fail(c, "closed by the server");
+    else
+      tls_fail(c);
+    return -1;
+  }
+  if (tls_flush(c)) {
+    conn_fail(c, "could not write");
+    return -1;
+  }
+  return 0;
 }
 
 static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf) {
   conn_t *c = st->data;
   size_t off = 0;
   char err[256];
-  (void)buf;
   if (n < 0) {
     conn_fail(c, n == UV_EOF ? "closed by the server" : uv_strerror((int)n));
     return;
   }
-  c->rlen += (size_t)n;
+  if (c->ssl) {
+    if (n == 0 || tls_read(c, buf->base, (size_t)n))
+      return;
+  } else {
+    c->rlen += (size_t)n;
+  }
   for (;;) {
     pr__cql_header_t h, body_h;
     int rc = pr__cql_header_parse(c->rbuf + off, c->rlen - off, &h, err,
@@ -934,9 +1092,29 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf) {
   }
 }
 
+/* Starts TLS on a fresh connection: the ClientHello is written, the
+ * rest follows as the node answers (tls_read). -1 when it could not. */
+static int tls_start(conn_t *c) {
+  struct in6_addr a6;
+  struct in_addr a4;
+  int ip = inet_pton(AF_INET, c->host, &a4) == 1 ||
+           inet_pton(AF_INET6, c->host, &a6) == 1;
+  if (!(c->ssl = SSL_new(c->s->ssl_ctx)))
+    return -1;
+  SSL_set_bio(c->ssl, BIO_new(BIO_s_mem()), BIO_new(BIO_s_mem()));
+  SSL_set_connect_state(c->ssl);
+  if (ip ? !X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(c->ssl), c->host)
+         : !SSL_set1_host(c->ssl, c->host) ||
+               !SSL_set_tlsext_host_name(c->ssl, c->host))
+    return -1;
+  if (SSL_do_handshake(c->ssl) != -1 ||
+      SSL_get_error(c->ssl, -1) != SSL_ERROR_WANT_READ)
+    return -1;
+  return tls_flush(c);
+}
+
 static void on_connected(uv_connect_t *creq, int status) {
   conn_t *c = creq->data;
-  pr__cbuf_t b = {0};
   free(creq);
   if (c->state != C_CONNECTING)
     return;
@@ -947,10 +1125,14 @@ static void on_connected(uv_connect_t *creq, int status) {
   uv_tcp_nodelay(c->tcp, 1);
   c->state = C_STARTING;
   c->tcp->data = c;
-  pr__cql_startup(&b, 0);
-  if (conn_write(c, &b) ||
-      uv_read_start((uv_stream_t *)c->tcp, on_alloc, on_read))
+  if (uv_read_start((uv_stream_t *)c->tcp, on_alloc, on_read)) {
     conn_fail(c, "could not start the session");
+    return;
+  }
+  if (!c->s->ssl_ctx)
+    send_startup(c);
+  else if (tls_start(c))
+    conn_fail(c, "could not start TLS");
 }
 
 static void conn_connect(conn_t *c) {
@@ -997,6 +1179,48 @@ static void conn_connect(conn_t *c) {
 }
 
 /* ---- public ------------------------------------------------------------- */
+
+/* The TLS settings of conf; NULL (errstr) when a file cannot be used. */
+static SSL_CTX *tls_ctx(const pr__cql_conf_t *conf, char *errstr,
+                        size_t errstr_size) {
+  SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
+  struct stat sb;
+  const char *what = NULL, *file = NULL;
+  if (!ctx) {
+    pr__errf(errstr, errstr_size, "out of memory");
+    return NULL;
+  }
+  SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+  SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
+  if (conf->ssl_ca) {
+    int dir = stat(conf->ssl_ca, &sb) == 0 && S_ISDIR(sb.st_mode);
+    if (!SSL_CTX_load_verify_locations(ctx, dir ? NULL : conf->ssl_ca,
+                                       dir ? conf->ssl_ca : NULL))
+      what = "cassandra_ssl_ca_location (PROSODY_CASSANDRA_SSL_CA_LOCATION)",
+      file = conf->ssl_ca;
+  } else if (!SSL_CTX_set_default_verify_paths(ctx)) {
+    what = "the system's CA certificates", file = "";
+  }
+  if (!what && conf->ssl_cert &&
+      SSL_CTX_use_certificate_chain_file(ctx, conf->ssl_cert) != 1)
+    what = "cassandra_ssl_certificate_location "
+           "(PROSODY_CASSANDRA_SSL_CERTIFICATE_LOCATION)",
+    file = conf->ssl_cert;
+  if (!what && conf->ssl_key &&
+      (SSL_CTX_use_PrivateKey_file(ctx, conf->ssl_key, SSL_FILETYPE_PEM) != 1 ||
+       SSL_CTX_check_private_key(ctx) != 1))
+    what = "cassandra_ssl_key_location (PROSODY_CASSANDRA_SSL_KEY_LOCATION)",
+    file = conf->ssl_key;
+  if (what) {
+    unsigned long e = ERR_peek_last_error();
+    pr__errf(errstr, errstr_size, "%s \"%s\" cannot be used: %s", what, file,
+             e ? ERR_reason_error_string(e) : "unknown error");
+    ERR_clear_error();
+    SSL_CTX_free(ctx);
+    return NULL;
+  }
+  return ctx;
+}
 
 /* Adds a node (not yet connecting); NULL when out of memory. */
 static conn_t *add_node(pr__cql_t *s, const char *host, int port) {
@@ -1052,6 +1276,12 @@ pr__cql_t *pr__cql_new(uv_loop_t *loop, const pr__cql_conf_t *conf,
   s->conf.password = pr__strdup(conf->password);
   s->conf.datacenter = pr__strdup(conf->datacenter);
   s->conf.rack = pr__strdup(conf->rack);
+  s->conf.ssl_ca = s->conf.ssl_cert = s->conf.ssl_key = NULL; /* not kept */
+  if (conf->ssl && !(s->ssl_ctx = tls_ctx(conf, errstr, errstr_size))) {
+    s->closing = 1;
+    pr__cql_free(s);
+    return NULL;
+  }
   s->conf.nodes = calloc(conf->nnodes, sizeof(char *));
   if (!s->conf.nodes)
     goto oom_free;

@@ -23,12 +23,15 @@ typedef struct pr__cql_stmt pr__cql_stmt_t;
 typedef struct pr__cql_conf {
   char **nodes; /* "host:port" */
   size_t nnodes;
-  const char *user, *password; /* NULL: no authentication */
-  const char *datacenter;      /* prefer nodes here (NULL: any) */
-  const char *rack;            /* ... and on this rack (NULL: any) */
-  int64_t connect_timeout_ms;  /* default 5000 */
-  int64_t request_timeout_ms;  /* default 12000 */
-  uint16_t consistency;        /* default LOCAL_QUORUM */
+  const char *user, *password;    /* NULL: no authentication */
+  const char *datacenter;         /* prefer nodes here (NULL: any) */
+  const char *rack;               /* ... and on this rack (NULL: any) */
+  int64_t connect_timeout_ms;     /* default 5000 */
+  int64_t request_timeout_ms;     /* default 12000 */
+  uint16_t consistency;           /* default LOCAL_QUORUM */
+  int ssl;                        /* TLS: verify the node and its host name */
+  const char *ssl_ca;             /* CA file or directory (NULL: system's) */
+  const char *ssl_cert, *ssl_key; /* client certificate (NULL: none) */
 } pr__cql_conf_t;
 
 /* `res` is valid during the callback only; NULL on error. */

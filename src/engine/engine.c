@@ -50,12 +50,13 @@ void pr__engine_check_thread(const pr__engine_t *eng, const char *fn) {
 
 static void error_cb(rd_kafka_t *rk, int err, const char *reason,
                      void *opaque) {
-  (void)rk;
+  char text[512];
   (void)opaque;
+  pr__kafka_explain(rk, reason, text, sizeof(text));
   if (err == RD_KAFKA_RESP_ERR__FATAL)
-    PR_ERROR("engine", "fatal consumer error: %s", reason);
+    PR_ERROR("engine", "fatal consumer error: %s", text);
   else
-    PR_WARN("engine", "consumer: %s (%s)", reason,
+    PR_WARN("engine", "consumer: %s (%s)", text,
             rd_kafka_err2name((rd_kafka_resp_err_t)err));
 }
 

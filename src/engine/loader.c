@@ -58,8 +58,8 @@ static void fail(pr__load_t *r, const char *why) {
 
 static int consumer_new(pr__loader_t *l, pr__load_t *r) {
   char errstr[512], group[300];
-  rd_kafka_conf_t *kc =
-      pr__kafka_conf_new(l->bootstrap, l->mock, errstr, sizeof(errstr));
+  rd_kafka_conf_t *kc = pr__kafka_conf_new(l->eng->st, l->bootstrap, l->mock,
+                                           errstr, sizeof(errstr));
   /* A group id is what rd_kafka_consumer_poll() needs; nothing joins it
    * (partitions are assigned) and nothing is committed. */
   snprintf(group, sizeof(group), "%s.prosody-loader", l->eng->group_id);

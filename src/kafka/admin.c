@@ -58,7 +58,7 @@ static void admin_error_cb(rd_kafka_t *rk, int err, const char *reason,
     return; /* "1/1 brokers are down": the error before it says why */
   }
   pthread_mutex_lock(&admin->err_lock);
-  pr__kafka_explain(reason, admin->last_error, sizeof(admin->last_error));
+  pr__kafka_explain(rk, reason, admin->last_error, sizeof(admin->last_error));
   pthread_mutex_unlock(&admin->err_lock);
 }
 
@@ -98,7 +98,8 @@ prosody_admin_new(prosody_config_t *conf, char *errstr, size_t errstr_size) {
     pr__errf(errstr, errstr_size, "out of memory");
     goto fail_mock;
   }
-  kconf = pr__kafka_conf_new(bootstrap, admin->mock, errstr, errstr_size);
+  kconf = pr__kafka_conf_new(&admin->st, bootstrap, admin->mock, errstr,
+                             errstr_size);
   admin->bootstrap = bootstrap;
   if (!kconf)
     goto fail_mock;

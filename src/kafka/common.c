@@ -5,6 +5,7 @@
  */
 #include <errno.h>
 #include <netdb.h>
+#include <openssl/x509_vfy.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -138,6 +139,10 @@ static void log_cb(const rd_kafka_t *rk, int level, const char *fac,
    * docs/ARCHITECTURE.md): a warning, whatever level librdkafka gives it. */
   if (l == PR_LOG_ERROR && fac && !strcmp(fac, "FAIL"))
     l = PR_LOG_WARN;
+  /* A refused broker certificate, once per attempt: the handle's error
+   * callback reports it (explained, repeats folded), so debug here. */
+  if (fac && !strcmp(fac, "SSLCERTVRFY"))
+    l = PR_LOG_DEBUG;
   pthread_mutex_lock(&bind_lock);
   lg = rk ? bound_logger(rk) : NULL;
   if (!lg && rk && creating > 0 && npending < PEND_MAX) {
@@ -166,13 +171,159 @@ int pr__kafka_conf_set(rd_kafka_conf_t *kconf, const char *name,
   if (rd_kafka_conf_set(kconf, name, value, why, sizeof(why)) !=
       RD_KAFKA_CONF_OK) {
     pr__errf(errstr, errstr_size, "librdkafka rejected %s=\"%s\": %s", name,
-             value, why);
+             pr__kafka_prop_secret(name) ? "****" : value, why);
     return -1;
   }
   return 0;
 }
 
-rd_kafka_conf_t *pr__kafka_conf_new(const char *bootstrap, int mock,
+/* ---- why a broker's certificate was refused ------------------------------
+ * librdkafka reports every failed verification as "certificate verify
+ * failed"; its verify callback sees OpenSSL's reason (expired, host name
+ * mismatch, unknown issuer). The reason is kept per handle until
+ * pr__kafka_explain() quotes it. Guarded by tls_lock; entries go with
+ * their handle (pr__kafka_destroy_bounded). */
+typedef struct tls_cause {
+  const rd_kafka_t *rk;
+  char text[320];
+} tls_cause_t;
+static pthread_mutex_t tls_lock = PTHREAD_MUTEX_INITIALIZER;
+static tls_cause_t *tls_causes; /* under tls_lock */
+static size_t ntls_causes, captls_causes;
+
+static const char *tls_hint(int x509_error) {
+  switch (x509_error) {
+  case X509_V_ERR_CERT_HAS_EXPIRED:
+    return "the broker's certificate has expired";
+  case X509_V_ERR_CERT_NOT_YET_VALID:
+    return "the broker's certificate is not valid yet (check the clocks)";
+  case X509_V_ERR_HOSTNAME_MISMATCH:
+  case X509_V_ERR_IP_ADDRESS_MISMATCH:
+    return "the broker's certificate does not name the host we connected to "
+           "(use the name it was issued for in bootstrap_servers, or set "
+           "kafka_ssl_endpoint_identification=false)";
+  case X509_V_ERR_UNABLE_TO_GET_ISSUER_CERT_LOCALLY:
+  case X509_V_ERR_UNABLE_TO_GET_ISSUER_CERT:
+  case X509_V_ERR_SELF_SIGNED_CERT_IN_CHAIN:
+  case X509_V_ERR_DEPTH_ZERO_SELF_SIGNED_CERT:
+  case X509_V_ERR_CERT_SIGNATURE_FAILURE:
+    return "the broker's certificate is not signed by a CA in "
+           "kafka_ssl_ca_location (or the system's CAs when it is not set)";
+  default:
+    return "the broker's certificate was refused";
+  }
+}
+
+static int cert_verify_cb(rd_kafka_t *rk, const char *broker_name,
+                          int32_t broker_id, int *x509_error, int depth,
+                          const char *buf, size_t size, char *errstr,
+                          size_t errstr_size, void *opaque) {
+  (void)broker_id, (void)buf, (void)size, (void)opaque;
+  if (*x509_error == X509_V_OK)
+    return 1;
+  snprintf(errstr, errstr_size, "%s: %s (OpenSSL: %s, certificate depth %d)",
+           broker_name, tls_hint(*x509_error),
+           X509_verify_cert_error_string(*x509_error), depth);
+  pthread_mutex_lock(&tls_lock);
+  size_t i = 0;
+  while (i < ntls_causes && tls_causes[i].rk != rk)
+    i++;
+  if (i < ntls_causes || !pr__grow(&tls_causes, &captls_causes, ntls_causes,
+                                   sizeof(*tls_causes), 4)) {
+    if (i == ntls_causes)
+      tls_causes[ntls_causes++].rk = rk;
+    snprintf(tls_causes[i].text, sizeof(tls_causes[i].text), "%s", errstr);
+  }
+  pthread_mutex_unlock(&tls_lock);
+  return 0;
+}
+
+/* Forgets the certificate failure kept for `rk`. */
+static void tls_cause_drop(const rd_kafka_t *rk) {
+  pthread_mutex_lock(&tls_lock);
+  for (size_t i = 0; i < ntls_causes; i++)
+    if (tls_causes[i].rk == rk) {
+      tls_causes[i] = tls_causes[--ntls_causes];
+      break;
+    }
+  pthread_mutex_unlock(&tls_lock);
+}
+
+/* The security options and kafka_properties of `st` onto `kconf`. */
+static int conf_security(rd_kafka_conf_t *kconf, const pr__settings_t *st,
+                         char *errstr, size_t errstr_size) {
+  static const char *const protocols[] = {"plaintext", "ssl", "sasl_plaintext",
+                                          "sasl_ssl"};
+  static const char *const mechanisms[] = {"PLAIN", "SCRAM-SHA-256",
+                                           "SCRAM-SHA-512", "OAUTHBEARER"};
+  static const struct {
+    pr__opt_id_t id;
+    const char *prop;
+  } strs[] = {
+      {PR_OPT_KAFKA_SASL_USERNAME, "sasl.username"},
+      {PR_OPT_KAFKA_SASL_PASSWORD, "sasl.password"},
+      {PR_OPT_KAFKA_SASL_OAUTHBEARER_TOKEN_ENDPOINT_URL,
+       "sasl.oauthbearer.token.endpoint.url"},
+      {PR_OPT_KAFKA_SASL_OAUTHBEARER_CLIENT_ID, "sasl.oauthbearer.client.id"},
+      {PR_OPT_KAFKA_SASL_OAUTHBEARER_CLIENT_SECRET,
+       "sasl.oauthbearer.client.secret"},
+      {PR_OPT_KAFKA_SASL_OAUTHBEARER_SCOPE, "sasl.oauthbearer.scope"},
+      {PR_OPT_KAFKA_SSL_CA_LOCATION, "ssl.ca.location"},
+      {PR_OPT_KAFKA_SSL_CERTIFICATE_LOCATION, "ssl.certificate.location"},
+      {PR_OPT_KAFKA_SSL_KEY_LOCATION, "ssl.key.location"},
+      {PR_OPT_KAFKA_SSL_KEY_PASSWORD, "ssl.key.password"},
+  };
+  int proto = PR_CFG_ENUM(st, KAFKA_SECURITY_PROTOCOL);
+  const pr__value_t *props = &PR_CFG(st, KAFKA_PROPERTIES);
+
+  if (pr__kafka_conf_set(kconf, "security.protocol", protocols[proto], errstr,
+                         errstr_size))
+    return -1;
+  if (PR_CFG_SET(st, KAFKA_SASL_MECHANISM)) {
+    int mech = PR_CFG_ENUM(st, KAFKA_SASL_MECHANISM);
+    if (pr__kafka_conf_set(kconf, "sasl.mechanism", mechanisms[mech], errstr,
+                           errstr_size) ||
+        (mech == 3 && pr__kafka_conf_set(kconf, "sasl.oauthbearer.method",
+                                         "oidc", errstr, errstr_size)))
+      return -1;
+  }
+  for (size_t i = 0; i < sizeof(strs) / sizeof(strs[0]); i++)
+    if (st->v[strs[i].id].isset &&
+        pr__kafka_conf_set(kconf, strs[i].prop, st->v[strs[i].id].u.s, errstr,
+                           errstr_size))
+      return -1;
+  if ((proto == 1 || proto == 3) &&
+      rd_kafka_conf_set_ssl_cert_verify_cb(kconf, cert_verify_cb) !=
+          RD_KAFKA_CONF_OK) {
+    pr__errf(errstr, errstr_size,
+             "option kafka_security_protocol (PROSODY_KAFKA_SECURITY_PROTOCOL) "
+             "asks for TLS, which this librdkafka was built without");
+    return -1;
+  }
+  if ((proto == 1 || proto == 3) &&
+      pr__kafka_conf_set(
+          kconf, "ssl.endpoint.identification.algorithm",
+          PR_CFG_BOOL(st, KAFKA_SSL_ENDPOINT_IDENTIFICATION) ? "https" : "none",
+          errstr, errstr_size))
+    return -1;
+  for (size_t i = 0; i < props->list_n; i++) {
+    char name[128];
+    const char *eq = strchr(props->list[i], '=');
+    snprintf(name, sizeof(name), "%.*s", (int)(eq - props->list[i]),
+             props->list[i]);
+    if (pr__kafka_conf_set(kconf, name, eq + 1, errstr, errstr_size)) {
+      char why[512];
+      snprintf(why, sizeof(why), "%s", errstr);
+      pr__errf(errstr, errstr_size,
+               "option kafka_properties (PROSODY_KAFKA_PROPERTIES): %s", why);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+rd_kafka_conf_t *pr__kafka_conf_new(const pr__settings_t *st,
+                                    const char *bootstrap, int mock,
                                     char *errstr, size_t errstr_size) {
   rd_kafka_conf_t *kconf = rd_kafka_conf_new();
   if (!kconf) {
@@ -195,8 +346,9 @@ rd_kafka_conf_t *pr__kafka_conf_new(const char *bootstrap, int mock,
   /* Developer aid (docs/DEVELOPMENT.md): librdkafka's own debug contexts,
    * shown with PROSODY_LOG=debug. */
   const char *debug = getenv("PROSODY_KAFKA_DEBUG");
-  if (debug && *debug &&
-      pr__kafka_conf_set(kconf, "debug", debug, errstr, errstr_size)) {
+  if ((debug && *debug &&
+       pr__kafka_conf_set(kconf, "debug", debug, errstr, errstr_size)) ||
+      (st && conf_security(kconf, st, errstr, errstr_size))) {
     rd_kafka_conf_destroy(kconf);
     return NULL;
   }
@@ -278,6 +430,7 @@ int pr__kafka_destroy_bounded(rd_kafka_t *rk, int timeout_ms,
 
   if (!rk)
     return 0;
+  tls_cause_drop(rk);
   /* Its lines go to its client's logger until it is destroyed (or
    * abandoned): that logger may go once this returns. */
   job = calloc(1, sizeof(*job));
@@ -360,11 +513,32 @@ static const char *looks_like(const unsigned char b[4]) {
   return "";
 }
 
-const char *pr__kafka_explain(const char *reason, char *out, size_t n) {
+const char *pr__kafka_explain(const rd_kafka_t *rk, const char *reason,
+                              char *out, size_t n) {
   const char *at = strstr(reason, "Invalid response size ");
   const char *slash = strchr(reason, '/');
   long long size;
   unsigned char b[4];
+  if (rk && strstr(reason, "certificate verify failed")) {
+    int found = 0;
+    pthread_mutex_lock(&tls_lock);
+    for (size_t i = 0; i < ntls_causes && !found; i++)
+      if (tls_causes[i].rk == rk) {
+        snprintf(out, n, "TLS handshake failed: %s", tls_causes[i].text);
+        found = 1;
+      }
+    pthread_mutex_unlock(&tls_lock);
+    if (found)
+      return out;
+  }
+  if (strstr(reason, "alert bad certificate") ||
+      strstr(reason, "alert certificate required")) {
+    snprintf(out, n,
+             "%s (the broker refused our client certificate, or wants one: "
+             "check kafka_ssl_certificate_location and kafka_ssl_key_location)",
+             reason);
+    return out;
+  }
   /* A reply to the ApiVersion request (the first one on a connection)
    * whose length field is absurd: not a Kafka broker at all. */
   if (!at || !strstr(reason, "receive.message.max.bytes") ||

@@ -30,7 +30,7 @@ rd_kafka_conf_t *pr__kafka_consumer_conf(const pr__settings_t *st,
   int kip848 = PR_CFG_ENUM(st, GROUP_PROTOCOL) == 1;
   int64_t session = kip848 ? 0 : mock ? 6000 : st->test.session_timeout_ms;
 
-  if (!(kconf = pr__kafka_conf_new(bootstrap, mock, errstr, errstr_size)))
+  if (!(kconf = pr__kafka_conf_new(st, bootstrap, mock, errstr, errstr_size)))
     return NULL;
   snprintf(commit_ms, sizeof(commit_ms), "%lld",
            (long long)PR_CFG_MS(st, COMMIT_INTERVAL));

@@ -28,13 +28,18 @@
 /* ---- common.c ---- */
 
 /* A librdkafka configuration with what every handle shares: bootstrap
- * servers, Nagle off, our log callback. `mock`: the embedded cluster, which
- * listens on 127.0.0.1 but advertises "localhost", so IPv4 only (else every
- * connection first tries ::1 and waits out a reconnect backoff). NULL on
- * error (errstr). */
-rd_kafka_conf_t *pr__kafka_conf_new(const char *bootstrap, int mock,
+ * servers, Nagle off, our log callback, and from the settings `st` (NULL:
+ * none, the mock cluster's own handle) the security options and then
+ * kafka_properties (so a user's client.id or debug wins over ours; the
+ * properties a role sets itself are refused by the option table). `mock`:
+ * the embedded cluster, which listens on 127.0.0.1 but advertises
+ * "localhost", so IPv4 only (else every connection first tries ::1 and
+ * waits out a reconnect backoff). NULL on error (errstr). */
+rd_kafka_conf_t *pr__kafka_conf_new(const pr__settings_t *st,
+                                    const char *bootstrap, int mock,
                                     char *errstr, size_t errstr_size);
-/* rd_kafka_conf_set() that reports failures in our words. */
+/* rd_kafka_conf_set() that reports failures in our words (a secret's value
+ * never appears in them). */
 int pr__kafka_conf_set(rd_kafka_conf_t *kconf, const char *name,
                        const char *value, char *errstr, size_t errstr_size);
 /* Maps a librdkafka error to our error class. */
@@ -52,8 +57,11 @@ rd_kafka_t *pr__kafka_new(rd_kafka_type_t type, rd_kafka_conf_t *conf,
 /* librdkafka's broker error `reason` in words a user can act on (into
  * `out`, returned): a reply to the first request on a connection that is
  * no Kafka response ("increase receive.message.max.bytes") says the
- * address is not a Kafka broker; anything else is copied. */
-const char *pr__kafka_explain(const char *reason, char *out, size_t n);
+ * address is not a Kafka broker; a refused broker certificate on handle
+ * `rk` (NULL: none) says why OpenSSL refused it (expired, host name
+ * mismatch, unknown CA); anything else is copied. */
+const char *pr__kafka_explain(const rd_kafka_t *rk, const char *reason,
+                              char *out, size_t n);
 /* What the first three addresses of `bootstrap` show within `budget_ms`
  * (shared): no TCP connection, a refused one, silence after Kafka's
  * ApiVersion request, a reply that is not Kafka's, or a Kafka broker. For
@@ -175,7 +183,8 @@ typedef struct pr__tm_event {
 } pr__tm_event_t;
 
 /* The client's emitter, or NULL when telemetry_enabled is false (or out
- * of memory: logged). Its producer is made on the first event. */
+ * of memory: logged). Its producer is made on the first event. `st` must
+ * outlive the emitter (it is read when the producer is made). */
 pr__tm_t *pr__tm_new(const pr__settings_t *st, const char *bootstrap);
 /* Queues the event (fire and forget; dropped and counted when the queue is
  * full). Any thread; `t` NULL: nothing. */

@@ -57,7 +57,7 @@ static prosody_err_t start_locked(char *errstr, size_t errstr_size) {
 
   if (mc)
     return PROSODY_OK;
-  kconf = pr__kafka_conf_new(NULL, 1, errstr, errstr_size);
+  kconf = pr__kafka_conf_new(NULL, NULL, 1, errstr, errstr_size);
   if (!kconf)
     return PROSODY_ERR_TRANSIENT;
   /* The owner never connects anywhere: keep its "no bootstrap.servers"

@@ -275,8 +275,7 @@ static void error_cb(rd_kafka_t *rk, int err, const char *reason,
                      void *opaque) {
   pr__producer_t *prod = opaque;
   char text[512];
-  (void)rk;
-  pr__kafka_explain(reason, text, sizeof(text));
+  pr__kafka_explain(rk, reason, text, sizeof(text));
   /* "1/1 brokers are down": the error before it said why */
   if (err != RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN) {
     pthread_mutex_lock(&prod->err_lock);
@@ -526,7 +525,7 @@ pr__producer_t *pr__producer_new(const pr__settings_t *st,
     goto fail;
   }
 
-  kconf = pr__kafka_conf_new(bootstrap, prod->mock, errstr, errstr_size);
+  kconf = pr__kafka_conf_new(st, bootstrap, prod->mock, errstr, errstr_size);
   if (!kconf)
     goto fail;
   snprintf(buf, sizeof(buf), "%d", prod->send_timeout_ms);

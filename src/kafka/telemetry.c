@@ -33,6 +33,7 @@
 struct pr__tm {
   char *bootstrap, *topic;
   int mock;
+  const pr__settings_t *st; /* the client's; outlives this emitter */
   char hostname[256];
   pthread_mutex_t lock; /* guards rk's creation */
   _Atomic(rd_kafka_t *) rk;
@@ -84,6 +85,7 @@ pr__tm_t *pr__tm_new(const pr__settings_t *st, const char *bootstrap) {
     return NULL;
   }
   t->mock = PR_CFG_BOOL(st, MOCK);
+  t->st = st;
   if (gethostname(t->hostname, sizeof(t->hostname) - 1))
     snprintf(t->hostname, sizeof(t->hostname), "unknown");
   pthread_mutex_init(&t->lock, NULL);
@@ -103,7 +105,7 @@ static rd_kafka_t *producer(pr__tm_t *t) {
     return rk;
   }
   snprintf(queue, sizeof(queue), "%d", PR_TM_QUEUE);
-  kc = pr__kafka_conf_new(t->bootstrap, t->mock, errstr, sizeof(errstr));
+  kc = pr__kafka_conf_new(t->st, t->bootstrap, t->mock, errstr, sizeof(errstr));
   if (kc &&
       !pr__kafka_conf_set(kc, "linger.ms", "100", errstr, sizeof(errstr)) &&
       !pr__kafka_conf_set(kc, "acks", "1", errstr, sizeof(errstr)) &&

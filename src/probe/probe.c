@@ -8,7 +8,9 @@
  * Bodies are plain text saying why. Anything else is 404; other methods
  * are 405.
  */
+#include <arpa/inet.h>
 #include <microhttpd.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,32 +80,54 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
   return reply(conn, 404, "not found: try /readyz, /livez or /metrics\n");
 }
 
-pr__probe_t *pr__probe_start(int port, pr__probe_source_t src, char *errstr,
-                             size_t errstr_size) {
+pr__probe_t *pr__probe_start(const char *host, int port, pr__probe_source_t src,
+                             char *errstr, size_t errstr_size) {
   pr__probe_t *probe = calloc(1, sizeof(*probe));
   const union MHD_DaemonInfo *info;
+  struct sockaddr_in a4 = {0};
+  struct sockaddr_in6 a6 = {0};
+  const struct sockaddr *addr;
+  unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
   if (!probe) {
     pr__errf(errstr, errstr_size, "out of memory");
     return NULL;
   }
+  if (inet_pton(AF_INET, host, &a4.sin_addr) == 1) {
+    a4.sin_family = AF_INET;
+    a4.sin_port = htons((uint16_t)port);
+    addr = (const struct sockaddr *)&a4;
+  } else if (inet_pton(AF_INET6, host, &a6.sin6_addr) == 1) {
+    a6.sin6_family = AF_INET6;
+    a6.sin6_port = htons((uint16_t)port);
+    addr = (const struct sockaddr *)&a6;
+    flags |= MHD_USE_IPv6;
+  } else {
+    pr__errf(errstr, errstr_size,
+             "probe_host (PROSODY_PROBE_HOST) \"%s\" is no IP address; "
+             "expected one such as 0.0.0.0, :: or 127.0.0.1",
+             host);
+    free(probe);
+    return NULL;
+  }
   probe->src = src;
-  probe->daemon = MHD_start_daemon(
-      MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, (uint16_t)port, NULL,
-      NULL, on_request, probe, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10,
-      MHD_OPTION_END);
+  probe->daemon = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL,
+                                   on_request, probe, MHD_OPTION_SOCK_ADDR,
+                                   addr, MHD_OPTION_CONNECTION_TIMEOUT,
+                                   (unsigned)10, MHD_OPTION_END);
   if (!probe->daemon) {
     pr__errf(errstr, errstr_size,
-             "could not start the probe server on port %d (probe_port, "
-             "PROSODY_PROBE_PORT): is the port in use? Set probe_port=none "
-             "to disable it",
-             port);
+             "could not start the probe server on %s port %d (probe_host "
+             "PROSODY_PROBE_HOST, probe_port PROSODY_PROBE_PORT): is the port "
+             "in use, or the address not this host's? Set probe_port=none to "
+             "disable it",
+             host, port);
     free(probe);
     return NULL;
   }
   info = MHD_get_daemon_info(probe->daemon, MHD_DAEMON_INFO_BIND_PORT);
   probe->port = info ? info->port : port;
-  PR_INFO("probe", "probe server on port %d (/readyz, /livez, /metrics)",
-          probe->port);
+  PR_INFO("probe", "probe server on %s port %d (/readyz, /livez, /metrics)",
+          host, probe->port);
   return probe;
 }
 

@@ -16,9 +16,10 @@ typedef struct pr__probe_source {
   void *opaque;
 } pr__probe_source_t;
 
-/* Listens on `port` (0: any free port) on all interfaces. NULL on error. */
-pr__probe_t *pr__probe_start(int port, pr__probe_source_t src, char *errstr,
-                             size_t errstr_size);
+/* Listens on `host` (an IPv4 or IPv6 address, checked by the option
+ * table's probe_host rule) at `port` (0: any free port). NULL on error. */
+pr__probe_t *pr__probe_start(const char *host, int port, pr__probe_source_t src,
+                             char *errstr, size_t errstr_size);
 /* The port actually bound. */
 int pr__probe_port(const pr__probe_t *probe);
 /* Stops the server (waits for requests in progress). NULL is a no-op. */

@@ -22,6 +22,10 @@ pr__cql_conf_t pr__cql_conf_of(const pr__settings_t *st) {
   c.password = PR_CFG_STR(st, CASSANDRA_PASSWORD);
   c.datacenter = PR_CFG_STR(st, CASSANDRA_DATACENTER);
   c.rack = PR_CFG_STR(st, CASSANDRA_RACK);
+  c.ssl = PR_CFG_BOOL(st, CASSANDRA_SSL);
+  c.ssl_ca = PR_CFG_STR(st, CASSANDRA_SSL_CA_LOCATION);
+  c.ssl_cert = PR_CFG_STR(st, CASSANDRA_SSL_CERTIFICATE_LOCATION);
+  c.ssl_key = PR_CFG_STR(st, CASSANDRA_SSL_KEY_LOCATION);
   return c;
 }
 

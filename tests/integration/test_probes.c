@@ -3,7 +3,8 @@
  * 200 once assigned; /livez turns 503 when a handler makes no progress for
  * stall_threshold and 200 again once it finishes; bodies say why; /metrics
  * answers (the Python suite parses it); 404 for
- * other paths; the server stops with unsubscribe. Also prosody_is_stalled.
+ * other paths; the server stops with unsubscribe. Also prosody_is_stalled,
+ * and probe_host: every interface by default, loopback only when asked.
  */
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -20,6 +21,20 @@ static prosody_result_t handler(prosody_context_t *ctx,
   while (!atomic_load(&release_it))
     usleep(1000);
   return PROSODY_SUCCESS;
+}
+
+/* 1 if a TCP connection to `ip`:`port` is accepted. 127.0.0.2 is on the
+ * loopback interface too but is not 127.0.0.1: a server bound to 127.0.0.1
+ * refuses it, one bound to every interface accepts it. */
+static int connects(const char *ip, int port) {
+  struct sockaddr_in a = {0};
+  int fd = socket(AF_INET, SOCK_STREAM, 0), ok;
+  a.sin_family = AF_INET;
+  a.sin_port = htons((uint16_t)port);
+  inet_pton(AF_INET, ip, &a.sin_addr);
+  ok = connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+  close(fd);
+  return ok;
 }
 
 T_SCENARIO(readiness_liveness_and_stall_reported, T_BOTH, 90) {
@@ -43,6 +58,8 @@ T_SCENARIO(readiness_liveness_and_stall_reported, T_BOTH, 90) {
   CHECK_OK(prosody_subscribe(c, &h, err, sizeof(err)), err);
   port = prosody_probe_port(c);
   CHECK(port > 0, "no probe port");
+  CHECK(connects("127.0.0.2", port), "probe_host 0.0.0.0 (the default) does "
+                                     "not listen on every interface");
 
   /* Before the first assignment (the mock's first join takes seconds). */
   status = t_http_get(port, "/readyz", body, sizeof(body));
@@ -88,6 +105,27 @@ T_SCENARIO(readiness_liveness_and_stall_reported, T_BOTH, 90) {
   CHECK(t_http_get(port, "/readyz", body, sizeof(body)) == -1,
         "probe server still answers after unsubscribe");
   prosody_client_destroy(c);
+
+  /* probe_host=127.0.0.1: loopback only. */
+  conf = t_consumer_config(group, topic);
+  t_set(conf, "probe_port", "0");
+  t_set(conf, "probe_host", "127.0.0.1");
+  c = prosody_client_new(conf, err, sizeof(err));
+  CHECK(c, "%s", err);
+  CHECK_OK(prosody_subscribe(c, &h, err, sizeof(err)), err);
+  port = prosody_probe_port(c);
+  CHECK(connects("127.0.0.1", port) && !connects("127.0.0.2", port),
+        "probe_host=127.0.0.1 should accept 127.0.0.1 only");
+  CHECK_OK(prosody_unsubscribe(c), "unsubscribe");
+  prosody_client_destroy(c);
+
+  /* Not an IP address: refused at configuration, naming the option. */
+  conf = t_consumer_config(group, topic);
+  t_set(conf, "probe_host", "localhost");
+  CHECK(!prosody_client_new(conf, err, sizeof(err)) &&
+            strstr(err, "probe_host (PROSODY_PROBE_HOST)"),
+        "probe_host=localhost: %s", err);
+  prosody_config_destroy(conf);
   printf("ok: readiness, liveness and stall reporting\n");
   return 0;
 }

@@ -47,7 +47,8 @@ static void set_bad(const char *name, const char *value, const char *needle) {
   /* Every message names the option, its variable and the value. */
   contains(err, name);
   contains(err, pr__opt_defs[pr__opt_lookup(name)].env);
-  if (!(pr__opt_defs[pr__opt_lookup(name)].flags & PR_F_SECRET))
+  if (!(pr__opt_defs[pr__opt_lookup(name)].flags & PR_F_SECRET) &&
+      pr__opt_defs[pr__opt_lookup(name)].type != PR_T_PROPS)
     contains(err, value);
   contains(err, "expected");
   contains(err, needle);
@@ -569,6 +570,165 @@ static void test_cross_checks(void **state) {
   }
 }
 
+/* The Kafka security options refuse what does not go together, naming
+ * both options, and accept each complete combination. */
+static void test_kafka_security_checks(void **state) {
+  static const struct {
+    const char *pairs[13];
+    const char *needle1, *needle2; /* NULL: accepted */
+  } cases[] = {
+      {{"kafka_sasl_username", "u", NULL},
+       "kafka_sasl_username (PROSODY_KAFKA_SASL_USERNAME) is set",
+       "kafka_security_protocol (PROSODY_KAFKA_SECURITY_PROTOCOL) is "
+       "PLAINTEXT"},
+      {{"kafka_security_protocol", "SSL", "kafka_sasl_mechanism", "PLAIN",
+        NULL},
+       "kafka_sasl_mechanism",
+       "is SSL"},
+      {{"kafka_security_protocol", "SASL_PLAINTEXT", "kafka_ssl_ca_location",
+        "/ca.pem", "kafka_sasl_mechanism", "PLAIN", NULL},
+       "kafka_ssl_ca_location",
+       "is SASL_PLAINTEXT"},
+      {{"kafka_ssl_endpoint_identification", "false", NULL},
+       "kafka_ssl_endpoint_identification",
+       "PLAINTEXT"},
+      {{"kafka_security_protocol", "SSL", "kafka_ssl_certificate_location",
+        "/c.pem", NULL},
+       "kafka_ssl_certificate_location (PROSODY_KAFKA_SSL_CERTIFICATE_"
+       "LOCATION) is set but option kafka_ssl_key_location",
+       "both or neither"},
+      {{"kafka_security_protocol", "SSL", "kafka_ssl_key_location", "/k.pem",
+        NULL},
+       "kafka_ssl_key_location (PROSODY_KAFKA_SSL_KEY_LOCATION) is set but "
+       "option kafka_ssl_certificate_location",
+       "both or neither"},
+      {{"kafka_security_protocol", "SSL", "kafka_ssl_key_password", "pw", NULL},
+       "kafka_ssl_key_password",
+       "kafka_ssl_key_location"},
+      {{"kafka_security_protocol", "SASL_SSL", NULL},
+       "kafka_sasl_mechanism (PROSODY_KAFKA_SASL_MECHANISM) is not set",
+       "SCRAM-SHA-512"},
+      {{"kafka_security_protocol", "SASL_SSL", "kafka_sasl_mechanism",
+        "SCRAM-SHA-256", "kafka_sasl_username", "u", NULL},
+       "kafka_sasl_password (PROSODY_KAFKA_SASL_PASSWORD) is not set",
+       "SCRAM-SHA-256"},
+      {{"kafka_security_protocol", "SASL_SSL", "kafka_sasl_mechanism", "PLAIN",
+        "kafka_sasl_username", "u", "kafka_sasl_password", "p",
+        "kafka_sasl_oauthbearer_client_id", "c", NULL},
+       "kafka_sasl_oauthbearer_client_id",
+       "kafka_sasl_mechanism"},
+      {{"kafka_security_protocol", "SASL_SSL", "kafka_sasl_mechanism",
+        "OAUTHBEARER", "kafka_sasl_username", "u", NULL},
+       "kafka_sasl_username",
+       "OAUTHBEARER"},
+      {{"kafka_security_protocol", "SASL_SSL", "kafka_sasl_mechanism",
+        "OAUTHBEARER", "kafka_sasl_oauthbearer_client_id", "c", NULL},
+       "kafka_sasl_oauthbearer_token_endpoint_url",
+       "OAUTHBEARER"},
+      {{"cassandra_ssl_ca_location", "/ca.pem", NULL},
+       "cassandra_ssl_ca_location (PROSODY_CASSANDRA_SSL_CA_LOCATION) is set",
+       "cassandra_ssl (PROSODY_CASSANDRA_SSL) is false"},
+      {{"cassandra_ssl", "true", "cassandra_ssl_certificate_location", "/c.pem",
+        NULL},
+       "cassandra_ssl_certificate_location",
+       "cassandra_ssl_key_location"},
+      {{"mock", "true", "kafka_security_protocol", "SSL", NULL},
+       "mock (PROSODY_MOCK)",
+       "is SSL"},
+      {{"kafka_security_protocol", "SASL_SSL", "kafka_sasl_mechanism",
+        "scram-sha-512", "kafka_sasl_username", "u", "kafka_sasl_password", "p",
+        "kafka_ssl_ca_location", "/ca.pem", NULL},
+       NULL,
+       NULL},
+      {{"kafka_security_protocol", "SASL_SSL", "kafka_sasl_mechanism",
+        "OAUTHBEARER", "kafka_sasl_oauthbearer_token_endpoint_url",
+        "https://idp.example/token", "kafka_sasl_oauthbearer_client_id", "c",
+        "kafka_sasl_oauthbearer_client_secret", "s", NULL},
+       NULL,
+       NULL},
+      {{"kafka_security_protocol", "SSL", "kafka_ssl_certificate_location",
+        "/c.pem", "kafka_ssl_key_location", "/k.pem", "kafka_ssl_key_password",
+        "pw", "kafka_ssl_endpoint_identification", "false", NULL},
+       NULL,
+       NULL},
+  };
+  char err[1024];
+  (void)state;
+  for (int i = 0; i < PR_OPT__COUNT; i++)
+    unsetenv(pr__opt_defs[i].env);
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    const char *p[20];
+    size_t k = 0;
+    int mock = 0;
+    for (size_t j = 0; cases[i].pairs[j]; j++) {
+      p[k++] = cases[i].pairs[j];
+      mock |= !strcmp(cases[i].pairs[j], "mock");
+    }
+    p[k++] = "group_id", p[k++] = "g";
+    if (!mock)
+      p[k++] = "bootstrap_servers", p[k++] = "127.0.0.1:9092";
+    p[k] = NULL;
+    err[0] = '\0';
+    if (!cases[i].needle1) {
+      if (validate_with(p, err, sizeof(err)) != PROSODY_OK)
+        fail_msg("case %zu should be accepted: %s", i, err);
+      continue;
+    }
+    assert_int_equal(validate_with(p, err, sizeof(err)), PROSODY_ERR_CONFIG);
+    contains(err, cases[i].needle1);
+    contains(err, cases[i].needle2);
+  }
+}
+
+/* kafka_properties: name=value items (commas inside a value continue it),
+ * refusing what prosody sets itself or an option carries, naming it;
+ * secret values are masked. */
+static void test_kafka_properties(void **state) {
+  (void)state;
+  assert_string_equal(
+      set_ok("kafka_properties", " client.id = me , ssl.cipher.suites=A,B,"),
+      "client.id=me,ssl.cipher.suites=A,B");
+  assert_string_equal(
+      set_ok("kafka_properties", "ssl.keystore.password=hunter2,debug=all"),
+      "ssl.keystore.password=****,debug=all");
+  assert_string_equal(set_ok("kafka_properties", "none"), "none");
+  set_bad("kafka_properties", "enable.auto.commit=true",
+          "property enable.auto.commit is refused: set by prosody");
+  set_bad("kafka_properties", "client.id=x,group.id=y",
+          "property group.id is refused: an option of its own: group_id");
+  set_bad("kafka_properties", "sasl.password=x",
+          "an option of its own: kafka_sasl_password");
+  set_bad("kafka_properties", "rebalance_cb=x", "a callback");
+  set_bad("kafka_properties", "isolation.level=read_uncommitted",
+          "isolation.level is refused");
+  set_bad("kafka_properties", "partition.assignment.strategy=range",
+          "partition_assignment_strategy");
+  set_bad("kafka_properties", "debug", "the first item is not name=value");
+  set_bad("kafka_properties", "Client.Id=x", "no librdkafka property name");
+  set_bad("kafka_properties", "debug=all,debug=broker", "given twice");
+}
+
+/* kafka_properties reach librdkafka: an unknown property is refused when
+ * a handle is made, naming kafka_properties. */
+static void test_kafka_properties_reach_librdkafka(void **state) {
+  char err[1024] = "";
+  prosody_config_t *conf = prosody_config_new();
+  (void)state;
+  for (int i = 0; i < PR_OPT__COUNT; i++)
+    unsetenv(pr__opt_defs[i].env);
+  assert_int_equal(prosody_config_set(conf, "mock", "true", err, sizeof(err)),
+                   PROSODY_OK);
+  assert_int_equal(prosody_config_set(conf, "group_id", "g", err, sizeof(err)),
+                   PROSODY_OK);
+  assert_int_equal(prosody_config_set(conf, "kafka_properties",
+                                      "no.such.property=1", err, sizeof(err)),
+                   PROSODY_OK);
+  assert_null(prosody_client_new(conf, err, sizeof(err)));
+  contains(err, "kafka_properties (PROSODY_KAFKA_PROPERTIES)");
+  contains(err, "no.such.property");
+  prosody_config_destroy(conf);
+}
+
 static void test_errors_table(void **state) {
   (void)state;
   for (int e = PROSODY_OK; e <= PROSODY_ERR_STATE; e++) {
@@ -644,6 +804,9 @@ int main(void) {
       cmocka_unit_test(test_precedence),
       cmocka_unit_test(test_unknown_option),
       cmocka_unit_test(test_cross_checks),
+      cmocka_unit_test(test_kafka_security_checks),
+      cmocka_unit_test(test_kafka_properties),
+      cmocka_unit_test(test_kafka_properties_reach_librdkafka),
       cmocka_unit_test(test_errors_table),
       cmocka_unit_test(test_version),
       cmocka_unit_test(test_format_round_trip),

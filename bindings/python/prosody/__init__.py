@@ -39,4 +39,4 @@ __all__ = [
     "transient",
 ]
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
