@@ -12,7 +12,10 @@
 /* The queue's wake-up: any thread. */
 void pn_mailbox_wake(void *arg) {
   mailbox_t *mb = arg;
-  napi_call_threadsafe_function(mb->tsfn, NULL, napi_tsfn_nonblocking);
+  pthread_mutex_lock(&mb->wake_lock);
+  if (!mb->gone)
+    napi_call_threadsafe_function(mb->tsfn, NULL, napi_tsfn_nonblocking);
+  pthread_mutex_unlock(&mb->wake_lock);
 }
 
 /* Keeps the loop and the JS client alive while something is pending (JS

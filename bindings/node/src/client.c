@@ -27,11 +27,17 @@ static void client_release(napi_env env, client_t *c) {
   if (c->logger)
     napi_delete_reference(env, c->logger);
   prosody_queue_destroy(c->mb.q);
+  pthread_mutex_destroy(&c->mb.wake_lock);
   free(c);
 }
 
 static void tsfn_finalize(napi_env env, void *data, void *hint) {
   client_t *c = data;
+  /* From here no thread calls it (the environment's teardown finalizes it
+   * while the client's threads may still log). */
+  pthread_mutex_lock(&c->mb.wake_lock);
+  c->mb.gone = 1;
+  pthread_mutex_unlock(&c->mb.wake_lock);
   c->tsfn_gone = 1;
   client_release(env, c);
 }
@@ -106,6 +112,7 @@ static napi_value client_new(napi_env env, napi_callback_info info) {
   }
   c->env = env;
   atomic_init(&c->mb.closed, 0);
+  pthread_mutex_init(&c->mb.wake_lock, NULL);
   /* The mailbox first: the client logs while it is being created. */
   if (!(c->mb.q = prosody_queue_new(LOG_QUEUE_LINES, err, sizeof(err)))) {
     prosody_config_destroy(conf);

@@ -86,6 +86,10 @@ typedef struct mailbox {
       carried; /* log lines dropped before the last batch was
                   re-listed, said by the next pn_call_js (JS thread) */
   napi_threadsafe_function tsfn;
+  pthread_mutex_t wake_lock; /* guards gone, and each call of tsfn from
+                                another thread against its finalizer */
+  int gone; /* the threadsafe function was finalized (env teardown can
+               free it before the client's threads stop logging) */
 } mailbox_t;
 
 typedef struct client {
