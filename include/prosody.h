@@ -564,6 +564,16 @@ PROSODY_EXPORT const char *prosody_timer_traceparent(const prosody_timer_t *t,
  * cassandra_nodes), PROSODY_ERR_TRANSIENT (Cassandra unreachable or
  * failing: worth retrying), PROSODY_ERR_NOMEM, PROSODY_ERR_INVALID_ARG (no
  * on_message).
+ *
+ * When the consumer itself could not start (Cassandra, the store's
+ * schema, cassandra_nodes, librdkafka, memory; not for the argument,
+ * group_id/subscribed_topics and already-subscribed errors) the error is also
+ * logged at ERROR through the client's logger (subsystem "consumer"), and
+ * prosody_consumer_state() then says "configuration-failed" until a later
+ * call starts it. The probe server is not part of the consumer: when it
+ * cannot start (probe_port taken) the consumer runs all the same, the
+ * failure is logged at ERROR (subsystem "probe") and prosody_probe_port()
+ * is -1.
  */
 PROSODY_EXPORT prosody_err_t prosody_subscribe(prosody_client_t *client,
                                                const prosody_handler_t *handler,
@@ -579,8 +589,10 @@ PROSODY_EXPORT prosody_err_t prosody_subscribe(prosody_client_t *client,
  */
 PROSODY_EXPORT prosody_err_t prosody_unsubscribe(prosody_client_t *client);
 
-/* "unconfigured" (no group_id or subscribed_topics), "configured", or
- * "running" (subscribed). Static storage. */
+/* "unconfigured" (no group_id or subscribed_topics), "configured",
+ * "running" (subscribed), or "configuration-failed" (the last
+ * prosody_subscribe() could not start the consumer; its error was returned
+ * and logged). Static storage. */
 PROSODY_EXPORT const char *
 prosody_consumer_state(const prosody_client_t *client);
 /* Partitions currently assigned to this consumer (0 when not running). */
@@ -591,8 +603,9 @@ prosody_assigned_partition_count(const prosody_client_t *client);
 PROSODY_EXPORT int prosody_is_stalled(const prosody_client_t *client);
 
 /* The port of the probe server (/readyz, /livez, /metrics) while subscribed, or
- * -1 when it is not running (probe_port none, not subscribed, or mock mode
- * without an explicit probe_port). */
+ * -1 when it is not running (probe_port none, not subscribed, mock mode
+ * without an explicit probe_port, or it could not start: see
+ * prosody_subscribe()). */
 PROSODY_EXPORT int prosody_probe_port(const prosody_client_t *client);
 
 /* ------------------------------------------------------------------------ */
@@ -661,6 +674,104 @@ PROSODY_EXPORT prosody_err_t prosody_admin_delete_topic(prosody_admin_t *admin,
                                                         const char *name,
                                                         char *errstr,
                                                         size_t errstr_size);
+
+/* ------------------------------------------------------------------------ */
+/* Event queue: from libprosody's threads to a host's event loop             */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * A multi-producer, single-consumer queue of the host's own items, with one
+ * wake-up each time it turns non-empty: for hosts with an event loop of
+ * their own (the Python and Node.js packages), whose callbacks run on
+ * libprosody's threads (an asynchronous handler on the engine thread, the
+ * results of prosody_timer_async() and prosody_send_async(), cancellations,
+ * log lines) and must only hand the news over. Such a callback pushes an
+ * item and returns; the host's loop is woken once per batch, takes every
+ * item queued since, and handles them on its own thread.
+ *
+ * The wake-up is a file descriptor (as librdkafka's
+ * rd_kafka_queue_io_event_enable()): prosody_queue_fd() is readable from
+ * the push that makes the queue non-empty until the next
+ * prosody_queue_take(); a loop watches it (asyncio's add_reader, a
+ * uv_poll_t, poll()). Or, with prosody_queue_set_wake_cb(), a function of
+ * the host's is called instead (as rd_kafka_queue_cb_event_enable()), for
+ * a host whose loop has a thread-safe wake-up of its own (Node-API's
+ * napi_call_threadsafe_function()).
+ *
+ * Items are intrusive: the host embeds a prosody_queue_item_t in its own
+ * struct, so a push never allocates and cannot fail for want of memory.
+ * An item belongs to the queue from its push until the take that returns
+ * it, and to the host otherwise: it must not be pushed twice before it is
+ * taken. The queue never reads `kind` and never frees an item.
+ *
+ * Thread contracts: push and offer from any thread (they take the queue's
+ * lock briefly, never block otherwise and never call back except the wake
+ * function); take from one thread at a time (the host's loop thread).
+ */
+typedef struct prosody_queue prosody_queue_t;
+
+/* A queued item: a plain struct embedded in the host's own. */
+typedef struct prosody_queue_item {
+  struct prosody_queue_item *next; /* the queue's while listed; then the
+                                      next item of the taken list */
+  int kind;                        /* the host's own tag, never read here */
+  int bounded;                     /* set by the queue: listed by offer */
+} prosody_queue_item_t;
+
+/*
+ * A new, empty queue. `bound` caps the items listed by
+ * prosody_queue_offer() (0: no cap); prosody_queue_push() ignores it.
+ * Returns NULL with the reason in errstr when out of memory or out of file
+ * descriptors (the eventfd).
+ */
+PROSODY_EXPORT prosody_queue_t *prosody_queue_new(size_t bound, char *errstr,
+                                                  size_t errstr_size);
+
+/*
+ * Frees the queue and closes its descriptor. Items still listed are not
+ * freed (they are the host's: take them first). No push may run or follow.
+ * NULL is a no-op.
+ */
+PROSODY_EXPORT void prosody_queue_destroy(prosody_queue_t *q);
+
+/* The descriptor a loop watches for readability (owned by the queue: do
+ * not read, write or close it). -1 for a NULL queue. */
+PROSODY_EXPORT int prosody_queue_fd(const prosody_queue_t *q);
+
+/*
+ * Calls `cb(opaque)` instead of signalling the descriptor each time the
+ * queue turns non-empty, on the pushing thread, after the queue's lock is
+ * released: it must not block and must not take from the queue. Set it
+ * before the first push (not thread-safe against pushes). NULL restores
+ * the descriptor.
+ */
+PROSODY_EXPORT void prosody_queue_set_wake_cb(prosody_queue_t *q,
+                                              void (*cb)(void *opaque),
+                                              void *opaque);
+
+/* Lists `item` at the tail and wakes the host if the queue was empty (or
+ * was taken since the last wake-up). Never fails; NULL is a no-op. */
+PROSODY_EXPORT void prosody_queue_push(prosody_queue_t *q,
+                                       prosody_queue_item_t *item);
+
+/*
+ * Like prosody_queue_push() for items that may be dropped (log lines): it
+ * refuses `item`, returning -1, when `bound` offered items are listed
+ * already; a NULL `item` (the caller could not allocate one) is refused
+ * too. Each refusal is counted, and the count is given by the next take
+ * (which also wakes the host: the count is news). 0 when listed.
+ */
+PROSODY_EXPORT int prosody_queue_offer(prosody_queue_t *q,
+                                       prosody_queue_item_t *item);
+
+/*
+ * Takes every listed item, oldest first, as a list linked by `next`
+ * (NULL when empty), and resets the wake-up: a push after this call wakes
+ * the host again. `*dropped` (may be NULL) receives the refusals counted
+ * since the last take. Call it from one thread at a time.
+ */
+PROSODY_EXPORT prosody_queue_item_t *prosody_queue_take(prosody_queue_t *q,
+                                                        unsigned long *dropped);
 
 /* ------------------------------------------------------------------------ */
 /* Embedded mock cluster                                                     */

@@ -29,6 +29,8 @@ struct prosody_client {
   pr__engine_t *engine;     /* the running consumer, or NULL */
   pr__probe_t *probe;       /* probe server while subscribed, or NULL */
   int stopping;             /* guarded by lock: unsubscribe in progress */
+  int start_failed;         /* guarded by lock: the last prosody_subscribe
+                               could not start the consumer */
   pr__logger_t *logger;     /* its threads' and calls' logger */
   int abandoned;            /* an engine outlived its stop: keep logger */
 };
@@ -256,21 +258,33 @@ PROSODY_EXPORT prosody_err_t prosody_subscribe(prosody_client_t *c,
              c->engine ? "already subscribed" : "still unsubscribing");
     err = PROSODY_ERR_STATE;
   } else {
+    char why[1024] = "";
     err = pr__engine_start(&c->st, c->bootstrap, c->producer, handler,
-                           &c->engine, errstr, errstr_size);
+                           &c->engine, why, sizeof(why));
+    c->start_failed = err != PROSODY_OK;
     if (err) {
       c->engine = NULL;
+      pr__errf(errstr, errstr_size, "%s", why);
+      /* Said here as well as returned: a host that does not wait for the
+       * call's result (the bindings' examples do not await subscribe())
+       * would otherwise run on with no consumer and no word of it. */
+      PR_ERROR("consumer", "the consumer did not start: %s",
+               *why ? why : prosody_err_message(err));
     } else if (probe_wanted(c)) {
+      /* A probe server that cannot start (its port taken, often by the
+       * application's own HTTP server) does not stop the consumer: the
+       * records keep flowing, and the failure is logged at ERROR and
+       * seen as prosody_probe_port() == -1 while running. */
+      char perr[256];
       pr__probe_source_t src = {probe_assigned, probe_stalled, probe_metrics,
                                 c->engine};
       c->probe = pr__probe_start(PR_CFG_STR(&c->st, PROBE_HOST),
-                                 (int)PR_CFG_INT(&c->st, PROBE_PORT), src,
-                                 errstr, errstr_size);
-      if (!c->probe) {
-        c->abandoned |= pr__engine_stop(c->engine);
-        c->engine = NULL;
-        err = PROSODY_ERR_CONFIG;
-      }
+                                 (int)PR_CFG_INT(&c->st, PROBE_PORT), src, perr,
+                                 sizeof(perr));
+      if (!c->probe)
+        PR_ERROR("probe",
+                 "%s; the consumer runs without /readyz, /livez and /metrics",
+                 perr);
     }
   }
   pthread_mutex_unlock(&c->lock);
@@ -316,9 +330,10 @@ PROSODY_EXPORT const char *prosody_consumer_state(const prosody_client_t *c) {
   pthread_mutex_lock((pthread_mutex_t *)&c->lock);
   state =
       c->engine || c->stopping ? "running"
-      : PR_CFG_SET(&c->st, GROUP_ID) && PR_CFG_SET(&c->st, SUBSCRIBED_TOPICS)
-          ? "configured"
-          : "unconfigured";
+      : !PR_CFG_SET(&c->st, GROUP_ID) || !PR_CFG_SET(&c->st, SUBSCRIBED_TOPICS)
+          ? "unconfigured"
+      : c->start_failed ? "configuration-failed"
+                        : "configured";
   pthread_mutex_unlock((pthread_mutex_t *)&c->lock);
   return state;
 }

@@ -1,7 +1,7 @@
 'use strict';
 // @prosody-events/prosody: the JavaScript API of Prosody over libprosody.
 //
-// The addon (src/addon.c) hands every batch of events from libprosody's
+// The addon (src/*.c: bridge.c) hands every batch of events from libprosody's
 // engine thread to `dispatch` below, on the JavaScript thread; this file
 // turns them into handler calls with a Context, a Message or Timer and an
 // AbortSignal, and reports each promise's outcome with `complete`.
@@ -523,14 +523,27 @@ class ProsodyClient {
   }
 
   subscribe(handler) {
-    if (!handler || typeof handler.onMessage !== 'function') {
-      throw new TypeError('subscribe() needs a handler with an onMessage method');
+    // Both methods are optional (the specification's EventHandler), but a
+    // handler needs one, and one that is given must be a function.
+    if (handler === null || (typeof handler !== 'object' && typeof handler !== 'function')) {
+      throw new TypeError('subscribe() needs a handler object with an onMessage and/or an onTimer method');
     }
+    for (const name of ['onMessage', 'onTimer']) {
+      if (handler[name] !== undefined && handler[name] !== null && typeof handler[name] !== 'function') {
+        throw new TypeError(`subscribe(): handler.${name} must be a function, got ${typeof handler[name]}`);
+      }
+    }
+    const hasMessage = typeof handler.onMessage === 'function';
     const hasTimer = typeof handler.onTimer === 'function';
+    if (!hasMessage && !hasTimer) {
+      throw new TypeError('subscribe() needs a handler with an onMessage or an onTimer method');
+    }
     // The handler is set once the native call accepted: it throws when
     // already subscribed, and the running subscription keeps its handler.
-    // (No batch can arrive before this method returns.)
-    this._subscribing = this._native.subscribe((batch) => this._dispatch(batch), hasTimer)
+    // (No batch can arrive before this method returns.) Without onMessage
+    // the addon completes each message as a success on the engine thread:
+    // it never crosses to JavaScript, and its offset is committed.
+    this._subscribing = this._native.subscribe((batch) => this._dispatch(batch), hasTimer, hasMessage)
       .catch(rethrow);
     this._handler = handler;
     return this._subscribing;
@@ -558,7 +571,7 @@ class ProsodyClient {
   }
 
   // One call per batch from the addon: STRIDE slots per event (see
-  // src/addon.c): [kind, id, ev, ...]; kind 0 message, 1 timer, 2 cancel.
+  // src/bridge.c): [kind, id, ev, ...]; kind 0 message, 1 timer, 2 cancel.
   _dispatch(batch) {
     this._tracing = tracing();
     for (let i = 0; i < batch.length; i += STRIDE) {

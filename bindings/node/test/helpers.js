@@ -79,4 +79,22 @@ function clientFactory(t) {
   };
 }
 
-module.exports = { REAL, unique, baseOptions, adminOptions, Recorder, freshTopic, clientFactory, WAIT_MS };
+// A logger that records [method, text] for each call.
+function recordingLogger() {
+  const lines = [];
+  const logger = {};
+  for (const m of ['error', 'warn', 'info', 'debug']) logger[m] = (text) => lines.push([m, text]);
+  return { logger, lines };
+}
+
+// Waits until `pred` (may return a promise) holds, at most WAIT_MS.
+async function waitUntil(pred, what) {
+  const deadline = Date.now() + WAIT_MS;
+  while (!(await pred())) {
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
+module.exports = { REAL, unique, baseOptions, adminOptions, Recorder, freshTopic, clientFactory, WAIT_MS,
+                   recordingLogger, waitUntil };

@@ -5,23 +5,7 @@
 const test = require('node:test');
 const assert = require('node:assert');
 const { ProsodyClient, TransientError } = require('..');
-const { unique, freshTopic, clientFactory, WAIT_MS } = require('./helpers');
-
-// A logger that records [method, text] and the thread it was called on.
-function recordingLogger() {
-  const lines = [];
-  const logger = {};
-  for (const m of ['error', 'warn', 'info', 'debug']) logger[m] = (text) => lines.push([m, text]);
-  return { logger, lines };
-}
-
-async function waitUntil(pred, what) {
-  const deadline = Date.now() + WAIT_MS;
-  while (!pred()) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
-}
+const { unique, freshTopic, clientFactory, recordingLogger, waitUntil } = require('./helpers');
 
 // Nothing listens on port 1: the producer's connection attempts warn.
 const unreachable = (sourceSystem, log, logger) => new ProsodyClient({

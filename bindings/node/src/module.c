@@ -1,0 +1,93 @@
+/*
+ * module.c - the addon's registration: NativeClient (client.c),
+ * NativeAdmin (admin.c) and the module's functions, plus the errors every
+ * file throws. The files and their threads: prosody_node.h.
+ */
+#include "prosody_node.h"
+
+/* ------------------------------------------------------------------------ */
+/* Errors                                                                   */
+/* ------------------------------------------------------------------------ */
+
+void pn_throw_last(napi_env env) {
+  const napi_extended_error_info *info = NULL;
+  bool pending = false;
+  napi_is_exception_pending(env, &pending);
+  if (pending)
+    return;
+  napi_get_last_error_info(env, &info);
+  napi_throw_error(env, NULL,
+                   info && info->error_message ? info->error_message
+                                               : "N-API call failed");
+}
+
+/* An Error with `code` (the C error's name) and `transient`. */
+napi_value pn_make_error(napi_env env, prosody_err_t err, const char *msg) {
+  napi_value m, e, code, tr;
+  if (!msg || !*msg)
+    msg = prosody_err_message(err);
+  napi_create_string_utf8(env, msg, NAPI_AUTO_LENGTH, &m);
+  if (err == PROSODY_ERR_INVALID_ARG || err == PROSODY_ERR_CONFIG ||
+      err == PROSODY_ERR_INVALID_PAYLOAD)
+    napi_create_range_error(env, NULL, m, &e);
+  else
+    napi_create_error(env, NULL, m, &e);
+  napi_create_string_utf8(env, prosody_err_name(err), NAPI_AUTO_LENGTH, &code);
+  napi_get_boolean(env, prosody_err_is_transient(err), &tr);
+  napi_set_named_property(env, e, "code", code);
+  napi_set_named_property(env, e, "transient", tr);
+  return e;
+}
+
+napi_value pn_throw_error(napi_env env, prosody_err_t err, const char *msg) {
+  napi_throw(env, pn_make_error(env, err, msg));
+  return NULL;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Module                                                                   */
+/* ------------------------------------------------------------------------ */
+
+static void set_str(napi_env env, napi_value o, const char *name,
+                    const char *s) {
+  napi_value v;
+  if (!s)
+    return;
+  napi_create_string_utf8(env, s, NAPI_AUTO_LENGTH, &v);
+  napi_set_named_property(env, o, name, v);
+}
+
+/* options() -> {name: {type, accepted, env}} from libprosody's table. */
+static napi_value mod_options(napi_env env, napi_callback_info info) {
+  napi_value o, d;
+  napi_create_object(env, &o);
+  for (size_t i = 0; i < prosody_option_count(); i++) {
+    const prosody_option_info_t *oi = prosody_option_info(i);
+    napi_create_object(env, &d);
+    set_str(env, d, "type", oi->type);
+    set_str(env, d, "accepted", oi->accepted);
+    set_str(env, d, "env", oi->env);
+    napi_set_named_property(env, o, oi->name, d);
+  }
+  return o;
+}
+
+static napi_value mod_version(napi_env env, napi_callback_info info) {
+  napi_value v;
+  napi_create_string_utf8(env, prosody_version_str(), NAPI_AUTO_LENGTH, &v);
+  return v;
+}
+
+static napi_value init(napi_env env, napi_value exports) {
+  napi_property_descriptor fns[] = {
+      {"options", NULL, mod_options, NULL, NULL, NULL, napi_default, NULL},
+      {"libraryVersion", NULL, mod_version, NULL, NULL, NULL, napi_default,
+       NULL},
+  };
+  napi_set_named_property(env, exports, "NativeClient", pn_client_class(env));
+  napi_set_named_property(env, exports, "NativeAdmin", pn_admin_class(env));
+  napi_define_properties(env, exports, sizeof(fns) / sizeof(fns[0]), fns);
+  return exports;
+}
+
+NAPI_MODULE(NODE_GYP_MODULE_NAME, init)
