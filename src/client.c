@@ -19,7 +19,8 @@
 
 struct prosody_client {
   prosody_config_t *conf;   /* owned, taken at _new */
-  pr__settings_t st;        /* resolved at _new, read-only */
+  pr__settings_t st;        /* resolved at _new, read-only; kept (with c)
+                               when an engine was abandoned */
   char *source_system;      /* source_system, or group_id */
   char *bootstrap;          /* effective bootstrap.servers */
   pr__producer_t *producer; /* thread-safe */
@@ -156,11 +157,14 @@ PROSODY_EXPORT void prosody_client_destroy(prosody_client_t *c) {
     LOG_SCOPE(c);
     pr__producer_destroy(c->producer);
     /* After the producer: its last reports emit. An engine that outlived
-     * its stop may still emit: its telemetry stays, as its logger does. */
+     * its stop may still emit: its telemetry stays, as its logger does,
+     * but starts no producer once we return. */
     if (!c->abandoned) {
       pr__tm_free(c->tm);
       /* Spans still queued get a moment to leave. */
       pr__otel_close(c->otel, OTEL_CLOSE_FLUSH_MS);
+    } else {
+      pr__tm_seal(c->tm);
     }
     LOG_SCOPE_END();
   }
@@ -173,12 +177,16 @@ PROSODY_EXPORT void prosody_client_destroy(prosody_client_t *c) {
      * the application's callback: its opaque may be freed once we return. */
     pr__logger_detach(c->logger);
   }
+  prosody_config_destroy(c->conf);
+  if (c->abandoned)
+    return; /* the abandoned engine (and its telemetry) still reads the
+               settings and the strings taken from them, and its consumer
+               still talks to the mock cluster: all kept with it */
   if (PR_CFG_BOOL(&c->st, MOCK))
     pr__mock_release();
   free(c->source_system);
   free(c->bootstrap);
   pr__settings_fini(&c->st);
-  prosody_config_destroy(c->conf);
   free(c);
 }
 

@@ -197,6 +197,10 @@ size_t pr__tm_json(const pr__tm_t *t, const pr__tm_event_t *ev, int64_t now_ms,
 uint64_t pr__tm_dropped(const pr__tm_t *t);
 /* Flushes for up to 2 s, then frees. */
 void pr__tm_free(pr__tm_t *t);
+/* The client is gone but an abandoned engine may still emit: no producer
+ * is made from now on (a new Kafka handle's threads would start after
+ * prosody_client_destroy() returned); one made already goes on. */
+void pr__tm_seal(pr__tm_t *t);
 
 /* The producer of a client (client.c; tests inject faults through it). */
 pr__producer_t *pr__client_producer(prosody_client_t *client);

@@ -33,11 +33,12 @@
 struct pr__tm {
   char *bootstrap, *topic;
   int mock;
-  const pr__settings_t *st; /* the client's; outlives this emitter */
+  const pr__settings_t *st; /* the client's; outlives this emitter (an
+                               abandoned engine's client keeps both) */
   char hostname[256];
   pthread_mutex_t lock; /* guards rk's creation */
   _Atomic(rd_kafka_t *) rk;
-  atomic_int failed_new; /* the producer could not be made: off */
+  atomic_int failed_new; /* none is made: it could not be, or sealed */
   atomic_uint_fast64_t emitted, dropped, undelivered;
   atomic_llong warned_ms; /* last delivery failure logged */
 };
@@ -317,6 +318,14 @@ uint64_t pr__tm_dropped(const pr__tm_t *t) {
   return t ? (uint64_t)atomic_load(&((pr__tm_t *)t)->dropped) +
                  (uint64_t)atomic_load(&((pr__tm_t *)t)->undelivered)
            : 0;
+}
+
+void pr__tm_seal(pr__tm_t *t) {
+  if (!t)
+    return;
+  pthread_mutex_lock(&t->lock); /* after a creation under way */
+  atomic_store(&t->failed_new, 1);
+  pthread_mutex_unlock(&t->lock);
 }
 
 void pr__tm_free(pr__tm_t *t) {
