@@ -2,9 +2,13 @@
  * dedup.c - deduplication (pipeline mode, messages): an event whose id was
  * recorded as handled is committed past without running the handler.
  *
- * The id is XXH3-128 (xxHash, header-only) of (idempotence_version, group,
- * topic, partition, key, and the payload's top-level string "id", or the
- * offset when there is none), each field length-prefixed. The payload is
+ * The id is the original Prosody's: a UUID (version 8) whose bytes are
+ * XXH3-128 (xxHash, header-only), little-endian, of idempotence_version,
+ * group, topic, key (each after its length, u32) and the partition (i32),
+ * then the payload's top-level string "id" (a byte 1, its length, it) or,
+ * when there is none, the offset (a byte 0, i64); integers little-endian.
+ * So a message the original recorded is a duplicate here, and the other
+ * way round (same group and idempotence_version). The payload is
  * scanned for "id" only when the four bytes "id" (quotes included) occur
  * in it: a top-level "id" member cannot be written without them.
  *
@@ -53,13 +57,18 @@ struct pr__dd_req {
   inv_t *inv;
 };
 
-/* Appends a length-prefixed field (fields cannot run into each other). */
-static char *field(char *o, const void *p, size_t n) {
-  uint32_t len = (uint32_t)n;
-  memcpy(o, &len, sizeof(len));
-  memcpy(o + sizeof(len), p, n);
-  return o + sizeof(len) + n;
+/* Appends `n` bytes, after their length (u32, little-endian) when `len`. */
+static char *put(char *o, const void *p, size_t n, int len) {
+  if (len) {
+    uint32_t l = (uint32_t)n;
+    for (int i = 0; i < 4; i++)
+      *o++ = (char)(l >> (8 * i));
+  }
+  memcpy(o, p, n);
+  return o + n;
 }
+
+static uint64_t bswap64(uint64_t v) { return __builtin_bswap64(v); }
 
 pr__did_t pr__dd_id(const char *version, const char *group, const char *topic,
                     int32_t partition, const char *key, const char *id,
@@ -67,6 +76,7 @@ pr__did_t pr__dd_id(const char *version, const char *group, const char *topic,
   size_t vl = strlen(version), gl = strlen(group), tl = strlen(topic),
          kl = strlen(key), need = vl + gl + tl + kl + id_len + 64;
   char small[512], *buf = need <= sizeof(small) ? small : malloc(need), *o;
+  uint8_t num[8];
   XXH128_hash_t h;
   pr__did_t d;
   if (!buf) { /* no memory: the fields hashed apart, less well mixed */
@@ -74,23 +84,30 @@ pr__did_t pr__dd_id(const char *version, const char *group, const char *topic,
     d.lo = pr__fnv1a(id ? id : "", id ? id_len : 0) ^ pr__fnv1a(topic, tl);
     return d;
   }
-  o = field(buf, version, vl);
-  o = field(o, group, gl);
-  o = field(o, topic, tl);
-  o = field(o, &partition, sizeof(partition));
-  o = field(o, key, kl);
+  o = put(buf, version, vl, 1);
+  o = put(o, group, gl, 1);
+  o = put(o, topic, tl, 1);
+  for (int i = 0; i < 4; i++)
+    num[i] = (uint8_t)((uint32_t)partition >> (8 * i));
+  o = put(o, num, 4, 0);
+  o = put(o, key, kl, 1);
   if (id) {
-    o = field(o, "i", 1);
-    o = field(o, id, id_len);
+    o = put(o, "\1", 1, 0);
+    o = put(o, id, id_len, 1);
   } else {
-    o = field(o, "o", 1);
-    o = field(o, &offset, sizeof(offset));
+    for (int i = 0; i < 8; i++)
+      num[i] = (uint8_t)((uint64_t)offset >> (8 * i));
+    o = put(o, "\0", 1, 0);
+    o = put(o, num, 8, 0);
   }
   h = XXH3_128bits(buf, (size_t)(o - buf));
   if (buf != small)
     free(buf);
-  d.hi = h.high64;
-  d.lo = h.low64;
+  /* The UUID's bytes are the 128-bit hash, little-endian (low half first),
+   * marked version 8 (custom) and variant RFC 9562; hi/lo hold them in
+   * order, big-endian. */
+  d.hi = (bswap64(h.low64) & ~UINT64_C(0xf000)) | UINT64_C(0x8000);
+  d.lo = (bswap64(h.high64) & ~(UINT64_C(0xc0) << 56)) | (UINT64_C(0x80) << 56);
   return d;
 }
 

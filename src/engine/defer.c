@@ -18,9 +18,13 @@
  * outside retries it in place, which holds the partition (backpressure) until
  * the storm passes.
  *
- * A partition's deferred keys are read from the store when it is assigned
- * (one read; its records wait until then), so a key deferred by an earlier
- * owner keeps its order with no lookup per message.
+ * A key deferred by an earlier owner (ours or the original: the stores
+ * share its tables) keeps its order: the memory store lists a partition's
+ * deferred keys when it is assigned (its records wait until then); with
+ * Cassandra's, whose layout lists none, a key's first event of a kind asks
+ * the store (through the head cache) before it runs, and the keys' retry
+ * timers (types deferred message and deferred timer, in the timer store)
+ * name them as the partition's timers are loaded.
  *
  * Threads: the engine thread only (the Cassandra store and the loader
  * answer through the mailbox; the memory store answers at once).
@@ -34,10 +38,11 @@
 
 static void loaded_mail(pr__mail_t *mail, void *owner);
 
-/* A segment is one group's topic partition. */
+/* A segment is one group's topic partition, named as the original names
+ * it (its id in Cassandra is derived from the name). */
 static void segment_of(const part_t *part, char *buf, size_t n) {
-  snprintf(buf, n, "%s/%s/%" PRId32, part->eng->group_id, part->topic,
-           part->partition);
+  snprintf(buf, n, "%s/%" PRId32 ":%s", part->topic, part->partition,
+           part->eng->group_id);
 }
 
 #define SEG_MAX 1024
@@ -124,6 +129,43 @@ static void log_cb(void *arg, prosody_err_t err, const char *errstr) {
 static void dk_idle(pr__dk_t *dk, int64_t at_ms) {
   dk->busy = 0;
   dk->retry_at_ms = at_ms;
+}
+
+/* ---- the retry timers ------------------------------------------------------
+ * A deferred key's retry time is a timer of the original's type 1
+ * (deferred message) or 2 (deferred timer) in the timer store, one per
+ * key and type, as the original keeps it: either implementation taking the
+ * partition over finds it when it loads the partition's timers
+ * (pr__df_timer_loaded). The deferral store keeps it too (the memory store
+ * lists its keys at assignment; Cassandra's has nowhere to). */
+
+static void timer_log_cb(void *arg, prosody_err_t err, const char *errstr) {
+  (void)arg;
+  if (err)
+    PR_WARN("defer", "could not delete a deferred key's retry timer: %s",
+            errstr ? errstr : prosody_err_name(err));
+}
+
+/* Writes the key's retry timer at `at_s`, deleting its others, or (at_s
+ * -1) deletes them all; `cb` has the write's answer. */
+static void retry_timer(part_t *part, const char *key, int kind, int64_t at_s,
+                        pr__store_done_cb cb, void *arg) {
+  pr__tstore_t *ts = part->eng->store;
+  pr__tseg_t seg = pr__firing_seg(part->topic, part->partition);
+  pr__timer_type_t type =
+      kind == PR_DEFER_TIMERS ? PR_TIMER_DEFER_TIMER : PR_TIMER_DEFER_MESSAGE;
+  if (!ts) {
+    cb(arg, PROSODY_OK, NULL);
+    return;
+  }
+  if (at_s < 0) {
+    ts->ops->del_key(ts, &seg, key, type, -1, cb, arg);
+    return;
+  }
+  if (at_s > PR_TIMER_MAX_S)
+    at_s = PR_TIMER_MAX_S;
+  ts->ops->del_key(ts, &seg, key, type, at_s, timer_log_cb, NULL);
+  ts->ops->put(ts, &seg, key, at_s, type, NULL, cb, arg);
 }
 
 /* ---- deferring a message --------------------------------------------------
@@ -228,6 +270,9 @@ void pr__df_write(inv_t *inv) {
       eng->df_refuse_rows--;
       written(inv, PROSODY_ERR_TRANSIENT, "refused (test option)");
     } else {
+      inv->df_writes++; /* the retry timer too */
+      retry_timer(part, inv->msg.key, kind, (key_at + 999) / 1000, written,
+                  inv);
       pr__defer_set_key(store, seg, inv->msg.key, (key_at + 999) / 1000,
                         written, inv);
     }
@@ -348,7 +393,8 @@ static void retry_later(inv_t *inv) {
   }
   if (r) {
     segment_of(inv->part, seg, sizeof(seg));
-    r->pending = 2;
+    r->pending = 3;
+    retry_timer(inv->part, kq->key, kind, (at_ms + 999) / 1000, rescheduled, r);
     pr__defer_set_retries(eng->df_store[kind], seg, kq->key, dk->position, n,
                           rescheduled, r);
     pr__defer_set_key(eng->df_store[kind], seg, kq->key, (at_ms + 999) / 1000,
@@ -357,6 +403,35 @@ static void retry_later(inv_t *inv) {
     dk->busy = 0; /* out of memory: retried as stored */
   }
   pr__outcome_finish(inv, 0);
+}
+
+/* Defers the key's queued events of `kind` (not started) from `j` on
+ * behind `dk`. */
+static void defer_queued(pr__dk_t *dk, int kind, inv_t *j) {
+  for (inv_t *jn; j; j = jn) {
+    jn = j->next;
+    if (PR_DF_KIND(j) != kind || j->state != INV_QUEUED || j->df_loaded)
+      continue;
+    if (j->is_timer && j->dropped) { /* unscheduled: nothing to defer */
+      pr__kq_unlink(j);
+      pr__outcome_finish_detach(j, 0);
+      continue;
+    }
+    defer_inv(j, dk, 0, 0);
+  }
+}
+
+/* An event (of the other kind) left at the key's head may start now. */
+static void start_head(part_t *part, kq_t *kq) {
+  if (kq->head && kq->head->state == INV_QUEUED && !part->held &&
+      !part->revoking && part->eng->phase == PH_RUNNING)
+    pr__dispatch_schedule(kq->head);
+}
+
+/* The key's queued events of `kind` join `dk`; the others go on. */
+static void take_queued(part_t *part, kq_t *kq, pr__dk_t *dk, int kind) {
+  defer_queued(dk, kind, kq->head);
+  start_head(part, kq);
 }
 
 void pr__df_defer(inv_t *inv) {
@@ -389,23 +464,159 @@ void pr__df_defer(inv_t *inv) {
           inv->result_error ? inv->result_error : "(no message)",
           inv->is_timer ? "timers" : "messages", (long long)delay);
   /* The key's queued events of its kind follow it; the others stay. */
-  for (inv_t *j = inv->next, *jn; j; j = jn) {
-    jn = j->next;
-    if (j->is_timer != inv->is_timer || j->state != INV_QUEUED)
-      continue;
-    if (j->is_timer && j->dropped) { /* unscheduled: nothing to defer */
-      pr__kq_unlink(j);
-      pr__outcome_finish_detach(j, 0);
-      continue;
-    }
-    defer_inv(j, dk, 0, 0);
-  }
+  defer_queued(dk, kind, inv->next);
   defer_inv(inv, dk, 1, key_at);
-  /* An event of the other kind left at the head may start now. */
-  if ((kq = pr__kq_get(part, kq->key, 0)) && kq->head &&
-      kq->head->state == INV_QUEUED && !part->held && !part->revoking &&
-      eng->phase == PH_RUNNING)
-    pr__dispatch_schedule(kq->head);
+  if ((kq = pr__kq_get(part, kq->key, 0)))
+    start_head(part, kq);
+}
+
+/* ---- is a key deferred? ---------------------------------------------------
+ * A key is deferred while its queue in the store is not empty; nothing
+ * lists a segment's deferred keys in the original's layout. So before a
+ * key's first event of a kind runs (the key's queue in memory is new), the
+ * store is asked for the key's head, which the head cache
+ * (defer_store_cache_size) answers at once for a key it knows, deferred or
+ * not. Meanwhile the event waits at the head of its key; a key found
+ * deferred (by an earlier owner, ours or the original) takes its queued
+ * events of the kind into its queue, and its head is retried at once. A
+ * retry timer loaded from the timer store says the same. */
+
+/* `key` of `part` is deferred: its dk (retried at `at_ms`), or NULL when
+ * out of memory. */
+static pr__dk_t *dk_found(part_t *part, kq_t *kq, int kind, int64_t at_ms) {
+  pr__dk_t *dk = kq->dk[kind];
+  if (dk)
+    return dk;
+  if (!(dk = dk_new(part, kq, kind, at_ms)))
+    return NULL;
+  dk->row_written = 1;
+  kq->df_known[kind] = PR_DF_KNOWN;
+  PR_INFO("defer",
+          "%s[%" PRId32 "] key \"%.64s\": has deferred %s in the store (an "
+          "earlier owner's); its later ones join them",
+          part->topic, part->partition, kq->key,
+          kind == PR_DEFER_TIMERS ? "timers" : "messages");
+  return dk;
+}
+
+/* The store's answer to "is the key deferred?". r->pending is 1 while
+ * pr__df_admit() waits in the call (an answer at once: left to it). */
+static void asked(void *arg, prosody_err_t err, const char *errstr, int found,
+                  int64_t position, int32_t retries) {
+  pr__load_t *r = arg;
+  part_t *part = req_part(r);
+  kq_t *kq = part ? pr__kq_get(part, r->key, 0) : NULL;
+  int kind = r->kind;
+  (void)position;
+  (void)retries;
+  if (!kq || kq->df_known[kind] != PR_DF_ASKING) {
+    if (r->pending == 1)
+      r->pending = 2;
+    else
+      pr__load_free(r);
+    return;
+  }
+  if (!err && found && !dk_found(part, kq, kind, pr__wall_ms())) {
+    err = PROSODY_ERR_NOMEM;
+    errstr = "out of memory";
+  }
+  if (err) {
+    kq->df_known[kind] = PR_DF_UNKNOWN;
+    part->df_ask_ms = pr__wall_ms() + 1000;
+    PR_WARN("defer",
+            "%s[%" PRId32 "] key \"%.64s\": could not read whether it is "
+            "deferred: %s; its events wait (asking again in 1s)",
+            part->topic, part->partition, r->key,
+            errstr ? errstr : prosody_err_name(err));
+  } else {
+    kq->df_known[kind] = PR_DF_KNOWN;
+  }
+  if (r->pending == 1) {
+    r->pending = 2;
+    return;
+  }
+  pr__load_free(r);
+  if (err)
+    return;
+  if (kq->dk[kind])
+    take_queued(part, kq, kq->dk[kind], kind);
+  else
+    start_head(part, kq);
+}
+
+int pr__df_admit(inv_t *inv) {
+  PR_ENGINE_THREAD(inv->eng);
+  pr__engine_t *eng = inv->eng;
+  part_t *part = inv->part;
+  kq_t *kq = inv->kq;
+  int kind = PR_DF_KIND(inv);
+  pr__load_t *r;
+  char seg[SEG_MAX];
+  if (!eng->df_store[kind] || inv->df_loaded || !kq)
+    return PR_ADMIT_RUN;
+  if (kq->dk[kind]) { /* found deferred since it was queued */
+    take_queued(part, kq, kq->dk[kind], kind);
+    return PR_ADMIT_TAKEN;
+  }
+  if (kq->df_known[kind] == PR_DF_KNOWN)
+    return PR_ADMIT_RUN;
+  if (kq->df_known[kind] == PR_DF_ASKING || part->df_ask_ms > pr__wall_ms())
+    return PR_ADMIT_WAIT; /* the answer, or the tick, schedules it */
+  if (!(r = req_new(part, kq->key, kind))) {
+    part->df_ask_ms = pr__wall_ms() + 1000;
+    return PR_ADMIT_WAIT;
+  }
+  kq->df_known[kind] = PR_DF_ASKING;
+  r->pending = 1;
+  segment_of(part, seg, sizeof(seg));
+  pr__defer_head(eng->df_store[kind], seg, kq->key, asked, r);
+  if (r->pending == 1) { /* the answer comes later */
+    r->pending = 0;
+    return PR_ADMIT_WAIT;
+  }
+  pr__load_free(r); /* answered at once */
+  if (kq->df_known[kind] != PR_DF_KNOWN)
+    return PR_ADMIT_WAIT;
+  if (kq->dk[kind]) {
+    take_queued(part, kq, kq->dk[kind], kind);
+    return PR_ADMIT_TAKEN;
+  }
+  return PR_ADMIT_RUN;
+}
+
+void pr__df_timer_loaded(part_t *part, const char *key, int kind,
+                         int64_t time_s) {
+  PR_ENGINE_THREAD(part->eng);
+  kq_t *kq;
+  pr__dk_t *dk;
+  if (!part->eng->df_store[kind] || !(kq = pr__kq_get(part, key, 1)))
+    return;
+  if ((dk = kq->dk[kind])) {
+    if (!dk->busy && time_s * 1000 < dk->retry_at_ms)
+      dk->retry_at_ms = time_s * 1000;
+    return;
+  }
+  if ((dk = dk_found(part, kq, kind, time_s * 1000)))
+    take_queued(part, kq, dk, kind);
+  else
+    pr__kq_trim(part, kq);
+}
+
+/* Events waiting for a failed "is it deferred?" are asked about again. */
+static void ask_again(pr__engine_t *eng, part_t *part, int64_t now_ms) {
+  if (!part->df_ask_ms || part->df_ask_ms > now_ms)
+    return;
+  part->df_ask_ms = 0;
+  for (size_t b = 0; part->buckets && b < part->nbuckets; b++) {
+    kq_t *kq = part->buckets[b], *knext;
+    for (; kq; kq = knext) {
+      knext = kq->next; /* scheduling may finish (and free) a dropped head */
+      if (kq->head && kq->head->state == INV_QUEUED &&
+          kq->df_known[PR_DF_KIND(kq->head)] == PR_DF_UNKNOWN &&
+          eng->phase == PH_RUNNING)
+        pr__dispatch_schedule(kq->head);
+    }
+  }
 }
 
 /* ---- retrying a deferred key ----------------------------------------------
@@ -544,6 +755,7 @@ static void head_read(void *arg, prosody_err_t err, const char *errstr,
             r->kind == PR_DEFER_TIMERS ? "timer" : "message");
     segment_of(part, seg, sizeof(seg));
     r->error = strdup("forgetting the deferred key");
+    retry_timer(part, r->key, r->kind, -1, timer_log_cb, NULL);
     dk_free(part, dk);
     pr__defer_del_key(eng->df_store[r->kind], seg, r->key, log_cb, r);
     return;
@@ -745,6 +957,7 @@ void pr__df_tick(pr__engine_t *eng) {
     for (int kind = 0; kind < 2; kind++)
       if (part->df_listing[kind] == 2)
         read_keys(part, kind);
+    ask_again(eng, part, now_ms);
     if (pr__df_listing(part))
       continue;
     for (dk = part->dks; dk; dk = next) {

@@ -284,6 +284,7 @@ static void close_layer(pr__engine_t *eng, int final) {
 
 const pr__layer_t pr__layer_defer = {.name = "defer",
                                      .open = pr__df_open,
+                                     .admit = pr__df_admit,
                                      .ran = ran,
                                      .decide = decide,
                                      .take = pr__df_defer,

@@ -358,10 +358,15 @@ prosody_err_t pr__engine_start(const pr__settings_t *st, const char *bootstrap,
   uv_prepare_start(&eng->kick_pre, on_prepare);
 
   /* The timer store first: outside mock mode it needs Cassandra, and a
-   * missing or unreachable one is said before anything joins the group. */
-  if ((err =
-           pr__tstore_open(st, handler->on_timer != NULL, eng->slab_s,
-                           store_wake, eng, &eng->store, errstr, errstr_size)))
+   * missing or unreachable one is said before anything joins the group.
+   * Deferral keeps its keys' retry times there too (defer.c), so it is
+   * durable whenever deferral is. */
+  if ((err = pr__tstore_open(
+           st,
+           handler->on_timer != NULL || (eng->mode == PR_MODE_PIPELINE &&
+                                         PR_CFG_BOOL(st, DEFER_ENABLED) &&
+                                         PR_CFG_SET(st, CASSANDRA_NODES)),
+           eng->slab_s, store_wake, eng, &eng->store, errstr, errstr_size)))
     goto fail;
   if ((err = pr__layers_open(eng, bootstrap, store_wake, errstr, errstr_size)))
     goto fail;

@@ -307,10 +307,19 @@ static void slab_loaded(void *arg, prosody_err_t err, const char *errstr,
              "partition is next assigned",
              r->topic, r->partition, errstr ? errstr : prosody_err_name(err));
   else if (part && !part->revoking)
-    for (size_t i = 0; i < n; i++)
-      if (recs[i].type == PR_TIMER_APPLICATION &&
-          !deleted_meanwhile(part, recs[i].key, recs[i].time_s))
-        timer_loaded(part, recs[i].key, recs[i].time_s, &recs[i].ctx);
+    for (size_t i = 0; i < n; i++) {
+      if (recs[i].type == PR_TIMER_APPLICATION) {
+        if (!deleted_meanwhile(part, recs[i].key, recs[i].time_s))
+          timer_loaded(part, recs[i].key, recs[i].time_s, &recs[i].ctx);
+      } else if (recs[i].type == PR_TIMER_DEFER_MESSAGE ||
+                 recs[i].type == PR_TIMER_DEFER_TIMER) { /* a deferred key's */
+        pr__df_timer_loaded(part, recs[i].key,
+                            recs[i].type == PR_TIMER_DEFER_TIMER
+                                ? PR_DEFER_TIMERS
+                                : PR_DEFER_MESSAGES,
+                            recs[i].time_s);
+      }
+    }
   load_done(part);
   free(r);
   pr__firing_arm(eng);

@@ -273,7 +273,13 @@ struct kq {
                           kind join the store's queue, not this one */
   int idle;            /* empty at the last tick and not asked for since:
                           the next tick removes it (pr__part_tick_keys) */
+  uint8_t df_known[2]; /* per kind: whether the store was asked if the key
+                          is deferred (PR_DF_UNKNOWN, _ASKING, _KNOWN):
+                          its events wait at the head until it answers */
 };
+
+/* kq.df_known */
+enum { PR_DF_UNKNOWN = 0, PR_DF_ASKING, PR_DF_KNOWN };
 
 /* An assigned partition (engine thread). */
 struct part {
@@ -315,6 +321,8 @@ struct part {
   int df_listing[2];     /* its deferred keys (per kind) are being read:
                             its queue is not read nor its timers fired
                             meanwhile (2: read them again) */
+  int64_t df_ask_ms;     /* a key lookup failed: its keys are asked again
+                            from then (0: none) */
 };
 
 enum phase { PH_RUNNING, PH_DRAINING };
@@ -648,6 +656,15 @@ int64_t pr__df_delay_s(pr__engine_t *eng, int32_t n);
 void pr__df_defer(inv_t *inv);
 /* A new message of a deferred key: it joins the key's defer queue. */
 void pr__df_join(inv_t *inv);
+/* Admission of an event at the head of its key: unless the key is known
+ * (deferred or not), the store is asked first (PR_ADMIT_WAIT; the answer
+ * schedules the head again, or defers the key's queued events of the
+ * kind when it is deferred: PR_ADMIT_TAKEN when it answers at once). */
+int pr__df_admit(inv_t *inv);
+/* The timer store loaded a retry timer (type deferred message or deferred
+ * timer) of `key`: the key is deferred, retried at `time_s`. */
+void pr__df_timer_loaded(part_t *part, const char *key, int kind,
+                         int64_t time_s);
 /* Telemetry of an event whose handler ran: dispatched (at its start),
  * then succeeded or failed (message.c). Any thread holding the inv: the
  * worker that completes a synchronous handler's attempt, else the engine

@@ -1,8 +1,8 @@
 /*
  * stores.h - the deduplication and deferral stores (private), for the
  * quality-of-service layers: Cassandra implementations on a CQL worker
- * thread (src/cql/worker.h), on the tables of
- * src/cql/schema/0002_deferral_dedup.cql.
+ * thread (src/cql/worker.h), on the original Prosody's tables (the layout:
+ * cqlstores.c).
  *
  * Like the timer store, every operation is started on its owner's thread
  * and its callback runs there too, from poll() after `wake` was called.
@@ -124,7 +124,15 @@ typedef void (*pr__dkeys_cb)(void *arg, prosody_err_t err, const char *errstr,
 
 /* A deferral store's operations. Each is started on the owner's thread
  * and its callback runs there: before the call returns (a store whose
- * `sync` is set, or a cache hit), or later from poll(). */
+ * `sync` is set, or a cache hit), or later from poll().
+ *
+ * The Cassandra store (the original's layout) keeps one retry count per
+ * key, the head's: appending another position does not change it, and
+ * its count is the stored retry_count + 1 (the original counts failed
+ * retries from 0, we count failures). It keeps no key rows: keys() lists
+ * nothing, set_key() and del_key() write nothing (the retry time is a
+ * timer in the timer store), and a key's entries alone say it is
+ * deferred, so trim() below INT64_MAX has nothing to remove. */
 typedef struct pr__defer_ops {
   /* Every deferred key of `segment` (when a partition is assigned). */
   void (*keys)(pr__defer_t *d, const char *segment, pr__dkeys_cb cb, void *arg);

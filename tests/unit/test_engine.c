@@ -871,6 +871,46 @@ static void test_dedup_id(void **state) {
   assert_false(d.hi == base.hi && d.lo == base.lo);
 }
 
+/* The ids are the original Prosody's (its deduplication table is shared):
+ * values worked out apart from this code, from the original's layout of
+ * the hashed fields, with Python's xxhash. */
+static void test_dedup_id_original(void **state) {
+  pr__did_t d =
+      pr__dd_id("1", "billing", "orders", 3, "customer-7", "evt-42", 6, 0);
+  (void)state;
+  /* 32a59138-6737-869b-b679-03fbb8a5516c */
+  assert_true(d.hi == UINT64_C(0x32a591386737869b));
+  assert_true(d.lo == UINT64_C(0xb67903fbb8a5516c));
+  /* no "id": the offset; c993fbaa-641a-8b1d-9683-55f61ffa5d8a */
+  d = pr__dd_id("1", "billing", "orders", 3, "customer-7", NULL, 0, 1234);
+  assert_true(d.hi == UINT64_C(0xc993fbaa641a8b1d));
+  assert_true(d.lo == UINT64_C(0x968355f61ffa5d8a));
+}
+
+/* Segment ids: the name-based UUID (v5, OID namespace) of
+ * "<topic>/<partition>:<group>", as Python's uuid.uuid5 makes it; SHA-1
+ * on the standard vectors around its block boundaries. */
+static void test_segment_uuid(void **state) {
+  static const uint8_t want[16] = {0x1b, 0x25, 0x26, 0xc8, 0xb7, 0x22,
+                                   0x5c, 0xe1, 0xb5, 0xae, 0x1a, 0xb1,
+                                   0x51, 0xde, 0xff, 0x06};
+  static const uint8_t abc[20] = {0xa9, 0x99, 0x3e, 0x36, 0x47, 0x06, 0x81,
+                                  0x6a, 0xba, 0x3e, 0x25, 0x71, 0x78, 0x50,
+                                  0xc2, 0x6c, 0x9c, 0xd0, 0xd8, 0x9d};
+  static const uint8_t two[20] = {0x84, 0x98, 0x3e, 0x44, 0x1c, 0x3b, 0xd2,
+                                  0x6e, 0xba, 0xae, 0x4a, 0xa1, 0xf9, 0x51,
+                                  0x29, 0xe5, 0xe5, 0x46, 0x70, 0xf1};
+  const char *m = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
+  uint8_t u[16], h[20];
+  (void)state;
+  assert_int_equal(pr__uuid_v5(pr__uuid_ns_oid, "orders/3:billing", 16, u), 0);
+  assert_memory_equal(u, want, 16);
+  pr__sha1("abc", 3, h);
+  assert_memory_equal(h, abc, 20);
+  pr__sha1(m, strlen(m), h); /* 56 bytes: the length spills a block */
+  assert_memory_equal(h, two, 20);
+}
+
 /* The cache: least recently used out first; expired ids are gone. */
 static void test_idset(void **state) {
   pr__idset_t *s = pr__idset_new(3);
@@ -1130,6 +1170,8 @@ int main(void) {
       cmocka_unit_test(test_json_valid),
       cmocka_unit_test(test_json_member),
       cmocka_unit_test(test_dedup_id),
+      cmocka_unit_test(test_dedup_id_original),
+      cmocka_unit_test(test_segment_uuid),
       cmocka_unit_test(test_idset),
       cmocka_unit_test(test_idset_model),
       cmocka_unit_test(test_mailbox),
