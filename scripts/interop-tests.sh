@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# Interop tests against the ORIGINAL Rust-based Prosody, for the real tier of
-# `make test` (scripts/run-tests.sh calls this after the Python real tier):
-# tests/interop/shared_group.py, where one consumer of our Python package and
-# one of the original prosody-events (PyPI, pinned) share ONE consumer group
-# on a real Kafka, and both must get partitions, lose no record across the
-# join and keep each key's order.
+# Interop tests against the ORIGINAL Rust-based Prosody (`make test-interop`;
+# also part of the real tier of `make test`: scripts/run-tests.sh calls this
+# after the Python real tier), each a program of tests/interop/:
+#   keyspace.py      one keyspace and one topic used by both in turn: each
+#                    side consumes what the other sent, the original starts
+#                    on a keyspace ours created and ours on one it created,
+#                    and neither applies a migration twice;
+#   shared_group.py  one consumer of ours and one of the original share ONE
+#                    consumer group: both get partitions, no record is lost
+#                    across the join, each key's order holds.
 #
 # Both packages import as `prosody`, so each has its own venv:
 #   ours      ${PROSODY_PY_VENV:-build/python-venv}, built by
@@ -56,13 +60,25 @@ if ! "$orig_venv/bin/python" -c 'import sys, importlib.metadata as m; sys.exit(m
   "$orig_venv/bin/pip" install -q --disable-pip-version-check "prosody-events==$orig_version"
 fi
 echo "interop-tests: the original prosody-events $orig_version is in $orig_venv"
-# Ours.
+# Ours, with cassandra-driver to read the keyspaces' bookkeeping.
 if [ "$installed" = 0 ] || [ ! -x "$ours_venv/bin/python" ]; then
   PROSODY_PY_VENV="$ours_venv" "$root/scripts/python-tests.sh" install
+fi
+if ! "$ours_venv/bin/python" -c 'import cassandra' 2>/dev/null; then
+  "$ours_venv/bin/pip" install -q --disable-pip-version-check "cassandra-driver==3.30.1"
 fi
 
 [ -n "${PROSODY_TEST_BOOTSTRAP:-}" ] || up kafka
 [ -n "${PROSODY_TEST_CASSANDRA:-}" ] || up cassandra
+rc=0
+# The migrations a keyspace records: the original's files, which we ship.
+migrations=$(find "$root/third_party/prosody-migrations" -name '*.cql' | wc -l)
+"$ours_venv/bin/python" "$root/tests/interop/keyspace.py" --migrations "$migrations" \
+  --original-python "$orig_venv/bin/python" --log-dir "$root/build/interop" || rc=1
 "$ours_venv/bin/python" "$root/tests/interop/shared_group.py" \
-  --original-python "$orig_venv/bin/python" --log-dir "$root/build/interop"
+  --original-python "$orig_venv/bin/python" --log-dir "$root/build/interop" || rc=1
+[ "$rc" = 0 ] || {
+  echo "interop-tests: FAILED after $(( $(date +%s) - t0 )) s" >&2
+  exit 1
+}
 echo "interop-tests: passed in $(( $(date +%s) - t0 )) s"

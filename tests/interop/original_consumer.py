@@ -92,9 +92,12 @@ async def main() -> int:
         bootstrap_servers=args.bootstrap,
         group_id=args.group,
         subscribed_topics=args.topic,
-        # Its own keyspace: its tables' layout differs from ours.
+        # The keyspace the test names (it may be ours: one layout for both).
         cassandra_nodes=args.cassandra,
         cassandra_keyspace=args.keyspace,
+        # Its peer listener (requests between instances) binds port 9099 by
+        # default; any free loopback port keeps instances and services apart.
+        peer_bind_address="127.0.0.1:0",
         # No probe server (the option's None disables it), so no port to share.
         probe_port=None,
         telemetry_enabled=False,
