@@ -16,7 +16,10 @@
 #             which scripts/run-tests.sh passes: it has just installed it)
 #   original  ${PROSODY_ORIG_VENV:-build/original-venv}, made with
 #             ${PYTHON:-python3} (3.11: PyPI serves a cp311 manylinux wheel),
-#             with prosody-events==${PROSODY_ORIG_VERSION:-0.6.1}
+#             with prosody-events==${PROSODY_ORIG_VERSION:-0.6.1} (the current
+#             API and schema)
+#   seed      ${PROSODY_SEED_VENV:-build/original-0.2.0-venv}, prosody-events
+#             0.2.0 (the specification's API; its core knew 8 migrations)
 #
 #   scripts/interop-tests.sh [--installed]
 #
@@ -32,6 +35,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 ours_venv="${PROSODY_PY_VENV:-$root/build/python-venv}"
 orig_venv="${PROSODY_ORIG_VENV:-$root/build/original-venv}"
 orig_version="${PROSODY_ORIG_VERSION:-0.6.1}"
+seed_venv="${PROSODY_SEED_VENV:-$root/build/original-0.2.0-venv}"
 installed=0
 case "${1:-}" in
 --installed) installed=1 ;;
@@ -51,15 +55,20 @@ up() { # up SERVICE: start it unless it answers; never stopped here
 }
 
 t0=$(date +%s)
-# The original, pinned, in its own venv (installed once, kept between runs).
-if [ ! -x "$orig_venv/bin/python" ]; then
-  "${PYTHON:-python3}" -m venv "$orig_venv"
-fi
-if ! "$orig_venv/bin/python" -c 'import sys, importlib.metadata as m; sys.exit(m.version("prosody-events") != sys.argv[1])' \
-  "$orig_version" 2>/dev/null; then
-  "$orig_venv/bin/pip" install -q --disable-pip-version-check "prosody-events==$orig_version"
-fi
-echo "interop-tests: the original prosody-events $orig_version is in $orig_venv"
+# The original, pinned, in a venv of its own per version (installed once,
+# kept between runs).
+original() { # original VENV VERSION
+  if [ ! -x "$1/bin/python" ]; then
+    "${PYTHON:-python3}" -m venv "$1"
+  fi
+  if ! "$1/bin/python" -c 'import sys, importlib.metadata as m; sys.exit(m.version("prosody-events") != sys.argv[1])' \
+    "$2" 2>/dev/null; then
+    "$1/bin/pip" install -q --disable-pip-version-check "prosody-events==$2"
+  fi
+  echo "interop-tests: the original prosody-events $2 is in $1"
+}
+original "$orig_venv" "$orig_version"
+original "$seed_venv" 0.2.0
 # Ours, with cassandra-driver to read the keyspaces' bookkeeping.
 if [ "$installed" = 0 ] || [ ! -x "$ours_venv/bin/python" ]; then
   PROSODY_PY_VENV="$ours_venv" "$root/scripts/python-tests.sh" install
@@ -74,7 +83,11 @@ rc=0
 # The migrations a keyspace records: the original's files, which we ship.
 migrations=$(find "$root/third_party/prosody-migrations" -name '*.cql' | wc -l)
 "$ours_venv/bin/python" "$root/tests/interop/keyspace.py" --migrations "$migrations" \
-  --original-python "$orig_venv/bin/python" --log-dir "$root/build/interop" || rc=1
+  --original-migrations "$migrations" --original-python "$orig_venv/bin/python" \
+  --log-dir "$root/build/interop" || rc=1
+"$ours_venv/bin/python" "$root/tests/interop/keyspace.py" --migrations "$migrations" \
+  --original-migrations 8 --original-python "$seed_venv/bin/python" \
+  --log-dir "$root/build/interop" || rc=1
 "$ours_venv/bin/python" "$root/tests/interop/shared_group.py" \
   --original-python "$orig_venv/bin/python" --log-dir "$root/build/interop" || rc=1
 [ "$rc" = 0 ] || {

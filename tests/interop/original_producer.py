@@ -17,7 +17,7 @@ import os
 import sys
 import traceback
 
-from prosody import ProsodyClient
+from original_compat import call, make_client
 
 
 async def main() -> int:
@@ -33,14 +33,11 @@ async def main() -> int:
     ap.add_argument("--cassandra", required=True)
     ap.add_argument("--keyspace", required=True)
     args = ap.parse_args()
-    # Its peer listener (requests between instances) binds port 9099 by
-    # default; any free loopback port keeps instances and services apart.
-    client = await ProsodyClient.create(bootstrap_servers=args.bootstrap,
-                                        source_system="interop-original-producer",
-                                        cassandra_nodes=args.cassandra,
-                                        cassandra_keyspace=args.keyspace,
-                                        peer_bind_address="127.0.0.1:0",
-                                        probe_port=None, telemetry_enabled=False)
+    client = await make_client(bootstrap_servers=args.bootstrap,
+                               source_system="interop-original-producer",
+                               cassandra_nodes=args.cassandra,
+                               cassandra_keyspace=args.keyspace,
+                               probe_port=None, telemetry_enabled=False)
     count = 0
     for r in range(args.rounds):
         seq = args.first_seq + r
@@ -51,7 +48,7 @@ async def main() -> int:
                                                        "batch": args.batch}))
         await asyncio.gather(*sends)
         count += len(sends)
-    await client.shutdown()
+    await call(client, "shutdown")
     sys.stdout.write(json.dumps({"event": "sent", "count": count}) + "\n")
     return 0
 
