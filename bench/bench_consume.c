@@ -41,6 +41,13 @@
  * BENCH_MAX_CONCURRENCY / BENCH_MAX_UNCOMMITTED override those options and
  * BENCH_SKIP_RAW=1 skips the baseline, for profiling; `make bench` uses
  * neither.
+ *
+ * BENCH_CASSANDRA=host:port gives prosody Cassandra (keyspace
+ * prosody_bench), so that deferral and dedup use their Cassandra stores,
+ * and BENCH_SET="name=value;..." sets further options: with deferral on,
+ * each key's first record of a burst asks the defer store whether the key
+ * is deferred (docs/ARCHITECTURE.md, section 3b). Ad-hoc: `make bench`
+ * uses neither.
  */
 #include <librdkafka/rdkafka.h>
 #include <math.h>
@@ -293,6 +300,25 @@ static double run_prosody(const char *topic, long n, int rep) {
   prosody_config_set(conf, "subscribed_topics", topic, err, sizeof(err));
   prosody_config_set(conf, "log", poison_mode ? "error" : "warn", err,
                      sizeof(err));
+  if (getenv("BENCH_CASSANDRA")) {
+    prosody_config_set(conf, "cassandra_nodes", getenv("BENCH_CASSANDRA"), err,
+                       sizeof(err));
+    prosody_config_set(conf, "cassandra_keyspace", "prosody_bench", err,
+                       sizeof(err));
+  }
+  if (getenv("BENCH_SET")) { /* name=value;name=value */
+    char *opts = strdup(getenv("BENCH_SET")), *save = NULL;
+    for (char *o = opts ? strtok_r(opts, ";", &save) : NULL; o;
+         o = strtok_r(NULL, ";", &save)) {
+      char *eq = strchr(o, '=');
+      if (!eq)
+        continue;
+      *eq = '\0';
+      if (prosody_config_set(conf, o, eq + 1, err, sizeof(err)))
+        fprintf(stderr, "BENCH_SET %s: %s\n", o, err);
+    }
+    free(opts);
+  }
   if (getenv("BENCH_MAX_CONCURRENCY"))
     prosody_config_set(conf, "max_concurrency", getenv("BENCH_MAX_CONCURRENCY"),
                        err, sizeof(err));

@@ -417,6 +417,9 @@ static void defer_queued(pr__dk_t *dk, int kind, inv_t *j) {
       pr__outcome_finish_detach(j, 0);
       continue;
     }
+    /* A head waiting for its dedup lookup is not scheduled by the answer
+     * any more: it is deferred (its retry is looked up again). */
+    j->dd_waiting = 0;
     defer_inv(j, dk, 0, 0);
   }
 }

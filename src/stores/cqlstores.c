@@ -91,14 +91,16 @@ typedef struct job {
   void *arg;
   char *seg, *key;  /* segment name and key (deferral) */
   uint8_t id[16];   /* segment id, or dedup id */
-  int64_t position; /* the operation's position; the head read */
-  int32_t retries;  /* the operation's retry count; the head's */
+  int64_t position; /* the head read */
+  int32_t retries;  /* the head's retry count (ours) */
   int64_t ttl;      /* dedup */
   int64_t at;       /* the position written or removed */
   int32_t count;    /* the retry count written (ours: stores.h) */
   int found;        /* results: a head (or an id) was found */
   int64_t next;     /* the row after the head (advance) */
   int has_next;
+  struct kbusy *kb;  /* deferral: its key's entry (worker thread) */
+  struct job *wnext; /* ... the key's jobs waiting behind it */
 } job_t;
 
 static void job_free(job_t *j) {
@@ -253,10 +255,23 @@ pr__dedup_t *pr__dedup_new(const pr__cql_conf_t *conf, const char *keyspace,
 
 /* ---- deferral ----------------------------------------------------------- */
 
+/* A key with a job running (worker thread): one job of a key at a time,
+ * in the order they were posted, since each reads the statics it then
+ * writes (two at once would both take the key for new, and the later
+ * write would set the hint above the earlier's row). */
+typedef struct kbusy {
+  struct kbusy *next; /* bucket chain */
+  job_t *head, *tail; /* waiting */
+  char name[];        /* segment NUL key */
+} kbusy_t;
+
+#define KB_BUCKETS 256
+
 /* The Cassandra deferral store of one kind. */
 typedef struct cql_defer {
   pr__defer_t base; /* first */
   pr__cqlw_t *w;
+  kbusy_t *busy[KB_BUCKETS]; /* worker thread */
   int64_t retention_s;
   pr__cql_stmt_t *statics, *min, *after, *segment, *first, *add, *set_next,
       *set_rc, *next_rc0, *del_row, *del_key;
@@ -306,9 +321,27 @@ static void next_timer_udt(const job_t *j, int64_t time_s, uint8_t out[16]) {
 }
 
 static void step(job_t *j);
+static void begin(job_t *j);
 
+static size_t kb_bucket(const char *seg, const char *key) {
+  return (size_t)((pr__fnv1a_str(seg) * 31) ^ pr__fnv1a_str(key)) % KB_BUCKETS;
+}
+
+/* The job is over: the next of its key starts (worker thread). */
 static void fail(job_t *j, prosody_err_t err, const char *why) {
+  kbusy_t *kb = j->kb, **pp;
+  job_t *next = kb ? kb->head : NULL;
+  if (next && !(kb->head = next->wnext))
+    kb->tail = NULL;
+  if (kb && !next) {
+    for (pp = &j->d->busy[kb_bucket(j->seg, j->key)]; *pp != kb;)
+      pp = &(*pp)->next;
+    *pp = kb->next;
+    free(kb);
+  }
   pr__cqlw_complete(&j->job, err, why);
+  if (next)
+    begin(next);
 }
 
 /* The statics read: (hint, retry_count). */
@@ -380,7 +413,7 @@ static void answered(void *arg, prosody_err_t err, const char *errstr,
     j->step = S_WRITE + 1; /* the first row itself */
     break;
   default:
-    pr__cqlw_complete(&j->job, PROSODY_OK, NULL);
+    fail(j, PROSODY_OK, NULL);
     return;
   }
   step(j);
@@ -440,7 +473,7 @@ static void write_op(job_t *j) {
   j->step = S_WRITE + 2; /* the last statement: its answer completes */
   switch (j->op) {
   case OP_HEAD:
-    pr__cqlw_complete(&j->job, PROSODY_OK, NULL);
+    fail(j, PROSODY_OK, NULL);
     return;
   case OP_APPEND: {
     int32_t rc = j->count > 1 ? j->count - 1 : 0;
@@ -542,8 +575,8 @@ static void step(job_t *j) {
   }
 }
 
-static void defer_start(pr__cqlw_job_t *w) {
-  job_t *j = (job_t *)w;
+/* Runs the job (its key's turn). */
+static void begin(job_t *j) {
   if (pr__uuid_v5(pr__uuid_ns_oid, j->seg, strlen(j->seg), j->id)) {
     fail(j, PROSODY_ERR_NOMEM, "out of memory");
     return;
@@ -551,6 +584,50 @@ static void defer_start(pr__cqlw_job_t *w) {
   /* Clearing and a retry count need not read the statics. */
   j->step = j->op == OP_CLEAR || j->op == OP_RETRIES ? S_WRITE : S_STATIC;
   step(j);
+}
+
+static void defer_start(pr__cqlw_job_t *w) {
+  job_t *j = (job_t *)w;
+  size_t sl = strlen(j->seg), kl = strlen(j->key);
+  kbusy_t **b = &j->d->busy[kb_bucket(j->seg, j->key)], *kb;
+  for (kb = *b; kb; kb = kb->next)
+    if (!strcmp(kb->name, j->seg) && !strcmp(kb->name + sl + 1, j->key))
+      break;
+  if (kb) { /* its key is busy: after the others */
+    j->kb = kb;
+    if (kb->tail)
+      kb->tail->wnext = j;
+    else
+      kb->head = j;
+    kb->tail = j;
+    return;
+  }
+  if (!(kb = calloc(1, sizeof(*kb) + sl + kl + 2))) {
+    pr__cqlw_complete(&j->job, PROSODY_ERR_NOMEM, "out of memory");
+    return;
+  }
+  memcpy(kb->name, j->seg, sl + 1);
+  memcpy(kb->name + sl + 1, j->key, kl + 1);
+  kb->next = *b;
+  *b = kb;
+  j->kb = kb;
+  begin(j);
+}
+
+/* The session closes: the jobs still waiting for their key fail (worker
+ * thread). */
+static void on_round(void *arg, int stopping) {
+  cql_defer_t *d = arg;
+  if (!stopping)
+    return;
+  for (size_t b = 0; b < KB_BUCKETS; b++)
+    for (kbusy_t *kb = d->busy[b]; kb; kb = kb->next)
+      while (kb->head) {
+        job_t *j = kb->head;
+        if (!(kb->head = j->wnext))
+          kb->tail = NULL;
+        pr__cqlw_complete(&j->job, PROSODY_ERR_TRANSIENT, "the store closed");
+      }
 }
 
 static void post_defer(cql_defer_t *d, int op, int kind, void *cb, void *arg,
@@ -752,6 +829,7 @@ pr__defer_t *pr__defer_new(const pr__cql_conf_t *conf, const char *keyspace,
     cql_defer_destroy(&d->base);
     return NULL;
   }
+  pr__cqlw_on_round(d->w, on_round, d);
   if (pr__cqlw_start(d->w, errstr, errstr_size)) {
     cql_defer_destroy(&d->base);
     return NULL;
