@@ -6,6 +6,11 @@
 #                    side consumes what the other sent, the original starts
 #                    on a keyspace ours created and ours on one it created,
 #                    and neither applies a migration twice;
+#   defer_dedup.py   a group moves original -> ours and ours -> original:
+#                    the messages one side deferred are retried by the
+#                    other, in order, once each, and the ids one side
+#                    handled are duplicates for the other (the stores'
+#                    shared tables);
 #   shared_group.py  one consumer of ours and one of the original share ONE
 #                    consumer group: both get partitions, no record is lost
 #                    across the join, each key's order holds.
@@ -88,6 +93,8 @@ migrations=$(find "$root/third_party/prosody-migrations" -name '*.cql' | wc -l)
 "$ours_venv/bin/python" "$root/tests/interop/keyspace.py" --migrations "$migrations" \
   --original-migrations 8 --original-python "$seed_venv/bin/python" \
   --log-dir "$root/build/interop" || rc=1
+"$ours_venv/bin/python" "$root/tests/interop/defer_dedup.py" \
+  --original-python "$orig_venv/bin/python" --log-dir "$root/build/interop" || rc=1
 "$ours_venv/bin/python" "$root/tests/interop/shared_group.py" \
   --original-python "$orig_venv/bin/python" --log-dir "$root/build/interop" || rc=1
 [ "$rc" = 0 ] || {
