@@ -46,8 +46,9 @@
  * prosody_bench), so that deferral and dedup use their Cassandra stores,
  * and BENCH_SET="name=value;..." sets further options: with deferral on,
  * each key's first record of a burst asks the defer store whether the key
- * is deferred (docs/ARCHITECTURE.md, section 3b). Ad-hoc: `make bench`
- * uses neither.
+ * is deferred (docs/ARCHITECTURE.md, section 3b); BENCH_KEYS=n spreads
+ * the uniform records over n keys (each record a key of its own when n is
+ * the record count). Ad-hoc: `make bench` uses none of them.
  */
 #include <librdkafka/rdkafka.h>
 #include <math.h>
@@ -75,16 +76,17 @@ static void on_sent(prosody_err_t err, const char *errstr,
   atomic_fetch_add(&produced_ok, 1);
 }
 
-/* Key of record i: uniform over 1 000 keys, or Zipf(1.1) (rank r drawn
- * with probability proportional to 1 / r^1.1). */
+/* Key of record i: uniform over 1 000 keys (BENCH_KEYS: that many), or
+ * Zipf(1.1) (rank r drawn with probability proportional to 1 / r^1.1). */
 #define NKEYS 1000
 static int zipf;
+static long uniform_keys = NKEYS;
 static double zipf_cdf[NKEYS];
 static long key_of(long i, unsigned *seed) {
   double u;
   long lo = 0, hi = NKEYS - 1;
   if (!zipf)
-    return (i * 7919) % NKEYS;
+    return uniform_keys == NKEYS ? (i * 7919) % NKEYS : i % uniform_keys;
   u = (double)rand_r(seed) / ((double)RAND_MAX + 1.0);
   while (lo < hi) { /* first rank whose CDF reaches u */
     long mid = (lo + hi) / 2;
@@ -432,6 +434,8 @@ int main(int argc, char **argv) {
   if (zipf)
     zipf_init();
   real_bootstrap = getenv("BENCH_BOOTSTRAP");
+  if (getenv("BENCH_KEYS") && atol(getenv("BENCH_KEYS")) > 0)
+    uniform_keys = atol(getenv("BENCH_KEYS"));
   if (real_bootstrap) {
     snprintf(bootstrap, sizeof(bootstrap), "%s", real_bootstrap);
     snprintf(topic, sizeof(topic), "bench-consume-%s-%ld", dist,
