@@ -4,6 +4,7 @@
  * The logger's threshold is one atomic int shared by the process; lines are
  * written with a single fprintf so concurrent lines do not interleave.
  */
+#include <openssl/evp.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -352,69 +353,7 @@ void pr__rfc3339_ms(int64_t ms, char *buf, size_t n) {
   buf[len + 5] = '\0';
 }
 
-/* ---- SHA-1 and name-based UUIDs ------------------------------------------ */
-
-static uint32_t rol32(uint32_t x, int n) { return (x << n) | (x >> (32 - n)); }
-
-/* One 64-byte block into the state. */
-static void sha1_block(uint32_t h[5], const uint8_t *b) {
-  uint32_t w[80], a = h[0], c1 = h[1], c2 = h[2], c3 = h[3], c4 = h[4];
-  for (int i = 0; i < 16; i++)
-    w[i] = (uint32_t)b[4 * i] << 24 | (uint32_t)b[4 * i + 1] << 16 |
-           (uint32_t)b[4 * i + 2] << 8 | (uint32_t)b[4 * i + 3];
-  for (int i = 16; i < 80; i++)
-    w[i] = rol32(w[i - 3] ^ w[i - 8] ^ w[i - 14] ^ w[i - 16], 1);
-  for (int i = 0; i < 80; i++) {
-    uint32_t f, k, t;
-    if (i < 20) {
-      f = (c1 & c2) | (~c1 & c3);
-      k = 0x5A827999;
-    } else if (i < 40) {
-      f = c1 ^ c2 ^ c3;
-      k = 0x6ED9EBA1;
-    } else if (i < 60) {
-      f = (c1 & c2) | (c1 & c3) | (c2 & c3);
-      k = 0x8F1BBCDC;
-    } else {
-      f = c1 ^ c2 ^ c3;
-      k = 0xCA62C1D6;
-    }
-    t = rol32(a, 5) + f + c4 + k + w[i];
-    c4 = c3;
-    c3 = c2;
-    c2 = rol32(c1, 30);
-    c1 = a;
-    a = t;
-  }
-  h[0] += a;
-  h[1] += c1;
-  h[2] += c2;
-  h[3] += c3;
-  h[4] += c4;
-}
-
-void pr__sha1(const void *p, size_t n, uint8_t out[20]) {
-  uint32_t h[5] = {0x67452301, 0xEFCDAB89, 0x98BADCFE, 0x10325476, 0xC3D2E1F0};
-  const uint8_t *b = p;
-  uint8_t last[128] = {0};
-  size_t rest = n % 64, tail = rest < 56 ? 64 : 128;
-  uint64_t bits = (uint64_t)n * 8;
-  for (size_t i = 0; i + 64 <= n; i += 64)
-    sha1_block(h, b + i);
-  memcpy(last, b + (n - rest), rest);
-  last[rest] = 0x80;
-  for (int i = 0; i < 8; i++)
-    last[tail - 1 - i] = (uint8_t)(bits >> (8 * i));
-  sha1_block(h, last);
-  if (tail == 128)
-    sha1_block(h, last + 64);
-  for (int i = 0; i < 5; i++) {
-    out[4 * i] = (uint8_t)(h[i] >> 24);
-    out[4 * i + 1] = (uint8_t)(h[i] >> 16);
-    out[4 * i + 2] = (uint8_t)(h[i] >> 8);
-    out[4 * i + 3] = (uint8_t)h[i];
-  }
-}
+/* ---- name-based UUIDs ---------------------------------------------------- */
 
 const uint8_t pr__uuid_ns_oid[16] = {0x6b, 0xa7, 0xb8, 0x12, 0x9d, 0xad,
                                      0x11, 0xd1, 0x80, 0xb4, 0x00, 0xc0,
@@ -422,16 +361,16 @@ const uint8_t pr__uuid_ns_oid[16] = {0x6b, 0xa7, 0xb8, 0x12, 0x9d, 0xad,
 
 int pr__uuid_v5(const uint8_t ns[16], const void *name, size_t n,
                 uint8_t out[16]) {
-  uint8_t small[256], *buf = n + 16 <= sizeof(small) ? small : malloc(n + 16);
-  uint8_t d[20];
-  if (!buf)
+  uint8_t md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_MD_CTX *c = EVP_MD_CTX_new();
+  int ok = c && EVP_DigestInit_ex(c, EVP_sha1(), NULL) &&
+           EVP_DigestUpdate(c, ns, 16) && EVP_DigestUpdate(c, name, n) &&
+           EVP_DigestFinal_ex(c, md, &len) && len >= 16;
+  EVP_MD_CTX_free(c);
+  if (!ok)
     return -1;
-  memcpy(buf, ns, 16);
-  memcpy(buf + 16, name, n);
-  pr__sha1(buf, n + 16, d);
-  if (buf != small)
-    free(buf);
-  memcpy(out, d, 16);
+  memcpy(out, md, 16);
   out[6] = (uint8_t)((out[6] & 0x0f) | 0x50);
   out[8] = (uint8_t)((out[8] & 0x3f) | 0x80);
   return 0;

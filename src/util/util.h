@@ -53,11 +53,9 @@ int pr__grow(void *p, size_t *cap, size_t n, size_t size, size_t first);
 /* 64-bit FNV-1a of `n` bytes, and of a NUL-terminated string. */
 uint64_t pr__fnv1a(const void *p, size_t n);
 uint64_t pr__fnv1a_str(const char *s);
-/* SHA-1 of `n` bytes (for name-based UUIDs only: not for security). */
-void pr__sha1(const void *p, size_t n, uint8_t out[20]);
-/* The name-based UUID (RFC 9562 version 5: SHA-1) of `name` in the
- * namespace `ns` (16 bytes, network order), as 16 bytes in `out`; 0, or
- * -1 when out of memory. */
+/* The name-based UUID (RFC 9562 version 5: SHA-1, OpenSSL's) of the `n`
+ * bytes at `name` in the namespace `ns` (16 bytes, network order), as 16
+ * bytes in `out`; 0, or -1 when the digest fails (out of memory). */
 int pr__uuid_v5(const uint8_t ns[16], const void *name, size_t n,
                 uint8_t out[16]);
 /* RFC 9562's namespace for ISO OIDs, 6ba7b812-9dad-11d1-80b4-00c04fd430c8. */
