@@ -19,6 +19,9 @@
  * timers behind it (they are deferred as they fire) while the other keys'
  * timers fire; once it recovers its timers run once each, in order.
  *
+ * A deferred key that gets no new record is retried by the next consumer
+ * all the same (its retry timer names it; mock mode: the store's list).
+ *
  * In the real tier, deferred messages deleted from the partition (as by
  * retention) are skipped by the next consumer, and the key is free again.
  *
@@ -844,6 +847,78 @@ static void refused_timer_row(void) {
   pthread_mutex_unlock(&lock);
   printf("refused timer row: the joined timers were kept; all 3 ran, in "
          "order, on the next consumer\n");
+}
+
+/* ---- a deferred key with no new records -------------------------------- */
+
+static atomic_int qfault = 1, qtries;
+static int qdone[8], qdones; /* guarded by lock: "key-55" seqs handled */
+
+static prosody_result_t on_quiet(prosody_context_t *ctx,
+                                 const prosody_message_t *m, void *op) {
+  int seq = seq_of(m);
+  (void)ctx;
+  (void)op;
+  if (strcmp(prosody_message_key(m), "key-55"))
+    return PROSODY_SUCCESS;
+  if (atomic_load(&qfault)) {
+    atomic_fetch_add(&qtries, 1);
+    return PROSODY_TRANSIENT;
+  }
+  pthread_mutex_lock(&lock);
+  if (qdones < 8)
+    qdone[qdones] = seq;
+  qdones++;
+  pthread_mutex_unlock(&lock);
+  return PROSODY_SUCCESS;
+}
+
+/* A key is deferred, every record is committed, and the consumer stops.
+ * The next consumer gets no new record of the key, yet retries it: it
+ * learns that the key is deferred from the key's retry timer (the
+ * original's: type deferred message, in the timer store) as it loads the
+ * partition's timers, or (mock mode) from the memory store's list. */
+static void quiet_key(void) {
+  char topic[128], group[160];
+  prosody_handler_t h = {on_quiet, NULL, NULL, 0};
+  prosody_client_t *c;
+  int64_t committed[1], end[1];
+  int keys[20], n;
+  static const int want[3] = {2, 5, 8};
+
+  snprintf(topic, sizeof(topic), "%s", t_topic("defer-quiet"));
+  snprintf(group, sizeof(group), "%s-g", topic);
+  t_create_topic(topic, 1);
+  for (int i = 0; i < 20; i++)
+    keys[i] = i == 2 || i == 5 || i == 8 ? 55 : 100 + i;
+  t_produce_keyed(topic, 0, 20, keys);
+  c = consume_with(group, topic, &h, "1m", "1.0", NULL, 0, 0);
+  CHECK(t_wait_at_least(&qtries, 1, 30), "key-55 was not tried");
+  CHECK(t_wait_committed(group, topic, ~0u, committed, end, 30),
+        "the deferred key's records must be committed: %lld of %lld",
+        (long long)committed[0], (long long)end[0]);
+  stop(c);
+  atomic_store(&qfault, 0);
+  c = consume_with(group, topic, &h, "1m", "1.0", NULL, 0, 0);
+  n = t_wait_locked(&lock, &qdones, 3, 30);
+  stop(c);
+  CHECK(n == 3,
+        "key-55's deferred records handled after the restart: %d of "
+        "3 (nothing new arrived for it)",
+        n);
+  pthread_mutex_lock(&lock);
+  for (int i = 0; i < 3; i++)
+    CHECK(qdone[i] == want[i], "key-55's handling %d was of record %d, want %d",
+          i, qdone[i], want[i]);
+  pthread_mutex_unlock(&lock);
+  printf("quiet deferred key: retried in order by the next consumer with no "
+         "new record of it\n");
+}
+
+T_SCENARIO(deferred_key_without_new_records_retried_after_restart, T_BOTH,
+           120) {
+  quiet_key();
+  return 0;
 }
 
 T_SCENARIO(refused_key_row_keeps_key_messages_uncommitted_in_order, T_BOTH,
