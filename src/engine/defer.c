@@ -482,7 +482,9 @@ void pr__df_defer(inv_t *inv) {
  * not. Meanwhile the event waits at the head of its key; a key found
  * deferred (by an earlier owner, ours or the original) takes its queued
  * events of the kind into its queue, and its head is retried at once. A
- * retry timer loaded from the timer store says the same. */
+ * retry timer loaded from the timer store says the same. A failed read
+ * holds a message (asked again every second, as a failed dedup lookup
+ * holds it) but not a timer: timers keep firing while Cassandra is down. */
 
 /* `key` of `part` is deferred: its dk (retried at `at_ms`), or NULL when
  * out of memory. */
@@ -522,6 +524,17 @@ static void asked(void *arg, prosody_err_t err, const char *errstr, int found,
   if (!err && found && !dk_found(part, kq, kind, pr__wall_ms())) {
     err = PROSODY_ERR_NOMEM;
     errstr = "out of memory";
+  }
+  if (err && kind == PR_DEFER_TIMERS) {
+    /* Timers keep firing while the store cannot be read (no dedup lookup
+     * holds them either); the price: a timer of a key whose earlier timers
+     * another owner deferred may run before them meanwhile. */
+    PR_WARN("defer",
+            "%s[%" PRId32 "]: could not read whether a key's timers are "
+            "deferred: %s; its timer runs",
+            part->topic, part->partition,
+            errstr ? errstr : prosody_err_name(err));
+    err = PROSODY_OK;
   }
   if (err) {
     kq->df_known[kind] = PR_DF_UNKNOWN;
