@@ -116,7 +116,7 @@ static void top_written(void *arg, prosody_err_t err, const char *errstr) {
   }
   PR_BUMP(op->eng->metrics.timers_scheduled, 1);
   pr__emit_timer_op(op->eng, PR_TM_TIMER_SCHEDULED, op->topic, op->partition,
-                    op->key, op->time_s);
+                    op->key, op->time_s, &op->trace);
   if (part) {
     pr__firing_written(op->eng, part, op->key, op->time_s, &op->trace);
     pr__firing_arm(op->eng);
@@ -136,7 +136,7 @@ static void top_deleted(void *arg, prosody_err_t err, const char *errstr) {
     pr__firing_deleted(part, op->key, op->time_s, -1);
   if (!err)
     pr__emit_timer_op(op->eng, PR_TM_TIMER_CANCELLED, op->topic, op->partition,
-                      op->key, op->time_s);
+                      op->key, op->time_s, &op->trace);
   top_done(op, err, errstr);
 }
 
@@ -240,8 +240,9 @@ static prosody_err_t top_submit(top_t *op, char *errstr, size_t errstr_size) {
     return PROSODY_ERR_STATE;
   }
   eng = ((inv_t *)slot->owner)->eng;
-  if (op->kind == TOP_SCHEDULE || op->kind == TOP_CLEAR_AND_SCHEDULE)
-    (void)pr__trace_of(slot->owner, &op->trace);
+  /* A new timer keeps it; telemetry reports every operation in it. */
+  if (pr__trace_of(slot->owner, &op->trace))
+    op->trace.valid = false;
   if (pr__engine_current() == eng) {
     /* A blocking call cannot wait for a store that answers through this
      * very thread; a callback can: the store completes it later here. */
