@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Interop tests against the ORIGINAL Rust-based Prosody, for the real tier of
 # `make test` (scripts/run-tests.sh calls this after the Python real tier):
-# tests/interop/shared_group.py, where one consumer of our Python package and
-# one of the original prosody-events (PyPI, pinned) share ONE consumer group
-# on a real Kafka, and both must get partitions, lose no record across the
-# join and keep each key's order.
+#   tests/interop/shared_group.py  one consumer of our Python package and one
+#       of the original prosody-events (PyPI, pinned) share ONE consumer group
+#       on a real Kafka; both must get partitions, lose no record across the
+#       join and keep each key's order;
+#   tests/interop/wire_records.py  each side's telemetry topic, failure topic
+#       and sent records, read back and compared field by field (run with the
+#       original's venv, which also gets confluent-kafka, pinned, to read
+#       every header).
 #
 # Both packages import as `prosody`, so each has its own venv:
 #   ours      ${PROSODY_PY_VENV:-build/python-venv}, built by
@@ -12,7 +16,8 @@
 #             which scripts/run-tests.sh passes: it has just installed it)
 #   original  ${PROSODY_ORIG_VENV:-build/original-venv}, made with
 #             ${PYTHON:-python3} (3.11: PyPI serves a cp311 manylinux wheel),
-#             with prosody-events==${PROSODY_ORIG_VERSION:-0.6.1}
+#             with prosody-events==${PROSODY_ORIG_VERSION:-0.6.1} and
+#             confluent-kafka==${PROSODY_INTEROP_KAFKA_VERSION:-2.16.2}
 #
 #   scripts/interop-tests.sh [--installed]
 #
@@ -55,6 +60,12 @@ if ! "$orig_venv/bin/python" -c 'import sys, importlib.metadata as m; sys.exit(m
   "$orig_version" 2>/dev/null; then
   "$orig_venv/bin/pip" install -q --disable-pip-version-check "prosody-events==$orig_version"
 fi
+# The reader wire_records.py writes and reads raw records with (headers).
+reader_version="${PROSODY_INTEROP_KAFKA_VERSION:-2.16.2}"
+if ! "$orig_venv/bin/python" -c 'import sys, importlib.metadata as m; sys.exit(m.version("confluent-kafka") != sys.argv[1])' \
+  "$reader_version" 2>/dev/null; then
+  "$orig_venv/bin/pip" install -q --disable-pip-version-check "confluent-kafka==$reader_version"
+fi
 echo "interop-tests: the original prosody-events $orig_version is in $orig_venv"
 # Ours.
 if [ "$installed" = 0 ] || [ ! -x "$ours_venv/bin/python" ]; then
@@ -65,4 +76,7 @@ fi
 [ -n "${PROSODY_TEST_CASSANDRA:-}" ] || up cassandra
 "$ours_venv/bin/python" "$root/tests/interop/shared_group.py" \
   --original-python "$orig_venv/bin/python" --log-dir "$root/build/interop"
+"$orig_venv/bin/python" "$root/tests/interop/wire_records.py" \
+  --original-python "$orig_venv/bin/python" --ours-python "$ours_venv/bin/python" \
+  --log-dir "$root/build/interop"
 echo "interop-tests: passed in $(( $(date +%s) - t0 )) s"
