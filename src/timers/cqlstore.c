@@ -1115,7 +1115,8 @@ pr__tstore_t *pr__cqlstore_new(const pr__cql_conf_t *conf, const char *keyspace,
        "?, ?, ?) USING TTL ?",
        keyspace);
   STMT(ins_slabs,
-       "INSERT INTO %s.timer_slabs (segment, slab) VALUES (?, ?) USING TTL ?",
+       "INSERT INTO %s.timer_slab_list (segment, slab) VALUES (?, ?) USING TTL "
+       "?",
        keyspace);
   STMT(del_slab,
        "DELETE FROM %s.timers_by_slab WHERE segment = ? AND slab = ? AND "
@@ -1137,7 +1138,7 @@ pr__tstore_t *pr__cqlstore_new(const pr__cql_conf_t *conf, const char *keyspace,
        "SELECT time FROM %s.timers_by_key WHERE segment = ? AND key = ? AND "
        "type = ?",
        keyspace);
-  STMT(sel_slabs, "SELECT slab FROM %s.timer_slabs WHERE segment = ?",
+  STMT(sel_slabs, "SELECT slab FROM %s.timer_slab_list WHERE segment = ?",
        keyspace);
   STMT(sel_slab,
        "SELECT key, time, type, span FROM %s.timers_by_slab WHERE segment = ? "
