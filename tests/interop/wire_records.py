@@ -35,8 +35,8 @@ record without one, a timer's handler) ours carries none, or the
 scheduling context; ours passes a context's span id on where the original
 makes a span of its own (same trace id); a timer event's traceState is ""
 in ours. Kafka: PROSODY_TEST_BOOTSTRAP (127.0.0.1:9094); Cassandra:
-PROSODY_TEST_CASSANDRA_NODES (127.0.0.1:9042), a keyspace for each side
-(prosody_wire_original, prosody_wire_ours). Exit status 0 when it passed.
+PROSODY_TEST_CASSANDRA_NODES (127.0.0.1:9042), keyspace prosody_pytest for
+both (as tests/interop/shared_group.py). Exit status 0 when it passed.
 """
 
 import argparse
@@ -58,9 +58,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 BOOTSTRAP = os.environ.get("PROSODY_TEST_BOOTSTRAP", "127.0.0.1:9094")
 CASSANDRA = os.environ.get("PROSODY_TEST_CASSANDRA_NODES", "127.0.0.1:9042")
 WAIT = float(os.environ.get("PROSODY_INTEROP_WAIT", "120"))
-# A keyspace of its own for each side: the timers are the only use here,
-# and a keyspace another test or release migrated must not stop this one.
-KEYSPACES = {"original": "prosody_wire_original", "ours": "prosody_wire_ours"}
+# One keyspace for both, as tests/interop/shared_group.py (the Python suite's).
+KEYSPACES = {"original": "prosody_pytest", "ours": "prosody_pytest"}
 
 TP_OK = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 TP_TRANS = "00-0af7651916cd43dd8448eb211c80319d-b7ad6b7169203332-01"
