@@ -139,7 +139,7 @@ void pr__inv_emit_ran(inv_t *inv) {
 
 void pr__emit_timer_op(pr__engine_t *eng, pr__tm_type_t type, const char *topic,
                        int32_t partition, const char *key, int64_t time_s,
-                       const pr_span_ctx_t *trace) {
+                       const pr_span_ctx_t *trace, const char *tracestate) {
   char tp[PR_TRACEPARENT_LEN + 1];
   pr__tm_event_t ev = {.type = type,
                        .topic = topic,
@@ -154,6 +154,7 @@ void pr__emit_timer_op(pr__engine_t *eng, pr__tm_type_t type, const char *topic,
   if (trace && trace->valid) {
     pr__span_ctx_format(trace, tp);
     ev.traceparent = tp;
+    ev.tracestate = tracestate;
   }
   pr__tm_emit(eng->tm, &ev);
 }
