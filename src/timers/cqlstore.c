@@ -112,7 +112,7 @@
 #define KNOWN_MAX 65536    /* ... forgotten beyond this many */
 #define KNOWN_MARGIN_S 600 /* ... and this long before their row expires */
 #define KEY_BUCKETS 65536  /* the key model's hash table */
-#define KEYS_MAX 1000000   /* key entries kept before the model is dropped */
+#define KEYS_MAX 262144    /* key entries kept before the model is dropped */
 #define SEG_BUCKETS 64
 #define SPARE_MAX 1024 /* finished ops kept for reuse (engine thread) */
 #define KEY_INLINE 48  /* keys shorter than this live in the op */
@@ -294,9 +294,7 @@ static void op_free(op_t *o) {
   st->nspare++;
 }
 
-/* The name-based UUID (version 5: SHA-1) of `name` in the URL namespace,
- * as the original derives segment ids. 0, or -1 when SHA-1 failed. */
-static int uuid_v5_url(const char *name, uint8_t out[16]) {
+int pr__timer_segment_id(const char *name, uint8_t out[16]) {
   static const uint8_t ns[16] = {0x6b, 0xa7, 0xb8, 0x11, 0x9d, 0xad,
                                  0x11, 0xd1, 0x80, 0xb4, 0x00, 0xc0,
                                  0x4f, 0xd4, 0x30, 0xc8};
@@ -335,7 +333,7 @@ static seg_t *seg_of(cqlstore_t *st, const pr__tseg_t *ts) {
   sg->topic = sg->name + nlen;
   sg->partition = ts->partition;
   sg->watermark = -1;
-  if (uuid_v5_url(sg->name, sg->id)) {
+  if (pr__timer_segment_id(sg->name, sg->id)) {
     free(sg);
     return NULL;
   }
@@ -1076,6 +1074,11 @@ static int prep_keys(group_t *g) {
     op_t *o = g->ops[i];
     if (!o)
       continue;
+    if (o->seg->ready == -1) { /* refused by step 1 */
+      complete(o, PROSODY_ERR_PERMANENT, o->seg->why);
+      g->ops[i] = NULL;
+      continue;
+    }
     if (o->seg->ready != 1) {
       group_error(g, PROSODY_ERR_TRANSIENT, o->seg->why);
       return 0;
@@ -1580,8 +1583,11 @@ static void dispatch(cqlstore_t *st) {
       if (st->inflight >=
           (st->qlen >= GROUP_MAX ? GROUPS_INFLIGHT_MAX : GROUPS_INFLIGHT))
         break; /* what arrives meanwhile joins the next group */
-      if (st->inflight == 0 && st->nkeys > KEYS_MAX)
-        keys_clear(st, NULL); /* nothing points at an entry now */
+      if (st->nkeys > KEYS_MAX) { /* bounded: dropped, then read again */
+        if (st->inflight > 0)
+          break; /* ... once nothing in flight points at an entry */
+        keys_clear(st, NULL);
+      }
       send_group(st);
     }
   } while (st->again);
