@@ -8,6 +8,9 @@
 #   make test-quick     unit + mock-cluster tests only
 #   make test-cluster   faults of a three-broker Kafka cluster (started and
 #                       stopped here unless already running)
+#   make test-interop   beside the original Prosody (PyPI prosody-events, pinned,
+#                       in a venv of its own) on the real Kafka and Cassandra:
+#                       one keyspace, one group (also run by `make test`)
 #   make test-kafka4    the C real tier against Kafka 4 (scripts/services/kafka4,
 #                       127.0.0.1:9096), with Cassandra and Jaeger; each started
 #                       and stopped here unless already running
@@ -36,7 +39,7 @@ CTEST   = ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 
 PKGS := jansson libuv libmicrohttpd libcurl libxxhash cmocka libssl libsasl2 libzstd liblz4 zlib
 
-.PHONY: fuzz soak all deps configure demo test test-quick test-real test-cluster test-kafka4 test-sanitize \
+.PHONY: fuzz soak all deps configure demo test test-quick test-real test-cluster test-kafka4 test-interop test-sanitize \
         bench install docs format format-check clean dist dist-python dist-node test-dist
 
 all: configure
@@ -67,6 +70,9 @@ test-real: all
 
 test-cluster: all
 	scripts/run-tests.sh $(BUILD) cluster
+
+test-interop: all
+	scripts/interop-tests.sh
 
 test-kafka4: all
 	scripts/run-tests.sh $(BUILD) kafka4

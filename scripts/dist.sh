@@ -30,7 +30,7 @@ work="$root/build/dist"
 jobs="${JOBS:-2}"
 # What libprosody's build needs (CMake reads the source list itself; the
 # CLI's sources too, which it names).
-lib_paths=(CMakeLists.txt cmake include src cli scripts/librdkafka.sh)
+lib_paths=(CMakeLists.txt cmake include src third_party cli scripts/librdkafka.sh)
 
 log() { echo "dist: $*" >&2; }
 die() { log "$*"; exit 1; }

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# Interop tests against the ORIGINAL Rust-based Prosody, for the real tier of
-# `make test` (scripts/run-tests.sh calls this after the Python real tier):
-# tests/interop/shared_group.py, where one consumer of our Python package and
-# one of the original prosody-events (PyPI, pinned) share ONE consumer group
-# on a real Kafka, and both must get partitions, lose no record across the
-# join and keep each key's order.
+# Interop tests against the ORIGINAL Rust-based Prosody (`make test-interop`;
+# also part of the real tier of `make test`: scripts/run-tests.sh calls this
+# after the Python real tier), each a program of tests/interop/:
+#   keyspace.py      one keyspace and one topic used by both in turn: each
+#                    side consumes what the other sent, the original starts
+#                    on a keyspace ours created and ours on one it created,
+#                    and neither applies a migration twice;
+#   shared_group.py  one consumer of ours and one of the original share ONE
+#                    consumer group: both get partitions, no record is lost
+#                    across the join, each key's order holds.
 #
 # Both packages import as `prosody`, so each has its own venv:
 #   ours      ${PROSODY_PY_VENV:-build/python-venv}, built by
@@ -12,7 +16,10 @@
 #             which scripts/run-tests.sh passes: it has just installed it)
 #   original  ${PROSODY_ORIG_VENV:-build/original-venv}, made with
 #             ${PYTHON:-python3} (3.11: PyPI serves a cp311 manylinux wheel),
-#             with prosody-events==${PROSODY_ORIG_VERSION:-0.6.1}
+#             with prosody-events==${PROSODY_ORIG_VERSION:-0.6.1} (the current
+#             API and schema)
+#   seed      ${PROSODY_SEED_VENV:-build/original-0.2.0-venv}, prosody-events
+#             0.2.0 (the specification's API; its core knew 8 migrations)
 #
 #   scripts/interop-tests.sh [--installed]
 #
@@ -28,6 +35,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 ours_venv="${PROSODY_PY_VENV:-$root/build/python-venv}"
 orig_venv="${PROSODY_ORIG_VENV:-$root/build/original-venv}"
 orig_version="${PROSODY_ORIG_VERSION:-0.6.1}"
+seed_venv="${PROSODY_SEED_VENV:-$root/build/original-0.2.0-venv}"
 installed=0
 case "${1:-}" in
 --installed) installed=1 ;;
@@ -47,22 +55,43 @@ up() { # up SERVICE: start it unless it answers; never stopped here
 }
 
 t0=$(date +%s)
-# The original, pinned, in its own venv (installed once, kept between runs).
-if [ ! -x "$orig_venv/bin/python" ]; then
-  "${PYTHON:-python3}" -m venv "$orig_venv"
-fi
-if ! "$orig_venv/bin/python" -c 'import sys, importlib.metadata as m; sys.exit(m.version("prosody-events") != sys.argv[1])' \
-  "$orig_version" 2>/dev/null; then
-  "$orig_venv/bin/pip" install -q --disable-pip-version-check "prosody-events==$orig_version"
-fi
-echo "interop-tests: the original prosody-events $orig_version is in $orig_venv"
-# Ours.
+# The original, pinned, in a venv of its own per version (installed once,
+# kept between runs).
+original() { # original VENV VERSION
+  if [ ! -x "$1/bin/python" ]; then
+    "${PYTHON:-python3}" -m venv "$1"
+  fi
+  if ! "$1/bin/python" -c 'import sys, importlib.metadata as m; sys.exit(m.version("prosody-events") != sys.argv[1])' \
+    "$2" 2>/dev/null; then
+    "$1/bin/pip" install -q --disable-pip-version-check "prosody-events==$2"
+  fi
+  echo "interop-tests: the original prosody-events $2 is in $1"
+}
+original "$orig_venv" "$orig_version"
+original "$seed_venv" 0.2.0
+# Ours, with cassandra-driver to read the keyspaces' bookkeeping.
 if [ "$installed" = 0 ] || [ ! -x "$ours_venv/bin/python" ]; then
   PROSODY_PY_VENV="$ours_venv" "$root/scripts/python-tests.sh" install
+fi
+if ! "$ours_venv/bin/python" -c 'import cassandra' 2>/dev/null; then
+  "$ours_venv/bin/pip" install -q --disable-pip-version-check "cassandra-driver==3.30.1"
 fi
 
 [ -n "${PROSODY_TEST_BOOTSTRAP:-}" ] || up kafka
 [ -n "${PROSODY_TEST_CASSANDRA:-}" ] || up cassandra
+rc=0
+# The migrations a keyspace records: the original's files, which we ship.
+migrations=$(find "$root/third_party/prosody-migrations" -name '*.cql' | wc -l)
+"$ours_venv/bin/python" "$root/tests/interop/keyspace.py" --migrations "$migrations" \
+  --original-migrations "$migrations" --original-python "$orig_venv/bin/python" \
+  --log-dir "$root/build/interop" || rc=1
+"$ours_venv/bin/python" "$root/tests/interop/keyspace.py" --migrations "$migrations" \
+  --original-migrations 8 --original-python "$seed_venv/bin/python" \
+  --log-dir "$root/build/interop" || rc=1
 "$ours_venv/bin/python" "$root/tests/interop/shared_group.py" \
-  --original-python "$orig_venv/bin/python" --log-dir "$root/build/interop"
+  --original-python "$orig_venv/bin/python" --log-dir "$root/build/interop" || rc=1
+[ "$rc" = 0 ] || {
+  echo "interop-tests: FAILED after $(( $(date +%s) - t0 )) s" >&2
+  exit 1
+}
 echo "interop-tests: passed in $(( $(date +%s) - t0 )) s"

@@ -105,19 +105,25 @@ void pr__cql_sync_wait(pr__cql_sync_t *y, const int *done);
 /* ---- schema migrations ------------------------------------------------- */
 
 /*
- * Creates `keyspace` if absent (SimpleStrategy, replication factor 1: create
- * it yourself for production replication) and applies the schema files
- * shipped with the library (src/cql/schema/, in name order), each once,
- * recording name and checksum in <keyspace>.schema_migrations. A lock row
- * (INSERT ... IF NOT EXISTS USING TTL) makes concurrent starts migrate once:
- * the others wait for it, up to `wait_ms`. A shipped file whose checksum
- * differs from the recorded one is an error (PROSODY_ERR_PERMANENT).
- * Returns the number of files applied in `*applied` (may be NULL).
+ * Brings `keyspace` to the original Prosody's schema (migrate.c): the
+ * original's migration files (third_party/prosody-migrations), each applied
+ * once and recorded in its bookkeeping (<keyspace>.schema_migrations with
+ * SHA-256 checksums, the 'migration' row of <keyspace>.locks taken with a
+ * lightweight transaction), so that the original and Prosody-C migrate one
+ * keyspace in turn. Creates the keyspace if absent (SimpleStrategy,
+ * replication factor 1: create it yourself for production replication).
+ * Concurrent starts migrate once: the others wait for the lock, up to
+ * `wait_ms` (PROSODY_ERR_TIMEOUT). Refused with PROSODY_ERR_PERMANENT, the
+ * keyspace left unchanged: tables but no bookkeeping, bookkeeping of
+ * another layout, a recorded file whose checksum differs from ours, or a
+ * file newer than our newest (a newer release of the original). Then runs
+ * our transitional files (src/cql/schema, idempotent). Returns the number
+ * of the original's files applied in `*applied` (may be NULL).
  */
 prosody_err_t pr__cql_migrate(pr__cql_sync_t *y, const char *keyspace,
                               int64_t wait_ms, int *applied, char *errstr,
                               size_t errstr_size);
-/* How many schema files the library ships. */
+/* How many of the original's migration files the library ships. */
 size_t pr__cql_schema_count(void);
 /* Test hook: migrate with the given files instead of the shipped ones. */
 typedef struct pr__cql_schema_file {

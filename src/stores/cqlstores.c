@@ -367,7 +367,7 @@ pr__defer_t *pr__defer_new(const pr__cql_conf_t *conf, const char *keyspace,
                            void (*wake)(void *), void *wake_arg, char *errstr,
                            size_t errstr_size) {
   const char *table =
-      kind == PR_DEFER_MESSAGES ? "deferred_messages" : "deferred_timers";
+      kind == PR_DEFER_MESSAGES ? "deferred_messages" : "deferred_timer_queue";
   const char *col = kind == PR_DEFER_MESSAGES ? "message_offset" : "time";
   cql_defer_t *d = calloc(1, sizeof(*d));
   pr__cql_t *cql;

@@ -5,8 +5,10 @@
  * again) is prepared again transparently; server errors arrive classified
  * with their message; a connection cut mid-test (through a local proxy) is
  * re-established and operations resume; migrations started by four clients
- * at once apply each file exactly once; an applied file that changed is a
- * clear error; the timer store's operations.
+ * at once apply each file exactly once, in the original Prosody's
+ * bookkeeping; a changed file, a keyspace at a newer version and a keyspace
+ * of another schema are refused and left unchanged; the timer store's
+ * operations.
  */
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -364,14 +366,47 @@ static void *migrate_one(void *arg) {
   return NULL;
 }
 
+/* The keyspace's migrate error, or "" when it migrated. */
+static prosody_err_t migrate_err(const char *keyspace, char *err, size_t n) {
+  pr__cql_sync_t *y = session(cassandra());
+  prosody_err_t e = pr__cql_migrate(y, keyspace, 20000, NULL, err, n);
+  pr__cql_sync_free(y);
+  return e;
+}
+
+static void drop_keyspace(pr__cql_sync_t *y, const char *keyspace) {
+  char q[128];
+  snprintf(q, sizeof(q), "DROP KEYSPACE IF EXISTS %s", keyspace);
+  run_ok(y, q, NULL, 0, 0);
+}
+
+/* The number of rows `q` returns. */
+static int count_rows(pr__cql_sync_t *y, const char *q, const char *arg) {
+  char err[1024];
+  pr__cql_result_t r;
+  pr__cql_val_t v = pr__cv_text(arg);
+  int n;
+  CHECK_OK(
+      pr__cql_sync_run(y, q, &v, arg ? 1 : 0, NULL, 0, &r, err, sizeof(err)),
+      err);
+  n = r.nrows;
+  pr__cql_result_free(&r);
+  return n;
+}
+
 static void test_migrations(void) {
   mig_t m[4];
   pthread_t t[4];
-  char fresh[64], err[1024];
+  char fresh[64], err[1024], q[512];
   int total = 0;
   pr__cql_sync_t *y;
-  pr__cql_schema_file_t files[1] = {
-      {"0001_timers.cql", "CREATE TABLE {keyspace}.x (id int PRIMARY KEY);\n"}};
+  pr__cql_result_t r;
+  /* The first shipped file with other text (a later file, so that the
+   * keyspace's other files count as known or older). */
+  pr__cql_schema_file_t files[2] = {
+      {"20250613_create_timers.cql",
+       "create table {{KEYSPACE}}.x (id int primary key);\n"},
+      {"29991231_later.cql", "create table {{KEYSPACE}}.y (id int);\n"}};
   prosody_err_t e;
 
   snprintf(fresh, sizeof(fresh), "pt_mig_%d_%ld", (int)getpid(),
@@ -391,19 +426,88 @@ static void test_migrations(void) {
         "each once)",
         total, pr__cql_schema_count());
 
-  /* An applied file that changed is refused, naming it. */
+  /* The bookkeeping is the original's: one row per file, a SHA-256 (64
+   * lowercase hex digits) and the execution time; the lock row is gone. */
   y = session(cassandra());
-  e = pr__cql_migrate_files(y, fresh, files, 1, 10000, NULL, err, sizeof(err));
-  CHECK(e == PROSODY_ERR_PERMANENT && strstr(err, "0001_timers.cql") &&
-            strstr(err, "changed"),
-        "changed file: %s: %s", prosody_err_name(e), err);
-  {
-    char q[128];
-    snprintf(q, sizeof(q), "DROP KEYSPACE %s", fresh);
-    run_ok(y, q, NULL, 0, 0);
+  snprintf(q, sizeof(q),
+           "SELECT filename, checksum, applied_at, execution_time_ms FROM "
+           "%s.schema_migrations",
+           fresh);
+  CHECK_OK(pr__cql_sync_run(y, q, NULL, 0, NULL, 0, &r, err, sizeof(err)), err);
+  CHECK(r.nrows == (int)pr__cql_schema_count(), "%d rows", r.nrows);
+  for (int32_t i = 0; i < r.nrows; i++) {
+    char sum[80];
+    int64_t ms;
+    CHECK(!pr__cql_get_text(pr__cql_cell(&r, i, 1), sum, sizeof(sum)) &&
+              strlen(sum) == 64 && strspn(sum, "0123456789abcdef") == 64,
+          "checksum %s", sum);
+    CHECK(!pr__cql_get_bigint(pr__cql_cell(&r, i, 2), &ms) && ms > 0,
+          "applied_at");
+    CHECK(!pr__cql_get_bigint(pr__cql_cell(&r, i, 3), &ms) && ms >= 0,
+          "execution_time_ms");
   }
+  pr__cql_result_free(&r);
+  snprintf(q, sizeof(q), "SELECT lock_name FROM %s.locks", fresh);
+  CHECK(count_rows(y, q, NULL) == 0, "the migration lock was released");
+
+  /* An applied file whose text differs is refused, naming it. */
+  e = pr__cql_migrate_files(y, fresh, files, 2, 10000, NULL, err, sizeof(err));
+  CHECK(e == PROSODY_ERR_PERMANENT &&
+            strstr(err, "20250613_create_timers.cql") &&
+            strstr(err, "checksum") && strstr(err, fresh),
+        "changed file: %s: %s", prosody_err_name(e), err);
+
+  /* A keyspace at a newer version than ours is refused, naming the
+   * keyspace, the version found and the versions we support. */
+  snprintf(q, sizeof(q),
+           "INSERT INTO %s.schema_migrations (filename, checksum) VALUES "
+           "('29991231_from_the_future.cql', 'ff')",
+           fresh);
+  run_ok(y, q, NULL, 0, 0);
+  e = migrate_err(fresh, err, sizeof(err));
+  CHECK(e == PROSODY_ERR_PERMANENT && strstr(err, fresh) &&
+            strstr(err, "29991231_from_the_future.cql") &&
+            strstr(err, "newer") && strstr(err, "0.7.1"),
+        "newer keyspace: %s: %s", prosody_err_name(e), err);
+  drop_keyspace(y, fresh);
+
+  /* A keyspace whose schema is neither Prosody's nor ours is refused and
+   * left unchanged: another program's tables... */
+  snprintf(q, sizeof(q),
+           "CREATE KEYSPACE %s WITH replication = {'class': "
+           "'SimpleStrategy', 'replication_factor': 1}",
+           fresh);
+  run_ok(y, q, NULL, 0, 0);
+  snprintf(q, sizeof(q), "CREATE TABLE %s.orders (id int PRIMARY KEY)", fresh);
+  run_ok(y, q, NULL, 0, 0);
+  e = migrate_err(fresh, err, sizeof(err));
+  CHECK(e == PROSODY_ERR_PERMANENT && strstr(err, fresh) &&
+            strstr(err, "orders") && strstr(err, "unchanged"),
+        "foreign keyspace: %s: %s", prosody_err_name(e), err);
+  CHECK(count_rows(y,
+                   "SELECT table_name FROM system_schema.tables WHERE "
+                   "keyspace_name = ?",
+                   fresh) == 1,
+        "the foreign keyspace was left unchanged");
+  /* ... or a bookkeeping table of another layout (our unreleased one). */
+  snprintf(q, sizeof(q),
+           "CREATE TABLE %s.schema_migrations (name text PRIMARY KEY, "
+           "checksum text)",
+           fresh);
+  run_ok(y, q, NULL, 0, 0);
+  e = migrate_err(fresh, err, sizeof(err));
+  CHECK(e == PROSODY_ERR_PERMANENT && strstr(err, fresh) &&
+            strstr(err, "filename") && strstr(err, "unchanged"),
+        "other bookkeeping: %s: %s", prosody_err_name(e), err);
+  CHECK(count_rows(y,
+                   "SELECT table_name FROM system_schema.tables WHERE "
+                   "keyspace_name = ?",
+                   fresh) == 2,
+        "the keyspace with other bookkeeping was left unchanged");
+  drop_keyspace(y, fresh);
   pr__cql_sync_free(y);
-  printf("migrations: 4 concurrent clients applied each file once\n");
+  printf("migrations: 4 concurrent clients applied each file once; "
+         "changed, newer and foreign keyspaces refused\n");
 }
 
 /* Datacenter and rack: the session learns the node's from system.local

@@ -26,10 +26,9 @@ and shuts down).
 Every wait is bounded (PROSODY_INTEROP_WAIT seconds, default 120) and fails
 with what was awaited and what was seen. Exit status 0 when it passed.
 Kafka: PROSODY_TEST_BOOTSTRAP (127.0.0.1:9094); Cassandra:
-PROSODY_TEST_CASSANDRA_NODES (127.0.0.1:9042). Ours uses the Python suite's
-keyspace (prosody_pytest, as bindings/python/tests/conftest.py); the
-original gets its own (prosody_original_test), since its tables' layout
-differs from ours.
+PROSODY_TEST_CASSANDRA_NODES (127.0.0.1:9042). Both use one keyspace, the
+Python suite's (prosody_pytest, as bindings/python/tests/conftest.py), as a
+fleet moving from one to the other does.
 """
 
 import argparse
@@ -51,7 +50,7 @@ BOOTSTRAP = os.environ.get("PROSODY_TEST_BOOTSTRAP", "127.0.0.1:9094")
 CASSANDRA = os.environ.get("PROSODY_TEST_CASSANDRA_NODES", "127.0.0.1:9042")
 WAIT = float(os.environ.get("PROSODY_INTEROP_WAIT", "120"))
 OURS_KEYSPACE = "prosody_pytest"  # the Python suite's (conftest.py)
-ORIGINAL_KEYSPACE = "prosody_original_test"
+ORIGINAL_KEYSPACE = OURS_KEYSPACE  # one keyspace for both
 PARTITIONS = 4
 KEYS = 100
 ROUNDS_A = 20          # batch A: 2 000 records before either consumer joins
