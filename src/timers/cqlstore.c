@@ -73,11 +73,13 @@
  * posted; the queue is sent from its head: a run of puts, deletes, clears
  * and key listings becomes one group (at most GROUP_MAX; a second op on a
  * timer already in the group, or any op on a key a clear or listing of the
- * group touches, starts the next group). A group first prepares (checks its
- * segments' rows, reads the keys it does not know, writes the slab rows of
- * slabs new to it), one group at a time, then decides its ops against the
- * model and sends the writes as unlogged batches of about BATCH_BYTES (a
- * key's statements in one batch), up to GROUPS_INFLIGHT groups on the wire.
+ * group touches, starts the next group; so does an op on a key a group
+ * still preparing holds, which waits for it). A group first prepares
+ * (checks its segments' rows, reads the keys it does not know, writes the
+ * slab rows of slabs new to it; up to PREP_MAX groups at once, on disjoint
+ * keys), then decides its ops against the model and sends the writes as
+ * unlogged batches of about BATCH_BYTES (a key's statements in one batch),
+ * up to GROUPS_INFLIGHT groups on the wire.
  * Its ops are answered once all its batches are, with the first error of
  * any (a write that failed may or may not have landed; every write is
  * idempotent and the caller retries). Slab listings and loads start once
@@ -85,9 +87,10 @@
  *
  * Order: the session stamps each request with a strictly increasing client
  * timestamp when it is sent, and Cassandra keeps the newest write of a
- * cell. Groups are decided and sent in the order they were posted, and one
- * group writes each cell at most once, so writes resolve as they were
- * issued.
+ * cell. The groups that write a key are decided and sent in the order they
+ * were posted (groups on other keys may pass them: they write other
+ * cells), and one group writes each cell at most once, so writes resolve as
+ * they were issued.
  */
 #include <openssl/evp.h>
 #include <stdio.h>
@@ -107,6 +110,7 @@
  * partitions above batch_size_fail_threshold (50 KiB by default). */
 #define BATCH_BYTES 16384
 #define GROUPS_INFLIGHT 4
+#define PREP_MAX 4 /* groups preparing at once (on disjoint keys) */
 #define GROUPS_INFLIGHT_MAX 32
 #define KNOWN_BUCKETS 1024 /* slabs whose timer_segments row is written */
 #define KNOWN_MAX 65536    /* ... forgotten beyond this many */
@@ -158,6 +162,7 @@ typedef struct kent {
   /* While read: the entry found (0 none, 1 inline, 2 overflow). */
   int found;
   tm_t found_inl;
+  group_t *pg; /* the preparing group holding an op on it */
   /* While a group decides: the model before it. */
   group_t *touched;
   tm_t *b;
@@ -186,11 +191,12 @@ typedef struct cqlstore {
   /* Worker thread only: the send queue (see the top of the file). */
   op_t *q_head, *q_tail;
   size_t qlen;
-  int inflight;       /* groups whose writes are not all answered */
-  group_t *preparing; /* the group preparing, if any */
-  int closing;        /* the session closes: fail what is queued */
-  int dispatching;    /* in dispatch() (re-entered from callbacks) */
-  int again;          /* ... which must look at the queue again */
+  int inflight;  /* groups whose writes are not all answered */
+  group_t *prep; /* groups preparing (their keys disjoint) */
+  int nprep;
+  int closing;     /* the session closes: fail what is queued */
+  int dispatching; /* in dispatch() (re-entered from callbacks) */
+  int again;       /* ... which must look at the queue again */
   known_t *known[KNOWN_BUCKETS];
   size_t nknown;
   kent_t **keys; /* KEY_BUCKETS */
@@ -768,9 +774,10 @@ typedef struct wst {
 struct group {
   cqlstore_t *st;
   size_t n;
-  int out;     /* requests not yet answered (+1 while issuing) */
-  int waiting; /* prep waits for nothing in flight */
-  int phase;   /* prep's next step */
+  int out;        /* requests not yet answered (+1 while issuing) */
+  int waiting;    /* prep waits for nothing in flight */
+  group_t *pnext; /* st->prep */
+  int phase;      /* prep's next step */
   struct {
     seg_t *seg;
     int64_t slab;
@@ -1028,12 +1035,26 @@ static void kread_settle(group_t *g) {
 
 static void decide(group_t *g);
 
+/* The group is prepared (or failed): out of st->prep, its keys free for
+ * the next group. */
+static void prep_end(group_t *g) {
+  cqlstore_t *st = g->st;
+  group_t **at = &st->prep;
+  while (*at != g)
+    at = &(*at)->pnext;
+  *at = g->pnext;
+  st->nprep--;
+  for (size_t i = 0; i < g->n; i++)
+    if (g->ops[i] && g->ops[i]->ent && g->ops[i]->ent->pg == g)
+      g->ops[i]->ent->pg = NULL;
+}
+
 /* Fails a group that has not been decided, and frees it. */
 static void prep_fail(group_t *g) {
   cqlstore_t *st = g->st;
   kread_settle(g);
+  prep_end(g);
   group_answer(g);
-  st->preparing = NULL;
   group_free(g);
   dispatch(st);
 }
@@ -1206,7 +1227,7 @@ static void prep(group_t *g) {
     prep(g);
     return;
   }
-  st->preparing = NULL;
+  prep_end(g);
   decide(g);
 }
 
@@ -1528,26 +1549,43 @@ sent:
     group_written(g);
 }
 
-/* Takes the queue's head run of group ops as a group and starts it. */
-static void send_group(cqlstore_t *st) {
+/* Takes the queue's head run of group ops as a group and starts it; 0
+ * when the head op's key is held by a group preparing (it waits). */
+static int send_group(cqlstore_t *st) {
   group_t *g = calloc(1, sizeof(*g));
   if (!g) {
     complete(q_pop(st), PROSODY_ERR_NOMEM, "out of memory");
-    return;
+    return 1;
   }
   g->st = st;
   while (st->q_head && st->q_head->send != S_ALONE && g->n < GROUP_MAX) {
     op_t *o = st->q_head;
+    kent_t *e = kent_get(st, o->seg, o->key, o->type);
     size_t i;
+    if (!e) {
+      complete(q_pop(st), PROSODY_ERR_NOMEM, "out of memory");
+      continue;
+    }
+    if (e->pg && e->pg != g)
+      break; /* its key is another group's until that one is decided */
     for (i = 0; i < g->n; i++)
       if (conflicts(o, g->ops[i]))
         break;
     if (i < g->n)
       break; /* ... goes out in the next group */
+    e->pg = g;
+    o->ent = e; /* only an op in a group points at an entry */
     g->ops[g->n++] = q_pop(st);
   }
-  st->preparing = g;
+  if (!g->n) {
+    free(g);
+    return 0;
+  }
+  g->pnext = st->prep;
+  st->prep = g;
+  st->nprep++;
   prep(g);
+  return 1;
 }
 
 /* Sends the queue from its head (see the top of the file). */
@@ -1559,23 +1597,21 @@ static void dispatch(cqlstore_t *st) {
   st->dispatching = 1;
   do {
     st->again = 0;
-    if (st->preparing) {
-      group_t *g = st->preparing;
-      if (g->waiting && st->inflight == 0) {
+    for (group_t *g = st->prep; g && st->inflight == 0; g = g->pnext)
+      if (g->waiting) { /* (prep() may end it: start over) */
         g->waiting = 0;
         prep(g);
+        st->again = 1;
+        break;
       }
-      if (st->preparing)
-        continue;
-    }
-    while (st->q_head && !st->preparing) {
+    while (st->q_head) {
       op_t *o = st->q_head;
       if (st->closing) {
         complete(q_pop(st), PROSODY_ERR_STATE, "the Cassandra store is closed");
         continue;
       }
       if (o->send == S_ALONE) {
-        if (st->inflight > 0)
+        if (st->inflight > 0 || st->prep)
           break; /* it sees every write posted before it */
         q_pop(st)->start(o);
         continue;
@@ -1583,12 +1619,15 @@ static void dispatch(cqlstore_t *st) {
       if (st->inflight >=
           (st->qlen >= GROUP_MAX ? GROUPS_INFLIGHT_MAX : GROUPS_INFLIGHT))
         break; /* what arrives meanwhile joins the next group */
+      if (st->nprep >= PREP_MAX)
+        break;
       if (st->nkeys > KEYS_MAX) { /* bounded: dropped, then read again */
-        if (st->inflight > 0)
-          break; /* ... once nothing in flight points at an entry */
+        if (st->inflight > 0 || st->prep)
+          break; /* ... once nothing points at an entry */
         keys_clear(st, NULL);
       }
-      send_group(st);
+      if (!send_group(st))
+        break; /* its key is being read */
     }
   } while (st->again);
   st->dispatching = 0;
