@@ -877,6 +877,15 @@ static void kread_cb(void *arg, prosody_err_t err, const char *errstr,
     group_error(g, err, errstr);
     goto done;
   }
+  if (res->ncols < 6 || res->cols[5].type->id != PR_CQL_T_MAP ||
+      res->cols[5].type->nsub != 2 ||
+      res->cols[5].type->sub[1]->id != PR_CQL_T_UDT ||
+      res->cols[5].type->sub[1]->nsub < 3) {
+    group_error(g, PROSODY_ERR_PERMANENT,
+                "timer_typed_keys.state is not the original Prosody's "
+                "map<tinyint, frozen<key_timer_state>>");
+    goto done;
+  }
   for (int32_t i = 0; i < res->nrows; i++) {
     const pr__cql_cell_t *sc = pr__cql_cell(res, i, 5);
     pr__cql_cell_t el[2 * 16], f[4];
