@@ -55,8 +55,10 @@
  * current state, so the store keeps, per (segment, key, type) it touched,
  * the timers the key index holds and whether its entry is inline. A key not
  * yet known is read first (one IN query for up to READ_KEYS keys of a
- * segment: its static map and clustering rows). The model is trusted while
- * this process owns the partition: release() forgets it, as does an error
+ * segment: its static map and clustering rows), unless this process wrote
+ * the segment's row: it had none, and both implementations write it before
+ * a segment's first timer, so none of its keys had timers. The model is trusted
+ * while this process owns the partition: release() forgets it, as does an error
  * writing the key (it is read again, once nothing is in flight). What a
  * group of operations changes on one key is written as the difference of
  * the model before and after them, in one batch: each cell once.
@@ -133,8 +135,10 @@ typedef struct seg {
   uint8_t id[16];    /* uuid v5 of the name */
   const char *topic; /* in `name`'s allocation, after it */
   /* Worker thread. */
-  int ready;         /* 1 its row checked, -1 refused (`why`), 0 unknown */
-  int64_t watermark; /* slab_watermark, -1 null */
+  int ready;          /* 1 its row checked, -1 refused (`why`), 0 unknown */
+  int fresh;          /* we wrote its row: no key of it had timers then */
+  uint64_t fresh_gen; /* ... while the model of that generation lasts */
+  int64_t watermark;  /* slab_watermark, -1 null */
   char why[256];
   char name[]; /* "<group>:<topic>/<partition>" */
 } seg_t;
@@ -201,7 +205,8 @@ typedef struct cqlstore {
   size_t nknown;
   kent_t **keys; /* KEY_BUCKETS */
   size_t nkeys;
-  uint64_t rng; /* tags */
+  uint64_t rng;       /* tags */
+  uint64_t model_gen; /* bumped when the whole model is dropped */
   /* Engine thread only: segments, and finished ops for reuse. */
   seg_t *segs[SEG_BUCKETS];
   op_t *spare;
@@ -701,7 +706,11 @@ static void seg_read(void *arg, prosody_err_t err, const char *errstr,
   }
   if (res->nrows < 1 || pr__cql_cell(res, 0, 0)->len < 0 ||
       pr__cql_get_int(pr__cql_cell(res, 0, 1), &slab_size)) {
-    /* New (or only slab rows, no name yet): write it as version 4. */
+    /* New (or only slab rows, no name yet): write it as version 4. With no
+     * row at all, no key of it has timers (both implementations write a
+     * segment's row before its first timer): none is read. */
+    sg->fresh = res->nrows < 1;
+    sg->fresh_gen = st->model_gen;
     v[0] = pr__cv_uuid(sg->id);
     v[1] = pr__cv_text(sg->name);
     v[2] = pr__cv_int(as_int(st->slab_s));
@@ -768,7 +777,8 @@ typedef struct wst {
   int unit; /* statements of one unit share a batch */
   size_t bytes;
   pr__cql_val_t v[9];
-  uint8_t *blob; /* owned: a value's bytes */
+  int blob_at;             /* v[blob_at] is `blob` (bound when sent), or -1 */
+  uint8_t blob[STATE_MAX]; /* a span map or key_timer_state value */
 } wst_t;
 
 struct group {
@@ -840,8 +850,6 @@ static void prep_cb(void *arg, prosody_err_t err, const char *errstr,
 
 /* Answers every op of the group with its error, then frees it. */
 static void group_free(group_t *g) {
-  for (size_t i = 0; i < g->nw; i++)
-    free(g->w[i].blob);
   free(g->w);
   free(g->ents);
   free(g);
@@ -1124,6 +1132,13 @@ static int prep_keys(group_t *g) {
     kent_t *e = g->ops[i] ? g->ops[i]->ent : NULL;
     if (!e || e->state == K_KNOWN || e->found == 3)
       continue;
+    if (e->state == K_READING && e->seg->fresh &&
+        e->seg->fresh_gen == st->model_gen) {
+      e->state = K_KNOWN; /* a key of a segment we created: no timer */
+      e->n = 0;
+      e->inl = 0;
+      continue;
+    }
     e->state = K_READING;
     e->n = 0;
     e->found = 3; /* asked for */
@@ -1252,18 +1267,22 @@ static wst_t *wst_add(group_t *g, pr__cql_stmt_t *stmt, int unit) {
     g->capw = cap;
   }
   w = &g->w[g->nw++];
-  memset(w, 0, sizeof(*w));
   w->stmt = stmt;
   w->unit = unit;
+  w->n = 0;
+  w->bytes = 0;
+  w->blob_at = -1;
   return w;
 }
 
-/* A value of `w` over bytes it owns (copied). */
+/* A value of `w` over bytes it keeps (copied; bound to them when sent,
+ * since g->w moves as it grows). */
 static int wst_blob(wst_t *w, const uint8_t *p, int32_t len) {
-  if (len < 0 || !(w->blob = malloc((size_t)len + 1)))
+  if (len < 0 || (size_t)len > sizeof(w->blob) || w->blob_at >= 0)
     return -1;
   memcpy(w->blob, p, (size_t)len);
-  w->v[w->n++] = pr__cv_blob(w->blob, len);
+  w->blob_at = w->n;
+  w->v[w->n++] = pr__cv_blob(NULL, len);
   w->bytes += (size_t)len;
   return 0;
 }
@@ -1453,8 +1472,12 @@ static void send_writes(group_t *g) {
         break;
       to = end;
     }
-    for (size_t i = from; i < to; i++)
-      b[i - from] = (pr__cql_bstmt_t){g->w[i].stmt, g->w[i].v, g->w[i].n};
+    for (size_t i = from; i < to; i++) {
+      wst_t *w = &g->w[i];
+      if (w->blob_at >= 0)
+        w->v[w->blob_at].p = w->blob;
+      b[i - from] = (pr__cql_bstmt_t){w->stmt, w->v, w->n};
+    }
     g->out++;
     pr__cql_batch_run(st->cql, PR_CQL_BATCH_UNLOGGED, b, (uint16_t)(to - from),
                       write_cb, g);
@@ -1634,6 +1657,7 @@ static void dispatch(cqlstore_t *st) {
         if (st->inflight > 0 || st->prep)
           break; /* ... once nothing points at an entry */
         keys_clear(st, NULL);
+        st->model_gen++; /* what we wrote is no longer known */
       }
       if (!send_group(st))
         break; /* its key is being read */
@@ -1895,6 +1919,7 @@ static void start_release(op_t *o) {
   keys_clear(st, o->seg);
   known_clear(st, o->seg);
   o->seg->ready = 0;
+  o->seg->fresh = 0;
   o->seg->watermark = -1;
   complete(o, PROSODY_OK, NULL);
 }
