@@ -32,6 +32,7 @@ typedef struct pr__cql_conf {
   int ssl;                        /* TLS: verify the node and its host name */
   const char *ssl_ca;             /* CA file or directory (NULL: system's) */
   const char *ssl_cert, *ssl_key; /* client certificate (NULL: none) */
+  const char *ssl_key_password;   /* of an encrypted ssl_key (NULL: none) */
 } pr__cql_conf_t;
 
 /* `res` is valid during the callback only; NULL on error. */

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Interop: one Cassandra keyspace and one topic, written and read by both
 the original Rust-based Prosody (PyPI prosody-events, in its own venv, run
-as subprocesses: original_consumer.py, original_producer.py) and ours.
+as subprocesses: member.py, original_producer.py) and ours.
 
 Run by scripts/interop-tests.sh with OUR package's venv, which also holds
 cassandra-driver to read the keyspaces' bookkeeping. Scenarios, each on
@@ -112,7 +112,7 @@ async def original_consume(args: argparse.Namespace, topic: str, keyspace: str,
                            log: Path) -> List[Tuple[str, int]]:
     """The original's consumer, in a group of its own, until it handled every
     record; then SIGTERM, and it must report "stopped"."""
-    proc = await original(args, "original_consumer.py", log, "--group",
+    proc = await original(args, "member.py", log, "--group",
                           f"interop-orig-{uuid.uuid4().hex[:8]}", "--topic", topic,
                           "--cassandra", CASSANDRA, "--keyspace", keyspace)
     records: List[Tuple[str, int]] = []

@@ -1,5 +1,5 @@
 """Both APIs of the ORIGINAL Prosody package for the interop programs that
-run it (original_consumer.py, original_producer.py): prosody-events 0.2.0
+run it (member.py, original_producer.py): prosody-events 0.2.0
 (the seed API: `ProsodyClient(...)`, `subscribe` returns None, no
 `shutdown`) and 0.6.1 (the current API: `await ProsodyClient.create(...)`,
 coroutines, `shutdown`).
@@ -9,7 +9,7 @@ Its peer listener (requests between instances, 0.6 and later) binds port
 moves it to a free loopback port (0.2.0 ignores it).
 """
 
-import asyncio
+import inspect
 import os
 from typing import Any
 
@@ -31,6 +31,6 @@ async def call(client: Any, name: str, *args: Any) -> Any:
     if fn is None:
         return None
     result = fn(*args)
-    if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
+    if inspect.isawaitable(result):
         return await result
     return result

@@ -59,7 +59,7 @@ if __name__ == "__main__":
     except BaseException:  # noqa: BLE001 - reported, then exit 1
         traceback.print_exc()
         rc = 1
-    # As original_consumer.py: skip the interpreter's finalization, which
+    # As member.py: skip the interpreter's finalization, which
     # 0.6.1 sometimes aborts in.
     sys.stdout.flush()
     sys.stderr.flush()

@@ -3,7 +3,7 @@
 (PyPI prosody-events) share ONE consumer group on a real Kafka.
 
 Run by scripts/interop-tests.sh with OUR package's venv; the original's
-consumer (tests/interop/original_consumer.py) runs as a subprocess with the
+consumer (tests/interop/member.py) runs as a subprocess with the
 original's venv (--original-python) and reports each record it handles as a
 JSON line on its standard output.
 
@@ -240,7 +240,7 @@ async def run(args: argparse.Namespace) -> str:
 
         with open(log_path, "wb") as log:
             proc = await asyncio.create_subprocess_exec(
-                args.original_python, str(Path(__file__).with_name("original_consumer.py")),
+                args.original_python, str(Path(__file__).with_name("member.py")),
                 "--bootstrap", BOOTSTRAP, "--group", group, "--topic", topic,
                 "--cassandra", CASSANDRA, "--keyspace", ORIGINAL_KEYSPACE,
                 stdout=asyncio.subprocess.PIPE, stderr=log, stdin=asyncio.subprocess.DEVNULL)

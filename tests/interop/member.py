@@ -1,15 +1,22 @@
 #!/usr/bin/env python3
-"""One consumer of the ORIGINAL Rust-based Prosody package (PyPI
-prosody-events, pinned by scripts/interop-tests.sh), run as a subprocess by
-tests/interop/shared_group.py with the original's own venv (both packages
-import as `prosody`, so they never share an interpreter).
+"""One consumer group member, run as a subprocess by the interop programs
+with the venv of the implementation under test: the ORIGINAL Rust-based
+Prosody package (PyPI prosody-events, pinned by scripts/interop-tests.sh) or
+ours (both import as `prosody`, so they never share an interpreter).
+
+What its handler does is driven by each record's payload, so that both
+implementations behave alike: {"key", "seq", "batch"} always; "timer_at"
+(epoch seconds): schedule a timer for the key then; "fail_until" (epoch
+seconds): raise (a transient error: deferred, then retried) until then.
 
 It joins consumer group --group on --topic and writes one JSON object per
 line to standard output, flushed at once, for the test to wait on:
 
   {"event": "subscribed"}
   {"event": "partitions", "count": N}    whenever its assigned partition count changes
-  {"event": "message", "key": K, "seq": S, "batch": B, "partition": P, "offset": O}
+  {"event": "message", "key": K, "seq": S, "batch": B, "partition": P, "offset": O,
+   "ok": true|false, "at": T}           each attempt; ok false: it raised
+  {"event": "timer", "key": K, "time": T0, "at": T}    a timer fired (T0: its time)
   {"event": "stopped"}                   after SIGTERM/SIGINT: unsubscribed and shut down;
                                          it then exits 0 (see the end of this file)
 
@@ -28,7 +35,9 @@ import os
 import signal
 import sys
 import threading
+import time
 import traceback
+from datetime import datetime, timezone
 
 from original_compat import call, make_client
 from prosody import EventHandler
@@ -47,14 +56,21 @@ def emit(obj: dict) -> None:
 class Reporting(EventHandler):
     async def on_message(self, context, message):
         p = message.payload
+        now = time.time()
+        if p.get("timer_at") is not None:
+            await context.schedule(datetime.fromtimestamp(p["timer_at"], timezone.utc))
+        ok = now >= p.get("fail_until", 0)
         emit({"event": "message", "key": message.key, "seq": p["seq"], "batch": p["batch"],
-              "partition": message.partition, "offset": message.offset})
+              "partition": message.partition, "offset": message.offset, "ok": ok, "at": now})
+        if not ok:
+            raise RuntimeError(f"failing {message.key} until {p['fail_until']}")
 
     async def on_excise(self, context, message):
         emit({"event": "excise", "key": message.key})
 
     async def on_timer(self, context, timer):
-        emit({"event": "timer", "key": timer.key})
+        emit({"event": "timer", "key": timer.key, "time": timer.time.timestamp(),
+              "at": time.time()})
 
 
 async def watch_partitions(client, stop: asyncio.Event) -> None:
@@ -81,6 +97,8 @@ async def main() -> int:
     ap.add_argument("--topic", required=True)
     ap.add_argument("--cassandra", required=True)
     ap.add_argument("--keyspace", required=True)
+    ap.add_argument("--option", action="append", default=[], metavar="NAME=JSON",
+                    help="another client option, its value as JSON (repeatable)")
     args = ap.parse_args()
     faulthandler.enable()  # a crash prints the Python stacks to the log
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
@@ -102,6 +120,7 @@ async def main() -> int:
         probe_port=None,
         telemetry_enabled=False,
         shutdown_timeout=10.0,
+        **{k: json.loads(v) for k, v in (o.split("=", 1) for o in args.option)},
     )
     await call(client, "subscribe", Reporting())
     emit({"event": "subscribed"})
