@@ -6,6 +6,10 @@
 #                    side consumes what the other sent, the original starts
 #                    on a keyspace ours created and ours on one it created,
 #                    and neither applies a migration twice;
+#   timers.py        timers move with a consumer group between the two: a
+#                    timer either side scheduled fires on the other, once, at
+#                    its second, and scheduled()/unschedule see the other
+#                    side's timers (original_timers.py is its original side);
 #   shared_group.py  one consumer of ours and one of the original share ONE
 #                    consumer group: both get partitions, no record is lost
 #                    across the join, each key's order holds;
@@ -98,6 +102,8 @@ migrations=$(find "$root/third_party/prosody-migrations" -name '*.cql' | wc -l)
 "$ours_venv/bin/python" "$root/tests/interop/keyspace.py" --migrations "$migrations" \
   --original-migrations 8 --original-python "$seed_venv/bin/python" \
   --log-dir "$root/build/interop" || rc=1
+"$ours_venv/bin/python" "$root/tests/interop/timers.py" \
+  --original-python "$orig_venv/bin/python" --log-dir "$root/build/interop" || rc=1
 "$ours_venv/bin/python" "$root/tests/interop/shared_group.py" \
   --original-python "$orig_venv/bin/python" --log-dir "$root/build/interop" || rc=1
 "$orig_venv/bin/python" "$root/tests/interop/wire_records.py" \
