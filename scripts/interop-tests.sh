@@ -11,9 +11,17 @@
 #                    other, in order, once each, and the ids one side
 #                    handled are duplicates for the other (the stores'
 #                    shared tables);
+#   timers.py        timers move with a consumer group between the two: a
+#                    timer either side scheduled fires on the other, once, at
+#                    its second, and scheduled()/unschedule see the other
+#                    side's timers (original_timers.py is its original side);
 #   shared_group.py  one consumer of ours and one of the original share ONE
 #                    consumer group: both get partitions, no record is lost
-#                    across the join, each key's order holds.
+#                    across the join, each key's order holds;
+#   wire_records.py  each side's telemetry topic, failure topic and sent
+#                    records, read back and compared field by field (run
+#                    with the original's venv, which also gets
+#                    confluent-kafka, pinned, to read every header).
 #
 # Both packages import as `prosody`, so each has its own venv:
 #   ours      ${PROSODY_PY_VENV:-build/python-venv}, built by
@@ -22,7 +30,7 @@
 #   original  ${PROSODY_ORIG_VENV:-build/original-venv}, made with
 #             ${PYTHON:-python3} (3.11: PyPI serves a cp311 manylinux wheel),
 #             with prosody-events==${PROSODY_ORIG_VERSION:-0.6.1} (the current
-#             API and schema)
+#             API and schema) and confluent-kafka==${PROSODY_INTEROP_KAFKA_VERSION:-2.16.2}
 #   seed      ${PROSODY_SEED_VENV:-build/original-0.2.0-venv}, prosody-events
 #             0.2.0 (the specification's API; its core knew 8 migrations)
 #
@@ -73,6 +81,12 @@ original() { # original VENV VERSION
   echo "interop-tests: the original prosody-events $2 is in $1"
 }
 original "$orig_venv" "$orig_version"
+# The reader wire_records.py writes and reads raw records with (headers).
+reader_version="${PROSODY_INTEROP_KAFKA_VERSION:-2.16.2}"
+if ! "$orig_venv/bin/python" -c 'import sys, importlib.metadata as m; sys.exit(m.version("confluent-kafka") != sys.argv[1])' \
+  "$reader_version" 2>/dev/null; then
+  "$orig_venv/bin/pip" install -q --disable-pip-version-check "confluent-kafka==$reader_version"
+fi
 original "$seed_venv" 0.2.0
 # Ours, with cassandra-driver to read the keyspaces' bookkeeping.
 if [ "$installed" = 0 ] || [ ! -x "$ours_venv/bin/python" ]; then
@@ -95,8 +109,13 @@ migrations=$(find "$root/third_party/prosody-migrations" -name '*.cql' | wc -l)
   --log-dir "$root/build/interop" || rc=1
 "$ours_venv/bin/python" "$root/tests/interop/defer_dedup.py" \
   --original-python "$orig_venv/bin/python" --log-dir "$root/build/interop" || rc=1
+"$ours_venv/bin/python" "$root/tests/interop/timers.py" \
+  --original-python "$orig_venv/bin/python" --log-dir "$root/build/interop" || rc=1
 "$ours_venv/bin/python" "$root/tests/interop/shared_group.py" \
   --original-python "$orig_venv/bin/python" --log-dir "$root/build/interop" || rc=1
+"$orig_venv/bin/python" "$root/tests/interop/wire_records.py" \
+  --original-python "$orig_venv/bin/python" --ours-python "$ours_venv/bin/python" \
+  --log-dir "$root/build/interop" || rc=1
 [ "$rc" = 0 ] || {
   echo "interop-tests: FAILED after $(( $(date +%s) - t0 )) s" >&2
   exit 1

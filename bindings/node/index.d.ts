@@ -92,6 +92,7 @@ export interface Configuration {
   cassandraSslCaLocation?: string | null;
   cassandraSslCertificateLocation?: string | null;
   cassandraSslKeyLocation?: string | null;
+  cassandraSslKeyPassword?: string | null;
   cassandraDatacenter?: string | null;
   cassandraRack?: string | null;
   cassandraRetentionSeconds?: number | string | null;

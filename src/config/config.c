@@ -1258,8 +1258,8 @@ prosody_err_t pr__settings_check_client(const pr__settings_t *st, char *errstr,
     static const pr__opt_id_t cass_tls[] = {
         PR_OPT_CASSANDRA_SSL_CA_LOCATION,
         PR_OPT_CASSANDRA_SSL_CERTIFICATE_LOCATION,
-        PR_OPT_CASSANDRA_SSL_KEY_LOCATION};
-    for (size_t i = 0; i < 3 && !PR_CFG_BOOL(st, CASSANDRA_SSL); i++)
+        PR_OPT_CASSANDRA_SSL_KEY_LOCATION, PR_OPT_CASSANDRA_SSL_KEY_PASSWORD};
+    for (size_t i = 0; i < 4 && !PR_CFG_BOOL(st, CASSANDRA_SSL); i++)
       if (st->v[cass_tls[i]].isset)
         return conflict(st, cass_tls[i], PR_OPT_CASSANDRA_SSL,
                         "expected cassandra_ssl=true with the Cassandra TLS "
@@ -1278,6 +1278,13 @@ prosody_err_t pr__settings_check_client(const pr__settings_t *st, char *errstr,
           "a client certificate needs its private key and a key its "
           "certificate: expected both or neither",
           errstr, errstr_size);
+    if (PR_CFG_SET(st, CASSANDRA_SSL_KEY_PASSWORD) &&
+        !PR_CFG_SET(st, CASSANDRA_SSL_KEY_LOCATION))
+      return conflict(st, PR_OPT_CASSANDRA_SSL_KEY_PASSWORD,
+                      PR_OPT_CASSANDRA_SSL_KEY_LOCATION,
+                      "a key password needs the key it opens: expected "
+                      "cassandra_ssl_key_location too",
+                      errstr, errstr_size);
   }
   {
     const char *host = PR_CFG_STR(st, PROBE_HOST);

@@ -1186,6 +1186,18 @@ static void conn_connect(conn_t *c) {
 /* ---- public ------------------------------------------------------------- */
 
 /* The TLS settings of conf; NULL (errstr) when a file cannot be used. */
+/* OpenSSL's password callback for an encrypted client key: the configured
+ * password, or none. Without it OpenSSL would prompt on the terminal. */
+static int key_password(char *buf, int size, int rwflag, void *arg) {
+  const char *pw = arg;
+  size_t n = pw ? strlen(pw) : 0;
+  (void)rwflag;
+  if (n > (size_t)size)
+    return 0;
+  memcpy(buf, pw ? pw : "", n);
+  return (int)n;
+}
+
 static SSL_CTX *tls_ctx(const pr__cql_conf_t *conf, char *errstr,
                         size_t errstr_size) {
   SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
@@ -1211,13 +1223,25 @@ static SSL_CTX *tls_ctx(const pr__cql_conf_t *conf, char *errstr,
     what = "cassandra_ssl_certificate_location "
            "(PROSODY_CASSANDRA_SSL_CERTIFICATE_LOCATION)",
     file = conf->ssl_cert;
+  /* The key is read here, once: the password is not kept past it. */
+  SSL_CTX_set_default_passwd_cb(ctx, key_password);
+  SSL_CTX_set_default_passwd_cb_userdata(ctx, (void *)conf->ssl_key_password);
   if (!what && conf->ssl_key &&
       (SSL_CTX_use_PrivateKey_file(ctx, conf->ssl_key, SSL_FILETYPE_PEM) != 1 ||
        SSL_CTX_check_private_key(ctx) != 1))
-    what = "cassandra_ssl_key_location (PROSODY_CASSANDRA_SSL_KEY_LOCATION)",
+    what = conf->ssl_key_password
+               ? "cassandra_ssl_key_location "
+                 "(PROSODY_CASSANDRA_SSL_KEY_LOCATION) with "
+                 "cassandra_ssl_key_password"
+               : "cassandra_ssl_key_location "
+                 "(PROSODY_CASSANDRA_SSL_KEY_LOCATION; an encrypted key "
+                 "needs cassandra_ssl_key_password)",
     file = conf->ssl_key;
+  SSL_CTX_set_default_passwd_cb_userdata(ctx, NULL);
   if (what) {
-    unsigned long e = ERR_peek_last_error();
+    /* The first error of the queue is the cause (a key that would not
+     * decrypt); the last one only says which library gave up ("PEM lib"). */
+    unsigned long e = ERR_peek_error();
     pr__errf(errstr, errstr_size, "%s \"%s\" cannot be used: %s", what, file,
              e ? ERR_reason_error_string(e) : "unknown error");
     ERR_clear_error();
@@ -1282,6 +1306,10 @@ pr__cql_t *pr__cql_new(uv_loop_t *loop, const pr__cql_conf_t *conf,
   s->conf.datacenter = pr__strdup(conf->datacenter);
   s->conf.rack = pr__strdup(conf->rack);
   s->conf.ssl_ca = s->conf.ssl_cert = s->conf.ssl_key = NULL; /* not kept */
+  s->conf.ssl_key_password = NULL;
+  /* The caller's list until the copy below: pr__cql_free must not free it
+   * when the TLS context fails. */
+  s->conf.nodes = NULL;
   if (conf->ssl && !(s->ssl_ctx = tls_ctx(conf, errstr, errstr_size))) {
     s->closing = 1;
     pr__cql_free(s);

@@ -32,6 +32,7 @@ typedef struct pr__cql_conf {
   int ssl;                        /* TLS: verify the node and its host name */
   const char *ssl_ca;             /* CA file or directory (NULL: system's) */
   const char *ssl_cert, *ssl_key; /* client certificate (NULL: none) */
+  const char *ssl_key_password;   /* of an encrypted ssl_key (NULL: none) */
 } pr__cql_conf_t;
 
 /* `res` is valid during the callback only; NULL on error. */
@@ -116,9 +117,8 @@ void pr__cql_sync_wait(pr__cql_sync_t *y, const int *done);
  * `wait_ms` (PROSODY_ERR_TIMEOUT). Refused with PROSODY_ERR_PERMANENT, the
  * keyspace left unchanged: tables but no bookkeeping, bookkeeping of
  * another layout, a recorded file whose checksum differs from ours, or a
- * file newer than our newest (a newer release of the original). Then runs
- * our transitional files (src/cql/schema, idempotent). Returns the number
- * of the original's files applied in `*applied` (may be NULL).
+ * file newer than our newest (a newer release of the original). Returns
+ * the number of the original's files applied in `*applied` (may be NULL).
  */
 prosody_err_t pr__cql_migrate(pr__cql_sync_t *y, const char *keyspace,
                               int64_t wait_ms, int *applied, char *errstr,

@@ -449,25 +449,10 @@ prosody_err_t pr__cql_migrate(pr__cql_sync_t *y, const char *keyspace,
                               size_t errstr_size) {
   pr__cql_schema_file_t files[sizeof(schema_files) / sizeof(schema_files[0])];
   size_t n = SHIPPED(schema_files);
-  prosody_err_t err;
-  char why[1024];
   for (size_t i = 0; i < n; i++) {
     files[i].name = schema_files[i].name;
     files[i].text = schema_files[i].text;
   }
-  err = pr__cql_migrate_files(y, keyspace, files, n, wait_ms, applied, errstr,
-                              errstr_size);
-  /* Our transitional tables (src/cql/schema): idempotent statements (IF NOT
-   * EXISTS), run on every start, outside the shared bookkeeping. */
-  for (size_t i = 0; !err && i < SHIPPED(legacy_files); i++) {
-    char *text = fill(legacy_files[i].text, keyspace);
-    if (!text) {
-      pr__errf(errstr, errstr_size, "out of memory");
-      return PROSODY_ERR_NOMEM;
-    }
-    if ((err = apply_file(y, legacy_files[i].name, text, why, sizeof(why))))
-      pr__errf(errstr, errstr_size, "keyspace %s: %s", keyspace, why);
-    free(text);
-  }
-  return err;
+  return pr__cql_migrate_files(y, keyspace, files, n, wait_ms, applied, errstr,
+                               errstr_size);
 }

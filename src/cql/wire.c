@@ -132,6 +132,29 @@ pr__cql_val_t pr__cv_uuid(const uint8_t uuid[16]) {
   return v;
 }
 
+int32_t pr__cql_encode_elements(uint8_t *out, size_t cap, int32_t count,
+                                const pr__cql_val_t *elems, size_t n) {
+  size_t at = 0;
+  if (count >= 0) {
+    if (cap < 4)
+      return -1;
+    for (int i = 0; i < 4; i++)
+      out[at++] = (uint8_t)((uint32_t)count >> (24 - 8 * i));
+  }
+  for (size_t e = 0; e < n; e++) {
+    const pr__cql_val_t *v = &elems[e];
+    int32_t len = v->len < 0 ? -1 : v->len;
+    if (cap - at < 4 || (len > 0 && cap - at - 4 < (size_t)len))
+      return -1;
+    for (int i = 0; i < 4; i++)
+      out[at++] = (uint8_t)((uint32_t)len >> (24 - 8 * i));
+    if (len > 0)
+      memcpy(out + at, v->p ? v->p : v->inl, (size_t)len);
+    at += len > 0 ? (size_t)len : 0;
+  }
+  return at > INT32_MAX ? -1 : (int32_t)at;
+}
+
 static void put_value(pr__cbuf_t *b, const pr__cql_val_t *v) {
   pr__cbuf_bytes(b, v->p ? v->p : v->inl, v->len);
 }

@@ -120,6 +120,14 @@ pr__cql_val_t pr__cv_tinyint(int8_t v);
 pr__cql_val_t pr__cv_bool(int v);
 pr__cql_val_t pr__cv_uuid(const uint8_t uuid[16]);
 
+/* Encodes a collection or UDT value from its elements into out[cap]: a map
+ * (key, value pairs: `count` pairs), list or set (`count` elements) starts
+ * with the count; a UDT or tuple (`count` -1) is its fields alone. Each
+ * element is [bytes] (a null one: length -1). The length written, or -1
+ * when it does not fit. Bind it with pr__cv_blob. */
+int32_t pr__cql_encode_elements(uint8_t *out, size_t cap, int32_t count,
+                                const pr__cql_val_t *elems, size_t n);
+
 /* Query parameters (QUERY, EXECUTE). */
 typedef struct pr__cql_params {
   uint16_t consistency;

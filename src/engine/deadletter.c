@@ -1,6 +1,9 @@
 /*
  * deadletter.c - sending a failed record to failure_topic with its
  * source-* headers (low-latency mode), and what its delivery report does.
+ * The record is the original Prosody's: the failed record's key and value,
+ * its source-* headers in the original's order and wording, then the
+ * producer's source-system and trace headers (docs/OBSERVABILITY.md).
  *
  * Threads: the engine thread, except dlq_cb() (librdkafka's producer
  * thread: it posts to the mailbox).
@@ -10,6 +13,9 @@
 #include <time.h>
 
 #include "internal.h"
+
+/* What the original writes before the handler's error in source-error. */
+#define PR_DLQ_ERROR_PREFIX "handler error: "
 
 static void dlq_mail(pr__mail_t *mail, void *owner) {
   (void)owner;
@@ -32,7 +38,8 @@ void pr__dlq_send(inv_t *inv) {
   pr__engine_t *eng = inv->eng;
   rd_kafka_headers_t *h = rd_kafka_headers_new(8);
   prosody_trace_t trace = {NULL, NULL, NULL};
-  char num[32], stamp[40], err[512];
+  char num[32], stamp[40], err[512], *cause;
+  const char *why;
   const void *v;
   size_t len;
   char *tp = NULL, *ts = NULL, *bg = NULL;
@@ -52,9 +59,15 @@ void pr__dlq_send(inv_t *inv) {
                  stamp, sizeof(stamp));
   rd_kafka_header_add(h, "source-timestamp", -1, stamp, -1);
   rd_kafka_header_add(h, "source-group-id", -1, eng->group_id, -1);
-  rd_kafka_header_add(h, "source-error", -1,
-                      inv->result_error ? inv->result_error : "(no message)",
-                      -1);
+  /* As the original words it: its handler middleware's "handler error: "
+   * before the handler's own text. */
+  why = inv->result_error ? inv->result_error : "(no message)";
+  if ((cause = malloc(sizeof(PR_DLQ_ERROR_PREFIX) + strlen(why)))) {
+    memcpy(cause, PR_DLQ_ERROR_PREFIX, sizeof(PR_DLQ_ERROR_PREFIX) - 1);
+    strcpy(cause + sizeof(PR_DLQ_ERROR_PREFIX) - 1, why);
+  }
+  rd_kafka_header_add(h, "source-error", -1, cause ? cause : why, -1);
+  free(cause);
   if (inv->msg.headers) {
     if (!rd_kafka_header_get_last(inv->msg.headers, "traceparent", &v, &len))
       trace.traceparent = tp = pr__strndup(v, len);

@@ -670,9 +670,12 @@ void pr__df_timer_loaded(part_t *part, const char *key, int kind,
  * worker that completes a synchronous handler's attempt, else the engine
  * thread. */
 void pr__inv_emit_ran(inv_t *inv);
-/* Telemetry of a timer operation: scheduled or cancelled (message.c). */
+/* Telemetry of a timer operation: scheduled or cancelled (message.c), in
+ * the calling handler's trace context (`trace`: NULL or invalid for none;
+ * `tracestate`: its record's, NULL or "" for none). */
 void pr__emit_timer_op(pr__engine_t *eng, pr__tm_type_t type, const char *topic,
-                       int32_t partition, const char *key, int64_t time_s);
+                       int32_t partition, const char *key, int64_t time_s,
+                       const pr_span_ctx_t *trace, const char *tracestate);
 /* A handler unscheduled the key's timer at `time_s` (-1: all its timers):
  * a deferred one leaves its defer queue too (a failed removal is logged:
  * that timer may still fire). */

@@ -86,24 +86,10 @@ PROSODY_EXPORT int64_t prosody_timer_time(const prosody_timer_t *timer) {
   return timer ? timer->time_ms : -1;
 }
 
-/* The message's header `name` as a string in `out`, or NULL. */
-static const char *header_str(const inv_t *inv, const char *name, char *out,
-                              size_t n) {
-  const void *v;
-  size_t len;
-  if (!inv->msg.headers ||
-      rd_kafka_header_get_last(inv->msg.headers, name, &v, &len) || !v)
-    return NULL;
-  if (len >= n)
-    len = n - 1;
-  memcpy(out, v, len);
-  out[len] = '\0';
-  return out;
-}
-
 static void emit(inv_t *inv, int phase, int64_t at_ms) {
   pr__engine_t *eng = inv->eng;
-  char tp[128], ts[512];
+  char tp[PR_TRACEPARENT_LEN + 1], ts[512];
+  pr_span_ctx_t trace;
   pr__tm_event_t ev = {
       .type = (pr__tm_type_t)((inv->is_timer ? PR_TM_TIMER_DISPATCHED
                                              : PR_TM_MESSAGE_DISPATCHED) +
@@ -124,9 +110,16 @@ static void emit(inv_t *inv, int phase, int64_t at_ms) {
         inv->result == PROSODY_PERMANENT ? "permanent" : "transient";
     ev.exception = inv->result_error ? inv->result_error : "";
   }
-  if (!inv->is_timer) {
-    ev.traceparent = header_str(inv, "traceparent", tp, sizeof(tp));
-    ev.tracestate = header_str(inv, "tracestate", ts, sizeof(ts));
+  /* The context the handler ran in, as the original reports it: its span
+   * when spans are exported, else the record's own traceparent, or the
+   * context a timer was scheduled in. The inv is this thread's until its
+   * result is posted, and its context is fixed once the handler started. */
+  if (!pr__trace_of(inv, &trace)) {
+    pr__span_ctx_format(&trace, tp);
+    ev.traceparent = tp;
+    if (!inv->is_timer)
+      ev.tracestate =
+          pr__header_str(inv->msg.headers, "tracestate", ts, sizeof(ts));
   }
   pr__tm_emit(eng->tm, &ev);
 }
@@ -145,7 +138,9 @@ void pr__inv_emit_ran(inv_t *inv) {
 }
 
 void pr__emit_timer_op(pr__engine_t *eng, pr__tm_type_t type, const char *topic,
-                       int32_t partition, const char *key, int64_t time_s) {
+                       int32_t partition, const char *key, int64_t time_s,
+                       const pr_span_ctx_t *trace, const char *tracestate) {
+  char tp[PR_TRACEPARENT_LEN + 1];
   pr__tm_event_t ev = {.type = type,
                        .topic = topic,
                        .partition = partition,
@@ -154,5 +149,12 @@ void pr__emit_timer_op(pr__engine_t *eng, pr__tm_type_t type, const char *topic,
                        .timer_type = "application",
                        .key = key,
                        .source = eng->group_id};
+  if (!eng->tm)
+    return;
+  if (trace && trace->valid) {
+    pr__span_ctx_format(trace, tp);
+    ev.traceparent = tp;
+    ev.tracestate = tracestate;
+  }
   pr__tm_emit(eng->tm, &ev);
 }

@@ -33,8 +33,10 @@ typedef struct top {
   int kind;
   prosody_context_t *ctx;
   int64_t time_s;
-  pr_span_ctx_t trace; /* the calling handler's context, kept with the timer
-                          (set at submission, under the attempt's lock) */
+  pr_span_ctx_t trace;  /* the calling handler's context, kept with the timer
+                           (set at submission, under the attempt's lock) */
+  char tracestate[512]; /* its record's tracestate ("" for none), for the
+                           operation's telemetry event (set with `trace`) */
   /* Engine thread, while it runs the operation: copies of the key and
    * topic (in `names` when they fit, else malloc'd). */
   pr__engine_t *eng;
@@ -116,7 +118,7 @@ static void top_written(void *arg, prosody_err_t err, const char *errstr) {
   }
   PR_BUMP(op->eng->metrics.timers_scheduled, 1);
   pr__emit_timer_op(op->eng, PR_TM_TIMER_SCHEDULED, op->topic, op->partition,
-                    op->key, op->time_s);
+                    op->key, op->time_s, &op->trace, op->tracestate);
   if (part) {
     pr__firing_written(op->eng, part, op->key, op->time_s, &op->trace);
     pr__firing_arm(op->eng);
@@ -136,7 +138,7 @@ static void top_deleted(void *arg, prosody_err_t err, const char *errstr) {
     pr__firing_deleted(part, op->key, op->time_s, -1);
   if (!err)
     pr__emit_timer_op(op->eng, PR_TM_TIMER_CANCELLED, op->topic, op->partition,
-                      op->key, op->time_s);
+                      op->key, op->time_s, &op->trace, op->tracestate);
   top_done(op, err, errstr);
 }
 
@@ -240,8 +242,13 @@ static prosody_err_t top_submit(top_t *op, char *errstr, size_t errstr_size) {
     return PROSODY_ERR_STATE;
   }
   eng = ((inv_t *)slot->owner)->eng;
-  if (op->kind == TOP_SCHEDULE || op->kind == TOP_CLEAR_AND_SCHEDULE)
-    (void)pr__trace_of(slot->owner, &op->trace);
+  /* A new timer keeps it; telemetry reports every operation in it. */
+  if (pr__trace_of(slot->owner, &op->trace))
+    op->trace.valid = false;
+  if (!op->trace.valid ||
+      !pr__header_str(((inv_t *)slot->owner)->msg.headers, "tracestate",
+                      op->tracestate, sizeof(op->tracestate)))
+    op->tracestate[0] = '\0';
   if (pr__engine_current() == eng) {
     /* A blocking call cannot wait for a store that answers through this
      * very thread; a callback can: the store completes it later here. */

@@ -479,6 +479,19 @@ int pr__kafka_destroy_bounded(rd_kafka_t *rk, int timeout_ms,
   return 0;
 }
 
+const char *pr__header_str(const rd_kafka_headers_t *h, const char *name,
+                           char *out, size_t n) {
+  const void *v;
+  size_t len;
+  if (!h || rd_kafka_header_get_last(h, name, &v, &len) || !v)
+    return NULL;
+  if (len >= n)
+    len = n - 1;
+  memcpy(out, v, len);
+  out[len] = '\0';
+  return out;
+}
+
 char *pr__join_list(char **items, size_t n) {
   size_t len = 1;
   char *out, *p;

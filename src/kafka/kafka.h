@@ -70,6 +70,10 @@ const char *pr__kafka_explain(const rd_kafka_t *rk, const char *reason,
 void pr__kafka_probe(const char *bootstrap, int budget_ms, char *out, size_t n);
 /* Joins a host:port list with commas into a new string. */
 char *pr__join_list(char **items, size_t n);
+/* The last value of header `name` in `h` (NULL: none) as a string in
+ * `out` (cut to n - 1 bytes), or NULL when it has none. */
+const char *pr__header_str(const rd_kafka_headers_t *h, const char *name,
+                           char *out, size_t n);
 
 /* ---- consumer.c ---- */
 

@@ -252,7 +252,7 @@ static void dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque) {
   } else if (!m->err) {
     prosody_delivery_t d = {req->topic, m->partition, m->offset};
     if (prod->tm) {
-      char key[1024];
+      char key[1024], tp[PR_TRACEPARENT_LEN + 1], ts[512];
       size_t kl = m->key_len < sizeof(key) ? m->key_len : sizeof(key) - 1;
       pr__tm_event_t ev = {.type = PR_TM_MESSAGE_SENT,
                            .topic = req->topic,
@@ -260,8 +260,14 @@ static void dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque) {
                            .offset = m->offset,
                            .key = key,
                            .source = prod->source_system};
+      rd_kafka_headers_t *h = NULL;
       memcpy(key, m->key ? m->key : "", m->key ? kl : 0);
       key[m->key ? kl : 0] = '\0';
+      /* The record's trace context, as it was written (make_headers). */
+      if (!rd_kafka_message_headers(m, &h)) {
+        ev.traceparent = pr__header_str(h, "traceparent", tp, sizeof(tp));
+        ev.tracestate = pr__header_str(h, "tracestate", ts, sizeof(ts));
+      }
       pr__tm_emit(prod->tm, &ev);
     }
     req->cb(PROSODY_OK, NULL, &d, req->opaque);
@@ -791,14 +797,17 @@ static rd_kafka_headers_t *make_headers(pr__producer_t *prod,
   for (size_t i = 0;
        extra && !rd_kafka_header_get_all(extra, i, &name, &value, &size); i++)
     rd_kafka_header_add(h, name, -1, value, (ssize_t)size);
+  /* In the original's order: its W3C propagators write baggage, then
+   * traceparent with tracestate (empty when the context has none). */
   rd_kafka_header_add(h, "source-system", -1, prod->source_system, -1);
   if (trace) {
-    if (trace->traceparent)
-      rd_kafka_header_add(h, "traceparent", -1, trace->traceparent, -1);
-    if (trace->tracestate)
-      rd_kafka_header_add(h, "tracestate", -1, trace->tracestate, -1);
     if (trace->baggage)
       rd_kafka_header_add(h, "baggage", -1, trace->baggage, -1);
+    if (trace->traceparent) {
+      rd_kafka_header_add(h, "traceparent", -1, trace->traceparent, -1);
+      rd_kafka_header_add(h, "tracestate", -1,
+                          trace->tracestate ? trace->tracestate : "", -1);
+    }
   }
   return h;
 }

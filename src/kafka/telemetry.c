@@ -239,37 +239,55 @@ static void put_field_int(buf_t *b, const char *name, int64_t v) {
   put(b, p, (size_t)(num + sizeof(num) - p));
 }
 
+/* The original's timestamps: RFC 3339 in UTC with a "Z", to the
+ * millisecond for when an event happened, to the second for when a timer
+ * fires (a timer's time has no finer unit). */
+static void stamp_s(int64_t ms, char *out, size_t n) {
+  char *dot;
+  pr__rfc3339_ms(ms, out, n);
+  if ((dot = strrchr(out, '.')))
+    memcpy(dot, "Z", 2);
+}
+
+/* The fields and their order are the original Prosody's, per kind of event
+ * (docs/OBSERVABILITY.md has the table): a consumer built for its
+ * telemetry reads ours unchanged. */
 size_t pr__tm_json(const pr__tm_t *t, const pr__tm_event_t *ev, int64_t now_ms,
                    char *out, size_t n) {
   buf_t b = {out, 0, n > 2 ? n - 2 : 0};
   char stamp[40];
+  int sent = ev->type == PR_TM_MESSAGE_SENT;
   pr__rfc3339_ms(now_ms, stamp, sizeof(stamp));
   put(&b, "{\"type\":", 8);
   put_str(&b, type_name(ev->type));
   put_field_str(&b, "eventTime", stamp);
-  put_field_str(&b, "topic", ev->topic);
-  put_field_int(&b, "partition", ev->partition);
   if (ev->timer_type) {
-    pr__rfc3339_ms(ev->time_ms, stamp, sizeof(stamp));
+    stamp_s(ev->time_ms, stamp, sizeof(stamp));
     put_field_str(&b, "scheduledTime", stamp);
     put_field_str(&b, "timerType", ev->timer_type);
-  } else if (ev->offset >= 0) {
+  } else if (!sent) {
     put_field_int(&b, "offset", ev->offset);
   }
+  put_field_str(&b, "topic", ev->topic);
+  put_field_int(&b, "partition", ev->partition);
+  if (sent)
+    put_field_int(&b, "offset", ev->offset);
   put_field_str(&b, "key", ev->key);
   put_field_str(&b, "source", ev->source);
   put_field_str(&b, "hostname", t->hostname);
-  if (ev->type != PR_TM_MESSAGE_SENT && ev->type != PR_TM_TIMER_SCHEDULED &&
+  if (!sent && ev->type != PR_TM_TIMER_SCHEDULED &&
       ev->type != PR_TM_TIMER_CANCELLED)
     put_field_str(&b, "demandType", ev->failure_demand ? "failure" : "normal");
   if (ev->error_category)
     put_field_str(&b, "errorCategory", ev->error_category);
   if (ev->exception)
     put_field_str_n(&b, "exception", ev->exception, PR_TM_EXC_MAX);
-  if (ev->traceparent)
+  /* As the original's W3C propagator: both or neither, an empty
+   * traceState when the context has none. */
+  if (ev->traceparent) {
     put_field_str(&b, "traceParent", ev->traceparent);
-  if (ev->tracestate)
-    put_field_str(&b, "traceState", ev->tracestate);
+    put_field_str(&b, "traceState", ev->tracestate ? ev->tracestate : "");
+  }
   b.cap = n; /* the closing brace always fits */
   put(&b, "}", 1);
   out[b.n] = '\0';

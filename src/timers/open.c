@@ -26,6 +26,7 @@ pr__cql_conf_t pr__cql_conf_of(const pr__settings_t *st) {
   c.ssl_ca = PR_CFG_STR(st, CASSANDRA_SSL_CA_LOCATION);
   c.ssl_cert = PR_CFG_STR(st, CASSANDRA_SSL_CERTIFICATE_LOCATION);
   c.ssl_key = PR_CFG_STR(st, CASSANDRA_SSL_KEY_LOCATION);
+  c.ssl_key_password = PR_CFG_STR(st, CASSANDRA_SSL_KEY_PASSWORD);
   return c;
 }
 

@@ -18,7 +18,9 @@
 
 #define PR_TIMER_MAX_S INT64_C(4294967295) /* 2106-02-07T06:28:15Z */
 
-/* Timer types (stored with each timer; deferred retries use the others). */
+/* Timer types (stored with each timer; deferred retries use the others):
+ * the values of the original Prosody's TimerType, stored as they are. Its
+ * type 3 (state recovery) is loaded from its tables but never written. */
 typedef enum pr__timer_type {
   PR_TIMER_APPLICATION = 0,
   PR_TIMER_DEFER_MESSAGE = 1,
@@ -162,6 +164,11 @@ struct pr__tstore {
   const pr__tstore_ops_t *ops;
   int sync; /* every operation completes before it returns */
 };
+
+/* The id of the timer segment named `name` ("<group>:<topic>/<partition>")
+ * in the original Prosody's tables: the name-based (version 5, SHA-1) UUID
+ * of the name in the URL namespace. 0, or -1 when SHA-1 failed. */
+int pr__timer_segment_id(const char *name, uint8_t out[16]);
 
 /* The in-memory store (engine thread only). NULL when out of memory. */
 pr__tstore_t *pr__memstore_new(void);

@@ -185,7 +185,7 @@ T_SCENARIO(low_latency_dead_letters_after_max_retries_with_headers, T_BOTH,
               !strcmp(h, low.group),
           "source-group-id");
     CHECK(t_header(&recs[r], "source-error", h, sizeof(h)) &&
-              !strcmp(h, "boom"),
+              !strcmp(h, "handler error: boom"), /* the original's words */
           "source-error is %s", h);
     CHECK(t_header(&recs[r], "source-kind", h, sizeof(h)) &&
               !strcmp(h, "message"),
@@ -201,6 +201,25 @@ T_SCENARIO(low_latency_dead_letters_after_max_retries_with_headers, T_BOTH,
     CHECK(t_header(&recs[r], "source-system", h, sizeof(h)) &&
               !strcmp(h, low.group),
           "a dead letter carries the consumer's source-system");
+    /* The original's headers, in its order, and no others (the failed
+     * records carried no trace context). */
+    {
+      static const char *const names[] = {"source-kind",      "source-topic",
+                                          "source-partition", "source-offset",
+                                          "source-timestamp", "source-group-id",
+                                          "source-error",     "source-system"};
+      const char *name;
+      const void *v;
+      size_t len, i = 0;
+      while (recs[r].headers &&
+             !rd_kafka_header_get_all(recs[r].headers, i, &name, &v, &len)) {
+        CHECK(i < 8 && !strcmp(name, names[i]),
+              "dead letter header %zu is %s, want %s", i, name,
+              i < 8 ? names[i] : "none");
+        i++;
+      }
+      CHECK(i == 8, "dead letter has %zu headers, want 8", i);
+    }
   }
   t_records_free(recs, got);
   free(recs);

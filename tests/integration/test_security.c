@@ -12,6 +12,9 @@
  *  - Cassandra's certificate refused (unknown CA, host name mismatch):
  *    subscribe fails naming the node and the cause;
  *  - mutual TLS with an encrypted client key (kafka_ssl_key_password);
+ *  - a Cassandra client certificate with an encrypted key: it opens with
+ *    cassandra_ssl_key_password; without it, or with a wrong one, subscribe
+ *    fails naming the key option (and never prompts on a terminal);
  *  - failures: a wrong password, an unknown CA, an expired certificate, a
  *    host name mismatch, a plaintext client on the TLS port, no client
  *    certificate where one is required. Each send fails within
@@ -505,6 +508,77 @@ T_SCENARIO(cassandra_certificate_refused_names_node_and_cause, T_REAL, 120) {
   cassandra_refused("localhost:9042", cass_other, "is not signed by a CA");
   cassandra_refused("127.0.0.1:9042", cass_ca,
                     "does not name the host we connected to");
+  return no_secret_logged();
+}
+
+/* A client certificate whose key is encrypted (the service's
+ * <run>/cassandra/tls/client.key, password KEY_SECRET): subscribe over TLS
+ * works with `password`, else fails naming the key option and what is
+ * wrong, without prompting on a terminal and without the password. */
+static void cassandra_client_key(const char *password, const char *want) {
+  char err[2048], topic[128], group[160], crt[640], key[640];
+  const char *dir = getenv("PROSODY_SERVICES_RUN");
+  const char *pairs[] = {"group_id",
+                         group,
+                         "subscribed_topics",
+                         topic,
+                         "probe_port",
+                         "none",
+                         "source_system",
+                         "security",
+                         "cassandra_nodes",
+                         "localhost:9042",
+                         "cassandra_keyspace",
+                         "prosody_test",
+                         "cassandra_ssl",
+                         "true",
+                         "cassandra_ssl_ca_location",
+                         cass_ca,
+                         "cassandra_ssl_certificate_location",
+                         crt,
+                         "cassandra_ssl_key_location",
+                         key,
+                         password ? "cassandra_ssl_key_password" : NULL,
+                         password,
+                         NULL};
+  prosody_handler_t h = {on_message, on_timer, NULL, 0};
+  log_sink_t sink = {0};
+  prosody_client_t *c;
+  prosody_err_t e;
+  snprintf(crt, sizeof(crt), "%s/cassandra/tls/client.crt",
+           dir && *dir ? dir : "/tmp/prosody-services");
+  snprintf(key, sizeof(key), "%s/cassandra/tls/client.key",
+           dir && *dir ? dir : "/tmp/prosody-services");
+  snprintf(topic, sizeof(topic), "%s", t_topic("security-cass-key"));
+  snprintf(group, sizeof(group), "%s-g", topic);
+  c = prosody_client_new(secure_config(t_bootstrap(), &sink, pairs), err,
+                         sizeof(err));
+  CHECK(c, "%s", err);
+  e = prosody_subscribe(c, &h, err, sizeof(err));
+  if (!want) {
+    CHECK_OK(e, err);
+    CHECK_OK(prosody_unsubscribe(c), "unsubscribe");
+    printf("case: Cassandra over TLS with an encrypted client key: ok\n");
+  } else {
+    CHECK(e != PROSODY_OK, "subscribe with key password %s succeeded",
+          password ? "wrong" : "missing");
+    printf("case: Cassandra client key, password %s: %s\n",
+           password ? "wrong" : "missing", err);
+    CHECK(strstr(err, "cassandra_ssl_key_location") && strstr(err, want),
+          "the error: %s", err);
+    no_secret_in("the error", err);
+  }
+  prosody_client_destroy(c);
+}
+
+T_SCENARIO(cassandra_encrypted_client_key_opens_with_its_password, T_REAL,
+           120) {
+  if (setup())
+    return T_SKIP;
+  need_cassandra_ca();
+  cassandra_client_key(KEY_SECRET, NULL);
+  cassandra_client_key(NULL, "needs cassandra_ssl_key_password");
+  cassandra_client_key(WRONG_SECRET, "with cassandra_ssl_key_password");
   return no_secret_logged();
 }
 

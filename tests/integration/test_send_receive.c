@@ -80,6 +80,20 @@ T_SCENARIO(records_arrive_intact_with_headers_in_key_order, T_BOTH, 60) {
       CHECK(t_header(r, "source-system", hdr, sizeof(hdr)) &&
                 !strcmp(hdr, "test-source"),
             "source-system on traced record");
+      /* In the original Prosody's order: its propagators write baggage,
+       * then traceparent and tracestate, after source-system. */
+      {
+        static const char *const names[] = {"source-system", "baggage",
+                                            "traceparent", "tracestate"};
+        const char *name;
+        const void *v;
+        size_t len, n = 0;
+        while (!rd_kafka_header_get_all(r->headers, n, &name, &v, &len)) {
+          CHECK(n < 4 && !strcmp(name, names[n]), "header %zu is %s", n, name);
+          n++;
+        }
+        CHECK(n == 4, "%zu headers on the traced record, want 4", n);
+      }
       continue;
     }
     if (!strcmp(r->key, "grouped")) {

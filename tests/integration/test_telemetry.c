@@ -10,7 +10,11 @@
  * succeeds. The topic must then hold, as JSON keyed by the event's key:
  * message.sent (x3, from the producer), message.dispatched (x4),
  * message.succeeded (x3), message.failed (x1), timer.scheduled (x2),
- * timer.cancelled (x1), timer.dispatched (x1) and timer.succeeded (x1).
+ * timer.cancelled (x1), timer.dispatched (x1) and timer.succeeded (x1),
+ * each with the original Prosody's fields in its order.
+ *
+ * A second scenario exports spans: a message's events then carry its
+ * receive span's context, as the original's carry its handler span's.
  */
 #include <jansson.h>
 #include <regex.h>
@@ -60,6 +64,47 @@ static int has(json_t *o, const char *k) {
   return json_object_get(o, k) != NULL;
 }
 
+/* The original Prosody's fields for each kind of event, in its order: an
+ * event has a subsequence of its kind's (jansson keeps the text's order). */
+static const char *const msg_fields[] = {
+    "type",      "eventTime",   "offset",     "topic",      "partition",
+    "key",       "source",      "hostname",   "demandType", "errorCategory",
+    "exception", "traceParent", "traceState", NULL};
+static const char *const timer_fields[] = {
+    "type",          "eventTime", "scheduledTime", "timerType",  "topic",
+    "partition",     "key",       "source",        "hostname",   "demandType",
+    "errorCategory", "exception", "traceParent",   "traceState", NULL};
+static const char *const sent_fields[] = {
+    "type",   "eventTime", "topic",       "partition",  "offset", "key",
+    "source", "hostname",  "traceParent", "traceState", NULL};
+
+static int in_order(json_t *o, const char *const *fields) {
+  const char *k;
+  json_t *v;
+  json_object_foreach(o, k, v) {
+    while (*fields && strcmp(*fields, k))
+      fields++;
+    if (!*fields)
+      return 0;
+    fields++;
+  }
+  return 1;
+}
+
+/* A source topic and a telemetry topic of their own (one partition each),
+ * and the group's name, for scenario `name`. */
+static void make_topics(const char *name, char topic[128], char tm_topic[128],
+                        char group[160]) {
+  char what[64];
+  snprintf(what, sizeof(what), "%s-src", name);
+  snprintf(topic, 128, "%s", t_topic(what));
+  snprintf(what, sizeof(what), "%s-events", name);
+  snprintf(tm_topic, 128, "%s", t_topic(what));
+  snprintf(group, 160, "%s-g", topic);
+  t_create_topic(topic, 1);
+  t_create_topic(tm_topic, 1);
+}
+
 T_SCENARIO(every_event_type_and_field_on_telemetry_topic, T_BOTH, 90) {
   char err[1024], topic[128], tm_topic[128], group[160], host[256] = "";
   prosody_config_t *conf;
@@ -77,17 +122,20 @@ T_SCENARIO(every_event_type_and_field_on_telemetry_topic, T_BOTH, 90) {
   static const int want[9] = {4, 3, 1, 3, 2, 1, 1, 1, 0};
   regex_t rfc3339;
 
+  regex_t rfc3339_s;
+
   CHECK(!regcomp(&rfc3339,
                  "^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\\."
                  "[0-9]{3}Z$",
                  REG_EXTENDED | REG_NOSUB),
         "regcomp");
+  /* A timer's time: to the second, as the original writes it. */
+  CHECK(!regcomp(&rfc3339_s,
+                 "^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z$",
+                 REG_EXTENDED | REG_NOSUB),
+        "regcomp");
   gethostname(host, sizeof(host) - 1);
-  snprintf(topic, sizeof(topic), "%s", t_topic("telemetry-src"));
-  snprintf(tm_topic, sizeof(tm_topic), "%s", t_topic("telemetry-events"));
-  snprintf(group, sizeof(group), "%s-g", topic);
-  t_create_topic(topic, 1);
-  t_create_topic(tm_topic, 1);
+  make_topics("telemetry", topic, tm_topic, group);
 
   conf = t_config();
   t_set(conf, "source_system", "telemetry-producer");
@@ -131,6 +179,10 @@ T_SCENARIO(every_event_type_and_field_on_telemetry_topic, T_BOTH, 90) {
     CHECK(ti >= 0, "unknown event type in %s", recs[i].value);
     counts[ti]++;
     timer = ti >= 4, failed = ti == 2, sent = ti == 3;
+    CHECK(in_order(o, sent    ? sent_fields
+                      : timer ? timer_fields
+                              : msg_fields),
+          "fields not the original's, or not in its order: %s", recs[i].value);
     key = str(o, "key");
     CHECK(key && !strcmp(key, recs[i].key), "event %s: key %s, record key %s",
           recs[i].value, key ? key : "-", recs[i].key);
@@ -151,7 +203,7 @@ T_SCENARIO(every_event_type_and_field_on_telemetry_topic, T_BOTH, 90) {
       CHECK(!has(o, "offset"), "a timer event with an offset: %s",
             recs[i].value);
       CHECK(str(o, "scheduledTime") &&
-                !regexec(&rfc3339, str(o, "scheduledTime"), 0, NULL, 0),
+                !regexec(&rfc3339_s, str(o, "scheduledTime"), 0, NULL, 0),
             "scheduledTime in %s", recs[i].value);
       CHECK(str(o, "timerType") && !strcmp(str(o, "timerType"), "application"),
             "timerType in %s", recs[i].value);
@@ -181,13 +233,18 @@ T_SCENARIO(every_event_type_and_field_on_telemetry_topic, T_BOTH, 90) {
       CHECK(!has(o, "errorCategory") && !has(o, "exception"),
             "failure fields in %s", recs[i].value);
     }
-    /* The traced record's consume events carry its context. */
-    if (!timer && !sent && !strcmp(key, "ok"))
+    /* The traced record's events carry its context: its send and
+     * consume events and its handler's timer operations with its
+     * tracestate; the timer, fired in that context, with an empty one (the
+     * original's propagator writes traceState whenever traceParent). */
+    if (!strcmp(key, "ok"))
       CHECK(str(o, "traceParent") && !strcmp(str(o, "traceParent"), TP) &&
-                str(o, "traceState") && !strcmp(str(o, "traceState"), "k=v"),
+                str(o, "traceState") &&
+                !strcmp(str(o, "traceState"), ti >= 6 ? "" : "k=v"),
             "trace context in %s", recs[i].value);
     else
-      CHECK(!has(o, "traceParent"), "traceParent in %s", recs[i].value);
+      CHECK(!has(o, "traceParent") && !has(o, "traceState"),
+            "trace context in %s", recs[i].value);
     json_decref(o);
   }
   for (int k = 0; k < 9; k++)
@@ -208,6 +265,67 @@ T_SCENARIO(every_event_type_and_field_on_telemetry_topic, T_BOTH, 90) {
   }
   t_records_free(recs, n);
   regfree(&rfc3339);
+  regfree(&rfc3339_s);
   printf("ok: %d telemetry events, every type and field as specified\n", n);
+  return 0;
+}
+
+/* With spans exported, a message's events carry the context its handler
+ * ran in, as the original's do: its `receive` span (the record's trace, a
+ * span id of its own), with the record's tracestate. The endpoint is a
+ * closed port: spans are made, their export fails quietly. */
+T_SCENARIO(exported_span_is_the_events_trace_context, T_BOTH, 60) {
+  char err[1024], topic[128], tm_topic[128], group[160], want_trace[33];
+  prosody_config_t *conf;
+  prosody_client_t *p, *c;
+  prosody_handler_t h = {on_message, NULL, NULL, 0}; /* "traced": counted */
+  prosody_trace_t trace = {TP, "k=v", NULL};
+  t_record_t recs[4];
+  const char *first = NULL;
+  json_t *evs[4] = {NULL};
+  int n, consumed = 0;
+
+  snprintf(want_trace, sizeof(want_trace), "%.32s", TP + 3);
+  make_topics("telemetry-span", topic, tm_topic, group);
+  conf = t_config();
+  t_set(conf, "telemetry_enabled", "false");
+  t_set(conf, "source_system", "telemetry-span-producer");
+  CHECK(p = prosody_client_new(conf, err, sizeof(err)), "producer: %s", err);
+  CHECK_OK(prosody_send(p, topic, "traced", "{}", &trace, err, sizeof(err)),
+           err);
+  prosody_client_destroy(p);
+
+  conf = t_consumer_config(group, topic);
+  t_set(conf, "telemetry_topic", tm_topic);
+  t_set(conf, "otel_exporter_otlp_endpoint", "http://127.0.0.1:1");
+  CHECK(c = prosody_client_new(conf, err, sizeof(err)), "consumer: %s", err);
+  CHECK_OK(prosody_subscribe(c, &h, err, sizeof(err)), err);
+  CHECK(t_wait_at_least(&handled, 1, 60), "the record was not handled");
+  CHECK_OK(prosody_unsubscribe(c), "unsubscribe");
+  prosody_client_destroy(c); /* flushes its telemetry */
+
+  n = t_read_back(tm_topic, 3, 8, recs); /* a third would be a stray event */
+  CHECK(n == 2, "%d events, want dispatched and succeeded", n);
+  for (int i = 0; i < n; i++) {
+    const char *tp, *ts;
+    CHECK(evs[i] = json_loads(recs[i].value, 0, NULL), "not JSON: %s",
+          recs[i].value);
+    tp = str(evs[i], "traceParent");
+    ts = str(evs[i], "traceState");
+    CHECK(tp && strlen(tp) == 55 && !strncmp(tp + 3, want_trace, 32) &&
+              strncmp(tp + 36, TP + 36, 16),
+          "traceParent %s: want the receive span's, in trace %s (not the "
+          "record's own %s)",
+          tp ? tp : "(none)", want_trace, TP);
+    CHECK(ts && !strcmp(ts, "k=v"), "traceState %s", ts ? ts : "(none)");
+    CHECK(!first || !strcmp(first, tp),
+          "dispatched and succeeded in different spans: %s, %s", first, tp);
+    first = tp;
+    consumed++;
+  }
+  for (int i = 0; i < n; i++)
+    json_decref(evs[i]);
+  t_records_free(recs, n);
+  printf("ok: %d events in the receive span's context\n", consumed);
   return 0;
 }

@@ -4,7 +4,10 @@
  * at once (coalesced into groups) are all acknowledged and all seen by
  * slabs(), load_slab() and key_times(); a put and a delete of the same
  * timer issued back to back resolve in the order they were issued (either
- * way round); many deletes at once; del_key keeps the one asked for; puts
+ * way round); many deletes at once; del_key keeps the one asked for; a
+ * store with no model of the keys (another process: the partition's next
+ * owner) reads what one wrote, as the original Prosody's tables hold it; a
+ * segment of another slab size is refused; puts
  * against an unreachable node report their error, and a store destroyed
  * with operations queued or in flight answers every one of them.
  */
@@ -292,6 +295,104 @@ static void test_order(pr__tstore_t *s, const pr__tseg_t *seg) {
   got_free(&g);
 }
 
+/* Checks that key_times() lists `want` for `key` ("t1,t2,...", relative
+ * to t0). */
+static void expect_times(pr__tstore_t *s, const pr__tseg_t *seg,
+                         const char *key, int64_t t0, const char *want) {
+  got_t g = {0};
+  char out[256];
+  size_t at = 0;
+  s->ops->key_times(s, seg, key, PR_TIMER_APPLICATION, on_times, &g);
+  await_got(s, &g);
+  out[0] = '\0';
+  for (size_t i = 0; i < g.n && at < sizeof(out); i++)
+    at += (size_t)snprintf(out + at, sizeof(out) - at, "%s%lld", i ? "," : "",
+                           (long long)(g.times[i] - t0));
+  got_free(&g);
+  CHECK(!strcmp(out, want), "%s: times %s, expected %s", key, out, want);
+}
+
+/* What one store writes, a store of another process (no model of the keys:
+ * it reads them) finds: each key's timers in the key index, whether one
+ * (held inline in the key's state entry) or several (clustering rows), and
+ * after deletes that move a key between the two. A partition's next owner,
+ * ours or the original, relies on this. */
+static void test_handover(pr__cql_conf_t *conf, const pr__tseg_t *seg,
+                          const char *group) {
+  char err[1024];
+  int64_t t = base_s + 30 * SLAB_S;
+  pr__tstore_t *a, *b;
+  got_t g = {0};
+  a = pr__cqlstore_new(conf, T_KEYSPACE, group, SLAB_S, 3600, wake, NULL, err,
+                       sizeof(err));
+  CHECK(a, "%s", err);
+  answered = failed = 0;
+  a->ops->put(a, seg, "one", t, PR_TIMER_APPLICATION, NULL, on_done, NULL);
+  for (int i = 0; i < 3; i++) {
+    a->ops->put(a, seg, "two", t + i, PR_TIMER_APPLICATION, NULL, on_done,
+                NULL);
+    a->ops->put(a, seg, "shrinks", t + i, PR_TIMER_APPLICATION, NULL, on_done,
+                NULL);
+  }
+  a->ops->put(a, seg, "gone", t, PR_TIMER_APPLICATION, NULL, on_done, NULL);
+  await_n(a, &answered, 8, 30);
+  a->ops->del(a, seg, "two", t + 2, PR_TIMER_APPLICATION, on_done, NULL);
+  a->ops->del(a, seg, "shrinks", t, PR_TIMER_APPLICATION, on_done, NULL);
+  a->ops->del(a, seg, "gone", t, PR_TIMER_APPLICATION, on_done, NULL);
+  await_n(a, &answered, 11, 30);
+  a->ops->del(a, seg, "shrinks", t + 2, PR_TIMER_APPLICATION, on_done, NULL);
+  await_n(a, &answered, 12, 30);
+  CHECK(!failed, "writes failed: %s", last_errstr);
+  a->ops->release(a, seg);
+  a->ops->destroy(a);
+
+  b = pr__cqlstore_new(conf, T_KEYSPACE, group, SLAB_S, 3600, wake, NULL, err,
+                       sizeof(err));
+  CHECK(b, "%s", err);
+  expect_times(b, seg, "one", t, "0");
+  expect_times(b, seg, "two", t, "0,1");
+  expect_times(b, seg, "shrinks", t, "1");
+  expect_times(b, seg, "gone", t, "");
+  /* ... and fires them: the slab holds exactly the live ones. */
+  b->ops->load_slab(b, seg, SLAB_S, pr__slab_of(t, SLAB_S), on_recs, &g);
+  await_got(b, &g);
+  CHECK(g.n == 4, "%zu timers in the slab, 4 live", g.n);
+  got_free(&g);
+  /* It changes them in turn (its model: read), for a third to see. */
+  answered = failed = 0;
+  b->ops->del(b, seg, "two", t, PR_TIMER_APPLICATION, on_done, NULL);
+  b->ops->put(b, seg, "one", t + 5, PR_TIMER_APPLICATION, NULL, on_done, NULL);
+  b->ops->del_key(b, seg, "shrinks", PR_TIMER_APPLICATION, -1, on_done, NULL);
+  await_n(b, &answered, 3, 30);
+  CHECK(!failed, "writes failed: %s", last_errstr);
+  b->ops->destroy(b);
+  a = pr__cqlstore_new(conf, T_KEYSPACE, group, SLAB_S, 3600, wake, NULL, err,
+                       sizeof(err));
+  CHECK(a, "%s", err);
+  expect_times(a, seg, "two", t, "1");
+  expect_times(a, seg, "one", t, "0,5");
+  expect_times(a, seg, "shrinks", t, "");
+  a->ops->destroy(a);
+}
+
+/* A segment written with one slab size is refused to a store with another
+ * (the slab table's partitions depend on it), naming both. */
+static void test_slab_size_refused(pr__cql_conf_t *conf, const pr__tseg_t *seg,
+                                   const char *group) {
+  char err[1024];
+  pr__tstore_t *s = pr__cqlstore_new(conf, T_KEYSPACE, group, SLAB_S * 2, 3600,
+                                     wake, NULL, err, sizeof(err));
+  CHECK(s, "%s", err);
+  answered = failed = 0;
+  s->ops->put(s, seg, "k", base_s, PR_TIMER_APPLICATION, NULL, on_done, NULL);
+  await_n(s, &answered, 1, 30);
+  CHECK(failed == 1 && last_err == PROSODY_ERR_PERMANENT &&
+            strstr(last_errstr, "slab_size 60s") &&
+            strstr(last_errstr, "is 120s"),
+        "a put with another slab size: %s", last_errstr);
+  s->ops->destroy(s);
+}
+
 /* No Cassandra: every put reports an error, none is lost. */
 static void test_unreachable(void) {
   char err[1024], *nodes[1] = {"127.0.0.1:1"};
@@ -324,21 +425,22 @@ static void test_unreachable(void) {
         answered, failed);
 }
 
+static char store_group[64]; /* store_new()'s */
+
 /* A store of a group of this process's own over T_KEYSPACE (migrated),
  * timers a day ahead; segs[0] and segs[1] two segments. */
 static pr__tstore_t *store_new(pr__cql_conf_t *conf, char **node,
                                pr__tseg_t *segs) {
-  static char group[64];
   char err[1024];
   pr__tstore_t *s;
   t_cql_conf(conf, node);
   t_cql_migrate(conf);
   base_s = (pr__wall_ms() / 1000 / SLAB_S + 1440) * SLAB_S;
-  snprintf(group, sizeof(group), "tstore-%d", (int)getpid());
+  snprintf(store_group, sizeof(store_group), "tstore-%d", (int)getpid());
   segs[0] = (pr__tseg_t){"topic", 3};
   segs[1] = (pr__tseg_t){"other", 0};
-  s = pr__cqlstore_new(conf, T_KEYSPACE, group, SLAB_S, 3600, wake, NULL, err,
-                       sizeof(err));
+  s = pr__cqlstore_new(conf, T_KEYSPACE, store_group, SLAB_S, 3600, wake, NULL,
+                       err, sizeof(err));
   CHECK(s, "%s", err);
   return s;
 }
@@ -370,6 +472,32 @@ T_SCENARIO(timer_trace_context_stored_and_loaded, T_REAL, 90) {
   pr__tstore_t *s = store_new(&conf, &node, segs);
   test_trace(s, &segs[0]);
   s->ops->destroy(s);
+  return 0;
+}
+
+T_SCENARIO(another_store_reads_what_one_wrote, T_REAL, 90) {
+  char *node;
+  pr__cql_conf_t conf;
+  pr__tseg_t segs[2];
+  pr__tstore_t *s = store_new(&conf, &node, segs);
+  const char *group = store_group;
+  s->ops->destroy(s);
+  test_handover(&conf, &segs[0], group);
+  return 0;
+}
+
+T_SCENARIO(segment_of_another_slab_size_refused, T_REAL, 90) {
+  char *node;
+  pr__cql_conf_t conf;
+  pr__tseg_t segs[2];
+  pr__tstore_t *s = store_new(&conf, &node, segs);
+  answered = failed = 0;
+  s->ops->put(s, &segs[0], "k", base_s, PR_TIMER_APPLICATION, NULL, on_done,
+              NULL);
+  await_n(s, &answered, 1, 30);
+  CHECK(!failed, "put: %s", last_errstr);
+  s->ops->destroy(s);
+  test_slab_size_refused(&conf, &segs[0], store_group);
   return 0;
 }
 

@@ -23,6 +23,7 @@
 
 #include "cql/cql.h"
 #include "harness.h"
+#include "timers/timers.h"
 
 #define KEYS 200
 #define PARTITIONS 4
@@ -178,23 +179,27 @@ static int stored_timers(pr__cql_sync_t *y, const char *group,
   char err[1024], segment[512];
   int n = 0;
   for (int p = 0; p < PARTITIONS; p++) {
-    snprintf(segment, sizeof(segment), "%s/%s/%d", group, topic, p);
+    uint8_t id[16];
+    snprintf(segment, sizeof(segment), "%s:%s/%d", group, topic, p);
+    CHECK(!pr__timer_segment_id(segment, id), "segment id of %s", segment);
     for (int64_t slab = from; slab <= to; slab++) {
       pr__cql_result_t r;
-      pr__cql_val_t v[2] = {pr__cv_text(segment), pr__cv_bigint(slab)};
+      pr__cql_val_t v[3] = {pr__cv_uuid(id), pr__cv_int(SLAB_S),
+                            pr__cv_int((int32_t)slab)};
       if (pr__cql_sync_run(y,
-                           "SELECT time, key FROM " KEYSPACE ".timers_by_slab "
-                           "WHERE segment = ? AND slab = ?",
-                           v, 2, NULL, 1, &r, err, sizeof(err)))
+                           "SELECT time, key FROM " KEYSPACE
+                           ".timer_typed_slabs WHERE segment_id = ? AND "
+                           "slab_size = ? AND id = ? AND timer_type = 0",
+                           v, 3, NULL, 1, &r, err, sizeof(err)))
         return -1;
       n += r.nrows;
       for (int32_t i = 0; show && i < r.nrows; i++) {
-        int64_t time_s = -1;
+        int32_t time_s = -1;
         char key[32] = "?";
-        pr__cql_get_bigint(pr__cql_cell(&r, i, 0), &time_s);
+        pr__cql_get_int(pr__cql_cell(&r, i, 0), &time_s);
         pr__cql_get_text(pr__cql_cell(&r, i, 1), key, sizeof(key));
-        fprintf(stderr, "still stored: %s at %lld (partition %d)\n", key,
-                (long long)time_s, p);
+        fprintf(stderr, "still stored: %s at %u (partition %d)\n", key,
+                (unsigned)time_s, p);
       }
       pr__cql_result_free(&r);
     }

@@ -208,6 +208,54 @@ static void test_rows_types(void **state) {
   free(f.p);
 }
 
+/* Collection and UDT values we bind (the timer store's span map and
+ * key_timer_state) decode back to what was encoded, byte for byte as the
+ * protocol lays them out, and never past the buffer. */
+static void test_encode_elements(void **state) {
+  pr__cql_type_t text_t = {PR_CQL_T_VARCHAR, 0, NULL, NULL};
+  pr__cql_type_t *kv[2] = {&text_t, &text_t};
+  pr__cql_type_t map_t = {PR_CQL_T_MAP, 2, kv, NULL};
+  pr__cql_type_t udt_t = {PR_CQL_T_UDT, 4, NULL, NULL};
+  pr__cql_val_t el[4];
+  pr__cql_cell_t out[8], c;
+  uint8_t buf[128];
+  char text[64];
+  int32_t n, i32;
+  int flag;
+  (void)state;
+  /* map<text, text> {'traceparent': 'v'} */
+  el[0] = pr__cv_text("traceparent");
+  el[1] = pr__cv_text("v");
+  n = pr__cql_encode_elements(buf, sizeof(buf), 1, el, 2);
+  assert_int_equal(n, 4 + 4 + 11 + 4 + 1);
+  assert_memory_equal(buf, "\0\0\0\1\0\0\0\x0btraceparent\0\0\0\1v", 24);
+  c = (pr__cql_cell_t){buf, n};
+  assert_int_equal(pr__cql_get_elements(&c, &map_t, out, 8), 2);
+  assert_int_equal(pr__cql_get_text(&out[1], text, sizeof(text)), 0);
+  assert_string_equal(text, "v");
+  /* The empty map: a count of 0, not null. */
+  assert_int_equal(pr__cql_encode_elements(buf, sizeof(buf), 0, NULL, 0), 4);
+  assert_memory_equal(buf, "\0\0\0\0", 4);
+  /* A UDT (inline boolean, time int, span map, tag int) with null fields. */
+  el[0] = pr__cv_bool(0);
+  el[1] = pr__cv_null();
+  el[2] = pr__cv_null();
+  el[3] = pr__cv_int(-5);
+  n = pr__cql_encode_elements(buf, sizeof(buf), -1, el, 4);
+  assert_int_equal(n, 5 + 4 + 4 + 8);
+  c = (pr__cql_cell_t){buf, n};
+  assert_int_equal(pr__cql_get_elements(&c, &udt_t, out, 8), 4);
+  assert_int_equal(pr__cql_get_bool(&out[0], &flag), 0);
+  assert_int_equal(flag, 0);
+  assert_int_equal(out[1].len, -1);
+  assert_int_equal(out[2].len, -1);
+  assert_int_equal(pr__cql_get_int(&out[3], &i32), 0);
+  assert_int_equal(i32, -5);
+  /* What does not fit is refused, whatever the cut. */
+  for (size_t cap = 0; cap < (size_t)n; cap++)
+    assert_int_equal(pr__cql_encode_elements(buf, cap, -1, el, 4), -1);
+}
+
 static void test_nulls_and_paging(void **state) {
   blob_t f = load("rows_nulls"), b = body_of(&f);
   pr__cql_result_t r;
@@ -450,6 +498,7 @@ int main(void) {
       cmocka_unit_test(test_truncations),
       cmocka_unit_test(test_oversized_counts),
       cmocka_unit_test(test_encoding),
+      cmocka_unit_test(test_encode_elements),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2,14 +2,20 @@
  * test_telemetry_json.c - the telemetry topic's JSON (src/kafka/telemetry.c):
  * valid JSON whatever the key and error text hold (quotes, control bytes,
  * bytes that are not UTF-8, tens of kilobytes), each type with the fields
- * it carries and none it does not.
+ * it carries and none it does not, and each kind's text exactly as the
+ * original Prosody (prosody-events 0.6.1) writes it: its field names,
+ * their order, its timestamp formats and enum spellings (the expected
+ * texts are its records as read back from its telemetry topic, with our
+ * values).
  */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 #include <jansson.h>
@@ -109,7 +115,7 @@ static void test_timer_fields(void **state) {
   (void)state;
   o = parse(&ev);
   assert_string_equal(str(o, "type"), "prosody.timer.scheduled");
-  assert_string_equal(str(o, "scheduledTime"), "2026-12-04T14:16:37.000Z");
+  assert_string_equal(str(o, "scheduledTime"), "2026-12-04T14:16:37Z");
   assert_string_equal(str(o, "timerType"), "application");
   assert_null(json_object_get(o, "offset"));
   assert_null(json_object_get(o, "demandType")); /* not a handler run */
@@ -143,11 +149,107 @@ static void test_trace_and_sent(void **state) {
   json_decref(o);
 }
 
+/* `want` with "%s" for the hostname. */
+static void assert_text(const pr__tm_event_t *ev, const char *want) {
+  char host[256] = "", expect[2048];
+  gethostname(host, sizeof(host) - 1);
+  snprintf(expect, sizeof(expect), want, host);
+  pr__tm_json(tm, ev, INT64_C(1796393797123), out, sizeof(out));
+  assert_string_equal(out, expect);
+}
+
+#define TP_A "00-0af7651916cd43dd8448eb211c80319c-b87022c0864e7890-01"
+
+static void test_message_text_as_original(void **state) {
+  pr__tm_event_t ev = {.type = PR_TM_MESSAGE_FAILED,
+                       .topic = "in",
+                       .partition = 0,
+                       .offset = 1,
+                       .key = "bad",
+                       .source = "g",
+                       .error_category = "permanent",
+                       .exception = "Boom: boom for bad",
+                       .traceparent = TP_A};
+  (void)state;
+  assert_text(&ev, "{\"type\":\"prosody.message.failed\","
+                   "\"eventTime\":\"2026-12-04T14:16:37.123Z\",\"offset\":1,"
+                   "\"topic\":\"in\",\"partition\":0,\"key\":\"bad\","
+                   "\"source\":\"g\",\"hostname\":\"%s\","
+                   "\"demandType\":\"normal\",\"errorCategory\":\"permanent\","
+                   "\"exception\":\"Boom: boom for bad\","
+                   "\"traceParent\":\"" TP_A "\",\"traceState\":\"\"}");
+  ev.type = PR_TM_MESSAGE_DISPATCHED;
+  ev.failure_demand = 1;
+  ev.error_category = ev.exception = NULL;
+  ev.traceparent = NULL;
+  ev.tracestate = "a=b"; /* no traceState without a traceParent */
+  assert_text(&ev, "{\"type\":\"prosody.message.dispatched\","
+                   "\"eventTime\":\"2026-12-04T14:16:37.123Z\",\"offset\":1,"
+                   "\"topic\":\"in\",\"partition\":0,\"key\":\"bad\","
+                   "\"source\":\"g\",\"hostname\":\"%s\","
+                   "\"demandType\":\"failure\"}");
+}
+
+static void test_timer_text_as_original(void **state) {
+  pr__tm_event_t ev = {.type = PR_TM_TIMER_SCHEDULED,
+                       .topic = "in",
+                       .partition = 2,
+                       .offset = -1,
+                       .time_ms = INT64_C(1796393799000),
+                       .timer_type = "application",
+                       .key = "ok",
+                       .source = "g",
+                       .traceparent = TP_A,
+                       .tracestate = "vendor=x"};
+  (void)state;
+  assert_text(&ev, "{\"type\":\"prosody.timer.scheduled\","
+                   "\"eventTime\":\"2026-12-04T14:16:37.123Z\","
+                   "\"scheduledTime\":\"2026-12-04T14:16:39Z\","
+                   "\"timerType\":\"application\",\"topic\":\"in\","
+                   "\"partition\":2,\"key\":\"ok\",\"source\":\"g\","
+                   "\"hostname\":\"%s\",\"traceParent\":\"" TP_A "\","
+                   "\"traceState\":\"vendor=x\"}");
+  ev.type = PR_TM_TIMER_FAILED;
+  ev.timer_type = "deferredTimer";
+  ev.failure_demand = 1;
+  ev.error_category = "transient";
+  ev.exception = "x";
+  ev.traceparent = ev.tracestate = NULL;
+  assert_text(&ev, "{\"type\":\"prosody.timer.failed\","
+                   "\"eventTime\":\"2026-12-04T14:16:37.123Z\","
+                   "\"scheduledTime\":\"2026-12-04T14:16:39Z\","
+                   "\"timerType\":\"deferredTimer\",\"topic\":\"in\","
+                   "\"partition\":2,\"key\":\"ok\",\"source\":\"g\","
+                   "\"hostname\":\"%s\",\"demandType\":\"failure\","
+                   "\"errorCategory\":\"transient\",\"exception\":\"x\"}");
+}
+
+static void test_sent_text_as_original(void **state) {
+  pr__tm_event_t ev = {.type = PR_TM_MESSAGE_SENT,
+                       .topic = "out",
+                       .partition = 0,
+                       .offset = 0,
+                       .key = "sent-ok",
+                       .source = "src",
+                       .traceparent = TP_A,
+                       .tracestate = "vendor=x"};
+  (void)state;
+  assert_text(&ev, "{\"type\":\"prosody.message.sent\","
+                   "\"eventTime\":\"2026-12-04T14:16:37.123Z\","
+                   "\"topic\":\"out\",\"partition\":0,\"offset\":0,"
+                   "\"key\":\"sent-ok\",\"source\":\"src\","
+                   "\"hostname\":\"%s\",\"traceParent\":\"" TP_A "\","
+                   "\"traceState\":\"vendor=x\"}");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_hostile_text),
       cmocka_unit_test(test_timer_fields),
       cmocka_unit_test(test_trace_and_sent),
+      cmocka_unit_test(test_message_text_as_original),
+      cmocka_unit_test(test_timer_text_as_original),
+      cmocka_unit_test(test_sent_text_as_original),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

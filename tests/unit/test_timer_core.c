@@ -33,6 +33,29 @@ static void test_rounding(void **state) {
   assert_int_equal(s, PR_TIMER_MAX_S);
 }
 
+/* Segment ids are the original Prosody's: a timer it scheduled is found
+ * under the same id. The first vector is the id the original (0.6.1)
+ * wrote to timer_segments for that name; the others are RFC 4122 version 5
+ * UUIDs in the URL namespace, as any implementation computes them. */
+static void test_segment_id(void **state) {
+  static const struct {
+    const char *name, *hex;
+  } v[] = {
+      {"g-orig1:wtt-topic1/0", "4f3342ef7c4755668de36d823cf77fa8"},
+      {"group:topic/3", "d59dd03a2273578f94a7d83ddb477ea3"},
+      {"", "1b4db7eb40575ddf91e036dec72071f5"},
+  };
+  (void)state;
+  for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
+    uint8_t id[16];
+    char hex[33];
+    assert_int_equal(pr__timer_segment_id(v[i].name, id), 0);
+    for (int b = 0; b < 16; b++)
+      snprintf(hex + 2 * b, 3, "%02x", id[b]);
+    assert_string_equal(hex, v[i].hex);
+  }
+}
+
 static void test_range(void **state) {
   int64_t s;
   char err[256];
@@ -333,7 +356,7 @@ int main(void) {
       cmocka_unit_test(test_rounding), cmocka_unit_test(test_range),
       cmocka_unit_test(test_slabs),    cmocka_unit_test(test_tq_basics),
       cmocka_unit_test(test_tq_model), cmocka_unit_test(test_memstore),
-      cmocka_unit_test(test_tq_trace),
+      cmocka_unit_test(test_tq_trace), cmocka_unit_test(test_segment_id),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -93,6 +93,7 @@ class ProsodyClient:
         cassandra_ssl_ca_location: Optional[str] = ...,
         cassandra_ssl_certificate_location: Optional[str] = ...,
         cassandra_ssl_key_location: Optional[str] = ...,
+        cassandra_ssl_key_password: Optional[str] = ...,
         cassandra_datacenter: Optional[str] = ...,
         cassandra_rack: Optional[str] = ...,
         cassandra_retention: Optional[Duration] = ...,
