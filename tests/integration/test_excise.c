@@ -3,7 +3,8 @@
  * sends one; a handler with PROSODY_HANDLER_EXCISE receives it, and every
  * other record without a value, in its key's order among the messages;
  * a handler without the flag is not called for them and the consumer
- * commits past them. Apart: a client after prosody_client_shutdown().
+ * commits past them; a failed one goes to failure_topic as an excise
+ * record. Apart: a client after prosody_client_shutdown().
  */
 #include <pthread.h>
 
@@ -136,6 +137,48 @@ T_SCENARIO(excise_records_reach_the_handler_in_key_order, T_BOTH, 120) {
           seen[k]);
   pthread_mutex_unlock(&lock);
   printf("ok: excise records in key order; skipped without the flag\n");
+  return 0;
+}
+
+static prosody_result_t refuse_excise(prosody_context_t *ctx,
+                                      const prosody_message_t *msg, void *op) {
+  (void)ctx, (void)op;
+  return prosody_message_is_excise(msg) ? PROSODY_PERMANENT : PROSODY_SUCCESS;
+}
+
+/* Low-latency mode: an excise record its handler fails on permanently
+ * reaches failure_topic still without a value. */
+T_SCENARIO(failed_excise_dead_lettered_as_excise, T_BOTH, 120) {
+  char err[1024], group[128], failures[160];
+  const char *topic = t_topic("excise-dlq");
+  prosody_handler_t h = {refuse_excise, NULL, NULL, PROSODY_HANDLER_EXCISE};
+  prosody_config_t *conf;
+  prosody_client_t *client, *p;
+
+  snprintf(group, sizeof(group), "%s-group", topic);
+  snprintf(failures, sizeof(failures), "%s-failures", topic);
+  t_create_topic(topic, 1);
+  t_create_topic(failures, 1);
+  p = producer();
+  CHECK_OK(prosody_excise(p, topic, "key-1", NULL, err, sizeof(err)), err);
+  prosody_client_destroy(p);
+
+  conf = t_consumer_config(group, topic);
+  t_set(conf, "mode", "low-latency");
+  t_set(conf, "failure_topic", failures);
+  client = prosody_client_new(conf, err, sizeof(err));
+  CHECK(client, "client: %s", err);
+  CHECK_OK(prosody_subscribe(client, &h, err, sizeof(err)), err);
+
+  /* What failure_topic holds: one excise record of the key. */
+  reset();
+  consume(failures, PROSODY_HANDLER_EXCISE, 1);
+  CHECK_OK(prosody_unsubscribe(client), "unsubscribe");
+  prosody_client_destroy(client);
+  pthread_mutex_lock(&lock);
+  CHECK(bad == 0, "%d malformed events, first: %s", bad, first_bad);
+  CHECK(!strcmp(seen[1], "x"), "failure topic held \"%s\" for key-1", seen[1]);
+  pthread_mutex_unlock(&lock);
   return 0;
 }
 
