@@ -137,3 +137,33 @@ test('loader options and their old names', async () => {
                                   deferDiscardThreshold: 3 });
   await old.shutdown();
 });
+
+test('timers and excise records under create(): onExcise clears the key', async () => {
+  // The original's timer tests run on create()'s clients; here an excise
+  // record clears the key's timers, as its examples do.
+  const topic = await freshTopic(1);
+  await produce(topic);
+  const rec = new Recorder();
+  const c = await ProsodyClient.create({ ...baseOptions(), groupId: unique('g'), subscribedTopics: topic });
+  await c.subscribe({
+    async onMessage(ctx, m) {
+      if (m.payload.n === 1) { // far off: it must be cleared, not fired
+        await ctx.schedule(new Date(Date.now() + 300000));
+        rec.add(['message', 1, (await ctx.scheduled()).length]);
+      } else {
+        await ctx.schedule(new Date());
+        rec.add(['message', 2]);
+      }
+    },
+    async onExcise(ctx, m) {
+      await ctx.clearScheduled();
+      rec.add(['excise', m.key, (await ctx.scheduled()).length]);
+    },
+    async onTimer(ctx, timer) {
+      rec.add(['timer', timer.key]);
+    },
+  });
+  await rec.waitFor((ev) => ev.some((e) => e[0] === 'timer'), 'the timer of the second message');
+  assert.deepStrictEqual(rec.events.slice(0, 3), [['message', 1, 1], ['excise', 'k', 0], ['message', 2]]);
+  await c.shutdown();
+});

@@ -242,3 +242,39 @@ def test_telemetry_flush_and_shutdown_are_no_ops_without_an_exporter():
     # behaviour); shutdown_telemetry is not called here: it is for good.
     prosody.flush_telemetry()
     assert callable(prosody.shutdown_telemetry)
+
+
+async def test_timers_and_excise_under_create(recorder):
+    # The original's timer tests run on create()'s clients; here an
+    # excise record clears the key's timers, as its examples do.
+    import datetime
+
+    topic = await make_topic()
+
+    class Cleaning(EventHandler):
+        async def on_message(self, context, message):
+            now = datetime.datetime.now(datetime.timezone.utc)
+            if message.payload["n"] == 1:  # far off: it must be cleared, not fired
+                await context.schedule(now + datetime.timedelta(minutes=5))
+                await recorder.add(("message", 1, len(await context.scheduled())))
+            else:
+                await context.schedule(now)
+                await recorder.add(("message", 2))
+
+        async def on_excise(self, context, message):
+            await context.clear_scheduled()
+            await recorder.add(("excise", message.key, len(await context.scheduled())))
+
+        async def on_timer(self, context, timer):
+            await recorder.add(("timer", timer.key))
+
+    p = await producer()
+    await p.send(topic, "k", {"n": 1})
+    await p.excise(topic, "k")
+    await p.send(topic, "k", {"n": 2})
+    c = await consumer(topic)
+    await c.subscribe(Cleaning())
+    await recorder.wait_for(lambda ev: ("timer", "k") in ev, what="the timer of the second message")
+    assert recorder.events[:3] == [("message", 1, 1), ("excise", "k", 0), ("message", 2)]
+    await c.shutdown()
+    await p.shutdown()
