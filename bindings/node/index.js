@@ -472,7 +472,7 @@ class ProsodyClient {
   // The current API's construction: the client is made on libuv's pool (it
   // may wait, e.g. for the mock cluster), so the event loop goes on.
   static async create(config) {
-    const client = Object.create(ProsodyClient.prototype);
+    const client = Object.create(this.prototype);
     client._init(config, true, 'ProsodyClient.create');
     try {
       await client._native.open();
