@@ -55,7 +55,8 @@ static void work(rd_kafka_message_t *m, const char *group) {
   char id[128];
   pr__did_t d;
   int state = 0, valid;
-  if (pr__record_check(key, klen, payload) || klen + len + 2 > sizeof(copy)) {
+  if (pr__record_check(key, klen, payload, 0) ||
+      klen + len + 2 > sizeof(copy)) {
     skipped++;
     return;
   }

@@ -145,7 +145,11 @@ static int cmd_config_markdown(void) {
              "Description |\n");
       printf("|---|---|---|---|---|\n");
     }
-    printf("| `%s` | `%s` | ", o->name, o->env);
+    if (o->alias)
+      printf("| `%s` (old name: `%s`) | `%s` (old: `%s`) | ", o->name, o->alias,
+             o->env, o->alias_env);
+    else
+      printf("| `%s` | `%s` | ", o->name, o->env);
     md_cell(stdout, o->default_value);
     printf(" | ");
     md_cell(stdout, o->accepted);

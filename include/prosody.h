@@ -221,6 +221,10 @@ typedef struct prosody_option_info {
   const char *accepted;      /* the accepted form, e.g. "integer 1..65536" */
   const char *section;       /* "Core", "Consumer", ... */
   const char *description;   /* one sentence */
+  /* The option's old name and variable, still accepted (setting both the
+   * old and the new is an error), or NULL when it was never renamed. */
+  const char *alias;     /* "defer_cache_size" */
+  const char *alias_env; /* "PROSODY_DEFER_CACHE_SIZE" */
 } prosody_option_info_t;
 
 /* Number of options in the table. */
@@ -257,6 +261,36 @@ prosody_client_new(prosody_config_t *conf, char *errstr, size_t errstr_size);
  * be called from a send callback. NULL is a no-op.
  */
 PROSODY_EXPORT void prosody_client_destroy(prosody_client_t *client);
+
+/*
+ * Shuts the client down, without freeing it: stops the consumer as
+ * prosody_unsubscribe() does (when subscribed), waits (at most
+ * send_timeout) for the records already sent to be reported, and flushes
+ * the client's spans. From the call on, sends, excises and subscribe fail
+ * with PROSODY_ERR_STATE ("the client is shut down") and
+ * prosody_consumer_state() says "shut-down" once the consumer has stopped.
+ * prosody_client_destroy() is still needed to free it. Blocks; any thread
+ * but a handler's. A second call returns PROSODY_OK at once, without
+ * waiting for the first. Errors: PROSODY_ERR_INVALID_ARG (NULL client).
+ */
+PROSODY_EXPORT prosody_err_t prosody_client_shutdown(prosody_client_t *client);
+
+/*
+ * Telemetry for the whole process. prosody_telemetry_flush() waits until
+ * every span ended so far, in every client, has been exported (or
+ * dropped), at most `timeout_ms` in all; use it when one of several
+ * clients stops. prosody_telemetry_shutdown() stops tracing for the
+ * process for good (no span starts afterwards, in any client, open or
+ * created later), then flushes as above; use it once, at process exit.
+ * Both are no-ops without an exporter (no client with
+ * otel_exporter_otlp_endpoint). They cover the spans; the Kafka telemetry
+ * events (telemetry_topic) are sent by each client's producer and
+ * delivered by prosody_client_shutdown() / _destroy(). Any thread;
+ * blocks. Errors: PROSODY_ERR_TIMEOUT (spans still unexported at the
+ * deadline).
+ */
+PROSODY_EXPORT prosody_err_t prosody_telemetry_flush(uint32_t timeout_ms);
+PROSODY_EXPORT prosody_err_t prosody_telemetry_shutdown(uint32_t timeout_ms);
 
 /* The value of the `source-system` header this client writes (owned by the
  * client, valid until it is destroyed). */
@@ -326,6 +360,24 @@ PROSODY_EXPORT prosody_err_t prosody_send_async(
     const char *payload_json, const prosody_trace_t *trace, prosody_send_cb cb,
     void *opaque, char *errstr, size_t errstr_size);
 
+/*
+ * Sends an excise record: `key` with no value (a Kafka tombstone), which a
+ * consumer's on_excise receives in the key's order, and which log
+ * compaction later uses to drop the key's earlier records. Headers,
+ * blocking, threads and errors as prosody_send() (no payload error).
+ */
+PROSODY_EXPORT prosody_err_t prosody_excise(prosody_client_t *client,
+                                            const char *topic, const char *key,
+                                            const prosody_trace_t *trace,
+                                            char *errstr, size_t errstr_size);
+
+/* The non-blocking form of prosody_excise(), with the callback contract of
+ * prosody_send_async(). */
+PROSODY_EXPORT prosody_err_t prosody_excise_async(
+    prosody_client_t *client, const char *topic, const char *key,
+    const prosody_trace_t *trace, prosody_send_cb cb, void *opaque,
+    char *errstr, size_t errstr_size);
+
 /* ------------------------------------------------------------------------ */
 /* Consumer                                                                  */
 /* ------------------------------------------------------------------------ */
@@ -365,7 +417,8 @@ typedef struct prosody_context prosody_context_t;
 typedef struct prosody_timer prosody_timer_t;
 
 /* Handler flags. */
-#define PROSODY_HANDLER_ASYNC 0x1 /* callbacks return PENDING; see below */
+#define PROSODY_HANDLER_ASYNC 0x1  /* callbacks return PENDING; see below */
+#define PROSODY_HANDLER_EXCISE 0x2 /* on_message gets excise records too */
 
 /*
  * The user's handler: a plain table. For one key, events run one at a time
@@ -381,6 +434,17 @@ typedef struct prosody_timer prosody_timer_t;
  * never sent to failure_topic). NULL means the consumer does not use
  * timers: scheduling fails (PROSODY_ERR_STATE) and no timer store is
  * needed (no cassandra_nodes outside mock mode).
+ *
+ * Excise records: a record with a key and no value (a Kafka tombstone, as
+ * prosody_excise() sends it), whoever wrote it. With the flag
+ * PROSODY_HANDLER_EXCISE, on_message receives them too, in the key's order
+ * like any message, with the same results, retries, deferral and
+ * failure_topic routing (a failed one goes there as a tombstone);
+ * prosody_message_is_excise() is 1 and prosody_message_payload() NULL for
+ * one. Prosody changes nothing of the key's data on an excise record:
+ * deleting what the application keeps for the key (its timers, say) is
+ * the handler's work. Without the flag (handlers written before excise
+ * records existed) they are committed past without a handler call.
  */
 typedef struct prosody_handler {
   prosody_result_t (*on_message)(prosody_context_t *ctx,
@@ -399,13 +463,18 @@ PROSODY_EXPORT int64_t prosody_message_offset(const prosody_message_t *m);
 PROSODY_EXPORT int64_t prosody_message_timestamp(const prosody_message_t *m);
 /* The key, NUL-terminated, valid UTF-8. */
 PROSODY_EXPORT const char *prosody_message_key(const prosody_message_t *m);
-/* The payload's JSON text, NUL-terminated; its length in bytes. */
+/* 1 for an excise record (a key without a value, delivered with
+ * PROSODY_HANDLER_EXCISE), 0 for a message. */
+PROSODY_EXPORT int prosody_message_is_excise(const prosody_message_t *m);
+/* The payload's JSON text, NUL-terminated; its length in bytes. NULL and 0
+ * for an excise record. */
 PROSODY_EXPORT const char *prosody_message_payload(const prosody_message_t *m);
 PROSODY_EXPORT size_t prosody_message_payload_len(const prosody_message_t *m);
 /* The parsed payload as a jansson value (include <jansson.h>); borrowed,
  * valid while the handler runs. Built on the first call (the payload was
  * validated before the handler started): a handler that reads the text
- * itself never pays for the tree. NULL only when out of memory. */
+ * itself never pays for the tree. NULL when out of memory, and for an
+ * excise record. */
 struct json_t;
 PROSODY_EXPORT const struct json_t *
 prosody_message_json(const prosody_message_t *m);
@@ -590,9 +659,10 @@ PROSODY_EXPORT prosody_err_t prosody_subscribe(prosody_client_t *client,
 PROSODY_EXPORT prosody_err_t prosody_unsubscribe(prosody_client_t *client);
 
 /* "unconfigured" (no group_id or subscribed_topics), "configured",
- * "running" (subscribed), or "configuration-failed" (the last
+ * "running" (subscribed), "configuration-failed" (the last
  * prosody_subscribe() could not start the consumer; its error was returned
- * and logged). Static storage. */
+ * and logged), or "shut-down" (prosody_client_shutdown() was called and the
+ * consumer, if any, has stopped). Static storage. */
 PROSODY_EXPORT const char *
 prosody_consumer_state(const prosody_client_t *client);
 /* Partitions currently assigned to this consumer (0 when not running). */

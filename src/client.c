@@ -6,6 +6,7 @@
  * A client's fields are immutable after prosody_client_new(), so every
  * thread may use it; the producer is thread-safe.
  */
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -34,6 +35,8 @@ struct prosody_client {
                                could not start the consumer */
   pr__logger_t *logger;     /* its threads' and calls' logger */
   int abandoned;            /* an engine outlived its stop: keep logger */
+  atomic_int shut_down;     /* prosody_client_shutdown() began: sends and
+                               subscribe refused (written under lock) */
 };
 
 /* How long a closing client waits for its last spans to be exported. */
@@ -195,6 +198,15 @@ prosody_client_source_system(const prosody_client_t *c) {
   return c ? c->source_system : NULL;
 }
 
+/* The refusal of a call on a client that is shut down. */
+static int refused(prosody_client_t *c, const char *call, char *errstr,
+                   size_t errstr_size) {
+  if (!atomic_load(&c->shut_down))
+    return 0;
+  pr__errf(errstr, errstr_size, "%s: the client is shut down", call);
+  return 1;
+}
+
 PROSODY_EXPORT prosody_err_t prosody_send(prosody_client_t *c,
                                           const char *topic, const char *key,
                                           const char *payload_json,
@@ -204,6 +216,8 @@ PROSODY_EXPORT prosody_err_t prosody_send(prosody_client_t *c,
     pr__errf(errstr, errstr_size, "prosody_send: client is NULL");
     return PROSODY_ERR_INVALID_ARG;
   }
+  if (refused(c, "prosody_send", errstr, errstr_size))
+    return PROSODY_ERR_STATE;
   {
     prosody_err_t err;
     LOG_SCOPE(c);
@@ -222,10 +236,52 @@ PROSODY_EXPORT prosody_err_t prosody_send_async(
     pr__errf(errstr, errstr_size, "prosody_send_async: client is NULL");
     return PROSODY_ERR_INVALID_ARG;
   }
+  if (refused(c, "prosody_send_async", errstr, errstr_size))
+    return PROSODY_ERR_STATE;
   {
     prosody_err_t err;
     LOG_SCOPE(c);
     err = pr__producer_send_async(c->producer, topic, key, payload_json, trace,
+                                  cb, opaque, errstr, errstr_size);
+    LOG_SCOPE_END();
+    return err;
+  }
+}
+
+PROSODY_EXPORT prosody_err_t prosody_excise(prosody_client_t *c,
+                                            const char *topic, const char *key,
+                                            const prosody_trace_t *trace,
+                                            char *errstr, size_t errstr_size) {
+  if (!c) {
+    pr__errf(errstr, errstr_size, "prosody_excise: client is NULL");
+    return PROSODY_ERR_INVALID_ARG;
+  }
+  if (refused(c, "prosody_excise", errstr, errstr_size))
+    return PROSODY_ERR_STATE;
+  {
+    prosody_err_t err;
+    LOG_SCOPE(c);
+    err = pr__producer_send(c->producer, topic, key, pr__no_value, trace,
+                            errstr, errstr_size);
+    LOG_SCOPE_END();
+    return err;
+  }
+}
+
+PROSODY_EXPORT prosody_err_t
+prosody_excise_async(prosody_client_t *c, const char *topic, const char *key,
+                     const prosody_trace_t *trace, prosody_send_cb cb,
+                     void *opaque, char *errstr, size_t errstr_size) {
+  if (!c) {
+    pr__errf(errstr, errstr_size, "prosody_excise_async: client is NULL");
+    return PROSODY_ERR_INVALID_ARG;
+  }
+  if (refused(c, "prosody_excise_async", errstr, errstr_size))
+    return PROSODY_ERR_STATE;
+  {
+    prosody_err_t err;
+    LOG_SCOPE(c);
+    err = pr__producer_send_async(c->producer, topic, key, pr__no_value, trace,
                                   cb, opaque, errstr, errstr_size);
     LOG_SCOPE_END();
     return err;
@@ -261,9 +317,11 @@ PROSODY_EXPORT prosody_err_t prosody_subscribe(prosody_client_t *c,
   }
   LOG_SCOPE(c); /* the engine's threads inherit it */
   pthread_mutex_lock(&c->lock);
-  if (c->engine || c->stopping) {
+  if (c->engine || c->stopping || atomic_load(&c->shut_down)) {
     pr__errf(errstr, errstr_size,
-             c->engine ? "already subscribed" : "still unsubscribing");
+             c->engine     ? "already subscribed"
+             : c->stopping ? "still unsubscribing"
+                           : "cannot subscribe: the client is shut down");
     err = PROSODY_ERR_STATE;
   } else {
     char why[1024] = "";
@@ -331,13 +389,41 @@ PROSODY_EXPORT prosody_err_t prosody_unsubscribe(prosody_client_t *c) {
   return PROSODY_OK;
 }
 
+PROSODY_EXPORT prosody_err_t prosody_client_shutdown(prosody_client_t *c) {
+  int first;
+  if (!c)
+    return PROSODY_ERR_INVALID_ARG;
+  /* Marked under the lock: a subscribe either ran before (and is stopped
+   * below) or sees the mark. */
+  pthread_mutex_lock(&c->lock);
+  first = !atomic_exchange(&c->shut_down, 1);
+  pthread_mutex_unlock(&c->lock);
+  (void)prosody_unsubscribe(c); /* PROSODY_ERR_STATE: was not running */
+  if (first) {
+    LOG_SCOPE(c);
+    pr__producer_flush(c->producer);
+    pr__otel_flush(c->otel, OTEL_CLOSE_FLUSH_MS);
+    LOG_SCOPE_END();
+  }
+  return PROSODY_OK;
+}
+
+PROSODY_EXPORT prosody_err_t prosody_telemetry_flush(uint32_t timeout_ms) {
+  return pr__otel_flush_all(timeout_ms) ? PROSODY_ERR_TIMEOUT : PROSODY_OK;
+}
+
+PROSODY_EXPORT prosody_err_t prosody_telemetry_shutdown(uint32_t timeout_ms) {
+  return pr__otel_shutdown_all(timeout_ms) ? PROSODY_ERR_TIMEOUT : PROSODY_OK;
+}
+
 PROSODY_EXPORT const char *prosody_consumer_state(const prosody_client_t *c) {
   const char *state;
   if (!c)
     return "unconfigured";
   pthread_mutex_lock((pthread_mutex_t *)&c->lock);
   state =
-      c->engine || c->stopping ? "running"
+      c->engine || c->stopping     ? "running"
+      : atomic_load(&c->shut_down) ? "shut-down"
       : !PR_CFG_SET(&c->st, GROUP_ID) || !PR_CFG_SET(&c->st, SUBSCRIBED_TOPICS)
           ? "unconfigured"
       : c->start_failed ? "configuration-failed"

@@ -14,6 +14,8 @@ export declare const ConsumerState: {
   readonly Configured: 'configured';
   readonly Running: 'running';
   readonly ConfigurationFailed: 'configuration-failed';
+  /** After `shutdown()`. */
+  readonly Shutdown: 'shut-down';
 };
 export type ConsumerState = (typeof ConsumerState)[keyof typeof ConsumerState];
 
@@ -70,8 +72,13 @@ export interface Configuration {
   deferMaxDelayMs?: number | string | null;
   deferFailureThreshold?: number | null;
   deferFailureWindowMs?: number | string | null;
+  loaderCacheSize?: number | null;
+  /** The old name of `loaderCacheSize` (both at once are refused). */
   deferCacheSize?: number | null;
   deferStoreCacheSize?: number | null;
+  loaderSeekTimeoutMs?: number | string | null;
+  loaderDiscardThreshold?: number | null;
+  /** The old names of `loaderSeekTimeoutMs` and `loaderDiscardThreshold`. */
   deferSeekTimeoutMs?: number | string | null;
   deferDiscardThreshold?: number | null;
   monopolizationEnabled?: boolean | null;
@@ -121,13 +128,24 @@ export interface ClientConfiguration extends Configuration {
   logger?: Logger | null;
 }
 
+/** `offset` is a `number` for a client made with `new ProsodyClient()` and a `bigint` for one
+ * made with `await ProsodyClient.create()` (the package README: "Two contracts"). */
 export interface Message<P = any> {
   readonly topic: string;
   readonly partition: number;
-  readonly offset: number;
+  readonly offset: number | bigint;
   readonly timestamp: Date;
   readonly key: string;
   readonly payload: P;
+}
+
+/** An excise record: a key with no value (a Kafka tombstone), delivered to `onExcise`. */
+export interface ExciseMessage {
+  readonly topic: string;
+  readonly partition: number;
+  readonly offset: number | bigint;
+  readonly timestamp: Date;
+  readonly key: string;
 }
 
 export interface Timer {
@@ -147,19 +165,30 @@ export declare class Context {
   scheduled(): Promise<Date[]>;
 }
 
+/** With `new ProsodyClient()` every method is optional (a missing `onExcise`: excise records are
+ * committed past unhandled); with `await ProsodyClient.create()` all three are required. */
 export interface EventHandler {
-  onMessage?: (context: Context, message: Message, signal: AbortSignal) => Promise<void> | void;
+  onMessage?: (context: Context, message: Message, signal: AbortSignal) => Promise<unknown> | unknown;
+  onExcise?: (context: Context, message: ExciseMessage, signal: AbortSignal) => Promise<unknown> | unknown;
   onTimer?: (context: Context, timer: Timer, signal: AbortSignal) => Promise<void> | void;
 }
 
 export declare class ProsodyClient {
+  /** The 0.1 contract (see the README); `ProsodyClient.create()` gives the current one. */
   constructor(config?: ClientConfiguration);
+  /** Makes the client off the event loop, with the current API's contract. */
+  static create(config?: ClientConfiguration): Promise<ProsodyClient>;
   readonly sourceSystem: string;
   /** The probe server's port while subscribed, or null. */
   readonly probePort: number | null;
   send(topic: string, key: string, payload: any, signal?: AbortSignal): Promise<void>;
+  /** Sends an excise record: `key` with no value (a tombstone). */
+  excise(topic: string, key: string, signal?: AbortSignal): Promise<void>;
   subscribe(eventHandler: EventHandler): Promise<void>;
   unsubscribe(): Promise<void>;
+  /** Stops consuming, waits for the records being sent, and refuses every later call; repeated
+   * calls share one promise. */
+  shutdown(): Promise<void>;
   consumerState(): Promise<ConsumerState>;
   assignedPartitionCount(): Promise<number>;
   isStalled(): Promise<boolean>;
@@ -205,3 +234,8 @@ export declare function permanent(...errors: ErrorClass[]): <F extends Method>(f
 export declare function transient(...errors: ErrorClass[]): <F extends Method>(fn: F, context?: ClassMethodDecoratorContext) => F;
 
 export declare function libraryVersion(): string;
+
+/** Exports every span ended so far, in every client, and waits (at most 30 s; throws after). */
+export declare function flushTelemetry(): void;
+/** Stops tracing for the process (no span starts afterwards), then flushes as `flushTelemetry`. */
+export declare function shutdownTelemetry(): void;

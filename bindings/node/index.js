@@ -21,6 +21,7 @@ const ConsumerState = Object.freeze({
   Configured: 'configured',
   Running: 'running',
   ConfigurationFailed: 'configuration-failed',
+  Shutdown: 'shut-down',
 });
 
 // ---------------------------------------------------------------------------
@@ -189,6 +190,12 @@ for (const [name, info] of Object.entries(OPTION_TABLE)) {
   } else {
     JS_NAMES.set(camel, [name, null]);
   }
+  // A renamed option keeps its old name (deferCacheSize for loaderCacheSize):
+  // libprosody takes either, and refuses both at once.
+  if (info.alias) {
+    const old = info.alias.replace(/_([a-z])/g, (_, c) => c.toUpperCase());
+    JS_NAMES.set(info.type === 'duration' ? `${old}Ms` : old, [info.alias, info.type === 'duration' ? 'ms' : null]);
+  }
 }
 
 // An integral number in full digits: String(1e21) is "1e+21", which the
@@ -206,8 +213,11 @@ function noNul(jsName, text) {
   return text;
 }
 
+// An option's table entry by its name or its old name.
+const BY_ALIAS = new Map(Object.entries(OPTION_TABLE).filter(([, i]) => i.alias).map(([n, i]) => [i.alias, n]));
+
 function optionText(jsName, name, unit, value) {
-  const info = OPTION_TABLE[name];
+  const info = OPTION_TABLE[name] || OPTION_TABLE[BY_ALIAS.get(name)];
   const got = () => {
     if (Array.isArray(value)) return 'array';
     // A number given to a text option (a password) is never echoed.
@@ -268,6 +278,16 @@ function convertOptions(config, what) {
 
 function wrapConfigError(e) {
   // libprosody names the snake_case option; add the JavaScript name.
+  if (e && e.code === 'PROSODY_ERR_CONFIG' && typeof e.message === 'string' &&
+      e.message.includes('(the old name of ')) {
+    // Both names of a renamed option: say them as they were written.
+    for (const [jsName, [name]] of JS_NAMES) {
+      if (OPTION_TABLE[name] && OPTION_TABLE[name].alias || BY_ALIAS.has(name)) {
+        e.message = e.message.split(name).join(jsName);
+      }
+    }
+    return e;
+  }
   if (e && e.code === 'PROSODY_ERR_CONFIG' && typeof e.message === 'string') {
     for (const [jsName, [name]] of JS_NAMES) {
       if (e.message.includes(`option ${name} `) || e.message.startsWith(`${name}:`) ||
@@ -443,14 +463,36 @@ class Context {
 // ProsodyClient
 
 class ProsodyClient {
+  // The 0.1 contract (README: "Two contracts"); `await ProsodyClient.create()`
+  // gives the current one.
   constructor(config) {
-    const [options, logger] = splitLogger(config);
-    const opts = convertOptions(options, 'ProsodyClient');
+    this._init(config, false, 'ProsodyClient');
+  }
+
+  // The current API's construction: the client is made on libuv's pool (it
+  // may wait, e.g. for the mock cluster), so the event loop goes on.
+  static async create(config) {
+    const client = Object.create(this.prototype);
+    client._init(config, true, 'ProsodyClient.create');
     try {
-      this._native = new native.NativeClient(opts, logger ? logForwarder(logger) : undefined);
+      await client._native.open();
     } catch (e) {
       throw wrapConfigError(e);
     }
+    return client;
+  }
+
+  _init(config, current, what) {
+    const [options, logger] = splitLogger(config);
+    const opts = convertOptions(options, what);
+    try {
+      this._native = new native.NativeClient(opts, logger ? logForwarder(logger) : undefined, current);
+    } catch (e) {
+      throw wrapConfigError(e);
+    }
+    this._current = current;
+    this._shutdown = null;
+    this._startError = null; // why the last subscribe() could not start
     // message_spans / timer_spans as libprosody resolved them (set, env, default).
     const [message, timer] = this._native.followsFrom();
     this._follows = { message, timer };
@@ -472,7 +514,12 @@ class ProsodyClient {
   }
 
   async consumerState() {
-    return this._native.consumerState();
+    const state = this._native.consumerState();
+    if (this._current && state === ConsumerState.ConfigurationFailed) {
+      throw new ProsodyError(`consumer configuration failed: ${this._startError || 'see the log'}`,
+                             'PROSODY_ERR_CONFIG');
+    }
+    return state;
   }
 
   async assignedPartitionCount() {
@@ -500,6 +547,29 @@ class ProsodyClient {
     if (json === undefined) {
       return Promise.reject(new TypeError('send: the payload is not JSON-serialisable'));
     }
+    return this._sendRecord(topic, key, json, signal);
+  }
+
+  // An excise record: the key with no value (a Kafka tombstone), which asks
+  // the consumers' onExcise to delete what they keep for the key.
+  excise(topic, key, signal) {
+    if (signal && signal.aborted) return Promise.reject(abortError(signal));
+    return this._sendRecord(topic, key, null, signal);
+  }
+
+  // Stops consuming (when subscribed), waits for the records being sent and
+  // refuses every later operation. Repeated calls share one promise.
+  shutdown() {
+    if (!this._shutdown) {
+      this._shutdown = (async () => {
+        await this.unsubscribe();
+        await this._native.shutdown().catch(rethrow);
+      })();
+    }
+    return this._shutdown;
+  }
+
+  _sendRecord(topic, key, json, signal) {
     const [tp, ts, bg] = traceHeaders();
     let sent;
     try {
@@ -523,12 +593,13 @@ class ProsodyClient {
   }
 
   subscribe(handler) {
+    if (this._current) return this._subscribeCurrent(handler);
     // Both methods are optional (the specification's EventHandler), but a
     // handler needs one, and one that is given must be a function.
     if (handler === null || (typeof handler !== 'object' && typeof handler !== 'function')) {
       throw new TypeError('subscribe() needs a handler object with an onMessage and/or an onTimer method');
     }
-    for (const name of ['onMessage', 'onTimer']) {
+    for (const name of ['onMessage', 'onTimer', 'onExcise']) {
       if (handler[name] !== undefined && handler[name] !== null && typeof handler[name] !== 'function') {
         throw new TypeError(`subscribe(): handler.${name} must be a function, got ${typeof handler[name]}`);
       }
@@ -543,8 +614,30 @@ class ProsodyClient {
     // (No batch can arrive before this method returns.) Without onMessage
     // the addon completes each message as a success on the engine thread:
     // it never crosses to JavaScript, and its offset is committed.
-    this._subscribing = this._native.subscribe((batch) => this._dispatch(batch), hasTimer, hasMessage)
-      .catch(rethrow);
+    // An onExcise receives excise records; without one they are committed
+    // past, as the 0.1 contract has it.
+    return this._subscribeNative(handler, hasTimer, hasMessage, typeof handler.onExcise === 'function');
+  }
+
+  // The current API's subscribe: all three methods are required, and
+  // checked before anything starts.
+  async _subscribeCurrent(handler) {
+    if (handler === null || (typeof handler !== 'object' && typeof handler !== 'function')) {
+      throw new TypeError('subscribe() needs an EventHandler object');
+    }
+    for (const name of ['onMessage', 'onExcise', 'onTimer']) {
+      if (typeof handler[name] !== 'function') throw new TypeError(`EventHandler.${name} must be a function`);
+    }
+    return this._subscribeNative(handler, true, true, true);
+  }
+
+  _subscribeNative(handler, hasTimer, hasMessage, hasExcise) {
+    this._startError = null;
+    this._subscribing = this._native.subscribe((batch) => this._dispatch(batch), hasTimer, hasMessage, hasExcise)
+      .catch((e) => {
+        this._startError = e && e.message;
+        rethrow(e);
+      });
     this._handler = handler;
     return this._subscribing;
   }
@@ -599,19 +692,32 @@ class ProsodyClient {
     const handler = this._handler;
     let event;
     let method;
+    let methodName = kind === 0 ? 'onMessage' : 'onTimer';
     let rec;
-    if (kind === 0) {
+    // The current API's offsets are bigint; the 0.1 contract's numbers.
+    const offset = kind === 0 && this._current ? BigInt(b[i + 5]) : b[i + 5];
+    if (kind === 0 && b[i + 8] === undefined) {
+      // An excise record (no value): its own method and event, no payload.
+      event = { topic: b[i + 3], partition: b[i + 4], offset, timestamp: new Date(b[i + 6]), key: b[i + 7] };
+      method = handler && handler.onExcise;
+      methodName = 'onExcise';
+      if (this._tracing) {
+        rec = { kind: 'message', topic: event.topic, partition: event.partition, offset: b[i + 5],
+                key: event.key, traceparent: b[i + 9], tracestate: b[i + 10], baggage: b[i + 11],
+                spanned: b[i + 12] === 1 };
+      }
+    } else if (kind === 0) {
       let payload;
       try {
         payload = JSON.parse(b[i + 8]);
       } catch (e) {
         payload = null; // libprosody only delivers valid JSON
       }
-      event = { topic: b[i + 3], partition: b[i + 4], offset: b[i + 5], timestamp: new Date(b[i + 6]),
+      event = { topic: b[i + 3], partition: b[i + 4], offset, timestamp: new Date(b[i + 6]),
                 key: b[i + 7], payload };
       method = handler && handler.onMessage;
       if (this._tracing) {
-        rec = { kind: 'message', topic: event.topic, partition: event.partition, offset: event.offset,
+        rec = { kind: 'message', topic: event.topic, partition: event.partition, offset: b[i + 5],
                 key: event.key, traceparent: b[i + 9], tracestate: b[i + 10], baggage: b[i + 11],
                 spanned: b[i + 12] === 1 };
       }
@@ -648,7 +754,7 @@ class ProsodyClient {
       finish(...outcome(e));
       return;
     }
-    this._settle(returned, handler, kind === 0 ? 'onMessage' : 'onTimer', finish);
+    this._settle(returned, handler, methodName, finish);
   }
 
   // Reports what a handler returned: a plain value is a success; a promise
@@ -777,5 +883,7 @@ module.exports = {
   ProsodyPermanentError,
   permanent,
   transient,
+  flushTelemetry: native.flushTelemetry,
+  shutdownTelemetry: native.shutdownTelemetry,
   libraryVersion: native.libraryVersion,
 };

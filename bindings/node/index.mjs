@@ -4,6 +4,6 @@ import prosody from './index.js';
 export const {
   ProsodyClient, AdminClient, Context, Mode, ConsumerState, EventHandlerError, TransientError,
   PermanentError, ProsodyError, ProsodyTransientError, ProsodyPermanentError, permanent, transient,
-  libraryVersion,
+  flushTelemetry, shutdownTelemetry, libraryVersion,
 } = prosody;
 export default prosody;

@@ -27,6 +27,19 @@ const pr__opt_def_t pr__opt_defs[PR_OPT__COUNT] = {
 #undef PR_OPT
 };
 
+#define PR_OPT(...)
+#define PR_ALIAS(id, name, env) [PR_OPT_##id] = name,
+const char *const pr__opt_alias[PR_OPT__COUNT] = {
+#include "options.def"
+};
+#undef PR_ALIAS
+#define PR_ALIAS(id, name, env) [PR_OPT_##id] = env,
+const char *const pr__opt_alias_env[PR_OPT__COUNT] = {
+#include "options.def"
+};
+#undef PR_ALIAS
+#undef PR_OPT
+
 /* ------------------------------------------------------------------------ */
 /* Accepted forms and public option info (built once, static afterwards)     */
 /* ------------------------------------------------------------------------ */
@@ -191,6 +204,8 @@ static void build_info(void) {
     option_info[i].accepted = accepted_text[i] ? accepted_text[i] : "";
     option_info[i].section = d->section;
     option_info[i].description = d->help;
+    option_info[i].alias = pr__opt_alias[i];
+    option_info[i].alias_env = pr__opt_alias_env[i];
   }
 }
 
@@ -220,7 +235,8 @@ int pr__opt_lookup(const char *name) {
   if (!name)
     return -1;
   for (int i = 0; i < PR_OPT__COUNT; i++)
-    if (!strcmp(pr__opt_defs[i].name, name))
+    if (!strcmp(pr__opt_defs[i].name, name) ||
+        (pr__opt_alias[i] && !strcmp(pr__opt_alias[i], name)))
       return i;
   return -1;
 }
@@ -775,8 +791,9 @@ bad:
   pr__errf(errstr, errstr_size,
            "invalid value \"%.80s\" for option %s (%s%s)%s%s; expected %s",
            (d->flags & PR_F_SECRET) || d->type == PR_T_PROPS ? "****" : s,
-           d->name, from_env ? "environment variable " : "", d->env,
-           *why ? ": " : "", why, pr__opt_accepted(id));
+           d->name, from_env ? "environment variable " : "",
+           from_env == 2 ? pr__opt_alias_env[id] : d->env, *why ? ": " : "",
+           why, pr__opt_accepted(id));
   pr__value_fini(id, out);
   free(s);
   return PROSODY_ERR_CONFIG;
@@ -864,13 +881,27 @@ prosody_err_t pr__opt_resolve(const prosody_config_t *conf, pr__opt_id_t id,
       *source = PROSODY_CONFIG_SOURCE_SET;
     return pr__opt_parse(id, conf->set[id], 0, out, errstr, errstr_size);
   }
+  int from_env = 1; /* 2: from the old name's variable */
   env = getenv(d->env);
+  if (pr__opt_alias_env[id]) {
+    const char *old = getenv(pr__opt_alias_env[id]);
+    if (old && *old && env && *env) {
+      pr__errf(errstr, errstr_size,
+               "%s and %s (the old name of %s) are both set; set only %s",
+               d->env, pr__opt_alias_env[id], d->env, d->env);
+      return PROSODY_ERR_CONFIG;
+    }
+    if (old && *old) {
+      env = old;
+      from_env = 2;
+    }
+  }
   if (env && *env) {
     if (source)
       *source = PROSODY_CONFIG_SOURCE_ENV;
     if (!(d->flags & PR_F_ENV_LENIENT))
-      return pr__opt_parse(id, env, 1, out, errstr, errstr_size);
-    err = pr__opt_parse(id, env, 1, out, why, sizeof(why));
+      return pr__opt_parse(id, env, from_env, out, errstr, errstr_size);
+    err = pr__opt_parse(id, env, from_env, out, why, sizeof(why));
     if (err != PROSODY_ERR_CONFIG) {
       if (err)
         pr__errf(errstr, errstr_size, "%s", why);
@@ -992,6 +1023,20 @@ PROSODY_EXPORT prosody_err_t prosody_config_set(prosody_config_t *conf,
       pr__errf(errstr, errstr_size, "out of memory");
       return PROSODY_ERR_NOMEM;
     }
+  }
+  {
+    /* Both names of a renamed option: which one should win is anyone's
+     * guess, so neither does. */
+    int by_alias = pr__opt_alias[id] && !strcmp(name, pr__opt_alias[id]);
+    if (copy && conf->set[id] && conf->by_alias[id] != by_alias) {
+      free(copy);
+      pr__errf(errstr, errstr_size,
+               "%s and %s (the old name of %s) are both set; set only %s",
+               pr__opt_defs[id].name, pr__opt_alias[id], pr__opt_defs[id].name,
+               pr__opt_defs[id].name);
+      return PROSODY_ERR_CONFIG;
+    }
+    conf->by_alias[id] = (unsigned char)by_alias;
   }
   free(conf->set[id]);
   conf->set[id] = copy;

@@ -48,6 +48,10 @@ typedef enum pr__opt_id {
   PR_OPT__COUNT
 } pr__opt_id_t;
 
+/* The old names of renamed options (PR_ALIAS rows), NULL for the rest. */
+extern const char *const pr__opt_alias[PR_OPT__COUNT];
+extern const char *const pr__opt_alias_env[PR_OPT__COUNT];
+
 typedef struct pr__opt_def {
   const char *name;        /* option name, snake_case */
   const char *env;         /* environment variable */
@@ -99,9 +103,10 @@ typedef struct pr__test_opts {
 
 /* A prosody_config_t: only what was set in code, as validated text. */
 struct prosody_config {
-  char *set[PR_OPT__COUNT]; /* owned; NULL when not set in code */
-  pr__test_opts_t test;     /* pr__config_set_test(); zero otherwise */
-  prosody_log_cb log_cb;    /* prosody_config_set_log_cb(), or NULL */
+  char *set[PR_OPT__COUNT];              /* owned; NULL when not set in code */
+  unsigned char by_alias[PR_OPT__COUNT]; /* set[] was given by its alias */
+  pr__test_opts_t test;  /* pr__config_set_test(); zero otherwise */
+  prosody_log_cb log_cb; /* prosody_config_set_log_cb(), or NULL */
   void *log_opaque;
 };
 
@@ -123,7 +128,8 @@ int pr__opt_lookup(const char *name);
 
 /* Parses `text` for option `id`. On error writes a message naming the
  * option, its variable, the value and the accepted form, and returns
- * PROSODY_ERR_CONFIG. `from_env` only changes the wording. */
+ * PROSODY_ERR_CONFIG. `from_env` only changes the wording: 1 names the
+ * option's variable, 2 the variable of its old name (PR_ALIAS). */
 prosody_err_t pr__opt_parse(pr__opt_id_t id, const char *text, int from_env,
                             pr__value_t *out, char *errstr, size_t errstr_size);
 

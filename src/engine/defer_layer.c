@@ -121,6 +121,7 @@ void pr__dm_put(inv_t *inv) {
     return;
   d->partition = inv->msg.partition;
   d->is_timer = inv->is_timer;
+  d->excise = !inv->is_timer && inv->msg.payload == pr__no_value;
   if (inv->is_timer)
     d->from = inv->tr->from;
   d->offset = inv->is_timer ? inv->time_s : inv->msg.offset;
@@ -167,8 +168,8 @@ inv_t *pr__dm_inv(part_t *part, const char *key, int64_t offset) {
     return NULL;
   dm_unlink(eng, d); /* the most recently used now */
   dm_push(eng, d);
-  inv = pr__inv_message(part, d->key, d->key_len, d->payload, d->len, d->offset,
-                        d->timestamp);
+  inv = pr__inv_message(part, d->key, d->key_len, d->excise ? NULL : d->payload,
+                        d->len, d->offset, d->timestamp);
   if (inv && d->headers &&
       !(inv->msg.headers = rd_kafka_headers_copy(d->headers))) {
     pr__inv_free(inv);

@@ -32,7 +32,9 @@ static void intake(pr__engine_t *eng, rd_kafka_message_t *rkm) {
   }
   /* Key present and UTF-8 text, payload present; the payload's JSON and
    * the filters are checked by pr__decode_prepare(). */
-  if ((why = pr__record_check(rkm->key, rkm->key_len, rkm->payload))) {
+  if ((why = pr__record_check(rkm->key, rkm->key_len, rkm->payload,
+                              (eng->handler.flags & PROSODY_HANDLER_EXCISE) !=
+                                  0))) {
     PR_WARN("engine",
             "skipping undecodable record %s[%d] offset %lld: %s; committing "
             "past it",

@@ -255,6 +255,7 @@ typedef struct pr__dmsg {
   struct pr__dmsg *prev, *next; /* most recently used first */
   int32_t partition;
   int is_timer;
+  int excise;         /* an excise record: no payload */
   pr_span_ctx_t from; /* a timer: the context it was scheduled in */
   int64_t offset, timestamp;
   rd_kafka_headers_t *headers; /* owned, or NULL */
@@ -542,10 +543,12 @@ void pr__decode_prepare(inv_t *inv);
 /* --- record.c (no engine state; fuzzed by tests/fuzz/fuzz_record.c) --- */
 
 /* Why a record with these bytes is skipped at intake (no key, a key that
- * is not UTF-8 text or holds a NUL byte, no payload), or NULL. */
+ * is not UTF-8 text or holds a NUL byte, no payload unless `excise_ok`:
+ * the handler takes excise records), or NULL. */
 const char *pr__record_check(const void *key, size_t key_len,
-                             const void *payload);
-/* A new invocation of a message of `part` from its parts (copied). */
+                             const void *payload, int excise_ok);
+/* A new invocation of a message of `part` from its parts (copied); a NULL
+ * `payload` makes an excise record (payload pr__no_value, length 0). */
 inv_t *pr__inv_message(part_t *part, const void *key, size_t key_len,
                        const void *payload, size_t len, int64_t offset,
                        int64_t timestamp);

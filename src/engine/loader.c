@@ -156,7 +156,7 @@ static void serve(pr__loader_t *l, pr__load_t *r) {
   }
   free(l->topic); /* where it reads is unknown now: seek next time */
   l->topic = NULL;
-  fail(r, "no record within defer_seek_timeout");
+  fail(r, "no record within loader_seek_timeout");
 }
 
 static int load_cmp(const void *a, const void *b) {

@@ -14,13 +14,13 @@
 #include "internal.h"
 
 const char *pr__record_check(const void *key, size_t key_len,
-                             const void *payload) {
+                             const void *payload, int excise_ok) {
   if (!key)
     return "no key";
   if (!pr__utf8_valid(key, key_len) || memchr(key, 0, key_len))
     return "key is not valid UTF-8 text";
-  if (!payload)
-    return "no payload";
+  if (!payload && !excise_ok)
+    return "no value (an excise record), which this handler does not take";
   return NULL;
 }
 
@@ -46,9 +46,12 @@ inv_t *pr__inv_alloc(pr__engine_t *eng, size_t room) {
 inv_t *pr__inv_message(part_t *part, const void *key, size_t key_len,
                        const void *payload, size_t len, int64_t offset,
                        int64_t timestamp) {
-  /* One allocation: the inv, then its key and payload (NUL-terminated). */
-  inv_t *inv = pr__inv_alloc(part->eng, key_len + len + 2);
-  if (!inv)
+  /* One allocation: the inv, then its key and payload (NUL-terminated).
+   * No payload: an excise record, whose payload is pr__no_value. */
+  inv_t *inv;
+  if (!payload)
+    len = 0;
+  if (!(inv = pr__inv_alloc(part->eng, key_len + len + 2)))
     return NULL;
   inv->eng = part->eng;
   inv->part = part;
@@ -60,9 +63,13 @@ inv_t *pr__inv_message(part_t *part, const void *key, size_t key_len,
   inv->msg.key = (char *)(inv + 1);
   memcpy(inv->msg.key, key, key_len);
   inv->msg.key[key_len] = '\0';
-  inv->msg.payload = inv->msg.key + key_len + 1;
-  memcpy(inv->msg.payload, payload, len);
-  inv->msg.payload[len] = '\0';
+  if (payload) {
+    inv->msg.payload = inv->msg.key + key_len + 1;
+    memcpy(inv->msg.payload, payload, len);
+    inv->msg.payload[len] = '\0';
+  } else {
+    inv->msg.payload = (char *)pr__no_value; /* never written */
+  }
   inv->msg.payload_len = len;
   inv->unprepared = 1;
   return inv;
@@ -91,7 +98,11 @@ const char *pr__record_verdict(prosody_message_t *m, int json_state,
   const void *v;
   size_t len;
   *warn = 0;
-  if (allowed->isset && allowed->list_n > 0) {
+  if (m->payload == pr__no_value) {
+    /* An excise record: no JSON to judge, and the type filter lets it
+     * through (it has no type); only the loop check below applies. */
+    valid = 1;
+  } else if (allowed->isset && allowed->list_n > 0) {
     /* The filter reads the payload's "type": parse it now. */
     m->json = json_loadb(m->payload, m->payload_len, JSON_DECODE_ANY, &jerr);
     valid = m->json != NULL;
@@ -109,7 +120,7 @@ const char *pr__record_verdict(prosody_message_t *m, int json_state,
       !rd_kafka_header_get_last(m->headers, "source-system", &v, &len) &&
       len == strlen(group_id) && !memcmp(v, group_id, len))
     return "our own output";
-  if (!pr__decode_allowed(allowed, m->json))
+  if (m->payload != pr__no_value && !pr__decode_allowed(allowed, m->json))
     return "event type not allowed";
   return NULL;
 }
@@ -157,8 +168,12 @@ PROSODY_EXPORT const char *prosody_message_key(const prosody_message_t *m) {
   return m->key;
 }
 
+PROSODY_EXPORT int prosody_message_is_excise(const prosody_message_t *m) {
+  return m && m->payload == pr__no_value;
+}
+
 PROSODY_EXPORT const char *prosody_message_payload(const prosody_message_t *m) {
-  return m->payload;
+  return m->payload == pr__no_value ? NULL : m->payload;
 }
 
 PROSODY_EXPORT size_t prosody_message_payload_len(const prosody_message_t *m) {
@@ -174,7 +189,7 @@ prosody_message_json(const prosody_message_t *m) {
   if (!m)
     return NULL;
   j = __atomic_load_n(&mm->json, __ATOMIC_ACQUIRE);
-  if (j || !m->payload)
+  if (j || !m->payload || m->payload == pr__no_value)
     return j;
   if (!(j = json_loadb(m->payload, m->payload_len, JSON_DECODE_ANY, NULL)))
     return NULL;

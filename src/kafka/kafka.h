@@ -127,7 +127,11 @@ pr__producer_t *pr__producer_new(const pr__settings_t *st,
 /* Waits up to send_timeout for outstanding records, fails the rest (their
  * callbacks fire), then frees everything. */
 void pr__producer_destroy(pr__producer_t *prod);
-/* Validates and queues one record; `cb` fires exactly once on success. */
+/* Waits (at most send_timeout) until every record sent so far is
+ * reported; the producer stays usable. */
+void pr__producer_flush(pr__producer_t *prod);
+/* Validates and queues one record; `cb` fires exactly once on success.
+ * `json` pr__no_value (util.h) sends the key without a value. */
 prosody_err_t pr__producer_send_async(pr__producer_t *prod, const char *topic,
                                       const char *key, const char *json,
                                       const prosody_trace_t *trace,

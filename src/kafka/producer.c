@@ -618,6 +618,10 @@ static void await_empty(pr__producer_t *prod, int64_t budget_ns) {
   }
 }
 
+void pr__producer_flush(pr__producer_t *prod) {
+  await_reported(prod, (int64_t)prod->send_timeout_ms * 1000000 + 50000000);
+}
+
 void pr__producer_destroy(pr__producer_t *prod) {
   if (!prod)
     return;
@@ -768,8 +772,9 @@ static prosody_err_t check_record(const char *topic, const char *key,
     pr__errf(errstr, errstr_size, "payload for topic \"%s\" is NULL", topic);
     return PROSODY_ERR_INVALID_PAYLOAD;
   }
-  /* Validated without building a tree; jansson says where it is wrong. */
-  if (!pr__json_valid(json, strlen(json))) {
+  /* Validated without building a tree; jansson says where it is wrong.
+   * pr__no_value: a record without a value (an excise record). */
+  if (json != pr__no_value && !pr__json_valid(json, strlen(json))) {
     doc = json_loads(json, JSON_DECODE_ANY, &jerr);
     json_decref(doc);
     pr__errf(errstr, errstr_size,
@@ -928,12 +933,13 @@ prosody_err_t pr__producer_send_async_ex(
      * expiry can come first. */
     pthread_mutex_lock(&prod->pend_lock);
     pthread_rwlock_rdlock(&prod->rk_lock);
-    kerr = rd_kafka_producev(prod->rk, RD_KAFKA_V_TOPIC(topic),
-                             RD_KAFKA_V_KEY((void *)key, strlen(key)),
-                             RD_KAFKA_V_VALUE((void *)json, strlen(json)),
-                             RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
-                             RD_KAFKA_V_HEADERS(hdrs), RD_KAFKA_V_OPAQUE(req),
-                             RD_KAFKA_V_END);
+    kerr = rd_kafka_producev(
+        prod->rk, RD_KAFKA_V_TOPIC(topic),
+        RD_KAFKA_V_KEY((void *)key, strlen(key)),
+        RD_KAFKA_V_VALUE(json == pr__no_value ? NULL : (void *)json,
+                         strlen(json)),
+        RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_HEADERS(hdrs),
+        RD_KAFKA_V_OPAQUE(req), RD_KAFKA_V_END);
     pthread_rwlock_unlock(&prod->rk_lock);
     if (!kerr) {
       req->prev = prod->pend_tail;

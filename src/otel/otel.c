@@ -245,7 +245,18 @@ struct pr_otel {
   uint64_t inflight_seq; /* seq of the first of them */
   bool stop;
   pr_otel_stats_t stats;
+
+  struct pr_otel *reg_next; /* the open exporters' list (reg_lock) */
 };
+
+/* Every open exporter, for the process-wide flush and shutdown
+ * (prosody_telemetry_flush/_shutdown). reg_lock guards reg_head and each
+ * exporter's reg_next; an exporter is on the list from its open until its
+ * close, which takes it off before freeing it. `otel_down`: set once by
+ * pr__otel_shutdown_all(); from then on no span starts. */
+static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
+static pr_otel_t *reg_head;
+static atomic_bool otel_down;
 
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
 static CURLcode curl_init_rc;
@@ -635,6 +646,10 @@ pr_otel_t *pr__otel_open(const pr_otel_config_t *cfg, char *err,
     pr__errf(err, err_size, "otel: cannot start the exporter thread");
     return NULL;
   }
+  pthread_mutex_lock(&reg_lock);
+  o->reg_next = reg_head;
+  reg_head = o;
+  pthread_mutex_unlock(&reg_lock);
   return o;
 oom:
   pr__errf(err, err_size, "out of memory");
@@ -667,9 +682,36 @@ int pr__otel_flush(pr_otel_t *o, uint32_t timeout_ms) {
   return rc;
 }
 
+int pr__otel_flush_all(uint32_t timeout_ms) {
+  int64_t deadline = pr__now_ns() + (int64_t)timeout_ms * 1000000;
+  int rc = 0;
+  /* Held throughout: a close waits (at most timeout_ms) rather than
+   * freeing an exporter being flushed. */
+  pthread_mutex_lock(&reg_lock);
+  for (pr_otel_t *o = reg_head; o; o = o->reg_next) {
+    int64_t left = (deadline - pr__now_ns()) / 1000000;
+    if (pr__otel_flush(o, left > 0 ? (uint32_t)left : 0))
+      rc = -1;
+  }
+  pthread_mutex_unlock(&reg_lock);
+  return rc;
+}
+
+int pr__otel_shutdown_all(uint32_t timeout_ms) {
+  atomic_store(&otel_down, true);
+  return pr__otel_flush_all(timeout_ms);
+}
+
 void pr__otel_close(pr_otel_t *o, uint32_t flush_ms) {
   if (!o)
     return;
+  pthread_mutex_lock(&reg_lock);
+  for (pr_otel_t **pp = &reg_head; *pp; pp = &(*pp)->reg_next)
+    if (*pp == o) {
+      *pp = o->reg_next;
+      break;
+    }
+  pthread_mutex_unlock(&reg_lock);
   pr__otel_flush(o, flush_ms);
   atomic_store(&o->abort, true); /* a request still running ends now */
   pthread_mutex_lock(&o->lock);
@@ -701,7 +743,7 @@ pr_span_t *pr__span_start(pr_otel_t *exp, const char *name, pr_span_kind_t kind,
                           const pr_span_ctx_t *from, pr_span_relation_t rel,
                           const char *tracestate) {
   pr_span_t *s;
-  if (!exp)
+  if (!exp || atomic_load_explicit(&otel_down, memory_order_relaxed))
     return NULL;
   s = calloc(1, sizeof *s);
   if (!s)

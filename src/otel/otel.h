@@ -121,6 +121,13 @@ pr_otel_t *pr__otel_open(const pr_otel_config_t *cfg, char *err,
  * at most `timeout_ms`. 0 if all were, -1 on timeout. For tests and
  * shutdown. */
 int pr__otel_flush(pr_otel_t *o, uint32_t timeout_ms);
+/* pr__otel_flush() of every open exporter, within `timeout_ms` in all.
+ * 0 if all were flushed, -1 on timeout. Any thread. */
+int pr__otel_flush_all(uint32_t timeout_ms);
+/* Stops tracing for the process: no span starts afterwards (in any
+ * exporter, open or opened later), then pr__otel_flush_all(). Any thread;
+ * cannot be undone. */
+int pr__otel_shutdown_all(uint32_t timeout_ms);
 /* Flushes for at most `flush_ms`, stops the thread and frees the exporter;
  * spans still queued then are dropped (and counted). No span of this
  * exporter may be live or ended afterwards. NULL: nothing. */

@@ -213,6 +213,8 @@ static int key(scan_t *s, const unsigned char **k) {
   return s->p < s->end && *s->p++ == ':' ? 0 : -1;
 }
 
+const char pr__no_value[1] = "";
+
 int pr__json_valid(const char *text, size_t len) {
   return pr__json_scan(text, len, NULL, NULL, NULL);
 }

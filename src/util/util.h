@@ -28,6 +28,11 @@ char *pr__strdup(const char *s);
 /* A NUL-terminated copy of `n` bytes at `p` (which need not be); NULL when
  * out of memory. */
 char *pr__strndup(const void *p, size_t n);
+/* The payload of a record with no value (an excise record, a Kafka
+ * tombstone): an empty string whose address is the mark. Handed to the
+ * producer in place of a JSON text, it sends the key without a value; an
+ * excise record's message points its payload here (jsonv.c). */
+extern const char pr__no_value[1];
 /* 1 if `len` bytes at `text` are one JSON value (any type) that
  * json_loadb(JSON_DECODE_ANY) would accept; builds nothing (jsonv.c). */
 int pr__json_valid(const char *text, size_t len);

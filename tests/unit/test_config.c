@@ -123,7 +123,9 @@ static void test_table_covers_spec(void **state) {
   for (size_t i = 0; i < sizeof(spec_envs) / sizeof(spec_envs[0]); i++) {
     int found = 0;
     for (int o = 0; o < PR_OPT__COUNT; o++)
-      found |= !strcmp(pr__opt_defs[o].env, spec_envs[i]);
+      found |=
+          !strcmp(pr__opt_defs[o].env, spec_envs[i]) ||
+          (pr__opt_alias_env[o] && !strcmp(pr__opt_alias_env[o], spec_envs[i]));
     if (!found)
       fail_msg("the spec's %s has no option in options.def", spec_envs[i]);
   }
@@ -408,6 +410,71 @@ static void test_get_short_buffer(void **state) {
                                       sizeof(buf), NULL, err, sizeof(err)),
                    PROSODY_OK);
   assert_string_equal(buf, "orders,payments");
+  prosody_config_destroy(conf);
+}
+
+/* A renamed option: the old name and variable set it, and both names (or
+ * both variables) at once are refused, naming both. */
+static void test_alias(void **state) {
+  char buf[64], err[1024] = "";
+  prosody_config_source_t src;
+  prosody_config_t *conf = prosody_config_new();
+  const prosody_option_info_t *info = NULL;
+  (void)state;
+
+  for (size_t i = 0; i < prosody_option_count(); i++)
+    if (!strcmp(prosody_option_info(i)->name, "loader_cache_size"))
+      info = prosody_option_info(i);
+  assert_non_null(info);
+  assert_string_equal(info->alias, "defer_cache_size");
+  assert_string_equal(info->alias_env, "PROSODY_DEFER_CACHE_SIZE");
+
+  unsetenv("PROSODY_LOADER_CACHE_SIZE");
+  setenv("PROSODY_DEFER_CACHE_SIZE", "77", 1);
+  assert_int_equal(prosody_config_get(conf, "loader_cache_size", buf,
+                                      sizeof(buf), &src, err, sizeof(err)),
+                   PROSODY_OK);
+  assert_string_equal(buf, "77");
+  assert_int_equal(src, PROSODY_CONFIG_SOURCE_ENV);
+  setenv("PROSODY_LOADER_CACHE_SIZE", "78", 1);
+  assert_int_equal(prosody_config_get(conf, "defer_cache_size", buf,
+                                      sizeof(buf), &src, err, sizeof(err)),
+                   PROSODY_ERR_CONFIG);
+  assert_non_null(strstr(err, "PROSODY_LOADER_CACHE_SIZE"));
+  assert_non_null(strstr(err, "PROSODY_DEFER_CACHE_SIZE"));
+  unsetenv("PROSODY_LOADER_CACHE_SIZE");
+  /* A bad value names the variable it came from. */
+  setenv("PROSODY_DEFER_CACHE_SIZE", "lots", 1);
+  assert_int_equal(prosody_config_get(conf, "loader_cache_size", buf,
+                                      sizeof(buf), &src, err, sizeof(err)),
+                   PROSODY_ERR_CONFIG);
+  assert_non_null(strstr(err, "PROSODY_DEFER_CACHE_SIZE"));
+  unsetenv("PROSODY_DEFER_CACHE_SIZE");
+
+  assert_int_equal(
+      prosody_config_set(conf, "defer_seek_timeout", "5s", err, sizeof(err)),
+      PROSODY_OK);
+  assert_int_equal(prosody_config_get(conf, "loader_seek_timeout", buf,
+                                      sizeof(buf), &src, err, sizeof(err)),
+                   PROSODY_OK);
+  assert_string_equal(buf, "5s");
+  assert_int_equal(src, PROSODY_CONFIG_SOURCE_SET);
+  /* The same name again replaces, as for any option. */
+  assert_int_equal(
+      prosody_config_set(conf, "defer_seek_timeout", "6s", err, sizeof(err)),
+      PROSODY_OK);
+  assert_int_equal(
+      prosody_config_set(conf, "loader_seek_timeout", "7s", err, sizeof(err)),
+      PROSODY_ERR_CONFIG);
+  assert_non_null(strstr(err, "loader_seek_timeout"));
+  assert_non_null(strstr(err, "defer_seek_timeout"));
+  /* Unset by the old name, then the new name is free. */
+  assert_int_equal(
+      prosody_config_set(conf, "defer_seek_timeout", NULL, err, sizeof(err)),
+      PROSODY_OK);
+  assert_int_equal(
+      prosody_config_set(conf, "loader_seek_timeout", "7s", err, sizeof(err)),
+      PROSODY_OK);
   prosody_config_destroy(conf);
 }
 
@@ -799,6 +866,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_table_covers_spec),
       cmocka_unit_test(test_env_names),
+      cmocka_unit_test(test_alias),
       cmocka_unit_test(test_defaults_parse_and_match_spec),
       cmocka_unit_test(test_int),
       cmocka_unit_test(test_float),

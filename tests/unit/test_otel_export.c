@@ -175,6 +175,10 @@ static void test_slow_receiver(void **state) {
   t0 = now_ms();
   assert_int_equal(pr__otel_flush(o, 100), -1);
   assert_true(now_ms() - t0 < 1000);
+  /* So does the process-wide flush, which covers this exporter. */
+  t0 = now_ms();
+  assert_int_equal(pr__otel_flush_all(100), -1);
+  assert_true(now_ms() - t0 < 1000);
   /* close: flush bound 300 ms, then the request in flight is cut short. */
   t0 = now_ms();
   pr__otel_close(o, 300);
@@ -408,12 +412,40 @@ static void test_grpc_fallback(void **state) {
   pthread_mutex_unlock(&log_mu);
 }
 
+/* The process-wide shutdown (prosody_telemetry_shutdown): nothing left to
+ * export here, so it finishes at once; from then on no span starts, in an
+ * exporter opened before or after. Last: it cannot be undone. */
+static void test_shutdown_all(void **state) {
+  char url[64], err[256];
+  int port, fd = listen_loopback(&port);
+  pr_otel_t *before, *after;
+  (void)state;
+  close(fd);
+  snprintf(url, sizeof url, "http://127.0.0.1:%d/", port);
+  pr_otel_config_t cfg = {.endpoint = url, .delay_ms = 20, .timeout_ms = 500};
+  before = pr__otel_open(&cfg, err, sizeof err);
+  assert_non_null(before);
+  assert_int_equal(pr__otel_flush_all(1000), 0);
+  assert_int_equal(pr__otel_shutdown_all(1000), 0);
+  assert_null(pr__span_start(before, "message", PR_SPAN_CONSUMER, NULL,
+                             PR_SPAN_CHILD, NULL));
+  after = pr__otel_open(&cfg, err, sizeof err);
+  assert_non_null(after);
+  assert_null(pr__span_start(after, "message", PR_SPAN_CONSUMER, NULL,
+                             PR_SPAN_CHILD, NULL));
+  pr__otel_close(before, 100);
+  pr__otel_close(after, 100);
+  /* Closed exporters are off the list: nothing left to flush. */
+  assert_int_equal(pr__otel_flush_all(100), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_grpc_fallback),
       cmocka_unit_test(test_closed_port),
       cmocka_unit_test(test_slow_receiver),
       cmocka_unit_test(test_answering_receiver),
+      cmocka_unit_test(test_shutdown_all),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -8,6 +8,8 @@
 #include "prosody_node.h"
 
 static void client_free(client_t *c) {
+  prosody_config_destroy(c->pending_conf); /* never opened */
+  c->pending_conf = NULL;
   if (c->client && !c->destroyed) {
     prosody_client_destroy(c->client);
     c->destroyed = 1;
@@ -75,16 +77,23 @@ client_t *pn_unwrap_client(napi_env env, napi_callback_info info, size_t *argc,
     napi_throw_error(env, NULL, "the client has been closed");
     return NULL;
   }
+  if (!c->client) {
+    napi_throw_error(env, NULL, "the client is not open yet");
+    return NULL;
+  }
   return c;
 }
 
-/* NativeClient(options, logger?): `logger`, a function, is given each
- * batch of the client's log lines ([level, subsystem, message, ...] and how
- * many were dropped); without it libprosody writes them to stderr. */
+/* NativeClient(options, logger?, deferred?): `logger`, a function, is given
+ * each batch of the client's log lines ([level, subsystem, message, ...]
+ * and how many were dropped); without it libprosody writes them to stderr.
+ * With `deferred` true the client itself is made by open(), off the JS
+ * thread (ProsodyClient.create()); until then no other method works. */
 static napi_value client_new(napi_env env, napi_callback_info info) {
-  size_t argc = 2;
-  napi_value argv[2], self, name;
+  size_t argc = 3;
+  napi_value argv[3], self, name;
   napi_valuetype t = napi_undefined;
+  bool deferred = false;
   client_t *c;
   prosody_config_t *conf;
   char err[1024];
@@ -95,6 +104,8 @@ static napi_value client_new(napi_env env, napi_callback_info info) {
   }
   if (argc > 1)
     napi_typeof(env, argv[1], &t);
+  if (argc > 2)
+    napi_get_value_bool(env, argv[2], &deferred);
   if (!(conf = pn_config_from(env, argv[0])))
     return NULL;
   if (!(c = calloc(1, sizeof(*c)))) {
@@ -136,7 +147,9 @@ static napi_value client_new(napi_env env, napi_callback_info info) {
   if (t == napi_function &&
       napi_create_reference(env, argv[1], 1, &c->logger) == napi_ok)
     prosody_config_set_log_cb(conf, pn_log_cb, c);
-  if (!(c->client = prosody_client_new(conf, err, sizeof(err)))) {
+  if (deferred)
+    c->pending_conf = conf;
+  else if (!(c->client = prosody_client_new(conf, err, sizeof(err)))) {
     prosody_config_destroy(conf);
     pn_call_js(env, NULL, c, NULL); /* the lines of the failed creation */
     c->wrap_gone = 1;               /* tsfn_finalize frees c */
@@ -154,6 +167,45 @@ static napi_value client_new(napi_env env, napi_callback_info info) {
   return self;
 }
 
+/* The client's work of `kind` (work_t) on libuv's pool: its promise. */
+static napi_value queue_kind(napi_env env, client_t *c, int kind,
+                             napi_value self) {
+  work_t *w = calloc(1, sizeof(*w));
+  if (!w) {
+    napi_throw_error(env, NULL, "out of memory");
+    return NULL;
+  }
+  w->c = c;
+  w->kind = kind;
+  return pn_queue_work(env, w, self);
+}
+
+/* open() -> Promise: makes a deferred client (see client_new) on libuv's
+ * pool. */
+static napi_value client_open(napi_env env, napi_callback_info info) {
+  size_t argc = 0;
+  napi_value self;
+  client_t *c = NULL;
+  CHECK(env, napi_get_cb_info(env, info, &argc, NULL, &self, NULL));
+  if (napi_unwrap(env, self, (void **)&c) != napi_ok || !c ||
+      !c->pending_conf) {
+    napi_throw_error(env, NULL, "open(): not a client waiting to be opened");
+    return NULL;
+  }
+  return queue_kind(env, c, 4, self);
+}
+
+/* shutdown() -> Promise: prosody_client_shutdown() on libuv's pool. */
+static napi_value client_shutdown(napi_env env, napi_callback_info info) {
+  size_t argc = 0;
+  napi_value self;
+  client_t *c;
+  CHECK(env, napi_get_cb_info(env, info, &argc, NULL, &self, NULL));
+  if (!(c = pn_unwrap_client(env, info, &argc, NULL)))
+    return NULL;
+  return queue_kind(env, c, 5, self);
+}
+
 /* Send: results come back through the mailbox. */
 static void send_cb(prosody_err_t err, const char *errstr,
                     const prosody_delivery_t *d, void *opaque) {
@@ -163,7 +215,8 @@ static void send_cb(prosody_err_t err, const char *errstr,
   prosody_queue_push(op->c->mb.q, &op->item);
 }
 
-/* send(topic, key, json, traceparent?, tracestate?, baggage?) -> Promise */
+/* send(topic, key, json, traceparent?, tracestate?, baggage?) -> Promise;
+ * a null `json` sends an excise record (the key without a value). */
 static napi_value client_send(napi_env env, napi_callback_info info) {
   size_t argc = 6;
   napi_value argv[6], promise;
@@ -181,7 +234,7 @@ static napi_value client_send(napi_env env, napi_callback_info info) {
   for (size_t i = 0; i < argc && i < 6; i++) {
     napi_valuetype t;
     napi_typeof(env, argv[i], &t);
-    if (i >= 3 && (t == napi_undefined || t == napi_null))
+    if ((i >= 3 || i == 2) && (t == napi_undefined || t == napi_null))
       continue;
     if (!(s[i] = pn_string_arg(env, argv[i],
                                i == 0   ? "topic"
@@ -200,9 +253,12 @@ static napi_value client_send(napi_env env, napi_callback_info info) {
   op->item.kind = IT_SEND;
   op->c = c;
   napi_create_promise(env, &op->deferred, &promise);
-  rc = prosody_send_async(c->client, s[0], s[1], s[2],
-                          s[3] || s[4] || s[5] ? &trace : NULL, send_cb, op,
-                          err, sizeof(err));
+  rc = s[2] ? prosody_send_async(c->client, s[0], s[1], s[2],
+                                 s[3] || s[4] || s[5] ? &trace : NULL, send_cb,
+                                 op, err, sizeof(err))
+            : prosody_excise_async(c->client, s[0], s[1],
+                                   s[3] || s[4] || s[5] ? &trace : NULL,
+                                   send_cb, op, err, sizeof(err));
   if (rc) {
     napi_reject_deferred(env, op->deferred, pn_make_error(env, rc, err));
     free(op);
@@ -222,9 +278,11 @@ static void work_execute(napi_env env, void *data) {
   work_t *w = data;
   switch (w->kind) {
   case 0: {
-    prosody_handler_t h = {
-        w->c->has_message ? pn_c_on_message : pn_c_skip_message,
-        w->c->has_timer ? pn_c_on_timer : NULL, w->c, PROSODY_HANDLER_ASYNC};
+    prosody_handler_t h = {w->c->has_message ? pn_c_on_message
+                                             : pn_c_skip_message,
+                           w->c->has_timer ? pn_c_on_timer : NULL, w->c,
+                           PROSODY_HANDLER_ASYNC |
+                               (w->c->has_excise ? PROSODY_HANDLER_EXCISE : 0)};
     w->err = prosody_subscribe(w->c->client, &h, w->errstr, sizeof(w->errstr));
     break;
   }
@@ -232,6 +290,16 @@ static void work_execute(napi_env env, void *data) {
     w->err = prosody_unsubscribe(w->c->client);
     if (w->err == PROSODY_ERR_STATE) /* was not subscribed: nothing to do */
       w->err = PROSODY_OK;
+    break;
+  case 4:
+    if (!(w->c->client = prosody_client_new(w->c->pending_conf, w->errstr,
+                                            sizeof(w->errstr))))
+      w->err = PROSODY_ERR_CONFIG;
+    else
+      w->c->pending_conf = NULL; /* the client's now */
+    break;
+  case 5:
+    w->err = prosody_client_shutdown(w->c->client);
     break;
   case 2:
     w->topts.cleanup_policy = w->policy;
@@ -246,6 +314,13 @@ static void work_execute(napi_env env, void *data) {
 
 static void work_complete(napi_env env, napi_status status, void *data) {
   work_t *w = data;
+  if (w->kind == 4) {
+    if (w->c->pending_conf) { /* failed: the configuration is still ours */
+      prosody_config_destroy(w->c->pending_conf);
+      w->c->pending_conf = NULL;
+    }
+    pn_call_js(env, NULL, w->c, NULL); /* the creation's lines */
+  }
   if (w->c && (w->kind == 0 || w->kind == 1)) {
     if (w->kind == 1 || w->err) {
       /* The subscription no longer keeps the loop up; once only, though
@@ -290,13 +365,13 @@ napi_value pn_queue_work(napi_env env, work_t *w, napi_value self) {
   return promise;
 }
 
-/* subscribe(dispatch, hasTimer, hasMessage) -> Promise */
+/* subscribe(dispatch, hasTimer, hasMessage, hasExcise) -> Promise */
 static napi_value client_subscribe(napi_env env, napi_callback_info info) {
-  size_t argc = 3;
-  napi_value argv[3], self;
+  size_t argc = 4;
+  napi_value argv[4], self;
   client_t *c;
   work_t *w;
-  bool has_timer = false, has_message = true;
+  bool has_timer = false, has_message = true, has_excise = false;
   CHECK(env, napi_get_cb_info(env, info, &argc, argv, &self, NULL));
   if (!(c = pn_unwrap_client(env, info, &argc, argv)))
     return NULL;
@@ -314,11 +389,14 @@ static napi_value client_subscribe(napi_env env, napi_callback_info info) {
   napi_get_value_bool(env, argv[1], &has_timer);
   if (argc > 2)
     napi_get_value_bool(env, argv[2], &has_message);
+  if (argc > 3)
+    napi_get_value_bool(env, argv[3], &has_excise);
   if (c->dispatch)
     napi_delete_reference(env, c->dispatch);
   CHECK(env, napi_create_reference(env, argv[0], 1, &c->dispatch));
   c->has_timer = has_timer;
   c->has_message = has_message;
+  c->has_excise = has_excise;
   if (!(w = calloc(1, sizeof(*w)))) {
     napi_throw_error(env, NULL, "out of memory");
     return NULL;
@@ -359,10 +437,14 @@ static napi_value client_unsubscribe(napi_env env, napi_callback_info info) {
 /* followsFrom() -> [message_spans, timer_spans] are follows_from */
 static napi_value client_follows_from(napi_env env, napi_callback_info info) {
   size_t argc = 0;
-  napi_value r, b;
-  client_t *c = pn_unwrap_client(env, info, &argc, NULL);
-  if (!c)
+  napi_value r, b, self;
+  client_t *c = NULL;
+  /* Known from the configuration: also before open(). */
+  CHECK(env, napi_get_cb_info(env, info, &argc, NULL, &self, NULL));
+  if (napi_unwrap(env, self, (void **)&c) != napi_ok || !c) {
+    napi_throw_error(env, NULL, "not a ProsodyClient");
     return NULL;
+  }
   napi_create_array_with_length(env, 2, &r);
   for (uint32_t i = 0; i < 2; i++) {
     napi_get_boolean(env, c->follows_from[i], &b);
@@ -426,6 +508,8 @@ static napi_value client_probe_port(napi_env env, napi_callback_info info) {
 napi_value pn_client_class(napi_env env) {
   napi_property_descriptor client_props[] = {
       {"send", NULL, client_send, NULL, NULL, NULL, napi_default, NULL},
+      {"open", NULL, client_open, NULL, NULL, NULL, napi_default, NULL},
+      {"shutdown", NULL, client_shutdown, NULL, NULL, NULL, napi_default, NULL},
       {"subscribe", NULL, client_subscribe, NULL, NULL, NULL, napi_default,
        NULL},
       {"unsubscribe", NULL, client_unsubscribe, NULL, NULL, NULL, napi_default,

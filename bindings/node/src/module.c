@@ -67,9 +67,38 @@ static napi_value mod_options(napi_env env, napi_callback_info info) {
     set_str(env, d, "type", oi->type);
     set_str(env, d, "accepted", oi->accepted);
     set_str(env, d, "env", oi->env);
+    set_str(env, d, "alias", oi->alias);
     napi_set_named_property(env, o, oi->name, d);
   }
   return o;
+}
+
+/* flushTelemetry() / shutdownTelemetry(): blocking, as the original's
+ * (call them when a client stops, or once at exit). Throw on a timeout. */
+#define TELEMETRY_TIMEOUT_MS 30000
+
+static napi_value telemetry_call(napi_env env, int shutdown) {
+  prosody_err_t rc = shutdown ? prosody_telemetry_shutdown(TELEMETRY_TIMEOUT_MS)
+                              : prosody_telemetry_flush(TELEMETRY_TIMEOUT_MS);
+  napi_value u;
+  if (rc) {
+    char msg[128];
+    snprintf(msg, sizeof(msg),
+             "Failed to %s telemetry: spans still unexported after %d s",
+             shutdown ? "shut down" : "flush", TELEMETRY_TIMEOUT_MS / 1000);
+    return pn_throw_error(env, rc, msg);
+  }
+  napi_get_undefined(env, &u);
+  return u;
+}
+
+static napi_value mod_flush_telemetry(napi_env env, napi_callback_info info) {
+  return telemetry_call(env, 0);
+}
+
+static napi_value mod_shutdown_telemetry(napi_env env,
+                                         napi_callback_info info) {
+  return telemetry_call(env, 1);
 }
 
 static napi_value mod_version(napi_env env, napi_callback_info info) {
@@ -81,6 +110,10 @@ static napi_value mod_version(napi_env env, napi_callback_info info) {
 static napi_value init(napi_env env, napi_value exports) {
   napi_property_descriptor fns[] = {
       {"options", NULL, mod_options, NULL, NULL, NULL, napi_default, NULL},
+      {"flushTelemetry", NULL, mod_flush_telemetry, NULL, NULL, NULL,
+       napi_default, NULL},
+      {"shutdownTelemetry", NULL, mod_shutdown_telemetry, NULL, NULL, NULL,
+       napi_default, NULL},
       {"libraryVersion", NULL, mod_version, NULL, NULL, NULL, napi_default,
        NULL},
   };

@@ -99,7 +99,11 @@ typedef struct client {
   napi_ref dispatch;          /* the JS function receiving each batch */
   int subscribed;             /* subscribe started and not yet unsubscribed */
   int has_timer, has_message; /* the handler's methods (JS thread) */
-  int pending;                /* work that keeps the loop alive (JS thread) */
+  int has_excise;             /* it takes excise records (JS thread) */
+  /* NativeClient(options, logger, true): the configuration open() makes
+   * the client from (its work owns it meanwhile), else NULL. */
+  prosody_config_t *pending_conf;
+  int pending; /* work that keeps the loop alive (JS thread) */
   int destroyed;
   int wrap_gone, tsfn_gone; /* c is freed by the later of the two */
   int env_closing;          /* set by this client's env cleanup hook */
@@ -156,7 +160,8 @@ typedef struct work {
   client_t *c;
   prosody_admin_t *admin;
   napi_ref keep; /* the JS object, alive while the work runs */
-  int kind;      /* 0 subscribe, 1 unsubscribe, 2 create, 3 delete */
+  int kind;      /* 0 subscribe, 1 unsubscribe, 2 create, 3 delete,
+                    4 open (the client), 5 shutdown */
   char *name, *policy;
   prosody_topic_options_t topts;
   prosody_err_t err;

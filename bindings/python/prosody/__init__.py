@@ -5,6 +5,8 @@ See the package README for the quick start and the deviations from the
 original package.
 """
 
+import atexit
+
 from prosody.errors import (
     EventHandlerError,
     PermanentError,
@@ -15,9 +17,14 @@ from prosody.errors import (
     permanent,
     transient,
 )
-from prosody.message import JSONValue, Message
+from prosody.message import ExciseMessage, JSONValue, Message
 from prosody.timer import Timer
-from prosody.prosody import AdminClient, ProsodyClient
+from prosody.prosody import (
+    AdminClient,
+    ProsodyClient,
+    flush_telemetry,
+    shutdown_telemetry,
+)
 from prosody.context import Context
 from prosody.handler import EventHandler
 
@@ -26,6 +33,7 @@ __all__ = [
     "Context",
     "EventHandler",
     "EventHandlerError",
+    "ExciseMessage",
     "JSONValue",
     "Message",
     "PermanentError",
@@ -35,8 +43,13 @@ __all__ = [
     "ProsodyTransientError",
     "Timer",
     "TransientError",
+    "flush_telemetry",
     "permanent",
+    "shutdown_telemetry",
     "transient",
 ]
+
+# Spans still queued at exit are exported, as the original does.
+atexit.register(shutdown_telemetry)
 
 __version__ = "0.2.0"

@@ -4,7 +4,8 @@ import contextvars
 import logging
 from typing import Any, Dict, Generator, List, Optional, Tuple
 
-__all__ = ["ConsumerState", "Ready", "trace_headers", "handler_context", "forward_logs", "TRACE"]
+__all__ = ["ConsumerState", "Ready", "trace_headers", "handler_context", "forward_logs", "TRACE",
+           "create_client", "shutdown_client"]
 
 #: The `logging` level of libprosody's TRACE lines (below DEBUG), named
 #: "TRACE" unless the application already named level 5.
@@ -129,3 +130,25 @@ async def run_after(loop: Any, first: Any, fn: Any) -> None:
         except BaseException:  # noqa: BLE001 - its caller sees it
             pass
     await loop.run_in_executor(None, fn)
+
+
+async def create_client(client: Any, options: Any) -> Any:
+    """``ProsodyClient.create()``'s body: runs the construction, which may
+    wait (the mock cluster's start, the logger), on the loop's executor,
+    so the loop goes on meanwhile. Nothing happens before it is awaited."""
+    import asyncio
+    import functools
+
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(None, functools.partial(client.__init__, **(options or {})))
+    return client
+
+
+async def shutdown_client(client: Any, blocking: Any) -> None:
+    """``shutdown()``'s body: stops the consumer (if subscribed), then shuts
+    the client down on the loop's executor (it waits for the records still
+    being sent)."""
+    import asyncio
+
+    await client.unsubscribe()
+    await asyncio.get_running_loop().run_in_executor(None, blocking)

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Dict, List, Optional, Union
 
-__all__ = ["JSONValue", "Message"]
+__all__ = ["ExciseMessage", "JSONValue", "Message"]
 
 JSONValue = Union[None, bool, int, float, str, List["JSONValue"], Dict[str, "JSONValue"]]
 
@@ -24,3 +24,18 @@ class Message:
     timestamp: Optional[datetime]
     key: str
     payload: JSONValue
+
+
+@dataclass(frozen=True)
+class ExciseMessage:
+    """An excise record as Prosody delivers it to ``on_excise``: a Kafka
+    record with a key and no value (a tombstone), such as
+    ``ProsodyClient.excise()`` sends. It asks the handler to delete what it
+    keeps for the key; it has no ``payload``.
+    """
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: Optional[datetime]
+    key: str

@@ -237,6 +237,20 @@ out:
   return r;
 }
 
+/* An excise record (no payload) as prosody.message.ExciseMessage. */
+static PyObject *build_excise(const prosody_message_t *m) {
+  int64_t t = prosody_message_timestamp(m);
+  PyObject *ts = t >= 0 ? pp_from_ms(t) : Py_NewRef(Py_None), *r;
+  if (!ts)
+    return NULL;
+  r = PyObject_CallFunction(ClsExciseMessage, "siLOs", prosody_message_topic(m),
+                            (int)prosody_message_partition(m),
+                            (long long)prosody_message_offset(m), ts,
+                            prosody_message_key(m));
+  Py_DECREF(ts);
+  return r;
+}
+
 static PyObject *build_timer(const prosody_timer_t *t) {
   PyObject *key = PyUnicode_FromString(prosody_timer_key(t)), *time, *r;
   if (!key)
@@ -316,13 +330,12 @@ static const char *lazy_kind(PyObject *v) {
 
 /* Fails the event whose handler returned `v`, a lazy object (`kind`),
  * naming the handler and what it returned. */
-static void finish_lazy(ClientObject *c, ContextObject *cx, int timer,
+static void finish_lazy(ClientObject *c, ContextObject *cx, const char *method,
                         PyObject *v, const char *kind) {
   PyObject *text = PyUnicode_FromFormat(
       "TypeError: %s.%s returned %s (%.100s), not a coroutine or a value, so "
       "its body never ran (is there a `yield` in it?); the event failed",
-      Py_TYPE(c->handler)->tp_name, timer ? "on_timer" : "on_message", kind,
-      Py_TYPE(v)->tp_name);
+      Py_TYPE(c->handler)->tp_name, method, kind, Py_TYPE(v)->tp_name);
   const char *msg = text ? PyUnicode_AsUTF8(text) : NULL;
   PyErr_Clear();
   pp_end_span(cx, NULL);
@@ -364,14 +377,21 @@ static int stop_requested(ClientObject *c, ContextObject *cx) {
 static void dispatch(ClientObject *c, item_t *it) {
   ContextObject *cx = pp_context_new(c, it->ctx);
   PyObject *event = NULL, *coro = NULL, *task = NULL, *cb = NULL, *r, *run_in;
-  PyObject *method = it->q.kind == IT_MESSAGE ? c->on_message : c->on_timer;
+  int excise = it->q.kind == IT_MESSAGE && prosody_message_is_excise(it->event);
+  PyObject *method = excise                     ? c->on_excise
+                     : it->q.kind == IT_MESSAGE ? c->on_message
+                                                : c->on_timer;
+  const char *method_name = excise                     ? "on_excise"
+                            : it->q.kind == IT_MESSAGE ? "on_message"
+                                                       : "on_timer";
   if (!cx) {
     PyErr_Clear();
     prosody_complete(it->ctx, PROSODY_TRANSIENT, "out of memory");
     return;
   }
-  event = it->q.kind == IT_MESSAGE ? build_message(it->event)
-                                   : build_timer(it->event);
+  event = excise                     ? build_excise(it->event)
+          : it->q.kind == IT_MESSAGE ? build_message(it->event)
+                                     : build_timer(it->event);
   if (!event)
     goto failed;
   run_in = trace_context(c, cx, it);
@@ -391,7 +411,7 @@ static void dispatch(ClientObject *c, item_t *it) {
     const char *lazy = lazy_kind(coro);
     Py_XDECREF(run_in);
     if (lazy) {
-      finish_lazy(c, cx, it->q.kind == IT_TIMER, coro, lazy);
+      finish_lazy(c, cx, method_name, coro, lazy);
       goto out;
     }
     /* A plain function: its return is the success. */

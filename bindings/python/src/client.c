@@ -111,6 +111,7 @@ static void client_clear_handler(ClientObject *c) {
   Py_CLEAR(c->handler);
   Py_CLEAR(c->on_message);
   Py_CLEAR(c->on_timer);
+  Py_CLEAR(c->on_excise);
   Py_CLEAR(c->create_task);
 }
 
@@ -143,6 +144,7 @@ static void client_dealloc(ClientObject *c) {
   Py_CLEAR(c->loop);
   Py_CLEAR(c->sub_fut);
   Py_CLEAR(c->unsub_fut);
+  Py_CLEAR(c->shutdown_fut);
   Py_CLEAR(c->stop_exc);
   Py_TYPE(c)->tp_free((PyObject *)c);
 }
@@ -206,21 +208,22 @@ static void send_done(prosody_err_t err, const char *errstr,
   PyGILState_Release(g);
 }
 
-static PyObject *client_send(PyObject *self, PyObject *args) {
-  ClientObject *c = (ClientObject *)self;
-  PyObject *payload, *json = NULL, *loop = NULL, *fut = NULL, *th = NULL;
-  const char *topic, *key, *text;
+/* send() and excise(): `payload` NULL sends an excise record. */
+static PyObject *send_record(ClientObject *c, const char *topic,
+                             const char *key, PyObject *payload) {
+  PyObject *json = NULL, *loop = NULL, *fut = NULL, *th = NULL;
+  const char *text = NULL;
   prosody_trace_t trace = {NULL, NULL, NULL}, *tp = NULL;
   send_op_t *op;
   char err[1024];
   prosody_err_t rc;
-  if (!PyArg_ParseTuple(args, "ssO:send", &topic, &key, &payload))
-    return NULL;
   if (client_ready(c))
     return NULL;
-  if (!(json = PyObject_CallFunctionObjArgs(FnJsonDumps, payload, NULL)))
+  if (payload &&
+      !(json = PyObject_CallFunctionObjArgs(FnJsonDumps, payload, NULL)))
     return NULL;
-  if (!(text = PyUnicode_AsUTF8(json)) || !(loop = pp_running_loop("send()")) ||
+  if ((json && !(text = PyUnicode_AsUTF8(json))) ||
+      !(loop = pp_running_loop(payload ? "send()" : "excise()")) ||
       !(fut = PyObject_CallMethodObjArgs(loop, S_create_future, NULL)))
     goto fail;
   log_watch(c, loop);
@@ -239,8 +242,10 @@ static PyObject *client_send(PyObject *self, PyObject *args) {
   }
   op->fut = Py_NewRef(fut);
   op->loop = Py_NewRef(loop);
-  rc = prosody_send_async(c->client, topic, key, text, tp, send_done, op, err,
-                          sizeof(err));
+  rc = payload ? prosody_send_async(c->client, topic, key, text, tp, send_done,
+                                    op, err, sizeof(err))
+               : prosody_excise_async(c->client, topic, key, tp, send_done, op,
+                                      err, sizeof(err));
   if (rc) {
     PyObject *exc = pp_error_object(rc, err), *r = NULL;
     Py_DECREF(op->fut);
@@ -254,7 +259,7 @@ static PyObject *client_send(PyObject *self, PyObject *args) {
     Py_DECREF(r);
   }
   Py_XDECREF(th);
-  Py_DECREF(json);
+  Py_XDECREF(json);
   Py_DECREF(loop);
   return fut;
 fail:
@@ -265,11 +270,27 @@ fail:
   return NULL;
 }
 
+static PyObject *client_send(PyObject *self, PyObject *args) {
+  PyObject *payload;
+  const char *topic, *key;
+  if (!PyArg_ParseTuple(args, "ssO:send", &topic, &key, &payload))
+    return NULL;
+  return send_record((ClientObject *)self, topic, key, payload);
+}
+
+static PyObject *client_excise(PyObject *self, PyObject *args) {
+  const char *topic, *key;
+  if (!PyArg_ParseTuple(args, "ss:excise", &topic, &key))
+    return NULL;
+  return send_record((ClientObject *)self, topic, key, NULL);
+}
+
 /* Runs prosody_subscribe on an executor thread. */
 static PyObject *client_subscribe_blocking(PyObject *self, PyObject *unused) {
   ClientObject *c = (ClientObject *)self;
-  prosody_handler_t h = {pp_c_on_message, c->has_timer ? pp_c_on_timer : NULL,
-                         c->bridge, PROSODY_HANDLER_ASYNC};
+  prosody_handler_t h = {
+      pp_c_on_message, c->has_timer ? pp_c_on_timer : NULL, c->bridge,
+      PROSODY_HANDLER_ASYNC | (c->has_excise ? PROSODY_HANDLER_EXCISE : 0)};
   prosody_err_t rc;
   Py_BEGIN_ALLOW_THREADS
   rc = prosody_subscribe(c->client, &h, c->sub_err, sizeof(c->sub_err));
@@ -327,27 +348,71 @@ static PyMethodDef subscribe_done_def = {"_subscribe_done",
 static PyMethodDef subscribe_blocking_def = {
     "_subscribe_blocking", client_subscribe_blocking, METH_NOARGS, NULL};
 
-/* True when `handler`'s class overrides EventHandler.on_timer. */
-static int implements_on_timer(PyObject *handler) {
-  PyObject *m = PyObject_GetAttrString(handler, "on_timer"), *f, *base, *mod,
-           *bf;
+/* prosody.handler.EventHandler (borrowed), taken at first use: that module
+ * imports this one, so it cannot be taken at import. NULL with an
+ * exception set on failure. */
+static PyObject *ClsEventHandler;
+
+static PyObject *event_handler_class(void) {
+  if (!ClsEventHandler)
+    ClsEventHandler = pp_attr_of("prosody.handler", "EventHandler");
+  return ClsEventHandler;
+}
+
+/* True when `handler` has its own `name` method: not EventHandler's
+ * default (an object that is no EventHandler: when it has one). */
+static int implements(PyObject *handler, const char *name) {
+  PyObject *m = PyObject_GetAttrString(handler, name), *f, *bf;
   int r = 0;
-  if (!m) {
+  if (!m || m == Py_None) {
     PyErr_Clear();
+    Py_XDECREF(m);
     return 0;
   }
   f = PyObject_GetAttrString(m, "__func__");
-  mod = PyImport_ImportModule("prosody.handler");
-  base = mod ? PyObject_GetAttrString(mod, "EventHandler") : NULL;
-  bf = base ? PyObject_GetAttrString(base, "on_timer") : NULL;
+  bf = event_handler_class() ? PyObject_GetAttrString(ClsEventHandler, name)
+                             : NULL;
   r = !f || !bf || f != bf;
   PyErr_Clear();
-  Py_XDECREF(m);
+  Py_DECREF(m);
   Py_XDECREF(f);
-  Py_XDECREF(mod);
-  Py_XDECREF(base);
   Py_XDECREF(bf);
   return r;
+}
+
+/* The current API's checks of a handler (a client made by create()):
+ * an EventHandler whose three methods are callable, with an on_excise of
+ * its own. 0, or -1 with TypeError set. */
+static int check_current_handler(PyObject *handler) {
+  static const char *const names[] = {"on_message", "on_excise", "on_timer"};
+  int is = event_handler_class() ? PyObject_IsInstance(handler, ClsEventHandler)
+                                 : -1;
+  if (is <= 0) {
+    if (!is)
+      PyErr_SetString(PyExc_TypeError,
+                      "handler must be a subclass of EventHandler");
+    return -1;
+  }
+  for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+    PyObject *m = PyObject_GetAttrString(handler, names[i]);
+    int ok = m && PyCallable_Check(m);
+    Py_XDECREF(m);
+    PyErr_Clear();
+    if (!ok) {
+      PyErr_Format(PyExc_TypeError, "handler.%s must be callable", names[i]);
+      return -1;
+    }
+  }
+  if (!implements(handler, "on_excise")) {
+    PyErr_Format(PyExc_TypeError,
+                 "handler.on_excise must be implemented: %.100s does not "
+                 "override EventHandler.on_excise, and a client made by "
+                 "ProsodyClient.create() delivers every record without a "
+                 "value (an excise record) to it",
+                 Py_TYPE(handler)->tp_name);
+    return -1;
+  }
+  return 0;
 }
 
 static int loop_closed(PyObject *loop);
@@ -374,6 +439,8 @@ static PyObject *client_subscribe(PyObject *self, PyObject *handler) {
                     "PROSODY_SUBSCRIBED_TOPICS)");
     return NULL;
   }
+  if (c->current && check_current_handler(handler))
+    return NULL;
   if (!(om = PyObject_GetAttrString(handler, "on_message")) ||
       !PyCallable_Check(om)) {
     Py_XDECREF(om);
@@ -390,12 +457,18 @@ static PyObject *client_subscribe(PyObject *self, PyObject *handler) {
     PyErr_SetFromErrno(PyExc_OSError);
     goto fail;
   }
-  c->has_timer = implements_on_timer(handler);
+  c->has_timer = implements(handler, "on_timer");
+  /* The 0.2 contract: excise records only for a handler that takes them;
+   * the current one: always (checked above). */
+  c->has_excise = implements(handler, "on_excise");
   c->handler = Py_NewRef(handler);
   c->on_message = om;
   om = NULL;
   if (c->has_timer &&
       !(c->on_timer = PyObject_GetAttrString(handler, "on_timer")))
+    goto fail_reset;
+  if (c->has_excise &&
+      !(c->on_excise = PyObject_GetAttrString(handler, "on_excise")))
     goto fail_reset;
   if (!(c->create_task = PyObject_GetAttr(loop, S_create_task)))
     goto fail_reset;
@@ -564,10 +637,75 @@ static PyObject *client_unsubscribe(PyObject *self, PyObject *unused) {
 
 static PyObject *client_consumer_state(PyObject *self, PyObject *unused) {
   ClientObject *c = (ClientObject *)self;
+  const char *state;
   if (client_ready(c))
     return NULL;
-  return PyObject_CallFunction(ClsConsumerState, "s",
-                               prosody_consumer_state(c->client));
+  state = prosody_consumer_state(c->client);
+  if (!strcmp(state, "shut-down"))
+    state = "shut_down"; /* the original's spelling */
+  else if (c->current && !strcmp(state, "configuration-failed"))
+    return PyErr_Format(PyExc_RuntimeError, "consumer configuration failed: %s",
+                        c->sub_err);
+  return PyObject_CallFunction(ClsConsumerState, "s", state);
+}
+
+static PyObject *client_shutdown_blocking(PyObject *self, PyObject *unused) {
+  ClientObject *c = (ClientObject *)self;
+  prosody_err_t rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = prosody_client_shutdown(c->client);
+  Py_END_ALLOW_THREADS
+  if (rc)
+    return pp_raise_error(rc, NULL);
+  Py_RETURN_NONE;
+}
+
+static PyMethodDef shutdown_blocking_def = {
+    "_shutdown_blocking", client_shutdown_blocking, METH_NOARGS, NULL};
+
+/* One task for every call: concurrent and later calls await it. */
+static PyObject *client_shutdown(PyObject *self, PyObject *unused) {
+  ClientObject *c = (ClientObject *)self;
+  PyObject *fn, *coro, *loop;
+  if (client_ready(c))
+    return NULL;
+  if (c->shutdown_fut)
+    return Py_NewRef(c->shutdown_fut);
+  if (!(loop = pp_running_loop("shutdown()")))
+    return NULL;
+  log_watch(c, loop);
+  if (!(fn = PyCFunction_New(&shutdown_blocking_def, self))) {
+    Py_DECREF(loop);
+    return NULL;
+  }
+  coro = PyObject_CallFunctionObjArgs(FnShutdownClient, self, fn, NULL);
+  Py_DECREF(fn);
+  if (coro)
+    c->shutdown_fut =
+        PyObject_CallMethodObjArgs(loop, S_create_task, coro, NULL);
+  Py_XDECREF(coro);
+  Py_DECREF(loop);
+  return c->shutdown_fut ? Py_NewRef(c->shutdown_fut) : NULL;
+}
+
+/* ProsodyClient.create(**options): an awaitable that builds the client
+ * off the loop, with the current API's contract (see the README). */
+static PyObject *client_create(PyObject *cls, PyObject *args,
+                               PyObject *kwargs) {
+  PyObject *obj, *coro;
+  if (PyTuple_GET_SIZE(args)) {
+    PyErr_SetString(PyExc_TypeError,
+                    "ProsodyClient.create takes keyword arguments only (e.g. "
+                    "await ProsodyClient.create(group_id=\"app\", mock=True))");
+    return NULL;
+  }
+  if (!(obj = ((PyTypeObject *)cls)->tp_alloc((PyTypeObject *)cls, 0)))
+    return NULL;
+  ((ClientObject *)obj)->current = 1;
+  coro = PyObject_CallFunctionObjArgs(FnCreateClient, obj,
+                                      kwargs ? kwargs : Py_None, NULL);
+  Py_DECREF(obj);
+  return coro;
 }
 
 static PyObject *client_assigned_partition_count(PyObject *self,
@@ -604,9 +742,20 @@ static PyObject *client_probe_port(PyObject *self, void *unused) {
 }
 
 static PyMethodDef client_methods[] = {
+    {"create", (PyCFunction)(void (*)(void))client_create,
+     METH_CLASS | METH_VARARGS | METH_KEYWORDS,
+     "create(**options) -> awaitable of ProsodyClient: builds the client off "
+     "the event loop, with the current API's contract (README)."},
     {"send", client_send, METH_VARARGS,
      "send(topic, key, payload) -> awaitable: sends `payload` (any "
      "JSON-serialisable value) and resolves when the broker acknowledged."},
+    {"excise", client_excise, METH_VARARGS,
+     "excise(topic, key) -> awaitable: sends an excise record (the key with "
+     "no value, a tombstone) and resolves when the broker acknowledged."},
+    {"shutdown", client_shutdown, METH_NOARGS,
+     "shutdown() -> awaitable: stops consuming (if subscribed), waits for "
+     "the records being sent, and refuses every later operation; repeated "
+     "calls share one."},
     {"subscribe", client_subscribe, METH_O,
      "subscribe(handler) -> awaitable: starts consuming with `handler` on "
      "the running event loop; awaiting it reports a failure to start."},
@@ -615,7 +764,9 @@ static PyMethodDef client_methods[] = {
      "finishes and is committed)."},
     {"consumer_state", client_consumer_state, METH_NOARGS,
      "consumer_state() -> 'unconfigured' | 'configured' | 'running' | "
-     "'configuration-failed' (a str that may also be awaited)."},
+     "'configuration-failed' | 'shut_down' (a str that may also be "
+     "awaited; a client made by create() raises RuntimeError instead of "
+     "'configuration-failed')."},
     {"assigned_partition_count", client_assigned_partition_count, METH_NOARGS,
      "assigned_partition_count() -> awaitable of int."},
     {"is_stalled", client_is_stalled, METH_NOARGS,

@@ -14,8 +14,10 @@
 
 PyObject *ErrProsody, *ErrTransient, *ErrPermanent; /* prosody.errors */
 PyObject *ClsEventHandlerError;
-PyObject *ClsMessage, *ClsTimer;      /* prosody.message/.timer */
-PyObject *ClsConsumerState, *FnReady; /* prosody._support */
+PyObject *ClsMessage, *ClsTimer;             /* prosody.message/.timer */
+PyObject *ClsExciseMessage;                  /* prosody.message */
+PyObject *FnCreateClient, *FnShutdownClient; /* prosody._support */
+PyObject *ClsConsumerState, *FnReady;        /* prosody._support */
 PyObject *FnTraceHeaders, *FnHandlerContext, *FnRunAfter;
 int otel_enabled;
 PyObject *FnGetRunningLoop, *FnJsonDumps, *FnJsonLoads;
@@ -125,7 +127,41 @@ static PyObject *mod_options(PyObject *self, PyObject *unused) {
   return Py_NewRef(pp_options_types());
 }
 
+/* flush_telemetry() / shutdown_telemetry(): blocking, as the original's
+ * (its docs: call them from synchronous code, at exit or between clients);
+ * the GIL is released meanwhile. */
+#define TELEMETRY_TIMEOUT_MS 30000
+
+static PyObject *telemetry_call(int shutdown) {
+  prosody_err_t rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = shutdown ? prosody_telemetry_shutdown(TELEMETRY_TIMEOUT_MS)
+                : prosody_telemetry_flush(TELEMETRY_TIMEOUT_MS);
+  Py_END_ALLOW_THREADS
+  if (rc)
+    return PyErr_Format(PyExc_RuntimeError,
+                        "Failed to %s telemetry: spans still unexported "
+                        "after %d s",
+                        shutdown ? "shut down" : "flush",
+                        TELEMETRY_TIMEOUT_MS / 1000);
+  Py_RETURN_NONE;
+}
+
+static PyObject *mod_flush_telemetry(PyObject *self, PyObject *unused) {
+  return telemetry_call(0);
+}
+
+static PyObject *mod_shutdown_telemetry(PyObject *self, PyObject *unused) {
+  return telemetry_call(1);
+}
+
 static PyMethodDef module_methods[] = {
+    {"flush_telemetry", mod_flush_telemetry, METH_NOARGS,
+     "flush_telemetry() -> None: exports every span ended so far, in every "
+     "client, and waits until done (at most 30 s; RuntimeError after)."},
+    {"shutdown_telemetry", mod_shutdown_telemetry, METH_NOARGS,
+     "shutdown_telemetry() -> None: stops tracing for the process (no span "
+     "starts afterwards), then flushes as flush_telemetry()."},
     {"library_version", mod_version, METH_NOARGS,
      "The libprosody version this module was built with."},
     {"mock_bootstrap_servers", mod_mock_bootstrap, METH_NOARGS,
@@ -188,6 +224,9 @@ PyMODINIT_FUNC PyInit_prosody(void) {
             pp_attr_of("prosody.errors", "EventHandlerError")) ||
       !(ClsMessage = pp_attr_of("prosody.message", "Message")) ||
       !(ClsTimer = pp_attr_of("prosody.timer", "Timer")) ||
+      !(ClsExciseMessage = pp_attr_of("prosody.message", "ExciseMessage")) ||
+      !(FnCreateClient = pp_attr_of("prosody._support", "create_client")) ||
+      !(FnShutdownClient = pp_attr_of("prosody._support", "shutdown_client")) ||
       !(ClsConsumerState = pp_attr_of("prosody._support", "ConsumerState")) ||
       !(FnReady = pp_attr_of("prosody._support", "Ready")) ||
       !(FnTraceHeaders = pp_attr_of("prosody._support", "trace_headers")) ||

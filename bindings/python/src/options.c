@@ -30,7 +30,8 @@ int pp_options_init(void) {
   for (size_t i = 0; i < prosody_option_count(); i++) {
     const prosody_option_info_t *o = prosody_option_info(i);
     PyObject *t = PyUnicode_FromString(o->type);
-    if (!t || PyDict_SetItemString(option_types, o->name, t))
+    if (!t || PyDict_SetItemString(option_types, o->name, t) ||
+        (o->alias && PyDict_SetItemString(option_types, o->alias, t)))
       return -1;
     Py_DECREF(t);
   }
@@ -111,7 +112,7 @@ PyObject *pp_from_ms(int64_t ms) {
 static const prosody_option_info_t *option_named(const char *name) {
   for (size_t i = 0; i < prosody_option_count(); i++) {
     const prosody_option_info_t *o = prosody_option_info(i);
-    if (!strcmp(o->name, name))
+    if (!strcmp(o->name, name) || (o->alias && !strcmp(o->alias, name)))
       return o;
   }
   return NULL;

@@ -79,8 +79,10 @@ static inline PyObject *Py_NewRef(PyObject *o) {
 
 extern PyObject *ErrProsody, *ErrTransient, *ErrPermanent; /* prosody.errors */
 extern PyObject *ClsEventHandlerError;
-extern PyObject *ClsMessage, *ClsTimer;      /* prosody.message/.timer */
-extern PyObject *ClsConsumerState, *FnReady; /* prosody._support */
+extern PyObject *ClsMessage, *ClsTimer;             /* prosody.message/.timer */
+extern PyObject *ClsExciseMessage;                  /* prosody.message */
+extern PyObject *FnCreateClient, *FnShutdownClient; /* prosody._support */
+extern PyObject *ClsConsumerState, *FnReady;        /* prosody._support */
 extern PyObject *FnTraceHeaders, *FnHandlerContext, *FnRunAfter;
 extern int otel_enabled;
 extern PyObject *FnGetRunningLoop, *FnJsonDumps, *FnJsonLoads;
@@ -141,18 +143,21 @@ typedef struct {
   int subscribed;          /* subscribing, running or unsubscribing */
   int sub_failed;          /* the executor's prosody_subscribe failed */
   int has_timer;           /* the handler implements on_timer */
+  int has_excise;          /* the handler takes excise records */
+  int current;  /* made by create(): the current API's contract (README) */
   int orphaned; /* unsubscribing from another loop: subscribe()'s closed */
   int halted;   /* a handler raised SystemExit or KeyboardInterrupt: no
                    handler runs until unsubscribe() */
   int spans_follow[2]; /* message_spans / timer_spans are follows_from */
   char sub_err[1024];
-  PyObject *loop, *handler, *on_message, *on_timer, *create_task;
-  PyObject *sub_fut;   /* the subscribe call's future while subscribed */
-  PyObject *unsub_fut; /* the unsubscribe task while one runs: shared */
-  PyObject *stop_exc;  /* SystemExit or KeyboardInterrupt a synchronous
-                          handler raised in this drain, re-raised after it */
-  PyObject *log_sink;  /* capsule of its log_sink_t */
-  PyObject *log_loop;  /* the loop watching the sink's queue, or NULL */
+  PyObject *loop, *handler, *on_message, *on_timer, *on_excise, *create_task;
+  PyObject *shutdown_fut; /* the shutdown() task, once called: shared */
+  PyObject *sub_fut;      /* the subscribe call's future while subscribed */
+  PyObject *unsub_fut;    /* the unsubscribe task while one runs: shared */
+  PyObject *stop_exc;     /* SystemExit or KeyboardInterrupt a synchronous
+                             handler raised in this drain, re-raised after it */
+  PyObject *log_sink;     /* capsule of its log_sink_t */
+  PyObject *log_loop;     /* the loop watching the sink's queue, or NULL */
 } ClientObject;
 
 typedef struct {
