@@ -94,7 +94,6 @@
  * cells), and one group writes each cell at most once, so writes resolve as
  * they were issued.
  */
-#include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -306,23 +305,7 @@ static void op_free(op_t *o) {
 }
 
 int pr__timer_segment_id(const char *name, uint8_t out[16]) {
-  static const uint8_t ns[16] = {0x6b, 0xa7, 0xb8, 0x11, 0x9d, 0xad,
-                                 0x11, 0xd1, 0x80, 0xb4, 0x00, 0xc0,
-                                 0x4f, 0xd4, 0x30, 0xc8};
-  uint8_t md[EVP_MAX_MD_SIZE];
-  unsigned mdlen = 0;
-  EVP_MD_CTX *c = EVP_MD_CTX_new();
-  int ok = c && EVP_DigestInit_ex(c, EVP_sha1(), NULL) &&
-           EVP_DigestUpdate(c, ns, sizeof(ns)) &&
-           EVP_DigestUpdate(c, name, strlen(name)) &&
-           EVP_DigestFinal_ex(c, md, &mdlen) && mdlen >= 16;
-  EVP_MD_CTX_free(c);
-  if (!ok)
-    return -1;
-  memcpy(out, md, 16);
-  out[6] = (uint8_t)((out[6] & 0x0f) | 0x50); /* version 5 */
-  out[8] = (uint8_t)((out[8] & 0x3f) | 0x80); /* RFC 4122 variant */
-  return 0;
+  return pr__uuid_v5(pr__uuid_ns_url, name, strlen(name), out);
 }
 
 /* The segment, made on first use (engine thread). */

@@ -65,6 +65,8 @@ int pr__uuid_v5(const uint8_t ns[16], const void *name, size_t n,
                 uint8_t out[16]);
 /* RFC 9562's namespace for ISO OIDs, 6ba7b812-9dad-11d1-80b4-00c04fd430c8. */
 extern const uint8_t pr__uuid_ns_oid[16];
+/* ... and for URLs, 6ba7b811-9dad-11d1-80b4-00c04fd430c8. */
+extern const uint8_t pr__uuid_ns_url[16];
 
 /* 1 if the `len` bytes at `s` are valid UTF-8 (no overlongs, no surrogates,
  * nothing above U+10FFFF), 0 otherwise. */
