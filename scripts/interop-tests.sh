@@ -18,6 +18,14 @@
 #   shared_group.py  one consumer of ours and one of the original share ONE
 #                    consumer group: both get partitions, no record is lost
 #                    across the join, each key's order holds;
+#   group_move.py    a group moves original -> ours -> original mid-topic
+#                    while timers are pending and messages deferred: each
+#                    timer fires once, at its time, on the next member; each
+#                    deferred record is retried there; nothing is handled
+#                    twice (dedup), key order holds;
+#   rolling.py       a rolling upgrade under load: three members of the
+#                    original replaced by ours one by one, 10 s apart, then
+#                    rolled back: nothing lost, no timer twice or never;
 #   wire_records.py  each side's telemetry topic, failure topic and sent
 #                    records, read back and compared field by field (run
 #                    with the original's venv, which also gets
@@ -113,6 +121,11 @@ migrations=$(find "$root/third_party/prosody-migrations" -name '*.cql' | wc -l)
   --original-python "$orig_venv/bin/python" --log-dir "$root/build/interop" || rc=1
 "$ours_venv/bin/python" "$root/tests/interop/shared_group.py" \
   --original-python "$orig_venv/bin/python" --log-dir "$root/build/interop" || rc=1
+"$ours_venv/bin/python" "$root/tests/interop/group_move.py" \
+  --python "$orig_venv/bin/python" --label original --python "$ours_venv/bin/python" --label ours \
+  --python "$orig_venv/bin/python" --label original --log-dir "$root/build/interop" || rc=1
+"$ours_venv/bin/python" "$root/tests/interop/rolling.py" --from-python "$orig_venv/bin/python" \
+  --to-python "$ours_venv/bin/python" --log-dir "$root/build/interop" || rc=1
 "$orig_venv/bin/python" "$root/tests/interop/wire_records.py" \
   --original-python "$orig_venv/bin/python" --ours-python "$ours_venv/bin/python" \
   --log-dir "$root/build/interop" || rc=1
