@@ -396,9 +396,10 @@ prosody_err_t pr__cql_migrate_files(pr__cql_sync_t *y, const char *keyspace,
   }
   owner[6] = (uint8_t)((owner[6] & 0x0f) | 0x40); /* version 4 */
   owner[8] = (uint8_t)((owner[8] & 0x3f) | 0x80); /* RFC 4122 variant */
+  locked = 1; /* released even when taking it failed: a write whose answer
+                 was lost may have taken it (the delete is ours only) */
   if ((err = lock(y, keyspace, owner, wait_ms, why, sizeof(why))))
     goto out;
-  locked = 1;
   /* Another instance may have migrated while we waited for the lock. */
   if ((err = read_applied(y, keyspace, files, n, sums, done, why, sizeof(why))))
     goto out;

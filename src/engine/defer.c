@@ -146,6 +146,31 @@ static void timer_log_cb(void *arg, prosody_err_t err, const char *errstr) {
             errstr ? errstr : prosody_err_name(err));
 }
 
+/* A retry timer's write; once it is stored, the key's other retry timers
+ * are deleted. Not both at once: the deletion could land and the write
+ * fail, leaving the key with no retry timer, and a later owner would not
+ * know it is deferred until a new record of it came. */
+typedef struct retry_put {
+  pr__engine_t *eng;
+  pr__timer_type_t type;
+  int64_t at_s;
+  int32_t partition;
+  pr__tstore_done_cb cb;
+  void *arg;
+  char *topic, *key; /* in the same allocation */
+} retry_put_t;
+
+static void retry_put_done(void *arg, prosody_err_t err, const char *errstr) {
+  retry_put_t *p = arg;
+  pr__tstore_t *ts = p->eng->store;
+  if (!err && p->eng->phase == PH_RUNNING) {
+    pr__tseg_t seg = {p->topic, p->partition};
+    ts->ops->del_key(ts, &seg, p->key, p->type, p->at_s, timer_log_cb, NULL);
+  }
+  p->cb(p->arg, err, errstr);
+  free(p);
+}
+
 /* Writes the key's retry timer at `at_s`, deleting its others, or (at_s
  * -1) deletes them all; `cb` has the write's answer. */
 static void retry_timer(part_t *part, const char *key, int kind, int64_t at_s,
@@ -164,8 +189,25 @@ static void retry_timer(part_t *part, const char *key, int kind, int64_t at_s,
   }
   if (at_s > PR_TIMER_MAX_S)
     at_s = PR_TIMER_MAX_S;
-  ts->ops->del_key(ts, &seg, key, type, at_s, timer_log_cb, NULL);
-  ts->ops->put(ts, &seg, key, at_s, type, NULL, cb, arg);
+  {
+    size_t tl = strlen(part->topic) + 1, kl = strlen(key) + 1;
+    retry_put_t *p = malloc(sizeof(*p) + tl + kl);
+    if (!p) {
+      cb(arg, PROSODY_ERR_NOMEM, "out of memory");
+      return;
+    }
+    p->eng = part->eng;
+    p->type = type;
+    p->at_s = at_s;
+    p->partition = part->partition;
+    p->cb = cb;
+    p->arg = arg;
+    p->topic = (char *)(p + 1);
+    p->key = p->topic + tl;
+    memcpy(p->topic, part->topic, tl);
+    memcpy(p->key, key, kl);
+    ts->ops->put(ts, &seg, key, at_s, type, NULL, retry_put_done, p);
+  }
 }
 
 /* ---- deferring a message --------------------------------------------------

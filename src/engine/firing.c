@@ -296,18 +296,44 @@ static void load_done(part_t *part) {
   }
 }
 
+/* A listing or load of `part` (still this assignment) failed: its slabs
+ * are listed and loaded again later, backing off from 1 s to 30 s, so that
+ * stored timers, and the retry times of keys an earlier owner deferred,
+ * still fire while we own it. Loading a slab again adds nothing twice. */
+static void load_failed(part_t *part, const load_req_t *r, const char *what,
+                        prosody_err_t err, const char *errstr) {
+  int64_t delay_ms = 1000;
+  for (int i = 0; i < part->relists && delay_ms < 30000; i++)
+    delay_ms *= 2;
+  if (delay_ms > 30000)
+    delay_ms = 30000;
+  part->relists++;
+  if (!part->relist_ms)
+    part->relist_ms = (pr__now_ns() / 1000000) + delay_ms;
+  PR_ERROR("timers",
+           "could not %s timers of %s[%d]: %s; trying again in %lld ms", what,
+           r->topic, r->partition, errstr ? errstr : prosody_err_name(err),
+           (long long)delay_ms);
+}
+
 static void slab_loaded(void *arg, prosody_err_t err, const char *errstr,
                         const pr__trec_t *recs, size_t n) {
   load_req_t *r = arg;
   pr__engine_t *eng = r->eng;
   part_t *part = load_part(r);
-  if (err)
-    PR_ERROR("timers",
-             "could not load timers of %s[%d]: %s; they fire after the "
-             "partition is next assigned",
-             r->topic, r->partition, errstr ? errstr : prosody_err_name(err));
+  if (err && part && !part->revoking)
+    load_failed(part, r, "load", err, errstr);
+  else if (err)
+    PR_WARN("timers", "could not load timers of %s[%d] (no longer ours): %s",
+            r->topic, r->partition, errstr ? errstr : prosody_err_name(err));
   else if (part && !part->revoking)
     for (size_t i = 0; i < n; i++) {
+      /* Without on_timer the store is open only for deferral's retry
+       * times: the group's application timers and deferred timers (other
+       * members' or another implementation's) are left in it untouched,
+       * never fired into a handler that cannot take them (and deleted). */
+      if (!eng->handler.on_timer && recs[i].type != PR_TIMER_DEFER_MESSAGE)
+        continue;
       if (recs[i].type == PR_TIMER_APPLICATION) {
         if (!deleted_meanwhile(part, recs[i].key, recs[i].time_s))
           timer_loaded(part, recs[i].key, recs[i].time_s, &recs[i].ctx);
@@ -344,15 +370,18 @@ static void slabs_listed(void *arg, prosody_err_t err, const char *errstr,
   load_req_t *r = arg;
   pr__engine_t *eng = r->eng;
   part_t *part = load_part(r);
-  if (err)
-    PR_ERROR("timers",
-             "could not list the timers of %s[%d]: %s; they fire after the "
-             "partition is next assigned",
-             r->topic, r->partition, errstr ? errstr : prosody_err_name(err));
-  else if (part && !part->revoking)
+  if (err && part && !part->revoking)
+    load_failed(part, r, "list the", err, errstr);
+  else if (err)
+    PR_WARN("timers",
+            "could not list the timers of %s[%d] (no longer ours): %s",
+            r->topic, r->partition, errstr ? errstr : prosody_err_name(err));
+  else if (part && !part->revoking) {
+    part->relists = 0;
     for (size_t i = 0; i < n; i++) /* oldest first: overdue ones fire now */
       if (slabs[i] <= part->horizon)
         load_slab(eng, part, slabs[i]);
+  }
   load_done(part);
   free(r);
 }
@@ -373,7 +402,20 @@ void pr__firing_assigned(pr__engine_t *eng, part_t *part) {
     part->horizon = -1;
     return;
   }
+  part->relist_ms = 0;
+  part->relists = 0;
   part->loads++; /* the listing counts as a load */
+  eng->store->ops->slabs(eng->store, &seg, eng->slab_s, slabs_listed, r);
+}
+
+/* Lists and loads `part`'s slabs again after a failure (loop tick). */
+static void relist(pr__engine_t *eng, part_t *part) {
+  pr__tseg_t seg = pr__firing_seg(part->topic, part->partition);
+  load_req_t *r = load_req(eng, part);
+  part->relist_ms = 0;
+  if (!r)
+    return;
+  part->loads++;
   eng->store->ops->slabs(eng->store, &seg, eng->slab_s, slabs_listed, r);
 }
 
@@ -385,6 +427,8 @@ void pr__firing_advance(pr__engine_t *eng) {
     int64_t target;
     if (!part->tq || part->revoking || part->horizon < 0)
       continue;
+    if (part->relist_ms && (pr__now_ns() / 1000000) >= part->relist_ms)
+      relist(eng, part);
     target = pr__slab_of(now_s + part->preload_s, eng->slab_s);
     while (part->horizon < target)
       load_slab(eng, part, ++part->horizon);

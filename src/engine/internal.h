@@ -318,6 +318,8 @@ struct part {
   pr__tq_t *clears;      /* ... and (key, kept time or -1) cleared */
   int64_t horizon;       /* last slab loaded or being loaded; -1: none */
   int64_t preload_s;     /* how far ahead of now slabs are loaded */
+  int64_t relist_ms;     /* a listing or load failed: list again then (0) */
+  int relists;           /* ... how many failed in a row (the backoff) */
   pr__dk_t *dks;         /* its deferred keys */
   int df_listing[2];     /* its deferred keys (per kind) are being read:
                             its queue is not read nor its timers fired

@@ -314,6 +314,10 @@ static void c_keys(pr__defer_t *b, const char *seg, pr__dkeys_cb cb,
                    void *arg) {
   cache_t *c = (cache_t *)b;
   size_t sl = strlen(seg);
+  /* Counts as a write: a read issued before the assignment (the partition
+   * owned earlier) must not be cached by its late answer, which another
+   * owner's deferral may have outdated meanwhile. */
+  c->seq++;
   for (centry_t *e = c->mru, *next; e; e = next) {
     next = e->next;
     if (e->seg_len == sl && !memcmp(e->seg, seg, sl))

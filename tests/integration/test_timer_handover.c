@@ -6,7 +6,9 @@
  *    process or the other, close to its time, and the joining member fires
  *    some (it loaded them from Cassandra);
  *  - restart: a consumer schedules timers and stops before they are due; a
- *    new consumer of the group fires each exactly once.
+ *    new consumer of the group fires each exactly once;
+ *  - a member without on_timer owning the partitions while the timers come
+ *    due leaves them stored: the next member with on_timer fires each once.
  */
 #include <pthread.h>
 #include <signal.h>
@@ -262,5 +264,87 @@ T_SCENARIO(timers_fire_once_after_consumer_restart, T_REAL, 120) {
   CHECK_OK(prosody_unsubscribe(parent), "unsubscribe");
   prosody_client_destroy(parent);
   printf("ok: timers survive a handover and a restart\n");
+  return 0;
+}
+
+static prosody_result_t no_timer_message(prosody_context_t *ctx,
+                                         const prosody_message_t *msg,
+                                         void *op) {
+  (void)ctx, (void)msg, (void)op;
+  return PROSODY_SUCCESS;
+}
+
+/* A member without on_timer (its timer store open for deferral's retry
+ * times) owns the partitions while the group's timers come due: it must
+ * leave them in the store, so that the next member with on_timer fires
+ * each once (before, it fired them into no handler and deleted them). */
+T_SCENARIO(timers_outlive_a_member_without_on_timer, T_REAL, 150) {
+  char topic[128], group[160], err[1024];
+  prosody_client_t *c;
+  prosody_handler_t bare = {no_timer_message, NULL, NULL, 0};
+  int64_t at;
+
+  CHECK(t_real_bootstrap(), "needs the real tier (Kafka and Cassandra)");
+  snprintf(topic, sizeof(topic), "%s", t_topic("no-on-timer"));
+  snprintf(group, sizeof(group), "%s-g", topic);
+  t_create_topic(topic, 4);
+  at = t_wall_ms() + 6000;
+  produce_keys(topic, 0, KEYS, at);
+  c = member(topic, group, NULL);
+  {
+    double deadline = t_now() + 60;
+    int s = 0;
+    while (s < KEYS && t_now() < deadline) {
+      usleep(20000); /* polling a counter the handlers raise */
+      pthread_mutex_lock(&lock);
+      s = scheduled_here;
+      pthread_mutex_unlock(&lock);
+    }
+  }
+  CHECK(t_wall_ms() < at, "scheduling took too long for the test");
+  CHECK_OK(prosody_unsubscribe(c), "unsubscribe");
+  prosody_client_destroy(c);
+
+  /* The bare member owns every partition past the timers' time. */
+  c = prosody_client_new(t_consumer_config(group, topic), err, sizeof(err));
+  CHECK(c, "%s", err);
+  CHECK_OK(prosody_subscribe(c, &bare, err, sizeof(err)), err);
+  {
+    double deadline = t_now() + 60;
+    while (
+        (prosody_assigned_partition_count(c) < 4 || t_wall_ms() < at + 3000) &&
+        t_now() < deadline)
+      usleep(50000); /* the time must pass: nothing to await */
+  }
+  CHECK(prosody_assigned_partition_count(c) == 4,
+        "the member without on_timer got %d of 4 partitions",
+        prosody_assigned_partition_count(c));
+  CHECK_OK(prosody_unsubscribe(c), "unsubscribe");
+  prosody_client_destroy(c);
+
+  c = member(topic, group, NULL);
+  {
+    double deadline = t_now() + 60;
+    int total = 0;
+    while (total < KEYS && t_now() < deadline) {
+      usleep(20000);
+      pthread_mutex_lock(&lock);
+      total = 0;
+      for (int k = 0; k < KEYS; k++)
+        total += fired_here[k];
+      pthread_mutex_unlock(&lock);
+    }
+  }
+  pthread_mutex_lock(&lock);
+  for (int k = 0; k < KEYS; k++)
+    CHECK(fired_here[k] == 1,
+          "k%d fired %d times after a member without on_timer owned it", k,
+          fired_here[k]);
+  pthread_mutex_unlock(&lock);
+  CHECK_OK(prosody_unsubscribe(c), "unsubscribe");
+  prosody_client_destroy(c);
+  printf("ok: %d overdue timers fired once each after a member without "
+         "on_timer owned their partitions\n",
+         KEYS);
   return 0;
 }
