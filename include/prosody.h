@@ -623,6 +623,196 @@ PROSODY_EXPORT int64_t prosody_timer_time(const prosody_timer_t *timer);
 PROSODY_EXPORT const char *prosody_timer_traceparent(const prosody_timer_t *t,
                                                      int *spanned);
 
+/* ------------------------------------------------------------------------ */
+/* Keyed state                                                               */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Durable state per consumer group and Kafka key, kept in collections the
+ * client registers before it subscribes. A handler opens a collection for
+ * its event's key (never naming the key) and reads and writes it; since a
+ * key's events never run concurrently, no locking is needed.
+ *
+ * Kinds: a value (one JSON document), a map (string keys, ordered by their
+ * UTF-8 bytes, each holding a JSON document) and a deque (JSON documents,
+ * pushed and popped at both ends, indexed from the front). Documents are
+ * JSON text; a top-level null cannot be stored (clear or remove instead).
+ *
+ * Transactions: an attempt's writes are buffered and its reads see them.
+ * When the handler succeeds they become durable together with the event's
+ * completion, before its offset is committed; when it fails they vanish,
+ * so a retry starts from the committed state. In the pipeline mode with
+ * deduplication (the default) the writes and the event's deduplication
+ * record are one logged Cassandra batch: after a crash at any point the
+ * state shows each message's changes exactly once (a redelivered message
+ * whose batch landed is a duplicate and is skipped). PROSODY_STATE_COMMIT
+ * makes a collection's buffered writes durable at once (a later failure
+ * keeps them: a retry sees them); PROSODY_STATE_ROLLBACK drops the writes
+ * buffered since the last commit. `read_uncommitted` collections write
+ * through at once (writes must then be idempotent).
+ *
+ * Storage: memory in mock mode or without cassandra_nodes (one store per
+ * process), otherwise Cassandra in the original Prosody's tables
+ * (keyed_state_cell, keyed_state_identity). State is addressed by the
+ * partition's timer segment (group, topic, partition), the key and the
+ * collection's name, so a partition that moves keeps its state. A
+ * collection's kind is recorded once per group (keyed_state_identity): a
+ * later deploy that gives the name another kind is refused with
+ * PROSODY_ERR_PERMANENT when it subscribes.
+ */
+typedef enum prosody_state_kind {
+  PROSODY_STATE_VALUE = 0,
+  PROSODY_STATE_MAP = 1,
+  PROSODY_STATE_DEQUE = 2
+} prosody_state_kind_t;
+
+/* What a collection holds. Only JSON is implemented: a MESSAGE collection
+ * (references to delivered Kafka records) is refused at registration. */
+typedef enum prosody_state_payload {
+  PROSODY_STATE_JSON = 0,
+  PROSODY_STATE_MESSAGE = 1
+} prosody_state_payload_t;
+
+/* A collection's definition. Initialise with PROSODY_STATE_DEF_INIT and set
+ * what you need. */
+typedef struct prosody_state_def {
+  const char *name;     /* non-empty, unique per client, <= 256 bytes */
+  int kind;             /* prosody_state_kind_t */
+  int payload;          /* prosody_state_payload_t */
+  int64_t ttl_s;        /* seconds each cell lives after its last write,
+                           1 ..= 630720000; 0: forever */
+  int read_uncommitted; /* 1: writes go to the store at once */
+  int published;        /* reserved: must be 0 (not implemented) */
+  int64_t keyset_limit; /* maps: 0 ..= 4096; -1: the default, 128 */
+  int64_t capacity;     /* deques: >= 1; 0: unbounded */
+} prosody_state_def_t;
+
+#define PROSODY_STATE_DEF_INIT                                                 \
+  { NULL, 0, 0, 0, 0, 0, -1, 0 }
+
+/* Registers a collection (copied) with `conf`; needed before the client
+ * subscribes, and only handlers of that client can open it. Errors
+ * (PROSODY_ERR_CONFIG, errstr naming the field and its accepted values,
+ * e.g. "capacity: only valid for deque collections"): an empty or
+ * duplicate name, an unknown kind or payload, a field out of bounds or set
+ * on a kind it does not apply to. */
+PROSODY_EXPORT prosody_err_t
+prosody_config_add_state(prosody_config_t *conf, const prosody_state_def_t *def,
+                         char *errstr, size_t errstr_size);
+
+/* A handler's view of one collection for its event's key: valid for the
+ * attempt that opened it (any thread). Free it with prosody_state_free()
+ * (any time, also after the attempt). */
+typedef struct prosody_state prosody_state_t;
+
+/* Opens collection `name` for the key of `ctx`'s event. Errors:
+ * PROSODY_ERR_PERMANENT (no collection of that name is registered),
+ * PROSODY_ERR_STATE (a stale context), PROSODY_ERR_INVALID_ARG,
+ * PROSODY_ERR_NOMEM. `*kind` (may be NULL) is set to the collection's
+ * prosody_state_kind_t. */
+PROSODY_EXPORT prosody_err_t prosody_state_open(prosody_context_t *ctx,
+                                                const char *name,
+                                                prosody_state_t **out,
+                                                int *kind, char *errstr,
+                                                size_t errstr_size);
+PROSODY_EXPORT void prosody_state_free(prosody_state_t *st);
+
+/* The operations. Each names the kinds it applies to; `a` is the argument
+ * table (PROSODY_STATE_ARGS_INIT), `r` the result. */
+typedef enum prosody_state_op {
+  /* value: the document (r.n 0 when absent). map: the document of a.key.
+   * deque: the document at a.index (negative counts from the back). */
+  PROSODY_STATE_GET = 0,
+  /* map: the documents of a.keys[0 .. a.nkeys), one item per key in
+   * order (an absent one has json NULL). */
+  PROSODY_STATE_GET_MANY = 1,
+  /* value: sets a.json. map: sets a.key to a.json. */
+  PROSODY_STATE_SET = 2,
+  /* map: removes a.key. */
+  PROSODY_STATE_REMOVE = 3,
+  /* every kind: removes everything. */
+  PROSODY_STATE_CLEAR = 4,
+  /* map: r.number 1 when a.key is present, else 0. */
+  PROSODY_STATE_CONTAINS = 5,
+  /* deque: pushes a.json at the back / front (a deque with a capacity
+   * drops from the other end past it). */
+  PROSODY_STATE_PUSH_BACK = 6,
+  PROSODY_STATE_PUSH_FRONT = 7,
+  /* deque: removes and returns the back / front (r.n 0 when empty). */
+  PROSODY_STATE_POP_BACK = 8,
+  PROSODY_STATE_POP_FRONT = 9,
+  /* deque: returns the back / front without removing it. */
+  PROSODY_STATE_PEEK_BACK = 10,
+  PROSODY_STATE_PEEK_FRONT = 11,
+  /* map: the number of keys; deque: the number of items (r.number). */
+  PROSODY_STATE_LEN = 12,
+  /* map: up to a.limit entries (key and document; documents omitted with
+   * a.keys_only) after the key a.after (NULL: from the start), in key
+   * order, backward with a.backward. deque: up to a.limit documents from
+   * position a.index (0: the front; with a.backward, counted from the
+   * back). r.number is 1 when the scan reached the end. */
+  PROSODY_STATE_SCAN = 13,
+  /* every kind: makes the buffered writes durable now / drops them. */
+  PROSODY_STATE_COMMIT = 14,
+  PROSODY_STATE_ROLLBACK = 15
+} prosody_state_op_t;
+
+typedef struct prosody_state_args {
+  const char *key; /* map key (UTF-8) */
+  size_t key_len;
+  const char *const *keys; /* GET_MANY: NUL-terminated keys */
+  size_t nkeys;
+  const char *json; /* a JSON document (validated) */
+  size_t json_len;
+  int64_t index;     /* deque GET / SCAN */
+  const char *after; /* map SCAN: resume after this key (NULL: start) */
+  size_t after_len;
+  size_t limit;  /* SCAN: at most this many items (0: 256) */
+  int backward;  /* SCAN: from the end */
+  int keys_only; /* map SCAN: keys without documents */
+} prosody_state_args_t;
+
+#define PROSODY_STATE_ARGS_INIT                                                \
+  { NULL, 0, NULL, 0, NULL, 0, 0, NULL, 0, 0, 0, 0 }
+
+/* One item of a result: a map key (NULL for values and deques) and a JSON
+ * document (NULL when absent), each with its length, NUL-terminated. */
+typedef struct prosody_state_item {
+  const char *key;
+  size_t key_len;
+  const char *json;
+  size_t json_len;
+} prosody_state_item_t;
+
+typedef struct prosody_state_result {
+  prosody_state_item_t *items;
+  size_t n;
+  int64_t number; /* LEN, CONTAINS, SCAN's end flag */
+} prosody_state_result_t;
+
+/* Runs `op` and waits for it (any thread but the engine's: an asynchronous
+ * handler uses prosody_state_async). `r` (may be NULL when the operation
+ * returns nothing) is owned by the caller: free it with
+ * prosody_state_result_free(). Errors: PROSODY_ERR_STATE (the handle's
+ * attempt has ended, or the consumer is stopping), PROSODY_ERR_INVALID_ARG
+ * (an operation the kind does not have, a NULL or malformed document, a
+ * missing key; errstr says which), PROSODY_ERR_TRANSIENT (the store
+ * failed or timed out), PROSODY_ERR_NOMEM. */
+PROSODY_EXPORT prosody_err_t prosody_state_call(
+    prosody_state_t *st, prosody_state_op_t op, const prosody_state_args_t *a,
+    prosody_state_result_t *r, char *errstr, size_t errstr_size);
+PROSODY_EXPORT void prosody_state_result_free(prosody_state_result_t *r);
+
+/* The non-blocking form: `cb` runs exactly once with the result (valid
+ * during the call only), on the engine's thread or on the calling thread
+ * before this returns; it must not block. Argument errors known at once are
+ * returned (and `cb` never runs); every other failure reaches `cb`. */
+typedef void (*prosody_state_cb)(prosody_err_t err, const char *errstr,
+                                 const prosody_state_result_t *r, void *opaque);
+PROSODY_EXPORT prosody_err_t prosody_state_async(
+    prosody_state_t *st, prosody_state_op_t op, const prosody_state_args_t *a,
+    prosody_state_cb cb, void *opaque, char *errstr, size_t errstr_size);
+
 /*
  * Starts consuming `subscribed_topics` as member of `group_id` with
  * `handler` (copied). Needs both options (PROSODY_ERR_CONFIG otherwise).

@@ -9,6 +9,7 @@
 #include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -927,6 +928,125 @@ prosody_err_t pr__opt_resolve(const prosody_config_t *conf, pr__opt_id_t id,
   return pr__opt_parse(id, d->def, 0, out, errstr, errstr_size);
 }
 
+/* ---- keyed-state collections ------------------------------------------ */
+
+static void defs_fini(pr__state_defs_t *s) {
+  for (size_t i = 0; i < s->n; i++)
+    free((char *)s->d[i].name);
+  free(s->d);
+  s->d = NULL;
+  s->n = 0;
+}
+
+static int defs_copy(pr__state_defs_t *to, const pr__state_defs_t *from) {
+  to->n = 0;
+  if (!from->n) {
+    to->d = NULL;
+    return 0;
+  }
+  if (!(to->d = calloc(from->n, sizeof(*to->d))))
+    return -1;
+  for (size_t i = 0; i < from->n; i++) {
+    to->d[i] = from->d[i];
+    if (!(to->d[i].name = strdup(from->d[i].name)))
+      return -1;
+    to->n++;
+  }
+  return 0;
+}
+
+#define STATE_MAX_TTL_S INT64_C(630720000)
+
+PROSODY_EXPORT prosody_err_t
+prosody_config_add_state(prosody_config_t *conf, const prosody_state_def_t *def,
+                         char *errstr, size_t errstr_size) {
+  prosody_state_def_t *d;
+  if (!conf || !def) {
+    pr__errf(errstr, errstr_size, "%s is NULL", conf ? "def" : "conf");
+    return PROSODY_ERR_INVALID_ARG;
+  }
+  if (!def->name || !def->name[0]) {
+    pr__errf(errstr, errstr_size, "name: must be a non-empty string");
+    return PROSODY_ERR_CONFIG;
+  }
+  if (strlen(def->name) > 256) {
+    pr__errf(errstr, errstr_size, "name: at most 256 bytes, got %zu",
+             strlen(def->name));
+    return PROSODY_ERR_CONFIG;
+  }
+  if (def->kind < PROSODY_STATE_VALUE || def->kind > PROSODY_STATE_DEQUE) {
+    pr__errf(errstr, errstr_size,
+             "kind: expected \"value\", \"map\", or \"deque\", got %d",
+             def->kind);
+    return PROSODY_ERR_CONFIG;
+  }
+  if (def->payload == PROSODY_STATE_MESSAGE) {
+    pr__errf(errstr, errstr_size,
+             "payload: \"message\" collections are not implemented yet; use "
+             "\"json\"");
+    return PROSODY_ERR_CONFIG;
+  }
+  if (def->payload != PROSODY_STATE_JSON) {
+    pr__errf(errstr, errstr_size,
+             "payload: expected \"json\" or \"message\", got %d", def->payload);
+    return PROSODY_ERR_CONFIG;
+  }
+  if (def->ttl_s < 0 || def->ttl_s > STATE_MAX_TTL_S) {
+    pr__errf(errstr, errstr_size,
+             "ttl: must be a whole number of seconds in 1..=%" PRId64
+             " (0: no expiry), got %" PRId64,
+             STATE_MAX_TTL_S, def->ttl_s);
+    return PROSODY_ERR_CONFIG;
+  }
+  if (def->published) {
+    pr__errf(errstr, errstr_size,
+             "published: published state is not implemented yet");
+    return PROSODY_ERR_CONFIG;
+  }
+  if (def->keyset_limit != -1 && def->kind != PROSODY_STATE_MAP) {
+    pr__errf(errstr, errstr_size,
+             "keyset_limit: only valid for map collections");
+    return PROSODY_ERR_CONFIG;
+  }
+  if (def->keyset_limit < -1 || def->keyset_limit > 4096) {
+    pr__errf(errstr, errstr_size,
+             "keyset_limit: must be a whole number in 0..=4096, got %" PRId64,
+             def->keyset_limit);
+    return PROSODY_ERR_CONFIG;
+  }
+  if (def->capacity != 0 && def->kind != PROSODY_STATE_DEQUE) {
+    pr__errf(errstr, errstr_size, "capacity: only valid for deque collections");
+    return PROSODY_ERR_CONFIG;
+  }
+  if (def->capacity < 0) {
+    pr__errf(errstr, errstr_size,
+             "capacity: must be a whole number in 1..=%" PRId64
+             ", got %" PRId64,
+             INT64_MAX, def->capacity);
+    return PROSODY_ERR_CONFIG;
+  }
+  for (size_t i = 0; i < conf->states.n; i++)
+    if (!strcmp(conf->states.d[i].name, def->name)) {
+      pr__errf(errstr, errstr_size,
+               "name: collection \"%s\" is registered twice", def->name);
+      return PROSODY_ERR_CONFIG;
+    }
+  d = realloc(conf->states.d, (conf->states.n + 1) * sizeof(*d));
+  if (!d) {
+    pr__errf(errstr, errstr_size, "out of memory");
+    return PROSODY_ERR_NOMEM;
+  }
+  conf->states.d = d;
+  d[conf->states.n] = *def;
+  d[conf->states.n].read_uncommitted = def->read_uncommitted != 0;
+  if (!(d[conf->states.n].name = strdup(def->name))) {
+    pr__errf(errstr, errstr_size, "out of memory");
+    return PROSODY_ERR_NOMEM;
+  }
+  conf->states.n++;
+  return PROSODY_OK;
+}
+
 void pr__settings_fini(pr__settings_t *st) {
   if (!st)
     return;
@@ -935,6 +1055,7 @@ void pr__settings_fini(pr__settings_t *st) {
     free(st->env_ignored[i]);
     st->env_ignored[i] = NULL;
   }
+  defs_fini(&st->states);
 }
 
 void pr__settings_warn_ignored(const pr__settings_t *st) {
@@ -963,6 +1084,11 @@ prosody_err_t pr__settings_resolve(const prosody_config_t *conf,
     }
   }
   st->test = conf->test;
+  if (defs_copy(&st->states, &conf->states)) {
+    pr__settings_fini(st);
+    pr__errf(errstr, errstr_size, "out of memory");
+    return PROSODY_ERR_NOMEM;
+  }
   return PROSODY_OK;
 }
 
@@ -991,6 +1117,7 @@ PROSODY_EXPORT void prosody_config_destroy(prosody_config_t *conf) {
     return;
   for (int i = 0; i < PR_OPT__COUNT; i++)
     free(conf->set[i]);
+  defs_fini(&conf->states);
   free(conf);
 }
 

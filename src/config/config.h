@@ -102,7 +102,15 @@ typedef struct pr__test_opts {
 } pr__test_opts_t;
 
 /* A prosody_config_t: only what was set in code, as validated text. */
+/* Registered keyed-state collections (prosody_config_add_state): the
+ * definitions, each name owned. */
+typedef struct pr__state_defs {
+  prosody_state_def_t *d;
+  size_t n;
+} pr__state_defs_t;
+
 struct prosody_config {
+  pr__state_defs_t states;               /* owned */
   char *set[PR_OPT__COUNT];              /* owned; NULL when not set in code */
   unsigned char by_alias[PR_OPT__COUNT]; /* set[] was given by its alias */
   pr__test_opts_t test;  /* pr__config_set_test(); zero otherwise */
@@ -118,6 +126,7 @@ typedef struct pr__settings {
    * (owned), or NULL. */
   char *env_ignored[PR_OPT__COUNT];
   pr__test_opts_t test;
+  pr__state_defs_t states; /* a copy of the configuration's (owned) */
 } pr__settings_t;
 
 /* Sets the internal test options of `conf`. */

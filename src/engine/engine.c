@@ -195,6 +195,7 @@ static void store_mail(pr__mail_t *mail, void *owner) {
     eng->store->ops->poll(eng->store);
   if (eng->dd_store)
     pr__dedup_poll(eng->dd_store);
+  pr__state_poll(eng);
   for (int kind = 0; kind < 2; kind++)
     if (eng->df_store[kind])
       pr__defer_poll(eng->df_store[kind]);

@@ -165,6 +165,8 @@ struct inv {
   int dd_tries;              /* failed lookups in a row */
   pr__did_t did;             /* its id (dd != DD_OFF) */
   struct pr__dd_req *dd_req; /* the store lookup in flight, or NULL */
+  /* Keyed state (state.c): the running attempt's transaction, or NULL. */
+  struct pr__stx *stx;
   /* Deferral (defer.c). */
   int32_t df_retries; /* df_loaded: its deferred retries so far */
   int df_writes;      /* INV_DEFERRING: store writes not yet acknowledged */
@@ -401,8 +403,17 @@ struct pr__engine {
   int dd_late;           /* ... with the memory store: ids are read and
                             looked up by the handler's thread (DD_LATE) */
   pr__dedup_t *dd_store; /* its store (dd_on): memory (sync) or Cassandra */
-  int64_t dd_ttl_s;      /* idempotence_ttl */
-  int dd_recording;      /* ids being written to the store */
+  /* Keyed state (state.c): the store (NULL when no collection is
+   * registered), and, while the layer opens, the opening thread's wait for
+   * the store's answers (st_lock guards st_woken). */
+  struct pr__sstore *st_store;
+  void (*st_engine_wake)(void *);
+  pthread_mutex_t st_lock;
+  pthread_cond_t st_cond;
+  int st_woken;
+  int st_inited;
+  int64_t dd_ttl_s; /* idempotence_ttl */
+  int dd_recording; /* ids being written to the store */
   /* Deferral (defer.c). */
   pr__defer_t *df_store[2]; /* per pr__defer_kind_t; NULL: not deferred */
   pr__loader_t *loader;     /* started on the first load */
@@ -742,6 +753,22 @@ void pr__outcome_handler_done(inv_t *inv);
 void pr__outcome_mail(pr__mail_t *mail, void *owner);
 inv_t *pr__outcome_finish_detach(inv_t *inv, int commit);
 void pr__outcome_finish(inv_t *inv, int commit);
+/* A handled event (success or permanent failure) whose keyed state is
+ * stored: done with it (the layers' `done`, a fired timer's delete, the
+ * offset). */
+void pr__outcome_committed(inv_t *inv);
+
+/* --- state.c: keyed state ------------------------------------------------- */
+
+typedef struct pr__stx pr__stx_t;
+/* Drops the event's transaction (its writes are not stored). */
+void pr__state_drop(inv_t *inv);
+/* A success: stores the transaction's writes (with the event's dedup
+ * record) and returns 1, then pr__outcome_committed() once stored; 0 when
+ * there is nothing to store (the caller goes on). */
+int pr__state_settle(inv_t *inv);
+/* Delivers the store's finished operations (engine thread). */
+void pr__state_poll(pr__engine_t *eng);
 /* Fails a queued event transiently without running its handler (a layer
  * on the way in refused it): the mode's layers decide, as for a handler's
  * transient failure. */

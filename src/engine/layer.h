@@ -77,6 +77,7 @@ typedef struct pr__layer {
 extern const pr__layer_t pr__layer_dedup;    /* dedup.c */
 extern const pr__layer_t pr__layer_monopoly; /* monopoly.c */
 extern const pr__layer_t pr__layer_defer;    /* defer.c */
+extern const pr__layer_t pr__layer_state;    /* state.c */
 
 /* --- mode.c: the modes' tables and running a hook over one ------------ */
 

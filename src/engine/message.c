@@ -25,6 +25,7 @@ void pr__inv_timer_close(uv_timer_t **t) {
 void pr__inv_free(inv_t *inv) {
   pr__dispatch_untime(inv);
   pr__dd_forget(inv);
+  pr__state_drop(inv);
   pr__inv_timer_close(&inv->timer);
   if (!inv->inline_strings) {
     free(inv->msg.key);

@@ -98,18 +98,16 @@ static const pr__layer_t layer_retry_unbounded = {.name = "retry",
 static const pr__layer_t layer_log_skip = {.name = "log and skip",
                                            .decide = l_log_skip};
 
-static const pr__layer_t *const pipeline[] = {&layer_success,
-                                              &layer_terminal,
-                                              &pr__layer_dedup,
-                                              &pr__layer_monopoly,
-                                              &pr__layer_defer,
-                                              &layer_retry_unbounded,
-                                              NULL};
+static const pr__layer_t *const pipeline[] = {
+    &pr__layer_state,       &layer_success,
+    &layer_terminal,        &pr__layer_dedup,
+    &pr__layer_monopoly,    &pr__layer_defer,
+    &layer_retry_unbounded, NULL};
 static const pr__layer_t *const low_latency[] = {
-    &layer_success, &layer_terminal, &layer_retry_capped, &layer_failure_topic,
-    NULL};
+    &pr__layer_state,    &layer_success,       &layer_terminal,
+    &layer_retry_capped, &layer_failure_topic, NULL};
 static const pr__layer_t *const best_effort[] = {
-    &layer_success, &layer_terminal, &layer_log_skip, NULL};
+    &pr__layer_state, &layer_success, &layer_terminal, &layer_log_skip, NULL};
 
 const pr__layer_t *const *pr__mode_layers(int mode) {
   return mode == PR_MODE_LOW_LATENCY   ? low_latency

@@ -194,6 +194,8 @@ void pr__outcome_handler_done(inv_t *inv) {
 /* Carries out the layers' verdict on an attempt's result. */
 static void decided(inv_t *inv, pr__verdict_t v, const pr__layer_t *by) {
   pr__engine_t *eng = inv->eng;
+  if (v != V_COMMIT)
+    pr__state_drop(inv); /* a failed attempt's writes vanish */
   switch (v) {
   case V_RETRY:
     PR_BUMP(eng->metrics.retries, 1);
@@ -210,14 +212,22 @@ static void decided(inv_t *inv, pr__verdict_t v, const pr__layer_t *by) {
     pr__outcome_finish(inv, 0);
     return;
   default:
-    if (inv->result == PROSODY_SUCCESS || inv->result == PROSODY_PERMANENT)
-      pr__layers_done(inv); /* handled (dedup: a duplicate is skipped from
-                               now on) */
-    if (inv->is_timer && !inv->rearmed && eng->store && !inv->df_loaded) {
-      pr__firing_delete(inv); /* finishes once the store has deleted it */
-      return;
-    }
-    pr__outcome_finish(inv, 1);
+    if (inv->result == PROSODY_SUCCESS && pr__state_settle(inv))
+      return; /* pr__outcome_committed once its keyed state is stored */
+    pr__state_drop(inv);
+    pr__outcome_committed(inv);
     return;
   }
+}
+
+void pr__outcome_committed(inv_t *inv) {
+  PR_ENGINE_THREAD(inv->eng);
+  if (inv->result == PROSODY_SUCCESS || inv->result == PROSODY_PERMANENT)
+    pr__layers_done(inv); /* handled (dedup: a duplicate is skipped from
+                             now on) */
+  if (inv->is_timer && !inv->rearmed && inv->eng->store && !inv->df_loaded) {
+    pr__firing_delete(inv); /* finishes once the store has deleted it */
+    return;
+  }
+  pr__outcome_finish(inv, 1);
 }

@@ -22,6 +22,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "../cql/cql.h"
 #include "stores.h"
@@ -68,6 +69,19 @@ typedef struct pr__sident {
 
 typedef struct pr__sstore pr__sstore_t;
 
+/* Orders cells: by section, then coordinate as unsigned bytes, a prefix
+ * first (Cassandra's order of the clustering columns). */
+static inline int pr__scell_cmp(int sa, const uint8_t *a, size_t al, int sb,
+                                const uint8_t *b, size_t bl) {
+  size_t n = al < bl ? al : bl;
+  int r;
+  if (sa != sb)
+    return sa < sb ? -1 : 1;
+  if (n && (r = memcmp(a, b, n)))
+    return r;
+  return al < bl ? -1 : al > bl;
+}
+
 /* `found` 0: no such cell (data NULL). */
 typedef void (*pr__sget_cb)(void *arg, prosody_err_t err, const char *errstr,
                             const uint8_t *data, size_t data_len, int found);
@@ -86,12 +100,14 @@ typedef struct pr__sstore_ops {
   void (*range)(pr__sstore_t *s, const pr__scoll_t *c, int section,
                 const uint8_t *after, size_t after_len, int backward,
                 size_t limit, pr__srange_cb cb, void *arg);
-  /* Applies `w[0 .. n)` in order (a section's delete before the puts
+  /* Applies `w[0 .. n)` (borrowed for the call only: a store that answers
+   * later copies them) in order (a section's delete before the puts
    * after it), all or nothing: with a Cassandra store one logged batch,
    * which also records `dedup` (may be NULL) in the deduplication table
    * for `dedup_ttl_s`, so that the event's record and its state land
    * together. n may be 0 (only the record). */
-  void (*apply)(pr__sstore_t *s, const pr__swrite_t *w, size_t n, const pr__did_t *dedup, int64_t dedup_ttl_s,
+  void (*apply)(pr__sstore_t *s, const pr__swrite_t *w, size_t n,
+                const pr__did_t *dedup, int64_t dedup_ttl_s,
                 pr__store_done_cb cb, void *arg);
   /* Records `id` for (group, name) if none is, else compares: a different
    * recorded identity is PROSODY_ERR_PERMANENT naming both. */
@@ -112,9 +128,8 @@ struct pr__sstore {
 pr__sstore_t *pr__memstate(void);
 
 /* The Cassandra store (the keyspace migrated), on its own thread. */
-pr__sstore_t *pr__cqlstate_new(const pr__cql_conf_t *conf,
-                               const char *keyspace, void (*wake)(void *),
-                               void *wake_arg, char *errstr,
-                               size_t errstr_size);
+pr__sstore_t *pr__cqlstate_new(const pr__cql_conf_t *conf, const char *keyspace,
+                               void (*wake)(void *), void *wake_arg,
+                               char *errstr, size_t errstr_size);
 
 #endif /* PR_STORES_STATE_H */

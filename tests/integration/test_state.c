@@ -1,0 +1,544 @@
+/*
+ * test_state.c - keyed state (prosody.h, "Keyed state"): a handler's
+ * writes become durable with its success and vanish with its failure;
+ * commit and rollback mid-handler; values, maps and deques read and write
+ * as documented (read-your-writes, scan order, capacity); a handle outlives
+ * its attempt only to be refused; registration and identity errors name
+ * what is wrong.
+ */
+#include <pthread.h>
+
+#include "harness.h"
+
+#define KEYS 3
+#define PER_KEY 10
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static int events;           /* guarded by lock: handler calls that ended */
+static int bad;              /* guarded by lock */
+static char first_bad[1200]; /* guarded by lock */
+static int failed_once[KEYS * PER_KEY + 8]; /* guarded by lock */
+static long final_count[KEYS];              /* guarded by lock */
+static prosody_state_t *leaked;             /* guarded by lock */
+
+static void note_bad(const char *fmt, const char *a, const char *b) {
+  pthread_mutex_lock(&lock);
+  if (!bad++)
+    snprintf(first_bad, sizeof(first_bad), fmt, a, b);
+  pthread_mutex_unlock(&lock);
+}
+
+static void ended(void) {
+  pthread_mutex_lock(&lock);
+  events++;
+  pthread_mutex_unlock(&lock);
+}
+
+static void reset(void) {
+  pthread_mutex_lock(&lock);
+  events = bad = 0;
+  memset(failed_once, 0, sizeof(failed_once));
+  memset(final_count, 0, sizeof(final_count));
+  pthread_mutex_unlock(&lock);
+}
+
+static prosody_state_t *open_state(prosody_context_t *ctx, const char *name) {
+  char err[512];
+  prosody_state_t *st = NULL;
+  if (prosody_state_open(ctx, name, &st, NULL, err, sizeof(err)))
+    note_bad("open %s: %s", name, err);
+  return st;
+}
+
+/* Runs `op`; the result's first document (or NULL), a copy. */
+static char *call(prosody_state_t *st, prosody_state_op_t op,
+                  const prosody_state_args_t *a, int64_t *number) {
+  char err[512];
+  prosody_state_result_t r;
+  char *doc = NULL;
+  prosody_err_t e = prosody_state_call(st, op, a, &r, err, sizeof(err));
+  if (e) {
+    note_bad("state call failed: %s (%s)", err, prosody_err_name(e));
+    return NULL;
+  }
+  if (r.n && r.items[0].json)
+    doc = strdup(r.items[0].json);
+  if (number)
+    *number = r.number;
+  prosody_state_result_free(&r);
+  return doc;
+}
+
+static void set_json(prosody_state_t *st, const char *json) {
+  prosody_state_args_t a = PROSODY_STATE_ARGS_INIT;
+  a.json = json;
+  a.json_len = strlen(json);
+  free(call(st, PROSODY_STATE_SET, &a, NULL));
+}
+
+static long get_long(prosody_state_t *st) {
+  char *doc = call(st, PROSODY_STATE_GET, NULL, NULL);
+  long v = doc ? atol(doc) : 0;
+  free(doc);
+  return v;
+}
+
+/* A producing client (outside the consumers' group). */
+static void produce(const char *topic, int per_key, const char *fmt) {
+  char err[1024], key[32], payload[128];
+  prosody_config_t *conf = t_config();
+  prosody_client_t *client;
+  t_set(conf, "source_system", "state-test-producer");
+  client = prosody_client_new(conf, err, sizeof(err));
+  CHECK(client, "producer: %s", err);
+  for (int i = 0; i < per_key; i++)
+    for (int k = 0; k < KEYS; k++) {
+      snprintf(key, sizeof(key), "key-%d", k);
+      snprintf(payload, sizeof(payload), fmt, i, k);
+      CHECK_OK(
+          prosody_send(client, topic, key, payload, NULL, err, sizeof(err)),
+          err);
+    }
+  prosody_client_destroy(client);
+}
+
+static prosody_config_t *state_config(const char *group, const char *topic,
+                                      const prosody_state_def_t *defs, int n) {
+  char err[512];
+  prosody_config_t *conf = t_consumer_config(group, topic);
+  for (int i = 0; i < n; i++)
+    CHECK_OK(prosody_config_add_state(conf, &defs[i], err, sizeof(err)), err);
+  return conf;
+}
+
+static void run(const char *group, const char *topic,
+                const prosody_state_def_t *defs, int n, prosody_handler_t *h,
+                int want) {
+  char err[1024];
+  prosody_client_t *client =
+      prosody_client_new(state_config(group, topic, defs, n), err, sizeof(err));
+  int got;
+  CHECK(client, "client: %s", err);
+  CHECK_OK(prosody_subscribe(client, h, err, sizeof(err)), err);
+  got = t_wait_locked(&lock, &events, want, 60);
+  CHECK(got >= want, "%d of %d handler calls within 60 s", got, want);
+  CHECK_OK(prosody_unsubscribe(client), "unsubscribe");
+  prosody_client_destroy(client);
+  pthread_mutex_lock(&lock);
+  CHECK(!bad, "%d bad observations, the first: %s", bad, first_bad);
+  pthread_mutex_unlock(&lock);
+}
+
+/* ---- a counter per key: success commits, failure vanishes ----------- */
+
+/* Payload {"i":I,"k":K}: count += 1; every third message fails once after
+ * its write (the retry must start from the committed count); the last
+ * records the count. */
+static prosody_result_t count_msg(prosody_context_t *ctx,
+                                  const prosody_message_t *msg, void *op) {
+  int i = 0, k = 0, first;
+  prosody_state_t *st = open_state(ctx, "count");
+  char doc[32];
+  long n;
+  (void)op;
+  if (!st)
+    return PROSODY_PERMANENT;
+  sscanf(prosody_message_payload(msg), "{\"i\":%d,\"k\":%d}", &i, &k);
+  n = get_long(st) + 1;
+  snprintf(doc, sizeof(doc), "%ld", n);
+  set_json(st, doc);
+  CHECK(get_long(st) == n, "a read after the write sees it");
+  pthread_mutex_lock(&lock);
+  first = i % 3 == 1 && !failed_once[k * PER_KEY + i]++;
+  if (!first && i == PER_KEY - 1)
+    final_count[k] = n;
+  pthread_mutex_unlock(&lock);
+  prosody_state_free(st);
+  ended();
+  return first ? PROSODY_TRANSIENT : PROSODY_SUCCESS;
+}
+
+T_SCENARIO(success_commits_state_and_failure_drops_it, T_MOCK, 120) {
+  const char *topic = t_topic("state-count");
+  prosody_state_def_t def = PROSODY_STATE_DEF_INIT;
+  prosody_handler_t h = {count_msg, NULL, NULL, 0};
+  char group[128];
+  int fails = 0;
+  def.name = "count";
+  def.kind = PROSODY_STATE_VALUE;
+  for (int i = 0; i < PER_KEY; i++)
+    fails += i % 3 == 1;
+  reset();
+  t_create_topic(topic, 2);
+  produce(topic, PER_KEY, "{\"i\":%d,\"k\":%d}");
+  snprintf(group, sizeof(group), "%s-g", topic);
+  run(group, topic, &def, 1, &h, KEYS * (PER_KEY + fails));
+  for (int k = 0; k < KEYS; k++)
+    CHECK(final_count[k] == PER_KEY,
+          "key-%d counted %ld of %d messages (failed attempts' writes must "
+          "vanish)",
+          k, final_count[k], PER_KEY);
+  return 0;
+}
+
+/* ---- maps and deques -------------------------------------------------- */
+
+static void check_doc(char *doc, const char *want, const char *what) {
+  if (!want ? doc != NULL : !doc || strcmp(doc, want))
+    note_bad("%s: got %s", what, doc ? doc : "(absent)");
+  free(doc);
+}
+
+static void map_set(prosody_state_t *m, const char *key, const char *json) {
+  prosody_state_args_t a = PROSODY_STATE_ARGS_INIT;
+  a.key = key;
+  a.key_len = strlen(key);
+  a.json = json;
+  a.json_len = strlen(json);
+  free(call(m, PROSODY_STATE_SET, &a, NULL));
+}
+
+static char *map_get(prosody_state_t *m, const char *key) {
+  prosody_state_args_t a = PROSODY_STATE_ARGS_INIT;
+  a.key = key;
+  a.key_len = strlen(key);
+  return call(m, PROSODY_STATE_GET, &a, NULL);
+}
+
+/* The map's keys in scan order, joined by ',', in `out`. */
+static void map_keys(prosody_state_t *m, int backward, size_t limit, char *out,
+                     size_t n) {
+  prosody_state_args_t a = PROSODY_STATE_ARGS_INIT;
+  char err[512], last[64] = "";
+  int end = 0;
+  out[0] = 0;
+  a.backward = backward;
+  a.limit = limit;
+  a.keys_only = 1;
+  while (!end) {
+    prosody_state_result_t r;
+    if (prosody_state_call(m, PROSODY_STATE_SCAN, &a, &r, err, sizeof(err))) {
+      note_bad("scan: %s%s", err, "");
+      return;
+    }
+    for (size_t i = 0; i < r.n; i++) {
+      snprintf(out + strlen(out), n - strlen(out), "%s%s", *out ? "," : "",
+               r.items[i].key);
+      snprintf(last, sizeof(last), "%s", r.items[i].key);
+    }
+    end = (int)r.number || !r.n;
+    prosody_state_result_free(&r);
+    a.after = last;
+    a.after_len = strlen(last);
+  }
+}
+
+static void push(prosody_state_t *d, int back, const char *json) {
+  prosody_state_args_t a = PROSODY_STATE_ARGS_INIT;
+  a.json = json;
+  a.json_len = strlen(json);
+  free(call(d, back ? PROSODY_STATE_PUSH_BACK : PROSODY_STATE_PUSH_FRONT, &a,
+            NULL));
+}
+
+static int64_t len_of(prosody_state_t *d) {
+  int64_t n = -1;
+  free(call(d, PROSODY_STATE_LEN, NULL, &n));
+  return n;
+}
+
+static char *at(prosody_state_t *d, int64_t index) {
+  prosody_state_args_t a = PROSODY_STATE_ARGS_INIT;
+  a.index = index;
+  return call(d, PROSODY_STATE_GET, &a, NULL);
+}
+
+/* Payload {"i":0}: writes and reads in one attempt; {"i":1}: reads what
+ * the first stored. */
+static prosody_result_t kinds_msg(prosody_context_t *ctx,
+                                  const prosody_message_t *msg, void *op) {
+  prosody_state_t *m = open_state(ctx, "totals"),
+                  *d = open_state(ctx, "backlog"),
+                  *b = open_state(ctx, "bounded");
+  prosody_state_args_t a = PROSODY_STATE_ARGS_INIT;
+  const char *many[] = {"b", "zz", "a"};
+  char keys[256];
+  int64_t n;
+  int i = 0;
+  (void)op;
+  if (!m || !d || !b)
+    return PROSODY_PERMANENT;
+  sscanf(prosody_message_payload(msg), "{\"i\":%d", &i);
+  if (i == 0) {
+    map_set(m, "b", "2");
+    map_set(m, "caf\xc3\xa9", "{\"x\":[1,2]}");
+    map_set(m, "a", "1");
+    map_set(m, "c", "3");
+    a.key = "c";
+    a.key_len = 1;
+    free(call(m, PROSODY_STATE_REMOVE, &a, NULL));
+    push(d, 1, "\"m\"");
+    push(d, 1, "\"n\"");
+    push(d, 0, "\"l\"");
+    for (int k = 0; k < 5; k++) {
+      char doc[8];
+      snprintf(doc, sizeof(doc), "%d", k);
+      push(b, 1, doc);
+    }
+  }
+  /* Read in the writing attempt (overlay) and in the next (store). */
+  map_keys(m, 0, 1, keys, sizeof(keys));
+  if (strcmp(keys, "a,b,caf\xc3\xa9"))
+    note_bad("map keys forward: %s%s", keys, "");
+  map_keys(m, 1, 2, keys, sizeof(keys));
+  if (strcmp(keys, "caf\xc3\xa9,b,a"))
+    note_bad("map keys backward: %s%s", keys, "");
+  check_doc(map_get(m, "a"), "1", "map a");
+  check_doc(map_get(m, "c"), NULL, "map c (removed)");
+  a.key = "caf\xc3\xa9";
+  a.key_len = strlen(a.key);
+  free(call(m, PROSODY_STATE_CONTAINS, &a, &n));
+  if (n != 1)
+    note_bad("contains caf\xc3\xa9: %s%s", "0", "");
+  {
+    prosody_state_args_t g = PROSODY_STATE_ARGS_INIT;
+    prosody_state_result_t r;
+    char err[512];
+    g.keys = many;
+    g.nkeys = 3;
+    if (prosody_state_call(m, PROSODY_STATE_GET_MANY, &g, &r, err,
+                           sizeof(err)) ||
+        r.n != 3 || !r.items[0].json || strcmp(r.items[0].json, "2") ||
+        r.items[1].json || !r.items[2].json || strcmp(r.items[2].json, "1"))
+      note_bad("get_many b,zz,a: wrong answer%s%s", "", "");
+    else
+      prosody_state_result_free(&r);
+  }
+  if ((n = len_of(d)) != 3)
+    note_bad("deque length %s%s", "not 3", "");
+  check_doc(at(d, 0), "\"l\"", "deque[0]");
+  check_doc(at(d, -1), "\"n\"", "deque[-1]");
+  check_doc(at(d, 3), NULL, "deque[3]");
+  check_doc(call(d, PROSODY_STATE_PEEK_FRONT, NULL, NULL), "\"l\"",
+            "peek front");
+  /* capacity 3: the first two pushes' items were dropped from the front */
+  if (len_of(b) != 3)
+    note_bad("bounded deque length %s%s", "not 3", "");
+  check_doc(at(b, 0), "2", "bounded[0]");
+  if (i == 1) {
+    check_doc(call(d, PROSODY_STATE_POP_BACK, NULL, NULL), "\"n\"", "pop back");
+    check_doc(call(d, PROSODY_STATE_POP_FRONT, NULL, NULL), "\"l\"",
+              "pop front");
+    if (len_of(d) != 1)
+      note_bad("deque length after pops %s%s", "not 1", "");
+    free(call(m, PROSODY_STATE_CLEAR, NULL, NULL));
+    map_keys(m, 0, 10, keys, sizeof(keys));
+    if (*keys)
+      note_bad("map keys after clear: %s%s", keys, "");
+  }
+  prosody_state_free(m);
+  prosody_state_free(d);
+  prosody_state_free(b);
+  ended();
+  return PROSODY_SUCCESS;
+}
+
+T_SCENARIO(maps_and_deques_read_their_writes_and_store_them, T_MOCK, 120) {
+  const char *topic = t_topic("state-kinds");
+  prosody_state_def_t defs[3] = {PROSODY_STATE_DEF_INIT, PROSODY_STATE_DEF_INIT,
+                                 PROSODY_STATE_DEF_INIT};
+  prosody_handler_t h = {kinds_msg, NULL, NULL, 0};
+  char group[128];
+  defs[0].name = "totals";
+  defs[0].kind = PROSODY_STATE_MAP;
+  defs[0].keyset_limit = 256;
+  defs[1].name = "backlog";
+  defs[1].kind = PROSODY_STATE_DEQUE;
+  defs[2].name = "bounded";
+  defs[2].kind = PROSODY_STATE_DEQUE;
+  defs[2].capacity = 3;
+  reset();
+  t_create_topic(topic, 2);
+  produce(topic, 2, "{\"i\":%d,\"k\":%d}");
+  snprintf(group, sizeof(group), "%s-g", topic);
+  run(group, topic, defs, 3, &h, KEYS * 2);
+  return 0;
+}
+
+/* ---- commit and rollback mid-handler; fencing; errors ------------------ */
+
+/* {"i":0}: a=1, COMMIT, a=2, then fail once; the retry sees a=1, writes b,
+ * rolls back, sees no b. {"i":1}: a is 1, b absent; a leaked handle of the
+ * first is refused. */
+static prosody_result_t commit_msg(prosody_context_t *ctx,
+                                   const prosody_message_t *msg, void *op) {
+  prosody_state_t *a = open_state(ctx, "a"), *b = open_state(ctx, "b"), *x;
+  prosody_state_args_t args = PROSODY_STATE_ARGS_INIT;
+  char err[512];
+  int i = 0, k = 0, first = 0;
+  prosody_err_t e;
+  (void)op;
+  if (!a || !b)
+    return PROSODY_PERMANENT;
+  sscanf(prosody_message_payload(msg), "{\"i\":%d,\"k\":%d}", &i, &k);
+  if (i == 0) {
+    pthread_mutex_lock(&lock);
+    first = !failed_once[k]++;
+    pthread_mutex_unlock(&lock);
+  }
+  if (i == 0 && first) {
+    set_json(a, "1");
+    free(call(a, PROSODY_STATE_COMMIT, NULL, NULL));
+    set_json(a, "2");
+    pthread_mutex_lock(&lock);
+    if (!leaked) {
+      leaked = a;
+      a = NULL;
+    }
+    pthread_mutex_unlock(&lock);
+    prosody_state_free(a);
+    prosody_state_free(b);
+    ended();
+    return PROSODY_TRANSIENT;
+  }
+  if (i == 0) {
+    if (get_long(a) != 1)
+      note_bad("the retry sees %s, want the committed %s", "a != 1", "1");
+    set_json(b, "7");
+    free(call(b, PROSODY_STATE_ROLLBACK, NULL, NULL));
+    check_doc(call(b, PROSODY_STATE_GET, NULL, NULL), NULL, "b after rollback");
+  } else {
+    if (get_long(a) != 1)
+      note_bad("stored a is not %s%s", "1", "");
+    check_doc(call(b, PROSODY_STATE_GET, NULL, NULL), NULL, "stored b");
+    pthread_mutex_lock(&lock);
+    x = leaked;
+    leaked = NULL;
+    pthread_mutex_unlock(&lock);
+    if (x) {
+      e = prosody_state_call(x, PROSODY_STATE_GET, NULL, NULL, err,
+                             sizeof(err));
+      if (e != PROSODY_ERR_STATE)
+        note_bad("a leaked handle: %s (%s), want PROSODY_ERR_STATE",
+                 prosody_err_name(e), err);
+      prosody_state_free(x);
+    }
+    /* Caller mistakes are refused, naming the mistake. */
+    if (prosody_state_open(ctx, "nope", &x, NULL, err, sizeof(err)) !=
+            PROSODY_ERR_PERMANENT ||
+        !strstr(err, "\"nope\""))
+      note_bad("an unregistered name: %s%s", err, "");
+    args.json = "null";
+    args.json_len = 4;
+    if (prosody_state_call(a, PROSODY_STATE_SET, &args, NULL, err,
+                           sizeof(err)) != PROSODY_ERR_INVALID_ARG ||
+        !strstr(err, "null"))
+      note_bad("a null write: %s%s", err, "");
+    args.json = "{bad";
+    args.json_len = 4;
+    if (prosody_state_call(a, PROSODY_STATE_SET, &args, NULL, err,
+                           sizeof(err)) != PROSODY_ERR_INVALID_ARG)
+      note_bad("malformed JSON accepted%s%s", "", "");
+    if (prosody_state_call(a, PROSODY_STATE_POP_BACK, NULL, NULL, err,
+                           sizeof(err)) != PROSODY_ERR_INVALID_ARG ||
+        !strstr(err, "value collection has no POP_BACK"))
+      note_bad("an operation of another kind: %s%s", err, "");
+  }
+  prosody_state_free(a);
+  prosody_state_free(b);
+  ended();
+  return PROSODY_SUCCESS;
+}
+
+T_SCENARIO(commit_keeps_rollback_drops_and_stale_handles_refused, T_MOCK, 120) {
+  const char *topic = t_topic("state-commit");
+  prosody_state_def_t defs[2] = {PROSODY_STATE_DEF_INIT,
+                                 PROSODY_STATE_DEF_INIT};
+  prosody_handler_t h = {commit_msg, NULL, NULL, 0};
+  char group[128];
+  defs[0].name = "a";
+  defs[1].name = "b";
+  reset();
+  t_create_topic(topic, 2);
+  produce(topic, 2, "{\"i\":%d,\"k\":%d}");
+  snprintf(group, sizeof(group), "%s-g", topic);
+  run(group, topic, defs, 2, &h, KEYS * 3);
+  return 0;
+}
+
+/* ---- configuration ------------------------------------------------------ */
+
+static void refused(prosody_state_def_t def, const char *want) {
+  char err[512] = "";
+  prosody_config_t *conf = t_config();
+  prosody_state_def_t ok = PROSODY_STATE_DEF_INIT;
+  ok.name = "dup";
+  CHECK_OK(prosody_config_add_state(conf, &ok, err, sizeof(err)), err);
+  CHECK(prosody_config_add_state(conf, &def, err, sizeof(err)) ==
+                PROSODY_ERR_CONFIG &&
+            strstr(err, want),
+        "want an error with \"%s\", got \"%s\"", want, err);
+  prosody_config_destroy(conf);
+}
+
+T_SCENARIO(bad_definitions_refused_naming_the_field, T_MOCK, 30) {
+  prosody_state_def_t d = PROSODY_STATE_DEF_INIT;
+  d.name = "";
+  refused(d, "name: must be a non-empty string");
+  d.name = "dup";
+  refused(d, "registered twice");
+  d.name = "x";
+  d.kind = 7;
+  refused(d, "kind: expected \"value\", \"map\", or \"deque\"");
+  d.kind = PROSODY_STATE_VALUE;
+  d.capacity = 3;
+  refused(d, "capacity: only valid for deque collections");
+  d.capacity = 0;
+  d.keyset_limit = 5;
+  refused(d, "keyset_limit: only valid for map collections");
+  d.kind = PROSODY_STATE_MAP;
+  d.keyset_limit = 4097;
+  refused(d, "keyset_limit: must be a whole number in 0..=4096");
+  d.keyset_limit = -1;
+  d.ttl_s = -2;
+  refused(d, "ttl: must be a whole number of seconds");
+  d.ttl_s = 0;
+  d.payload = PROSODY_STATE_MESSAGE;
+  refused(d, "not implemented yet");
+  return 0;
+}
+
+static prosody_result_t nop_msg(prosody_context_t *ctx,
+                                const prosody_message_t *msg, void *op) {
+  (void)ctx, (void)msg, (void)op;
+  return PROSODY_SUCCESS;
+}
+
+T_SCENARIO(another_kind_under_a_recorded_name_refused, T_MOCK, 60) {
+  const char *topic = t_topic("state-ident");
+  prosody_state_def_t def = PROSODY_STATE_DEF_INIT;
+  prosody_handler_t h = {nop_msg, NULL, NULL, 0};
+  prosody_client_t *client;
+  char err[1024], group[128];
+  t_create_topic(topic, 1);
+  snprintf(group, sizeof(group), "%s-g", topic);
+  def.name = "cart";
+  def.kind = PROSODY_STATE_VALUE;
+  client =
+      prosody_client_new(state_config(group, topic, &def, 1), err, sizeof(err));
+  CHECK(client, "client: %s", err);
+  CHECK_OK(prosody_subscribe(client, &h, err, sizeof(err)), err);
+  CHECK_OK(prosody_unsubscribe(client), "unsubscribe");
+  prosody_client_destroy(client);
+  def.kind = PROSODY_STATE_MAP;
+  client =
+      prosody_client_new(state_config(group, topic, &def, 1), err, sizeof(err));
+  CHECK(client, "client: %s", err);
+  CHECK(prosody_subscribe(client, &h, err, sizeof(err)) ==
+                PROSODY_ERR_PERMANENT &&
+            strstr(err, "\"cart\"") && strstr(err, "value") &&
+            strstr(err, "map"),
+        "subscribe with another kind: %s", err);
+  prosody_client_destroy(client);
+  return 0;
+}
