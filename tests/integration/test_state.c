@@ -563,8 +563,7 @@ static prosody_result_t crash_msg(prosody_context_t *ctx,
   (void)op;
   if (!st)
     return PROSODY_PERMANENT;
-  if (sscanf(prosody_message_payload(msg), "{\"probe\":1,\"k\":%d}", &k) ==
-      1) {
+  if (sscanf(prosody_message_payload(msg), "{\"probe\":1,\"k\":%d}", &k) == 1) {
     pthread_mutex_lock(&lock);
     if (k >= 0 && k < KEYS)
       final_count[k] = get_long(st);
@@ -629,11 +628,11 @@ T_SCENARIO(killed_between_state_and_commit_applies_each_message_once, T_REAL,
   for (int i = 0; i < CRASH_PER_KEY; i++)
     for (int k = 0; k < KEYS; k++) {
       snprintf(key, sizeof(key), "key-%d", k);
-      snprintf(payload, sizeof(payload), "{\"id\":\"c-%d-%d\",\"i\":%d}", k,
-               i, i);
-      CHECK_OK(prosody_send(client, topic, key, payload, NULL, err,
-                            sizeof(err)),
-               err);
+      snprintf(payload, sizeof(payload), "{\"id\":\"c-%d-%d\",\"i\":%d}", k, i,
+               i);
+      CHECK_OK(
+          prosody_send(client, topic, key, payload, NULL, err, sizeof(err)),
+          err);
     }
   for (int k = 0; k < KEYS; k++) {
     snprintf(key, sizeof(key), "key-%d", k);
@@ -653,8 +652,7 @@ T_SCENARIO(killed_between_state_and_commit_applies_each_message_once, T_REAL,
   CHECK(waitpid(pid, &status, 0) == pid, "waitpid");
   close(fd);
   CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 42,
-        "the child did not exit at its third stored event (status %d)",
-        status);
+        "the child did not exit at its third stored event (status %d)", status);
 
   /* The group's next consumer gets them again: their state is stored with
    * their dedup records, so they are skipped, and every count is exact. */
