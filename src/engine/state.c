@@ -5,7 +5,10 @@
  *
  * Cells. A collection of one key is cells in a store (src/stores/state.h):
  *   value  section 0, coordinate empty: the document;
- *   map    section 0, coordinate the key's UTF-8 bytes: its document;
+ *   map    section 1, coordinate the key's UTF-8 bytes: its document;
+ *          section 0, coordinate 0x02: the original's index of the keys,
+ *          which we only ever write as "overflowed" (0x01), so that its
+ *          ordered scans read the entries themselves;
  *   deque  section 0, coordinate empty: the bounds, head and tail (two
  *          big-endian i64, the items are head .. tail-1); section 1,
  *          coordinate the position (big-endian u64 of position ^ 2^63, so
