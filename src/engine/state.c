@@ -281,11 +281,16 @@ int pr__st_writes_of(pr__stx_t *t, scoll_t *c, const pr__scoll_t *addr,
 
 static void settle_apply(pr__stx_t *t);
 
+static void handle_free(uv_handle_t *h) { free(h); }
+
+/* The retry's time: the timer is let go first (a store answering at once
+ * may arm the next). A detached transaction's timer was stopped, so `t`
+ * still has its event here. */
 static void settle_retry(uv_timer_t *h) {
   pr__stx_t *t = h->data;
-  uv_close((uv_handle_t *)h, retry_closed);
-  if (t->inv)
-    settle_apply(t);
+  t->retry = NULL;
+  uv_close((uv_handle_t *)h, handle_free);
+  settle_apply(t);
 }
 
 static void settled(void *arg, prosody_err_t err, const char *errstr) {
