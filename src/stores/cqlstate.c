@@ -70,9 +70,12 @@
 #define BATCH_MAX_STMTS 4096
 #define BATCH_MAX_BYTES (5u * 1024 * 1024)
 #define MULTI_MAX_BYTES (40u * 1024)
-#define ROW_OVERHEAD 64   /* a statement's size beyond its blobs */
-#define PAGE_MAX 1000     /* rows per page of a range read */
-#define ENC_RAW 1         /* keyed_state_cell.encoding */
+/* A statement's size beyond its blobs, as Cassandra counts a batch: a put
+ * writes five cells of 16 bytes each (timestamp, TTL, deletion time) and
+ * the clustering; rounded up. */
+#define ROW_OVERHEAD 128
+#define PAGE_MAX 1000 /* rows per page of a range read */
+#define ENC_RAW 1     /* keyed_state_cell.encoding */
 #define ENC_ZSTD 4
 
 enum { OP_GET, OP_RANGE, OP_APPLY, OP_IDENTITY };
@@ -217,8 +220,8 @@ static uint8_t *dup_bytes(const uint8_t *p, size_t n) {
 /* The segment id of the collection's partition: the UUID v5 (OID
  * namespace) of "<topic>/<partition>:<group>", as the original names it. */
 static int segment_id(const pr__scoll_t *c, uint8_t out[16]) {
-  int len = snprintf(NULL, 0, "%s/%" PRId32 ":%s", c->topic, c->partition,
-                     c->group);
+  int len =
+      snprintf(NULL, 0, "%s/%" PRId32 ":%s", c->topic, c->partition, c->group);
   char *name = len < 0 ? NULL : malloc((size_t)len + 1);
   int rc;
   if (!name)
@@ -276,7 +279,8 @@ static int row_value(const sjob_t *j, const pr__cql_result_t *res, int32_t row,
   const pr__cql_cell_t *data = pr__cql_cell(res, row, col);
   const pr__cql_cell_t *enc = pr__cql_cell(res, row, col + 2);
   const pr__cql_cell_t *event = pr__cql_cell(res, row, col + 3);
-  const pr__cql_cell_t *v = event->len < 0 ? data : pr__cql_cell(res, row, col + 1);
+  const pr__cql_cell_t *v =
+      event->len < 0 ? data : pr__cql_cell(res, row, col + 1);
   char hex[2 * 16 + 4] = "";
   int encoding = -1;
   if (v->len < 0)
@@ -410,9 +414,7 @@ static void range_page(sjob_t *j, const uint8_t *paging, int32_t paging_len) {
                        v, bound ? 5 : 4, &o, range_answered, j);
 }
 
-static void range_start(pr__cqlw_job_t *w) {
-  range_page((sjob_t *)w, NULL, 0);
-}
+static void range_start(pr__cqlw_job_t *w) { range_page((sjob_t *)w, NULL, 0); }
 
 /* Copies the collection into the job; -1 when out of memory. */
 static int job_coll(sjob_t *j, const pr__scoll_t *c, int section,
@@ -580,10 +582,9 @@ static void apply_start(pr__cqlw_job_t *w) {
 }
 
 static int same_coll(const pr__scoll_t *a, const pr__scoll_t *b) {
-  return a == b ||
-         (a->partition == b->partition && !strcmp(a->key, b->key) &&
-          !strcmp(a->name, b->name) && !strcmp(a->topic, b->topic) &&
-          !strcmp(a->group, b->group));
+  return a == b || (a->partition == b->partition && !strcmp(a->key, b->key) &&
+                    !strcmp(a->name, b->name) && !strcmp(a->topic, b->topic) &&
+                    !strcmp(a->group, b->group));
 }
 
 /* Copies the writes into the job (owner thread); -1 when out of memory. */
@@ -611,9 +612,11 @@ static int copy_writes(sjob_t *j, const pr__swrite_t *w, size_t n) {
     r->op = w[i].op;
     r->section = w[i].section;
     r->part = p;
-    r->coord_len = w[i].op == PR_SW_DEL_SECTION || !w[i].coord ? 0 : w[i].coord_len;
+    r->coord_len =
+        w[i].op == PR_SW_DEL_SECTION || !w[i].coord ? 0 : w[i].coord_len;
     r->data_len = w[i].op == PR_SW_PUT && w[i].data ? w[i].data_len : 0;
-    r->ttl = w[i].ttl_s > 0 && w[i].ttl_s <= MAX_TTL_S ? (int32_t)w[i].ttl_s : 0;
+    r->ttl =
+        w[i].ttl_s > 0 && w[i].ttl_s <= MAX_TTL_S ? (int32_t)w[i].ttl_s : 0;
     if (!(r->coord = malloc(r->coord_len + r->data_len + 1)))
       goto out;
     j->nrows = i + 1;
@@ -690,8 +693,8 @@ static void identity_compare(sjob_t *j, const pr__cql_result_t *res) {
   if (pr__cql_get_tinyint(pr__cql_cell(res, 0, col_of(res, "kind")), &kind) ||
       pr__cql_get_text(pr__cql_cell(res, 0, col_of(res, "format_id")), fmt,
                        sizeof(fmt)) ||
-      pr__cql_get_text(pr__cql_cell(res, 0, col_of(res, "key_format_id")),
-                       keys, sizeof(keys))) {
+      pr__cql_get_text(pr__cql_cell(res, 0, col_of(res, "key_format_id")), keys,
+                       sizeof(keys))) {
     snprintf(why, sizeof(why),
              "keyed state: the recorded kind of collection \"%.64s\" of "
              "group \"%.64s\" (keyed_state_identity) is malformed",
@@ -823,10 +826,9 @@ static pr__cql_stmt_t *stmt(cql_state_t *s, const char *ks, const char *a,
   return pr__cql_stmt(pr__cqlw_cql(s->w), q);
 }
 
-pr__sstore_t *pr__cqlstate_new(const pr__cql_conf_t *conf,
-                               const char *keyspace, void (*wake)(void *),
-                               void *wake_arg, char *errstr,
-                               size_t errstr_size) {
+pr__sstore_t *pr__cqlstate_new(const pr__cql_conf_t *conf, const char *keyspace,
+                               void (*wake)(void *), void *wake_arg,
+                               char *errstr, size_t errstr_size) {
   cql_state_t *s = calloc(1, sizeof(*s));
   const char *ks = keyspace;
   if (!s || !(s->w = pr__cqlw_new(conf, wake, wake_arg, errstr, errstr_size))) {
@@ -851,10 +853,10 @@ pr__sstore_t *pr__cqlstate_new(const pr__cql_conf_t *conf,
   s->del = stmt(s, ks, "DELETE FROM ",
                 ".keyed_state_cell USING TIMESTAMP ?" PK_WHERE
                 " AND coordinate = ?");
-  s->del_sec =
-      stmt(s, ks, "DELETE FROM ", ".keyed_state_cell USING TIMESTAMP ?" PK_WHERE);
-  s->dedup = stmt(s, ks, "INSERT INTO ",
-                  ".deduplication (id) VALUES (?) USING TTL ?");
+  s->del_sec = stmt(s, ks, "DELETE FROM ",
+                    ".keyed_state_cell USING TIMESTAMP ?" PK_WHERE);
+  s->dedup =
+      stmt(s, ks, "INSERT INTO ", ".deduplication (id) VALUES (?) USING TTL ?");
   s->id_sel = stmt(s, ks, "SELECT kind, format_id, key_format_id FROM ",
                    ".keyed_state_identity WHERE group_id = ? AND state_type "
                    "= 0 AND name = ?");
@@ -862,9 +864,8 @@ pr__sstore_t *pr__cqlstate_new(const pr__cql_conf_t *conf,
                    ".keyed_state_identity (group_id, state_type, name, kind, "
                    "format_id, key_format_id) VALUES (?, 0, ?, ?, ?, ?) IF "
                    "NOT EXISTS");
-  if (!s->get || !s->first || !s->after || !s->last || !s->before ||
-      !s->put || !s->del || !s->del_sec || !s->dedup || !s->id_sel ||
-      !s->id_ins) {
+  if (!s->get || !s->first || !s->after || !s->last || !s->before || !s->put ||
+      !s->del || !s->del_sec || !s->dedup || !s->id_sel || !s->id_ins) {
     pr__errf(errstr, errstr_size,
              "keyed state: out of memory (or keyspace name \"%.64s\" too "
              "long)",
