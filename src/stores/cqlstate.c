@@ -3,54 +3,47 @@
  * original Prosody's tables (keyed_state_cell, keyed_state_identity), so
  * that one keyspace serves both implementations.
  *
- * Threads: as the deduplication and deferral stores (cqlstores.c), the
- * store owns a CQL worker (src/cql/worker.h). An operation is one job,
- * copied and posted on the owner's thread, run on the worker thread (one
- * statement or a few in turn), its callback delivered back on the owner's
- * thread by poll(). The job's fields belong to one thread at a time (owner,
- * worker, owner); the store's `last_ts` belongs to the worker thread.
+ * Threads: as cqlstores.c, on a CQL worker (src/cql/worker.h). An
+ * operation is one job, copied and posted on the owner's thread, run on the
+ * worker's (a statement or a few in turn), its callback delivered on the
+ * owner's by poll(). A job belongs to one thread at a time (owner, worker,
+ * owner); the store's `last_ts` to the worker thread.
  *
- * Layout. One collection of one key is one partition (segment_id, key,
- * state_type, name): segment_id is the UUID v5, in the OID namespace, of
- * "<topic>/<partition>:<group>" (the name the deferral store gives a
- * segment), key the Kafka key, state_type 0 (application state), name the
- * collection's. Our cells are its kind=0 rows, (section, coordinate) as the
- * engine names them, the bytes in `data` with encoding 1 (raw) and
- * version 1. The original's kind=1 rows (its commit markers) are neither
- * read nor written.
+ * Layout. A collection of a key is one partition (segment_id, key,
+ * state_type, name): segment_id is the UUID v5 (OID namespace) of
+ * "<topic>/<partition>:<group>", as the deferral store names a segment;
+ * state_type is 0 (application state). Our cells are its kind=0 rows,
+ * (section, coordinate) as the engine names them, the bytes in `data` with
+ * encoding 1 (raw) and version 1. The original's kind=1 rows (its commit
+ * markers) are neither read nor written.
  *
- * Reading a row: when `event` is null the row is resolved and its value is
- * `data` (null: no cell). When `event` is set, the original staged the row
- * and stopped before it resolved it (a commit in flight, or a crash): its
- * readers then decide with its commit markers whether `data` or `prev_data`
- * holds. We do not read the markers: we take `prev_data` (null: no cell),
- * the value before that event. This is the conservative choice: an event
- * whose promotion the original never finished reads as not applied (a
- * committed one is redelivered and its writes repeated, or the original's
- * recovery resolves the row when it next owns the key). A zstd-compressed
- * blob (encoding 4: the original compresses documents over 16 KiB) is
- * refused with PROSODY_ERR_PERMANENT, naming the cell: not supported yet.
+ * Reading a row: with `event` null, its value is `data` (null: no cell).
+ * With `event` set, the original staged the row and stopped before it
+ * resolved it (a commit in flight, or a crash); its readers decide with its
+ * commit markers whether `data` or `prev_data` holds. We do not read the
+ * markers and take `prev_data` (null: no cell), the value before that event:
+ * the conservative choice, an event whose promotion the original never
+ * finished reads as not applied (a committed one is redelivered and its
+ * writes repeated, or the original's recovery resolves the row when it next
+ * owns the key). A zstd blob (encoding 4: the original compresses documents
+ * over 16 KiB) is refused with PROSODY_ERR_PERMANENT: not supported yet.
  *
  * Writing: apply() is one LOGGED batch of its writes, in order, and of the
- * deduplication row of the event (`dedup`): all land or none do. A put is
- * an UPDATE of (data, encoding=1, version=1, prev_data=null, event=null)
- * with the cell's TTL (0: none), which also resolves a row the original
- * left staged; a delete is a row delete, a section's delete a range delete.
- * Cassandra gives every statement of a batch one timestamp, and a delete
- * wins a tie, so a section's delete would hide the puts that follow it in
- * the same batch: each statement carries its own timestamp (USING
- * TIMESTAMP), increasing in the batch's order, so the later write wins.
+ * event's deduplication row: all land or none do. A put is an UPDATE of
+ * (data, encoding=1, version=1, prev_data=null, event=null) with the cell's
+ * TTL (0: none), which also resolves a row the original left staged; a
+ * delete is a row delete, a section's delete a range delete. Cassandra gives
+ * a batch one timestamp and a delete wins a tie, so a section's delete would
+ * hide the puts after it: each statement carries its own timestamp (USING
+ * TIMESTAMP), increasing in the batch's order.
  *
- * Batches over Cassandra's limits are split: a batch has at most 4096
- * statements and about 5 MiB, and a batch over several partitions (several
- * collections, or one and the deduplication row) at most about 40 KiB,
- * below Cassandra's batch_size_fail_threshold (50 KiB by default; batches
- * within one partition are exempt). A larger apply is sent as one batch
- * per collection (each cut at 4096 statements or 5 MiB), one after the
- * other, the deduplication row alone last: only then is an apply not all or
- * nothing, and a failure part way leaves the earlier batches applied (the
- * event is not recorded as handled, so it is retried and its writes
- * repeated).
+ * Batches over Cassandra's limits are split: at most 4096 statements and
+ * about 5 MiB a batch, and about 40 KiB for a batch over several partitions
+ * (collections, or one and the dedup row): Cassandra refuses those over
+ * batch_size_fail_threshold, 50 KiB by default. A larger apply is sent as
+ * batches of one collection each, one after the other, the dedup row alone
+ * last: only then is an apply not all or nothing (a failure part way leaves
+ * the earlier batches applied; the event, not recorded, is retried).
  *
  * identity() reads keyed_state_identity's row of (group, 0, name) and
  * records ours with INSERT ... IF NOT EXISTS when there is none; a
@@ -84,6 +77,7 @@ typedef struct cql_state {
   pr__sstore_t base; /* first */
   pr__cqlw_t *w;
   int64_t last_ts; /* the last statement timestamp given (worker thread) */
+  int bad;         /* a statement could not be made (pr__cqlstate_new) */
   pr__cql_stmt_t *get, *first, *after, *last, *before, *put, *del, *del_sec,
       *dedup, *id_sel, *id_ins;
 } cql_state_t;
@@ -92,6 +86,7 @@ typedef struct cql_state {
 typedef struct spart {
   uint8_t seg[16];
   char *key, *name;
+  size_t first; /* its first write */
 } spart_t;
 
 /* A write of an apply, copied (coord and data in one block at `coord`). */
@@ -118,10 +113,8 @@ typedef struct sjob {
   size_t coord_len;
   int backward;
   size_t limit;
-  /* answers */
-  int found, end;
-  uint8_t *data;
-  size_t data_len;
+  /* answers (a get's: its cell, if any) */
+  int end;
   pr__scell_t *cells; /* each cell's coord is its malloc'd block */
   size_t n, cap;
   /* apply */
@@ -142,11 +135,12 @@ typedef struct sjob {
 } sjob_t;
 
 static void job_free(sjob_t *j) {
+  if (!j)
+    return;
   free(j->key);
   free(j->name);
   free(j->group);
   free(j->coord);
-  free(j->data);
   for (size_t i = 0; i < j->n; i++)
     free((void *)j->cells[i].coord);
   free(j->cells);
@@ -170,8 +164,8 @@ static void job_deliver(pr__cqlw_job_t *w) {
   const char *why = err ? j->job.errstr : NULL;
   switch (j->op) {
   case OP_GET:
-    ((pr__sget_cb)j->cb)(j->arg, err, why, err ? NULL : j->data,
-                         err ? 0 : j->data_len, !err && j->found);
+    ((pr__sget_cb)j->cb)(j->arg, err, why, j->n ? j->cells[0].data : NULL,
+                         j->n ? j->cells[0].data_len : 0, j->n > 0);
     break;
   case OP_RANGE:
     ((pr__srange_cb)j->cb)(j->arg, err, why, err ? NULL : j->cells,
@@ -184,9 +178,11 @@ static void job_deliver(pr__cqlw_job_t *w) {
   job_free(j);
 }
 
-/* Reports out of memory to the callback of an operation of kind `op`. */
-static void nomem(int op, void *cb, void *arg) {
+/* Out of memory before the job `j` (may be NULL) of kind `op` was posted:
+ * it goes, and its callback says so (owner thread). */
+static void nomem(sjob_t *j, int op, void *cb, void *arg) {
   const char *why = "keyed state: out of memory";
+  job_free(j);
   if (op == OP_GET)
     ((pr__sget_cb)cb)(arg, PROSODY_ERR_NOMEM, why, NULL, 0, 0);
   else if (op == OP_RANGE)
@@ -206,15 +202,6 @@ static sjob_t *job_new(cql_state_t *s, int op, void *cb, void *arg) {
   j->cb = cb;
   j->arg = arg;
   return j;
-}
-
-/* A copy of n bytes (at least one byte allocated); NULL when out of
- * memory. */
-static uint8_t *dup_bytes(const uint8_t *p, size_t n) {
-  uint8_t *b = malloc(n ? n : 1);
-  if (b && n)
-    memcpy(b, p, n);
-  return b;
 }
 
 /* The segment id of the collection's partition: the UUID v5 (OID
@@ -269,18 +256,15 @@ static void pk(const uint8_t seg[16], const char *key, const char *name,
 }
 
 /*
- * The value of a row whose (data, prev_data, encoding, event) are cells
- * at `col`: 1 with *p, *n set, 0 for no cell, -1 (why) when the store
- * cannot read it. `coord` names the cell in the message.
+ * The value of a row (coordinate, data, prev_data, encoding, event): 1
+ * with *p, *n set, 0 for no cell, -1 (why) when the store cannot read it.
  */
 static int row_value(const sjob_t *j, const pr__cql_result_t *res, int32_t row,
-                     int32_t col, const pr__cql_cell_t *coord,
                      const uint8_t **p, size_t *n, char *why, size_t why_size) {
-  const pr__cql_cell_t *data = pr__cql_cell(res, row, col);
-  const pr__cql_cell_t *enc = pr__cql_cell(res, row, col + 2);
-  const pr__cql_cell_t *event = pr__cql_cell(res, row, col + 3);
+  const pr__cql_cell_t *coord = pr__cql_cell(res, row, 0);
+  const pr__cql_cell_t *enc = pr__cql_cell(res, row, 3);
   const pr__cql_cell_t *v =
-      event->len < 0 ? data : pr__cql_cell(res, row, col + 1);
+      pr__cql_cell(res, row, pr__cql_cell(res, row, 4)->len < 0 ? 1 : 2);
   char hex[2 * 16 + 4] = "";
   int encoding = -1;
   if (v->len < 0)
@@ -311,48 +295,11 @@ static int row_value(const sjob_t *j, const pr__cql_result_t *res, int32_t row,
   return -1;
 }
 
-static void get_answered(void *arg, prosody_err_t err, const char *errstr,
-                         const pr__cql_result_t *res) {
-  sjob_t *j = arg;
-  char why[512];
-  const uint8_t *p = NULL;
-  size_t n = 0;
-  pr__cql_cell_t coord = {j->coord, (int32_t)j->coord_len};
-  int got;
-  if (err) {
-    job_done(j, err, errstr);
-    return;
-  }
-  got = res && res->kind == PR_CQL_RESULT_ROWS && res->nrows > 0
-            ? row_value(j, res, 0, 0, &coord, &p, &n, why, sizeof(why))
-            : 0;
-  if (got < 0) {
-    job_done(j, PROSODY_ERR_PERMANENT, why);
-    return;
-  }
-  if (got && !(j->data = dup_bytes(p, n))) {
-    job_done(j, PROSODY_ERR_NOMEM, "keyed state: out of memory");
-    return;
-  }
-  j->data_len = n;
-  j->found = got;
-  job_done(j, PROSODY_OK, NULL);
-}
-
-static void get_start(pr__cqlw_job_t *w) {
-  sjob_t *j = (sjob_t *)w;
-  pr__cql_val_t v[5];
-  pk(j->seg, j->key, j->name, j->section, v);
-  v[4] = pr__cv_blob(j->coord, (int32_t)j->coord_len);
-  pr__cql_execute_stmt(pr__cqlw_cql(j->s->w), j->s->get, v, 5, NULL,
-                       get_answered, j);
-}
-
 static void range_page(sjob_t *j, const uint8_t *paging, int32_t paging_len);
 
-/* A page of (coordinate, data, prev_data, encoding, event) rows: the
- * cells kept, then the next page while fewer than limit + 1 cells are
- * (one more than asked says whether another follows). */
+/* A page of rows: the cells kept, then the next page while fewer than
+ * limit + 1 cells are (one more than asked says whether another
+ * follows). A get is a range of its one cell. */
 static void range_answered(void *arg, prosody_err_t err, const char *errstr,
                            const pr__cql_result_t *res) {
   sjob_t *j = arg;
@@ -366,7 +313,7 @@ static void range_answered(void *arg, prosody_err_t err, const char *errstr,
     const uint8_t *p = NULL;
     size_t n = 0, cl = coord->len > 0 ? (size_t)coord->len : 0;
     uint8_t *b;
-    int got = row_value(j, res, r, 1, coord, &p, &n, why, sizeof(why));
+    int got = row_value(j, res, r, &p, &n, why, sizeof(why));
     if (got < 0) {
       job_done(j, PROSODY_ERR_PERMANENT, why);
       return;
@@ -402,16 +349,17 @@ static void range_page(sjob_t *j, const uint8_t *paging, int32_t paging_len) {
   pr__cql_opts_t o;
   size_t want = j->limit - j->n + 1;
   int bound = j->coord != NULL;
+  pr__cql_stmt_t *st = j->op == OP_GET ? s->get
+                       : j->backward   ? (bound ? s->before : s->last)
+                                       : (bound ? s->after : s->first);
   memset(&o, 0, sizeof(o));
   o.page_size = want > PAGE_MAX ? PAGE_MAX : (int32_t)want;
   o.paging_state = paging;
   o.paging_len = paging_len;
   pk(j->seg, j->key, j->name, j->section, v);
   v[4] = pr__cv_blob(j->coord, (int32_t)j->coord_len);
-  pr__cql_execute_stmt(pr__cqlw_cql(s->w),
-                       j->backward ? (bound ? s->before : s->last)
-                                   : (bound ? s->after : s->first),
-                       v, bound ? 5 : 4, &o, range_answered, j);
+  pr__cql_execute_stmt(pr__cqlw_cql(s->w), st, v, bound ? 5 : 4, &o,
+                       range_answered, j);
 }
 
 static void range_start(pr__cqlw_job_t *w) { range_page((sjob_t *)w, NULL, 0); }
@@ -422,34 +370,20 @@ static int job_coll(sjob_t *j, const pr__scoll_t *c, int section,
   j->section = section;
   j->coord_len = coord_len;
   if (!(j->key = strdup(c->key)) || !(j->name = strdup(c->name)) ||
-      (coord && !(j->coord = dup_bytes(coord, coord_len))))
+      (coord && !(j->coord = malloc(coord_len + 1))))
     return -1;
+  if (coord_len)
+    memcpy(j->coord, coord, coord_len);
   return segment_id(c, j->seg);
 }
 
-static void cql_get(pr__sstore_t *b, const pr__scoll_t *c, int section,
-                    const uint8_t *coord, size_t coord_len, pr__sget_cb cb,
-                    void *arg) {
-  sjob_t *j = job_new((cql_state_t *)b, OP_GET, (void *)cb, arg);
-  if (!j || job_coll(j, c, section, coord ? coord : (const uint8_t *)"",
-                     coord ? coord_len : 0)) {
-    if (j)
-      job_free(j);
-    nomem(OP_GET, (void *)cb, arg);
-    return;
-  }
-  j->job.start = get_start;
-  pr__cqlw_post(&j->job);
-}
-
-static void cql_range(pr__sstore_t *b, const pr__scoll_t *c, int section,
-                      const uint8_t *after, size_t after_len, int backward,
-                      size_t limit, pr__srange_cb cb, void *arg) {
-  sjob_t *j = job_new((cql_state_t *)b, OP_RANGE, (void *)cb, arg);
+/* Posts a read of `c` (a get: limit 1, `after` the cell itself). */
+static void post_read(pr__sstore_t *b, int op, const pr__scoll_t *c,
+                      int section, const uint8_t *after, size_t after_len,
+                      int backward, size_t limit, void *cb, void *arg) {
+  sjob_t *j = job_new((cql_state_t *)b, op, cb, arg);
   if (!j || job_coll(j, c, section, after, after ? after_len : 0)) {
-    if (j)
-      job_free(j);
-    nomem(OP_RANGE, (void *)cb, arg);
+    nomem(j, op, cb, arg);
     return;
   }
   j->backward = backward;
@@ -458,38 +392,43 @@ static void cql_range(pr__sstore_t *b, const pr__scoll_t *c, int section,
   pr__cqlw_post(&j->job);
 }
 
+static void cql_get(pr__sstore_t *b, const pr__scoll_t *c, int section,
+                    const uint8_t *coord, size_t coord_len, pr__sget_cb cb,
+                    void *arg) {
+  post_read(b, OP_GET, c, section, coord ? coord : (const uint8_t *)"",
+            coord ? coord_len : 0, 0, 1, (void *)cb, arg);
+}
+
+static void cql_range(pr__sstore_t *b, const pr__scoll_t *c, int section,
+                      const uint8_t *after, size_t after_len, int backward,
+                      size_t limit, pr__srange_cb cb, void *arg) {
+  post_read(b, OP_RANGE, c, section, after, after_len, backward, limit,
+            (void *)cb, arg);
+}
+
 /* ---- writing cells ------------------------------------------------------ */
 
 static size_t row_bytes(const srow_t *r) {
   return r->coord_len + r->data_len + ROW_OVERHEAD;
 }
 
-/*
- * Which rows each batch sends (owner thread): everything in one batch when
- * it fits; else, one collection after another (its rows in their order,
- * cut at the limits of one batch), the dedup row alone last. 0, or -1 when
- * out of memory.
- */
+/* Which rows each batch sends (owner thread): all in one when it fits;
+ * else each collection's in order, cut at the limits of a batch, the dedup
+ * row alone last. 0, or -1 when out of memory. */
 static int plan(sjob_t *j) {
   size_t total = 0, nsend = j->nrows + (size_t)j->has_dedup, k = 0;
-  size_t partitions = j->nparts + (size_t)j->has_dedup;
+  int whole; /* one batch: every row, in order */
   if (!(j->order = malloc((nsend ? nsend : 1) * sizeof(*j->order))) ||
       !(j->ends = malloc((nsend ? nsend : 1) * sizeof(*j->ends))))
     return -1;
   for (size_t i = 0; i < j->nrows; i++)
     total += row_bytes(&j->rows[i]);
-  if (nsend <= BATCH_MAX_STMTS && total <= BATCH_MAX_BYTES &&
-      (partitions <= 1 || total <= MULTI_MAX_BYTES)) {
-    for (size_t i = 0; i < nsend; i++)
-      j->order[i] = i;
-    j->ends[0] = nsend;
-    j->nbatches = 1;
-    return 0;
-  }
-  for (size_t p = 0; p < j->nparts; p++) {
+  whole = nsend <= BATCH_MAX_STMTS && total <= BATCH_MAX_BYTES &&
+          (j->nparts + (size_t)j->has_dedup <= 1 || total <= MULTI_MAX_BYTES);
+  for (size_t p = 0; p < (whole ? 1 : j->nparts); p++) {
     size_t count = 0, bytes = 0;
     for (size_t i = 0; i < j->nrows; i++) {
-      if (j->rows[i].part != p)
+      if (!whole && j->rows[i].part != p)
         continue;
       if (count && (count == BATCH_MAX_STMTS ||
                     bytes + row_bytes(&j->rows[i]) > BATCH_MAX_BYTES)) {
@@ -503,8 +442,10 @@ static int plan(sjob_t *j) {
     if (count)
       j->ends[j->nbatches++] = k;
   }
-  if (j->has_dedup) {
+  if (j->has_dedup) { /* with the rows when whole, else alone */
     j->order[k++] = j->nrows;
+    if (whole && j->nbatches)
+      j->nbatches--;
     j->ends[j->nbatches++] = k;
   }
   return 0;
@@ -589,25 +530,23 @@ static int same_coll(const pr__scoll_t *a, const pr__scoll_t *b) {
 
 /* Copies the writes into the job (owner thread); -1 when out of memory. */
 static int copy_writes(sjob_t *j, const pr__swrite_t *w, size_t n) {
-  const pr__scoll_t **colls = malloc((n ? n : 1) * sizeof(*colls));
-  int rc = -1;
-  if (!colls || !(j->rows = calloc(n ? n : 1, sizeof(*j->rows))) ||
+  if (!(j->rows = calloc(n ? n : 1, sizeof(*j->rows))) ||
       !(j->parts = calloc(n ? n : 1, sizeof(*j->parts))))
-    goto out;
+    return -1;
   for (size_t i = 0; i < n; i++) {
     srow_t *r = &j->rows[i];
     size_t p = i && same_coll(w[i].coll, w[i - 1].coll) ? j->rows[i - 1].part
                                                         : j->nparts;
     for (size_t q = 0; p == j->nparts && q < j->nparts; q++)
-      if (same_coll(w[i].coll, colls[q]))
+      if (same_coll(w[i].coll, w[j->parts[q].first].coll))
         p = q;
     if (p == j->nparts) {
-      spart_t *sp = &j->parts[j->nparts];
-      colls[j->nparts++] = w[i].coll;
+      spart_t *sp = &j->parts[j->nparts++];
+      sp->first = i;
       if (!(sp->key = strdup(w[i].coll->key)) ||
           !(sp->name = strdup(w[i].coll->name)) ||
           segment_id(w[i].coll, sp->seg))
-        goto out;
+        return -1;
     }
     r->op = w[i].op;
     r->section = w[i].section;
@@ -618,7 +557,7 @@ static int copy_writes(sjob_t *j, const pr__swrite_t *w, size_t n) {
     r->ttl =
         w[i].ttl_s > 0 && w[i].ttl_s <= MAX_TTL_S ? (int32_t)w[i].ttl_s : 0;
     if (!(r->coord = malloc(r->coord_len + r->data_len + 1)))
-      goto out;
+      return -1;
     j->nrows = i + 1;
     r->data = r->coord + r->coord_len;
     if (r->coord_len)
@@ -626,10 +565,7 @@ static int copy_writes(sjob_t *j, const pr__swrite_t *w, size_t n) {
     if (r->data_len)
       memcpy(r->data, w[i].data, r->data_len);
   }
-  rc = 0;
-out:
-  free(colls);
-  return rc;
+  return 0;
 }
 
 static void cql_apply(pr__sstore_t *b, const pr__swrite_t *w, size_t n,
@@ -650,9 +586,7 @@ static void cql_apply(pr__sstore_t *b, const pr__swrite_t *w, size_t n,
   if (j)
     j->has_dedup = dedup != NULL;
   if (!j || copy_writes(j, w, n) || plan(j)) {
-    if (j)
-      job_free(j);
-    nomem(OP_APPLY, (void *)cb, arg);
+    nomem(j, OP_APPLY, (void *)cb, arg);
     return;
   }
   if (dedup) { /* the uuid's 16 bytes: hi, then lo, big-endian */
@@ -696,8 +630,8 @@ static void identity_compare(sjob_t *j, const pr__cql_result_t *res) {
       pr__cql_get_text(pr__cql_cell(res, 0, col_of(res, "key_format_id")), keys,
                        sizeof(keys))) {
     snprintf(why, sizeof(why),
-             "keyed state: the recorded kind of collection \"%.64s\" of "
-             "group \"%.64s\" (keyed_state_identity) is malformed",
+             "keyed state: malformed keyed_state_identity "
+             "row of \"%.64s\" of group \"%.64s\"",
              j->name, j->group);
     job_done(j, PROSODY_ERR_PERMANENT, why);
     return;
@@ -707,61 +641,46 @@ static void identity_compare(sjob_t *j, const pr__cql_result_t *res) {
     job_done(j, PROSODY_OK, NULL);
     return;
   }
-  if (same) /* the same kind, other keys (a map of i64 keys, say) */
-    snprintf(why, sizeof(why),
-             "keyed state: collection \"%.64s\" of group \"%.64s\" is "
-             "recorded as a %s (%s) with %s keys, not %s keys: give the new "
-             "collection another name",
-             j->name, j->group, kind_name(kind), fmt, keys, j->key_format);
-  else
-    snprintf(why, sizeof(why),
-             "keyed state: collection \"%.64s\" of group \"%.64s\" is "
-             "recorded as a %s (%s), not a %s (%s): give the new collection "
-             "another name",
-             j->name, j->group, kind_name(kind), fmt, kind_name(j->kind),
-             j->format);
+  /* The key formats only when they alone differ (a map of i64 keys). */
+  snprintf(why, sizeof(why),
+           "keyed state: collection \"%.64s\" of group \"%.64s\" is "
+           "recorded as a %s (%s%s%s), not a %s (%s%s%s): give the new "
+           "collection another name",
+           j->name, j->group, kind_name(kind), fmt, same ? ", keys " : "",
+           same ? keys : "", kind_name(j->kind), j->format,
+           same ? ", keys " : "", same ? j->key_format : "");
   job_done(j, PROSODY_ERR_PERMANENT, why);
 }
 
+/* The read, then the insert when nothing was recorded: [applied], and
+ * the row that won when it was not. */
 static void identity_answered(void *arg, prosody_err_t err, const char *errstr,
                               const pr__cql_result_t *res) {
   sjob_t *j = arg;
+  int rows = !err && res && res->kind == PR_CQL_RESULT_ROWS && res->nrows > 0;
   int applied = 0;
+  if (!err && j->step == 1 &&
+      (!rows || pr__cql_get_bool(pr__cql_cell(res, 0, col_of(res, "[applied]")),
+                                 &applied))) {
+    err = PROSODY_ERR_TRANSIENT;
+    errstr = "no [applied] in the answer to an insert";
+  }
   if (err) {
     job_done(j, err, errstr);
-    return;
-  }
-  if (j->step == 0) {
-    if (res && res->kind == PR_CQL_RESULT_ROWS && res->nrows > 0) {
-      identity_compare(j, res);
-      return;
-    }
+  } else if (j->step == 0 && !rows) {
+    pr__cql_val_t v[5] = {pr__cv_text(j->group), pr__cv_text(j->name),
+                          pr__cv_tinyint(j->kind), pr__cv_text(j->format),
+                          pr__cv_text(j->key_format)};
+    pr__cql_opts_t o = {0};
+    o.serial_consistency = PR_CQL_SERIAL;
     j->step = 1;
-    {
-      pr__cql_val_t v[5] = {pr__cv_text(j->group), pr__cv_text(j->name),
-                            pr__cv_tinyint(j->kind), pr__cv_text(j->format),
-                            pr__cv_text(j->key_format)};
-      pr__cql_opts_t o;
-      memset(&o, 0, sizeof(o));
-      o.serial_consistency = PR_CQL_SERIAL;
-      pr__cql_execute_stmt(pr__cqlw_cql(j->s->w), j->s->id_ins, v, 5, &o,
-                           identity_answered, j);
-    }
-    return;
-  }
-  /* The insert: [applied], and the row that won when it was not. */
-  if (!res || res->kind != PR_CQL_RESULT_ROWS || res->nrows < 1 ||
-      pr__cql_get_bool(pr__cql_cell(res, 0, col_of(res, "[applied]")),
-                       &applied)) {
-    job_done(j, PROSODY_ERR_TRANSIENT,
-             "keyed state: no [applied] in the answer to recording a "
-             "collection's kind");
-    return;
-  }
-  if (applied)
+    pr__cql_execute_stmt(pr__cqlw_cql(j->s->w), j->s->id_ins, v, 5, &o,
+                         identity_answered, j);
+  } else if (applied) {
     job_done(j, PROSODY_OK, NULL);
-  else
+  } else {
     identity_compare(j, res);
+  }
 }
 
 static void identity_start(pr__cqlw_job_t *w) {
@@ -784,9 +703,7 @@ static void cql_identity(pr__sstore_t *b, const char *group, const char *name,
   }
   j = job_new((cql_state_t *)b, OP_IDENTITY, (void *)cb, arg);
   if (!j || !(j->group = strdup(group)) || !(j->name = strdup(name))) {
-    if (j)
-      job_free(j);
-    nomem(OP_IDENTITY, (void *)cb, arg);
+    nomem(j, OP_IDENTITY, (void *)cb, arg);
     return;
   }
   j->kind = (int8_t)(id->kind + 1);
@@ -821,9 +738,11 @@ static const pr__sstore_ops_t cql_state_ops = {
 static pr__cql_stmt_t *stmt(cql_state_t *s, const char *ks, const char *a,
                             const char *b) {
   char q[512];
-  if ((size_t)snprintf(q, sizeof(q), "%s%s%s", a, ks, b) >= sizeof(q))
-    return NULL;
-  return pr__cql_stmt(pr__cqlw_cql(s->w), q);
+  pr__cql_stmt_t *st = NULL;
+  if ((size_t)snprintf(q, sizeof(q), "%s%s%s", a, ks, b) < sizeof(q))
+    st = pr__cql_stmt(pr__cqlw_cql(s->w), q);
+  s->bad |= !st;
+  return st;
 }
 
 pr__sstore_t *pr__cqlstate_new(const pr__cql_conf_t *conf, const char *keyspace,
@@ -838,8 +757,8 @@ pr__sstore_t *pr__cqlstate_new(const pr__cql_conf_t *conf, const char *keyspace,
     return NULL;
   }
   s->base.ops = &cql_state_ops;
-  s->get = stmt(s, ks, "SELECT data, prev_data, encoding, event FROM ",
-                ".keyed_state_cell" PK_WHERE " AND coordinate = ?");
+  s->get =
+      stmt(s, ks, SEL_ROWS, ".keyed_state_cell" PK_WHERE " AND coordinate = ?");
   s->first = stmt(s, ks, SEL_ROWS, ".keyed_state_cell" PK_WHERE);
   s->after =
       stmt(s, ks, SEL_ROWS, ".keyed_state_cell" PK_WHERE " AND coordinate > ?");
@@ -864,11 +783,10 @@ pr__sstore_t *pr__cqlstate_new(const pr__cql_conf_t *conf, const char *keyspace,
                    ".keyed_state_identity (group_id, state_type, name, kind, "
                    "format_id, key_format_id) VALUES (?, 0, ?, ?, ?, ?) IF "
                    "NOT EXISTS");
-  if (!s->get || !s->first || !s->after || !s->last || !s->before || !s->put ||
-      !s->del || !s->del_sec || !s->dedup || !s->id_sel || !s->id_ins) {
+  if (s->bad) {
     pr__errf(errstr, errstr_size,
-             "keyed state: out of memory (or keyspace name \"%.64s\" too "
-             "long)",
+             "keyed state: out of memory, or keyspace "
+             "name \"%.64s\" too long",
              keyspace);
     cql_destroy(&s->base);
     return NULL;

@@ -582,3 +582,27 @@ T_SCENARIO(deque_cells_in_the_original_layout, T_REAL, 90) {
   st->ops->destroy(st);
   return 0;
 }
+
+T_SCENARIO(store_failure_is_transient_and_named, T_BOTH, 60) {
+  /* No Cassandra on the port: the read times out, a transient failure
+   * that says which collection and why. */
+  char *node = "127.0.0.1:1", err[512];
+  pr__scoll_t c = {"g", "orders", 0, "k", "cart"};
+  ans_t a = {0};
+  pr__cql_conf_t conf = {0};
+  CHECK(pipe(wake_fd) == 0, "pipe");
+  conf.nodes = &node;
+  conf.nnodes = 1;
+  conf.connect_timeout_ms = 300;
+  conf.request_timeout_ms = 800;
+  st = pr__cqlstate_new(&conf, T_KEYSPACE, wake, NULL, err, sizeof(err));
+  CHECK(st, "pr__cqlstate_new: %s", err);
+  st->ops->get(st, &c, 0, (const uint8_t *)"", 0, on_get, &a);
+  await(st, &a);
+  CHECK(a.err == PROSODY_ERR_TRANSIENT &&
+            strstr(a.errstr, "keyed state: reading collection \"cart\"") &&
+            strstr(a.errstr, "800 ms"),
+        "a store failure: %s \"%s\"", prosody_err_name(a.err), a.errstr);
+  st->ops->destroy(st);
+  return 0;
+}
