@@ -330,6 +330,20 @@ T_SCENARIO(dedup_row_lands_with_the_cells, T_REAL, 120) {
   CHECK(dedup_row(d1), "the apply did not write the event's dedup row");
   apply(NULL, 0, &d2); /* only the record */
   CHECK(dedup_row(d2), "an apply of no cells did not write the dedup row");
+  /* A batch Cassandra refuses (a key that is not UTF-8, for its text
+   * column) writes nothing: neither its other cells nor the dedup row. */
+  {
+    pr__scoll_t bad = {group, "orders", 0, "\xff", "cart"};
+    pr__did_t d0 = {run, 99};
+    pr__swrite_t w[] = {put(&c, 5, "ok", "v", 0), put(&bad, 5, "x", "v", 0)};
+    memset(&a, 0, sizeof(a));
+    st->ops->apply(st, w, 2, &d0, 3600, on_done, &a);
+    await(st, &a);
+    CHECK(a.err == PROSODY_ERR_PERMANENT, "a refused batch: %s \"%s\"",
+          prosody_err_name(a.err), a.errstr);
+    CHECK(!dedup_row(d0), "a refused batch wrote the dedup row");
+    CHECK(!get(&c, 5, "ok").found, "a refused batch wrote a cell");
+  }
   /* Over Cassandra's 50 KiB limit of a batch of several partitions: two
    * collections of 40 KiB each, and the dedup row. */
   {
