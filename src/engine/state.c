@@ -483,17 +483,3 @@ void pr__state_poll(pr__engine_t *eng) {
 
 const pr__layer_t pr__layer_state = {
     .name = "keyed state", .open = open_layer, .close = close_layer};
-
-/* Until the Cassandra store lands (cqlstate.c). */
-__attribute__((weak)) pr__sstore_t *
-pr__cqlstate_new(const pr__cql_conf_t *conf, const char *keyspace,
-                 void (*wake)(void *), void *wake_arg, char *errstr,
-                 size_t errstr_size) {
-  (void)conf;
-  (void)keyspace;
-  (void)wake;
-  (void)wake_arg;
-  pr__errf(errstr, errstr_size,
-           "keyed state: the Cassandra store is not built in");
-  return NULL;
-}

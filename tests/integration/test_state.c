@@ -164,7 +164,7 @@ static prosody_result_t count_msg(prosody_context_t *ctx,
   return first ? PROSODY_TRANSIENT : PROSODY_SUCCESS;
 }
 
-T_SCENARIO(success_commits_state_and_failure_drops_it, T_MOCK, 120) {
+T_SCENARIO(success_commits_state_and_failure_drops_it, T_BOTH, 120) {
   const char *topic = t_topic("state-count");
   prosody_state_def_t def = PROSODY_STATE_DEF_INIT;
   prosody_handler_t h = {count_msg, NULL, NULL, 0};
@@ -349,7 +349,7 @@ static prosody_result_t kinds_msg(prosody_context_t *ctx,
   return PROSODY_SUCCESS;
 }
 
-T_SCENARIO(maps_and_deques_read_their_writes_and_store_them, T_MOCK, 120) {
+T_SCENARIO(maps_and_deques_read_their_writes_and_store_them, T_BOTH, 120) {
   const char *topic = t_topic("state-kinds");
   prosody_state_def_t defs[3] = {PROSODY_STATE_DEF_INIT, PROSODY_STATE_DEF_INIT,
                                  PROSODY_STATE_DEF_INIT};
@@ -456,7 +456,7 @@ static prosody_result_t commit_msg(prosody_context_t *ctx,
   return PROSODY_SUCCESS;
 }
 
-T_SCENARIO(commit_keeps_rollback_drops_and_stale_handles_refused, T_MOCK, 120) {
+T_SCENARIO(commit_keeps_rollback_drops_and_stale_handles_refused, T_BOTH, 120) {
   const char *topic = t_topic("state-commit");
   prosody_state_def_t defs[2] = {PROSODY_STATE_DEF_INIT,
                                  PROSODY_STATE_DEF_INIT};
@@ -520,7 +520,7 @@ static prosody_result_t nop_msg(prosody_context_t *ctx,
   return PROSODY_SUCCESS;
 }
 
-T_SCENARIO(another_kind_under_a_recorded_name_refused, T_MOCK, 60) {
+T_SCENARIO(another_kind_under_a_recorded_name_refused, T_BOTH, 60) {
   const char *topic = t_topic("state-ident");
   prosody_state_def_t def = PROSODY_STATE_DEF_INIT;
   prosody_handler_t h = {nop_msg, NULL, NULL, 0};
@@ -598,6 +598,7 @@ static int crash_child(int argc, char **argv) {
   conf = crash_config(argv[4], argv[3]);
   memset(&test, 0, sizeof(test));
   test.state_exit_after = 3;
+  test.session_timeout_ms = 6000; /* the group notices its death soon */
   pr__config_set_test(conf, &test);
   client = prosody_client_new(conf, err, sizeof(err));
   CHECK(client, "child client: %s", err);
