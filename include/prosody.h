@@ -651,8 +651,8 @@ PROSODY_EXPORT const char *prosody_timer_traceparent(const prosody_timer_t *t,
  * buffered since the last commit. `read_uncommitted` collections write
  * through at once (writes must then be idempotent).
  *
- * Storage: memory in mock mode or without cassandra_nodes (one store per
- * process), otherwise Cassandra in the original Prosody's tables
+ * Storage: memory in mock mode (one store per process), otherwise Cassandra
+ * (cassandra_nodes is then required) in the original Prosody's tables
  * (keyed_state_cell, keyed_state_identity). State is addressed by the
  * partition's timer segment (group, topic, partition), the key and the
  * collection's name, so a partition that moves keeps its state. A

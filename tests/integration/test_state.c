@@ -640,6 +640,32 @@ T_SCENARIO(bad_definitions_refused_naming_the_field, T_MOCK, 30) {
 }
 
 static prosody_result_t nop_msg(prosody_context_t *ctx,
+                                const prosody_message_t *msg, void *op);
+
+/* Keyed state is durable: outside mock mode it needs Cassandra. */
+T_SCENARIO(collections_without_cassandra_refused_at_subscribe, T_MOCK, 30) {
+  char err[1024];
+  prosody_state_def_t def = PROSODY_STATE_DEF_INIT;
+  prosody_handler_t h = {nop_msg, NULL, NULL, 0};
+  prosody_config_t *conf = t_config();
+  prosody_client_t *client;
+  def.name = "cart";
+  t_set(conf, "mock", "false");
+  t_set(conf, "bootstrap_servers", "127.0.0.1:1");
+  t_set(conf, "group_id", "g");
+  t_set(conf, "subscribed_topics", "t");
+  unsetenv("PROSODY_CASSANDRA_NODES");
+  CHECK_OK(prosody_config_add_state(conf, &def, err, sizeof(err)), err);
+  client = prosody_client_new(conf, err, sizeof(err));
+  CHECK(client, "client: %s", err);
+  CHECK(prosody_subscribe(client, &h, err, sizeof(err)) == PROSODY_ERR_CONFIG &&
+            strstr(err, "cassandra_nodes") && strstr(err, "\"cart\""),
+        "subscribe without cassandra_nodes: %s", err);
+  prosody_client_destroy(client);
+  return 0;
+}
+
+static prosody_result_t nop_msg(prosody_context_t *ctx,
                                 const prosody_message_t *msg, void *op) {
   (void)ctx, (void)msg, (void)op;
   return PROSODY_SUCCESS;
