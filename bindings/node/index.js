@@ -552,36 +552,39 @@ function stateError(e) {
 
 // The JSON text of a value to store; a null or a value without a JSON form
 // is refused (transient) before libprosody is asked.
-function encodeState(v, method, remedy) {
+// (`name`: the collection, which each message names.)
+function encodeState(v, method, remedy, name) {
   if (v === null || v === undefined) {
-    throw new TransientStateError(`${method}: cannot store ${v}; a top-level null means absence (use ${remedy})`);
+    throw new TransientStateError(`${method}: cannot store ${v} in "${name}"; a top-level null means absence ` +
+                                  `(use ${remedy})`);
   }
   if (typeof v === 'function' || typeof v === 'symbol' || typeof v === 'bigint') {
-    throw new TransientStateError(`${method}: a ${typeof v} has no JSON form and cannot be stored`);
+    throw new TransientStateError(`${method}: a ${typeof v} has no JSON form and cannot be stored in "${name}"`);
   }
   let text;
   try {
     text = JSON.stringify(v);
   } catch (e) {
-    throw new TransientStateError(`${method}: the value has no JSON form: ${e && e.message}`);
+    throw new TransientStateError(`${method}: the value for "${name}" has no JSON form: ${e && e.message}`);
   }
   if (text === undefined || text === 'null') {
-    throw new TransientStateError(`${method}: the value has no JSON form (its toJSON gave ${text})`);
+    throw new TransientStateError(`${method}: the value for "${name}" has no JSON form (its toJSON gave ${text})`);
   }
   return text;
 }
 
-function mapKey(key, method) {
+function mapKey(key, method, name) {
   if (typeof key !== 'string') {
-    throw new TransientStateError(`${method}: a map key must be a string, got ${shown(key)}`);
+    throw new TransientStateError(`${method}: a key of map "${name}" must be a string, got ${shown(key)}`);
   }
   return key;
 }
 
-function scanDirection(direction, method) {
+function scanDirection(direction, method, name) {
   if (direction === undefined || direction === 'forward') return false;
   if (direction === 'backward') return true;
-  throw new TransientStateError(`${method}: direction must be "forward" or "backward", got ${shown(direction)}`);
+  throw new TransientStateError(`${method}: direction must be "forward" or "backward", got ${shown(direction)} ` +
+                                `(scanning "${name}")`);
 }
 
 const parsed = (json) => (json === null ? null : JSON.parse(json));
@@ -618,7 +621,7 @@ class StateHandle {
 
   // A scan in chunks; `item(key, json)` makes what it yields.
   _scan(method, direction, keysOnly, item) {
-    return new StateScan(this, scanDirection(direction, method), keysOnly, item);
+    return new StateScan(this, scanDirection(direction, method, this._name), keysOnly, item);
   }
 }
 
@@ -629,21 +632,25 @@ class ValueState extends StateHandle {
   }
 
   async set(v) {
-    await this._call(SOP.set, { json: encodeState(v, 'set', 'clear()') });
+    await this._call(SOP.set, { json: encodeState(v, 'set', 'clear()', this._name) });
   }
 }
 
 class MapState extends StateHandle {
   async get(key) {
-    const r = await this._call(SOP.get, { key: mapKey(key, 'get') });
+    const r = await this._call(SOP.get, { key: mapKey(key, 'get', this._name) });
     return r.length > 1 ? parsed(r[2]) : null;
   }
 
   async getMany(keys) {
-    if (!Array.isArray(keys)) throw new TransientStateError(`getMany: expected an array of keys, got ${shown(keys)}`);
+    if (!Array.isArray(keys)) {
+      throw new TransientStateError(`getMany: expected an array of keys of map "${this._name}", got ${shown(keys)}`);
+    }
     keys.forEach((k) => {
-      mapKey(k, 'getMany');
-      if (k.includes('\0')) throw new TransientStateError('getMany: a key cannot contain a NUL character (\\0)');
+      mapKey(k, 'getMany', this._name);
+      if (k.includes('\0')) {
+        throw new TransientStateError(`getMany: a key of map "${this._name}" cannot contain a NUL character (\\0)`);
+      }
     });
     if (keys.length === 0) return [];
     const r = await this._call(SOP.getMany, { keys });
@@ -653,17 +660,17 @@ class MapState extends StateHandle {
   }
 
   async has(key) {
-    const r = await this._call(SOP.contains, { key: mapKey(key, 'has') });
+    const r = await this._call(SOP.contains, { key: mapKey(key, 'has', this._name) });
     return r[0] === 1;
   }
 
   async set(key, v) {
-    mapKey(key, 'set');
-    await this._call(SOP.set, { key, json: encodeState(v, 'set', 'delete(key)') });
+    mapKey(key, 'set', this._name);
+    await this._call(SOP.set, { key, json: encodeState(v, 'set', 'delete(key)', this._name) });
   }
 
   async delete(key) {
-    await this._call(SOP.remove, { key: mapKey(key, 'delete') });
+    await this._call(SOP.remove, { key: mapKey(key, 'delete', this._name) });
   }
 
   entries(direction) { return this._scan('entries', direction, false, (k, j) => [k, parsed(j)]); }
@@ -677,11 +684,11 @@ class MapState extends StateHandle {
 
 class DequeState extends StateHandle {
   async push(v) {
-    await this._call(SOP.pushBack, { json: encodeState(v, 'push', 'pop() or clear()') });
+    await this._call(SOP.pushBack, { json: encodeState(v, 'push', 'pop() or clear()', this._name) });
   }
 
   async unshift(v) {
-    await this._call(SOP.pushFront, { json: encodeState(v, 'unshift', 'shift() or clear()') });
+    await this._call(SOP.pushFront, { json: encodeState(v, 'unshift', 'shift() or clear()', this._name) });
   }
 
   async pop() { return this._one(SOP.popBack); }

@@ -385,7 +385,8 @@ test('writes without a JSON form, and bad arguments, are TransientStateErrors; n
   ]);
   const [errors, stored, has, length] = r;
   for (const e of errors) assert.ok(e instanceof TransientStateError, String(e));
-  assert.match(errors[0].message, /cannot store null.*clear\(\)/);
+  assert.match(errors[0].message, /^set: cannot store null in "counter"; .*clear\(\)/);
+  assert.match(errors[8].message, /^set: a key of map "profile" must be a string, got 7$/);
   assert.match(errors[13].message, /^at: index must be a safe integer, got 1\.5$/);
   assert.match(errors[16].message, /"forward" or "backward", got "sideways"/);
   assert.deepStrictEqual([stored, has, length], ['untouched', false, 0]);
@@ -442,4 +443,36 @@ test('stateCollections is validated at construction', async () => {
                        deque('c', { capacity: 1 }), { name: 'd', kind: 'map', payload: 'json', keysetLimit: 4096 }],
   });
   await ok.shutdown();
+});
+
+test('a readUncommitted collection keeps a failed attempt\'s writes', async (t) => {
+  const DIRECT = value('direct', { readUncommitted: true });
+  let attempts = 0;
+  const [r] = await run(t, [DIRECT, COUNTER], [
+    async (ctx) => {
+      attempts++;
+      const seen = [await ctx.state(DIRECT).get(), await ctx.state(COUNTER).get()];
+      if (attempts === 1) {
+        await ctx.state(DIRECT).set('written through');
+        await ctx.state(COUNTER).set('buffered');
+        throw new Planned('fail after writing both');
+      }
+      return seen;
+    },
+  ]);
+  assert.deepStrictEqual(r, ['written through', null]);
+});
+
+test('the ES module entry exports the same keyed-state objects', async () => {
+  const esm = await import('../index.mjs');
+  const cjs = require('..');
+  for (const name of ['value', 'map', 'deque', 'messageValue', 'messageMap', 'messageDeque', 'TransientStateError',
+                      'PermanentStateError', 'isStateError', 'ValueState', 'MapState', 'DequeState']) {
+    assert.strictEqual(typeof cjs[name], 'function', name);
+    assert.strictEqual(esm[name], cjs[name], name);
+  }
+  const e = new TransientStateError('x');
+  assert.ok(isStateError(e) && !isStateError(new TransientError('x')) && !isStateError(null));
+  assert.strictEqual(e.name, 'TransientStateError');
+  assert.strictEqual(new PermanentStateError('y').isPermanent, true);
 });
