@@ -9,12 +9,40 @@ const {
   ProsodyClient, TransientError, PermanentError, TransientStateError, PermanentStateError, isStateError,
   value, map, deque, messageValue, messageMap, messageDeque,
 } = require('..');
-const { unique, Recorder, freshTopic, clientFactory, baseOptions } = require('./helpers');
+const { REAL, unique, Recorder, freshTopic, clientFactory, baseOptions } = require('./helpers');
 
 // A failure a test plans: the attempt fails (and is retried); any other
 // error a body throws is recorded, so a broken assertion fails the test
 // instead of retrying the event for ever.
 class Planned extends TransientError {}
+
+// The real tier needs libprosody's Cassandra keyed-state store; until it is
+// built in, subscribing with collections fails, and the tests that use the
+// store are skipped (they run again by themselves once it is there).
+const NO_STORE = Symbol('no Cassandra keyed-state store');
+
+async function subscribeOrSkip(t, client, handler) {
+  try {
+    await client.subscribe(handler);
+  } catch (e) {
+    if (REAL && /Cassandra store is not built in/.test(e && e.message)) {
+      t.skip(`libprosody has no Cassandra keyed-state store yet: ${e.message}`);
+      throw NO_STORE;
+    }
+    throw e;
+  }
+}
+
+// A test that stores state: skipped (see NO_STORE) without a store.
+function storeTest(name, fn) {
+  test(name, async (t) => {
+    try {
+      await fn(t);
+    } catch (e) {
+      if (e !== NO_STORE) throw e;
+    }
+  });
+}
 
 // Runs bodies[i] for the i-th message of one key and returns what each
 // returned (or {error} for what one threw), in order.
@@ -24,7 +52,7 @@ async function run(t, stateCollections, bodies, over = {}) {
   const rec = new Recorder();
   const c = make({ groupId: unique('g'), subscribedTopics: topic, stateCollections, retryBaseMs: 10,
                    maxRetryDelayMs: 50, deferEnabled: false, ...over });
-  await c.subscribe({
+  await subscribeOrSkip(t, c, {
     onMessage: async (ctx, msg) => {
       let r;
       try {
@@ -69,7 +97,7 @@ test('definitions are frozen objects carrying the options that were given', () =
   assert.throws(() => value('v', { capacity: 3 }), /unknown option 'capacity'/);
 });
 
-test('a value: absent, set, read back in the attempt and by the next message, cleared', async (t) => {
+storeTest('a value: absent, set, read back in the attempt and by the next message, cleared', async (t) => {
   const seen = await run(t, [COUNTER], [
     async (ctx) => {
       const v = ctx.state(COUNTER);
@@ -93,7 +121,7 @@ test('a value: absent, set, read back in the attempt and by the next message, cl
   assert.strictEqual(seen[2], null);
 });
 
-test('a map: set, delete, has, getMany and scans in key order, both ways', async (t) => {
+storeTest('a map: set, delete, has, getMany and scans in key order, both ways', async (t) => {
   const seen = await run(t, [PROFILE], [
     async (ctx) => {
       const m = ctx.state(PROFILE);
@@ -136,7 +164,7 @@ test('a map: set, delete, has, getMany and scans in key order, both ways', async
   assert.deepStrictEqual(seen[2], [[], false]);
 });
 
-test('a deque: push, unshift, pop, shift, at, length, isEmpty, values', async (t) => {
+storeTest('a deque: push, unshift, pop, shift, at, length, isEmpty, values', async (t) => {
   const seen = await run(t, [QUEUE], [
     async (ctx) => {
       const d = ctx.state(QUEUE);
@@ -178,7 +206,7 @@ test('a deque: push, unshift, pop, shift, at, length, isEmpty, values', async (t
   assert.deepStrictEqual(seen[2], [['b', 'c'], true, null]);
 });
 
-test('a deque with a capacity drops from the other end', async (t) => {
+storeTest('a deque with a capacity drops from the other end', async (t) => {
   const LAST3 = deque('last3', { capacity: 3 });
   const [r] = await run(t, [LAST3], [
     async (ctx) => {
@@ -192,7 +220,7 @@ test('a deque with a capacity drops from the other end', async (t) => {
   assert.deepStrictEqual(r, [[3, 4, 5], 3, [0, 3, 4]]);
 });
 
-test('scans pull in chunks: 300 entries and items, both ways, and early exits', async (t) => {
+storeTest('scans pull in chunks: 300 entries and items, both ways, and early exits', async (t) => {
   const BIG = map('big');
   const LONG = deque('long');
   const pad = (i) => `k${String(i).padStart(3, '0')}`;
@@ -237,7 +265,7 @@ test('scans pull in chunks: 300 entries and items, both ways, and early exits', 
   assert.deepStrictEqual(r.end, { value: undefined, done: true });
 });
 
-test('a failed attempt\'s writes vanish: the retry sees the committed state', async (t) => {
+storeTest('a failed attempt\'s writes vanish: the retry sees the committed state', async (t) => {
   let attempts = 0;
   const seen = await run(t, [COUNTER, PROFILE], [
     async (ctx) => { await ctx.state(COUNTER).set('committed'); },
@@ -262,7 +290,7 @@ test('a failed attempt\'s writes vanish: the retry sees the committed state', as
   assert.strictEqual(seen[2], 'second');
 });
 
-test('commit() keeps the writes before it when the attempt later fails', async (t) => {
+storeTest('commit() keeps the writes before it when the attempt later fails', async (t) => {
   let attempts = 0;
   const seen = await run(t, [COUNTER, PROFILE], [
     async (ctx) => {
@@ -284,7 +312,7 @@ test('commit() keeps the writes before it when the attempt later fails', async (
   assert.deepStrictEqual(seen[0], ['floor', [['a', 1]]]);
 });
 
-test('rollback() drops the writes since the last commit, for its collection only', async (t) => {
+storeTest('rollback() drops the writes since the last commit, for its collection only', async (t) => {
   const seen = await run(t, [COUNTER, QUEUE], [
     async (ctx) => {
       const v = ctx.state(COUNTER);
@@ -302,7 +330,7 @@ test('rollback() drops the writes since the last commit, for its collection only
   assert.deepStrictEqual(seen[1], ['kept', ['other collection']]);
 });
 
-test('a handle used after its handler finished is a TransientStateError', async (t) => {
+storeTest('a handle used after its handler finished is a TransientStateError', async (t) => {
   let leaked;
   let leakedCtx;
   let leakedScan;
@@ -336,7 +364,7 @@ test('a handle used after its handler finished is a TransientStateError', async 
   assert.strictEqual(current, 1, 'the leaked set did not write');
 });
 
-test('an unregistered name or another kind is a PermanentStateError; a foreign object a transient one', async (t) => {
+storeTest('an unregistered name or another kind is a PermanentStateError; a foreign object a transient one', async (t) => {
   const [r] = await run(t, [COUNTER], [
     async (ctx) => {
       const out = [];
@@ -362,7 +390,7 @@ test('an unregistered name or another kind is a PermanentStateError; a foreign o
   assert.match(r[3].message, /definition must come from a Prosody state definition constructor/);
 });
 
-test('writes without a JSON form, and bad arguments, are TransientStateErrors; nothing is stored', async (t) => {
+storeTest('writes without a JSON form, and bad arguments, are TransientStateErrors; nothing is stored', async (t) => {
   const cyclic = {};
   cyclic.self = cyclic;
   const [r] = await run(t, [COUNTER, PROFILE, QUEUE], [
@@ -392,13 +420,13 @@ test('writes without a JSON form, and bad arguments, are TransientStateErrors; n
   assert.deepStrictEqual([stored, has, length], ['untouched', false, 0]);
 });
 
-test('ProsodyClient.create() registers collections; the constructor too', async (t) => {
+storeTest('ProsodyClient.create() registers collections; the constructor too', async (t) => {
   const topic = await freshTopic(1);
   const c = await ProsodyClient.create({ ...baseOptions(), groupId: unique('g'), subscribedTopics: topic,
                                          stateCollections: [COUNTER, deque('recent', { capacity: 2 })] });
   t.after(() => c.shutdown());
   const rec = new Recorder();
-  await c.subscribe({
+  await subscribeOrSkip(t, c, {
     onMessage: async (ctx) => {
       const d = ctx.state(deque('recent', { capacity: 2 }));
       await d.push(1);
@@ -445,7 +473,7 @@ test('stateCollections is validated at construction', async () => {
   await ok.shutdown();
 });
 
-test('a readUncommitted collection keeps a failed attempt\'s writes', async (t) => {
+storeTest('a readUncommitted collection keeps a failed attempt\'s writes', async (t) => {
   const DIRECT = value('direct', { readUncommitted: true });
   let attempts = 0;
   const [r] = await run(t, [DIRECT, COUNTER], [
