@@ -504,3 +504,24 @@ test('the ES module entry exports the same keyed-state objects', async () => {
   assert.strictEqual(e.name, 'TransientStateError');
   assert.strictEqual(new PermanentStateError('y').isPermanent, true);
 });
+
+storeTest('a timer of the key sees the state its message committed', async (t) => {
+  const make = clientFactory(t);
+  const topic = await freshTopic(1);
+  const rec = new Recorder();
+  const c = make({ groupId: unique('g'), subscribedTopics: topic, stateCollections: [COUNTER] });
+  await subscribeOrSkip(t, c, {
+    onMessage: async (ctx) => {
+      await ctx.state(COUNTER).set({ from: 'message' });
+      await ctx.schedule(new Date(Date.now() + 1000));
+    },
+    onTimer: async (ctx, timer) => {
+      const v = ctx.state(COUNTER);
+      rec.add([timer.key, await v.get()]);
+      await v.clear();
+    },
+  });
+  await c.send(topic, 'timer-key', {});
+  await rec.waitCount(1);
+  assert.deepStrictEqual(rec.events, [['timer-key', { from: 'message' }]]);
+});
