@@ -525,3 +525,42 @@ storeTest('a timer of the key sees the state its message committed', async (t) =
   await rec.waitCount(1);
   assert.deepStrictEqual(rec.events, [['timer-key', { from: 'message' }]]);
 });
+
+storeTest('a rethrown PermanentStateError discards the event; a TransientStateError retries it', async (t) => {
+  const make = clientFactory(t);
+  const topic = await freshTopic(1);
+  const rec = new Recorder();
+  const c = make({ groupId: unique('g'), subscribedTopics: topic, stateCollections: [COUNTER], retryBaseMs: 10,
+                   maxRetryDelayMs: 50, deferEnabled: false });
+  const attempts = { permanent: 0, transient: 0 };
+  await subscribeOrSkip(t, c, {
+    onMessage: async (ctx, msg) => {
+      const step = msg.payload.step;
+      if (step === 'permanent') {
+        attempts.permanent++;
+        ctx.state(value('not-registered')); // throws PermanentStateError
+      } else if (step === 'transient') {
+        if (++attempts.transient === 1) await ctx.state(COUNTER).set(null); // rejects: TransientStateError
+      }
+      rec.add(step);
+    },
+  });
+  for (const step of ['permanent', 'transient', 'last']) await c.send(topic, 'k', { step });
+  await rec.waitFor((ev) => ev.includes('last'), 'the last message');
+  assert.deepStrictEqual(rec.events, ['transient', 'last']);
+  assert.deepStrictEqual(attempts, { permanent: 1, transient: 2 });
+});
+
+storeTest('return() waits for the next() calls before it and closes the scan', async (t) => {
+  const [r] = await run(t, [PROFILE], [
+    async (ctx) => {
+      const m = ctx.state(PROFILE);
+      for (const k of ['a', 'b', 'c']) await m.set(k, k.toUpperCase());
+      const it = m.keys();
+      const calls = [it.next(), it.next(), it.return('closed'), it.next()];
+      return Promise.all(calls);
+    },
+  ]);
+  assert.deepStrictEqual(r, [{ value: 'a', done: false }, { value: 'b', done: false },
+                             { value: 'closed', done: true }, { value: undefined, done: true }]);
+});
