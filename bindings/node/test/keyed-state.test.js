@@ -2,47 +2,20 @@
 // Keyed state (README "Keyed state"): collections registered with
 // stateCollections, opened with context.state() in a handler, read and
 // written through promises; an attempt's writes are durable only when its
-// handler succeeds. Mock mode keeps the state in memory.
+// handler succeeds. Mock mode keeps the state in memory, the real tier in
+// Cassandra.
 const test = require('node:test');
 const assert = require('node:assert');
 const {
   ProsodyClient, TransientError, PermanentError, TransientStateError, PermanentStateError, isStateError,
   value, map, deque, messageValue, messageMap, messageDeque,
 } = require('..');
-const { REAL, unique, Recorder, freshTopic, clientFactory, baseOptions } = require('./helpers');
+const { unique, Recorder, freshTopic, clientFactory, baseOptions } = require('./helpers');
 
 // A failure a test plans: the attempt fails (and is retried); any other
 // error a body throws is recorded, so a broken assertion fails the test
 // instead of retrying the event for ever.
 class Planned extends TransientError {}
-
-// The real tier needs libprosody's Cassandra keyed-state store; until it is
-// built in, subscribing with collections fails, and the tests that use the
-// store are skipped (they run again by themselves once it is there).
-const NO_STORE = Symbol('no Cassandra keyed-state store');
-
-async function subscribeOrSkip(t, client, handler) {
-  try {
-    await client.subscribe(handler);
-  } catch (e) {
-    if (REAL && /Cassandra store is not built in/.test(e && e.message)) {
-      t.skip(`libprosody has no Cassandra keyed-state store yet: ${e.message}`);
-      throw NO_STORE;
-    }
-    throw e;
-  }
-}
-
-// A test that stores state: skipped (see NO_STORE) without a store.
-function storeTest(name, fn) {
-  test(name, async (t) => {
-    try {
-      await fn(t);
-    } catch (e) {
-      if (e !== NO_STORE) throw e;
-    }
-  });
-}
 
 // Runs bodies[i] for the i-th message of one key and returns what each
 // returned (or {error} for what one threw), in order.
@@ -52,7 +25,7 @@ async function run(t, stateCollections, bodies, over = {}) {
   const rec = new Recorder();
   const c = make({ groupId: unique('g'), subscribedTopics: topic, stateCollections, retryBaseMs: 10,
                    maxRetryDelayMs: 50, deferEnabled: false, ...over });
-  await subscribeOrSkip(t, c, {
+  await c.subscribe({
     onMessage: async (ctx, msg) => {
       let r;
       try {
@@ -97,7 +70,7 @@ test('definitions are frozen objects carrying the options that were given', () =
   assert.throws(() => value('v', { capacity: 3 }), /unknown option 'capacity'/);
 });
 
-storeTest('a value: absent, set, read back in the attempt and by the next message, cleared', async (t) => {
+test('a value: absent, set, read back in the attempt and by the next message, cleared', async (t) => {
   const seen = await run(t, [COUNTER], [
     async (ctx) => {
       const v = ctx.state(COUNTER);
@@ -121,7 +94,7 @@ storeTest('a value: absent, set, read back in the attempt and by the next messag
   assert.strictEqual(seen[2], null);
 });
 
-storeTest('a map: set, delete, has, getMany and scans in key order, both ways', async (t) => {
+test('a map: set, delete, has, getMany and scans in key order, both ways', async (t) => {
   const seen = await run(t, [PROFILE], [
     async (ctx) => {
       const m = ctx.state(PROFILE);
@@ -164,7 +137,7 @@ storeTest('a map: set, delete, has, getMany and scans in key order, both ways', 
   assert.deepStrictEqual(seen[2], [[], false]);
 });
 
-storeTest('a deque: push, unshift, pop, shift, at, length, isEmpty, values', async (t) => {
+test('a deque: push, unshift, pop, shift, at, length, isEmpty, values', async (t) => {
   const seen = await run(t, [QUEUE], [
     async (ctx) => {
       const d = ctx.state(QUEUE);
@@ -206,7 +179,7 @@ storeTest('a deque: push, unshift, pop, shift, at, length, isEmpty, values', asy
   assert.deepStrictEqual(seen[2], [['b', 'c'], true, null]);
 });
 
-storeTest('a deque with a capacity drops from the other end', async (t) => {
+test('a deque with a capacity drops from the other end', async (t) => {
   const LAST3 = deque('last3', { capacity: 3 });
   const [r] = await run(t, [LAST3], [
     async (ctx) => {
@@ -220,7 +193,7 @@ storeTest('a deque with a capacity drops from the other end', async (t) => {
   assert.deepStrictEqual(r, [[3, 4, 5], 3, [0, 3, 4]]);
 });
 
-storeTest('scans pull in chunks: 300 entries and items, both ways, and early exits', async (t) => {
+test('scans pull in chunks: 300 entries and items, both ways, and early exits', async (t) => {
   const BIG = map('big');
   const LONG = deque('long');
   const pad = (i) => `k${String(i).padStart(3, '0')}`;
@@ -265,7 +238,7 @@ storeTest('scans pull in chunks: 300 entries and items, both ways, and early exi
   assert.deepStrictEqual(r.end, { value: undefined, done: true });
 });
 
-storeTest('a failed attempt\'s writes vanish: the retry sees the committed state', async (t) => {
+test('a failed attempt\'s writes vanish: the retry sees the committed state', async (t) => {
   let attempts = 0;
   const seen = await run(t, [COUNTER, PROFILE], [
     async (ctx) => { await ctx.state(COUNTER).set('committed'); },
@@ -290,7 +263,7 @@ storeTest('a failed attempt\'s writes vanish: the retry sees the committed state
   assert.strictEqual(seen[2], 'second');
 });
 
-storeTest('commit() keeps the writes before it when the attempt later fails', async (t) => {
+test('commit() keeps the writes before it when the attempt later fails', async (t) => {
   let attempts = 0;
   const seen = await run(t, [COUNTER, PROFILE], [
     async (ctx) => {
@@ -312,7 +285,7 @@ storeTest('commit() keeps the writes before it when the attempt later fails', as
   assert.deepStrictEqual(seen[0], ['floor', [['a', 1]]]);
 });
 
-storeTest('rollback() drops the writes since the last commit, for its collection only', async (t) => {
+test('rollback() drops the writes since the last commit, for its collection only', async (t) => {
   const seen = await run(t, [COUNTER, QUEUE], [
     async (ctx) => {
       const v = ctx.state(COUNTER);
@@ -330,7 +303,7 @@ storeTest('rollback() drops the writes since the last commit, for its collection
   assert.deepStrictEqual(seen[1], ['kept', ['other collection']]);
 });
 
-storeTest('a handle used after its handler finished is a TransientStateError', async (t) => {
+test('a handle used after its handler finished is a TransientStateError', async (t) => {
   let leaked;
   let leakedCtx;
   let leakedScan;
@@ -364,7 +337,7 @@ storeTest('a handle used after its handler finished is a TransientStateError', a
   assert.strictEqual(current, 1, 'the leaked set did not write');
 });
 
-storeTest('an unregistered name or another kind is a PermanentStateError; a foreign object a transient one', async (t) => {
+test('an unregistered name or another kind is a PermanentStateError; a foreign object a transient one', async (t) => {
   const [r] = await run(t, [COUNTER], [
     async (ctx) => {
       const out = [];
@@ -390,7 +363,7 @@ storeTest('an unregistered name or another kind is a PermanentStateError; a fore
   assert.match(r[3].message, /definition must come from a Prosody state definition constructor/);
 });
 
-storeTest('writes without a JSON form, and bad arguments, are TransientStateErrors; nothing is stored', async (t) => {
+test('writes without a JSON form, and bad arguments, are TransientStateErrors; nothing is stored', async (t) => {
   const cyclic = {};
   cyclic.self = cyclic;
   const [r] = await run(t, [COUNTER, PROFILE, QUEUE], [
@@ -420,13 +393,13 @@ storeTest('writes without a JSON form, and bad arguments, are TransientStateErro
   assert.deepStrictEqual([stored, has, length], ['untouched', false, 0]);
 });
 
-storeTest('ProsodyClient.create() registers collections; the constructor too', async (t) => {
+test('ProsodyClient.create() registers collections; the constructor too', async (t) => {
   const topic = await freshTopic(1);
   const c = await ProsodyClient.create({ ...baseOptions(), groupId: unique('g'), subscribedTopics: topic,
                                          stateCollections: [COUNTER, deque('recent', { capacity: 2 })] });
   t.after(() => c.shutdown());
   const rec = new Recorder();
-  await subscribeOrSkip(t, c, {
+  await c.subscribe({
     onMessage: async (ctx) => {
       const d = ctx.state(deque('recent', { capacity: 2 }));
       await d.push(1);
@@ -473,7 +446,7 @@ test('stateCollections is validated at construction', async () => {
   await ok.shutdown();
 });
 
-storeTest('a readUncommitted collection keeps a failed attempt\'s writes', async (t) => {
+test('a readUncommitted collection keeps a failed attempt\'s writes', async (t) => {
   const DIRECT = value('direct', { readUncommitted: true });
   let attempts = 0;
   const [r] = await run(t, [DIRECT, COUNTER], [
@@ -505,12 +478,12 @@ test('the ES module entry exports the same keyed-state objects', async () => {
   assert.strictEqual(new PermanentStateError('y').isPermanent, true);
 });
 
-storeTest('a timer of the key sees the state its message committed', async (t) => {
+test('a timer of the key sees the state its message committed', async (t) => {
   const make = clientFactory(t);
   const topic = await freshTopic(1);
   const rec = new Recorder();
   const c = make({ groupId: unique('g'), subscribedTopics: topic, stateCollections: [COUNTER] });
-  await subscribeOrSkip(t, c, {
+  await c.subscribe({
     onMessage: async (ctx) => {
       await ctx.state(COUNTER).set({ from: 'message' });
       await ctx.schedule(new Date(Date.now() + 1000));
@@ -526,14 +499,14 @@ storeTest('a timer of the key sees the state its message committed', async (t) =
   assert.deepStrictEqual(rec.events, [['timer-key', { from: 'message' }]]);
 });
 
-storeTest('a rethrown PermanentStateError discards the event; a TransientStateError retries it', async (t) => {
+test('a rethrown PermanentStateError discards the event; a TransientStateError retries it', async (t) => {
   const make = clientFactory(t);
   const topic = await freshTopic(1);
   const rec = new Recorder();
   const c = make({ groupId: unique('g'), subscribedTopics: topic, stateCollections: [COUNTER], retryBaseMs: 10,
                    maxRetryDelayMs: 50, deferEnabled: false });
   const attempts = { permanent: 0, transient: 0 };
-  await subscribeOrSkip(t, c, {
+  await c.subscribe({
     onMessage: async (ctx, msg) => {
       const step = msg.payload.step;
       if (step === 'permanent') {
@@ -551,7 +524,7 @@ storeTest('a rethrown PermanentStateError discards the event; a TransientStateEr
   assert.deepStrictEqual(attempts, { permanent: 1, transient: 2 });
 });
 
-storeTest('return() waits for the next() calls before it and closes the scan', async (t) => {
+test('return() waits for the next() calls before it and closes the scan', async (t) => {
   const [r] = await run(t, [PROFILE], [
     async (ctx) => {
       const m = ctx.state(PROFILE);
