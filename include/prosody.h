@@ -778,10 +778,16 @@ typedef struct prosody_state_args {
    * json): one a handler of this client was given, or one read from a
    * collection. */
   const prosody_message_t *message;
+  /* ... or, when `message` is NULL and `ref_topic` is not, the record
+   * named by its coordinates: what a binding keeps of a record it was
+   * given (it must have been given it: Prosody cannot check). */
+  const char *ref_topic;
+  int32_t ref_partition;
+  int64_t ref_offset;
 } prosody_state_args_t;
 
 #define PROSODY_STATE_ARGS_INIT                                                \
-  { NULL, 0, NULL, 0, NULL, 0, 0, NULL, 0, 0, 0, 0, NULL }
+  { NULL, 0, NULL, 0, NULL, 0, 0, NULL, 0, 0, 0, 0, NULL, NULL, 0, 0 }
 
 /* One item of a result: a map key (NULL for values; a deque SCAN's item's
  * position, as decimal) and a JSON document (NULL when absent), each with

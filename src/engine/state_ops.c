@@ -600,19 +600,35 @@ static prosody_err_t prepare(sop_t *op, prosody_state_t *st, int kind_op,
     op->key_len = a->key_len;
   }
   if (needs_json && st->payload == PROSODY_STATE_MESSAGE) {
-    if (!a->message) {
+    prosody_message_t named;
+    if (!a->message && a->ref_topic) {
+      if (a->ref_partition < 0 || a->ref_offset < 0) {
+        pr__errf(errstr, errstr_size,
+                 "keyed state: %s: a record's partition and offset are not "
+                 "negative, got %d and %lld",
+                 op_name(kind_op), (int)a->ref_partition,
+                 (long long)a->ref_offset);
+        return PROSODY_ERR_INVALID_ARG;
+      }
+      memset(&named, 0, sizeof(named));
+      named.topic = a->ref_topic;
+      named.partition = a->ref_partition;
+      named.offset = a->ref_offset;
+      if (pr__st_ref_encode(&named, &op->json, &op->json_len))
+        return PROSODY_ERR_NOMEM;
+    } else if (!a->message) {
       pr__errf(errstr, errstr_size,
                "keyed state: %s: expected a Kafka message; a JSON value "
                "cannot be stored in a message collection",
                op_name(kind_op));
       return PROSODY_ERR_INVALID_ARG;
-    }
-    if (pr__st_ref_encode(a->message, &op->json, &op->json_len))
+    } else if (pr__st_ref_encode(a->message, &op->json, &op->json_len)) {
       return PROSODY_ERR_NOMEM;
+    }
   } else if (needs_json) {
     json_error_t jerr;
     json_t *j;
-    if (a->message) {
+    if (a->message || a->ref_topic) {
       pr__errf(errstr, errstr_size,
                "keyed state: %s: a Kafka message cannot be stored in a JSON "
                "collection; store its payload, or use a message collection",

@@ -558,9 +558,26 @@ static prosody_result_t msgs_msg(prosody_context_t *ctx,
     else
       prosody_state_result_free(&r);
     free(call(log, PROSODY_STATE_PUSH_BACK, &a, NULL));
+    /* a record named by its coordinates, as a binding keeps one */
+    a.message = NULL;
+    a.ref_topic = prosody_message_topic(msg);
+    a.ref_partition = prosody_message_partition(msg);
+    a.ref_offset = prosody_message_offset(msg);
+    free(call(log, PROSODY_STATE_PUSH_FRONT, &a, NULL));
     free(call(log, PROSODY_STATE_LEN, NULL, &n));
-    if (n != 2)
-      note_bad("message deque length %s%s", "not 2", "");
+    if (n != 3)
+      note_bad("message deque length %s%s", "not 3", "");
+    {
+      prosody_state_result_t r;
+      if (prosody_state_call(log, PROSODY_STATE_PEEK_FRONT, NULL, &r, err,
+                             sizeof(err)) ||
+          r.n != 1 || !r.items[0].message ||
+          prosody_message_offset(r.items[0].message) !=
+              prosody_message_offset(msg))
+        note_bad("a record pushed by its coordinates: %s%s", err, "");
+      else
+        prosody_state_result_free(&r);
+    }
   }
   prosody_state_free(last);
   prosody_state_free(log);
