@@ -850,3 +850,55 @@ T_SCENARIO(killed_between_state_and_commit_applies_each_message_once, T_REAL,
           final_count[k] > CRASH_PER_KEY ? "twice" : "not at all");
   return 0;
 }
+
+/* The store refuses an event's state for good (here: a test option; in
+ * life a write Cassandra will never take): the event fails permanently,
+ * its writes dropped, and the mode decides (the pipeline logs and skips
+ * it); the key's next events go on from the committed state. */
+T_SCENARIO(state_the_store_refuses_fails_the_event_permanently, T_MOCK, 60) {
+  const char *topic = t_topic("state-refused");
+  char group[128], err[1024], payload[64];
+  prosody_config_t *conf;
+  prosody_client_t *client;
+  prosody_handler_t h = {crash_msg, NULL, NULL, 0};
+  pr__test_opts_t test;
+  int64_t committed[1], end[1];
+  int got;
+
+  reset();
+  t_create_topic(topic, 1);
+  snprintf(group, sizeof(group), "%s-g", topic);
+  conf = t_config();
+  t_set(conf, "source_system", "state-test-producer");
+  client = prosody_client_new(conf, err, sizeof(err));
+  CHECK(client, "producer: %s", err);
+  for (int i = 0; i < 3; i++) {
+    snprintf(payload, sizeof(payload), "{\"id\":\"r-%d\",\"i\":%d}", i, i);
+    CHECK_OK(
+        prosody_send(client, topic, "key-0", payload, NULL, err, sizeof(err)),
+        err);
+  }
+  CHECK_OK(prosody_send(client, topic, "key-0", "{\"probe\":1,\"k\":0}", NULL,
+                        err, sizeof(err)),
+           err);
+  prosody_client_destroy(client);
+
+  conf = crash_config(group, topic);
+  memset(&test, 0, sizeof(test));
+  test.state_refuse_settles = 1; /* the first event's */
+  pr__config_set_test(conf, &test);
+  client = prosody_client_new(conf, err, sizeof(err));
+  CHECK(client, "client: %s", err);
+  CHECK_OK(prosody_subscribe(client, &h, err, sizeof(err)), err);
+  got = t_wait_locked(&lock, &events, 4, 60);
+  CHECK(got == 4, "%d of 4 events handled", got);
+  CHECK(t_wait_committed(group, topic, ~0u, committed, end, 30),
+        "the refused event was not committed past");
+  CHECK_OK(prosody_unsubscribe(client), "unsubscribe");
+  prosody_client_destroy(client);
+  CHECK(final_count[0] == 2,
+        "key-0 counted %ld: the refused event's write must be dropped and "
+        "the two after it kept",
+        final_count[0]);
+  return 0;
+}
