@@ -445,6 +445,21 @@ static prosody_result_t commit_msg(prosody_context_t *ctx,
     if (prosody_state_call(a, PROSODY_STATE_SET, &args, NULL, err,
                            sizeof(err)) != PROSODY_ERR_INVALID_ARG)
       note_bad("malformed JSON accepted%s%s", "", "");
+    {
+      size_t big = ((size_t)4 << 20) + 2;
+      char *doc = malloc(big + 1);
+      CHECK(doc, "malloc");
+      memset(doc, 'x', big);
+      doc[0] = doc[big - 1] = '"';
+      doc[big] = 0;
+      args.json = doc;
+      args.json_len = big;
+      if (prosody_state_call(a, PROSODY_STATE_SET, &args, NULL, err,
+                             sizeof(err)) != PROSODY_ERR_INVALID_ARG ||
+          !strstr(err, "\"a\"") || !strstr(err, "at most"))
+        note_bad("a document over the limit: %s%s", err, "");
+      free(doc);
+    }
     if (prosody_state_call(a, PROSODY_STATE_POP_BACK, NULL, NULL, err,
                            sizeof(err)) != PROSODY_ERR_INVALID_ARG ||
         !strstr(err, "value collection has no POP_BACK"))
@@ -900,5 +915,94 @@ T_SCENARIO(state_the_store_refuses_fails_the_event_permanently, T_MOCK, 60) {
         "key-0 counted %ld: the refused event's write must be dropped and "
         "the two after it kept",
         final_count[0]);
+  return 0;
+}
+
+/* ---- TTL ----------------------------------------------------------------- */
+
+static double ttl_written_at;   /* guarded by lock: when "v" was written */
+static double ttl_gone_at = -1; /* guarded by lock: first read finding none */
+static int ttl_seen_fresh;      /* guarded by lock: read back at once */
+
+/* {"w":1}: writes "v" and reads it back; {"p":1}: reads it. */
+static prosody_result_t ttl_msg(prosody_context_t *ctx,
+                                const prosody_message_t *msg, void *op) {
+  prosody_state_t *st = open_state(ctx, "short");
+  char *doc;
+  (void)op;
+  if (!st)
+    return PROSODY_PERMANENT;
+  if (strstr(prosody_message_payload(msg), "\"w\"")) {
+    set_json(st, "\"here\"");
+    pthread_mutex_lock(&lock);
+    ttl_written_at = t_now();
+    pthread_mutex_unlock(&lock);
+  }
+  doc = call(st, PROSODY_STATE_GET, NULL, NULL);
+  pthread_mutex_lock(&lock);
+  if (doc && strstr(prosody_message_payload(msg), "\"w\""))
+    ttl_seen_fresh = 1;
+  if (!doc && ttl_gone_at < 0 && ttl_written_at > 0)
+    ttl_gone_at = t_now();
+  pthread_mutex_unlock(&lock);
+  free(doc);
+  prosody_state_free(st);
+  ended();
+  return PROSODY_SUCCESS;
+}
+
+T_SCENARIO(cells_expire_after_their_ttl, T_BOTH, 90) {
+  const char *topic = t_topic("state-ttl");
+  prosody_state_def_t def = PROSODY_STATE_DEF_INIT;
+  prosody_handler_t h = {ttl_msg, NULL, NULL, 0};
+  prosody_client_t *consumer, *producer;
+  prosody_config_t *conf;
+  char group[128], err[1024];
+  double gone = -1, written = 0;
+  int fresh = 0, sent = 1;
+
+  reset();
+  def.name = "short";
+  def.ttl_s = 3;
+  t_create_topic(topic, 1);
+  snprintf(group, sizeof(group), "%s-g", topic);
+  consumer =
+      prosody_client_new(state_config(group, topic, &def, 1), err, sizeof(err));
+  CHECK(consumer, "client: %s", err);
+  CHECK_OK(prosody_subscribe(consumer, &h, err, sizeof(err)), err);
+  conf = t_config();
+  t_set(conf, "source_system", "state-test-producer");
+  producer = prosody_client_new(conf, err, sizeof(err));
+  CHECK(producer, "producer: %s", err);
+  CHECK_OK(prosody_send(producer, topic, "key-0", "{\"w\":1}", NULL, err,
+                        sizeof(err)),
+           err);
+  /* Probes, one at a time, until a read finds the cell gone. */
+  for (double until = t_now() + 60; t_now() < until;) {
+    CHECK(t_wait_locked(&lock, &events, sent, 30) >= sent, "probe not handled");
+    pthread_mutex_lock(&lock);
+    gone = ttl_gone_at;
+    written = ttl_written_at;
+    fresh = ttl_seen_fresh;
+    pthread_mutex_unlock(&lock);
+    if (gone >= 0)
+      break;
+    usleep(250000);
+    CHECK_OK(prosody_send(producer, topic, "key-0", "{\"p\":1}", NULL, err,
+                          sizeof(err)),
+             err);
+    sent++;
+  }
+  CHECK_OK(prosody_unsubscribe(consumer), "unsubscribe");
+  prosody_client_destroy(consumer);
+  prosody_client_destroy(producer);
+  CHECK(fresh, "the cell was not there right after its write");
+  CHECK(gone >= 0, "the cell did not expire within 60 s");
+  /* Cassandra counts TTLs in whole seconds from the second of the write
+   * (stored with the event's success, just after `written`): a 3 s TTL
+   * ends 2 to 3 s after it; the memory store does the same. */
+  CHECK(gone - written >= 1.95 && gone - written < 10,
+        "the cell expired %.2f s after its write, with a TTL of 3 s",
+        gone - written);
   return 0;
 }
