@@ -11,7 +11,9 @@
  *                                                its third stored event
  */
 #include <pthread.h>
+#include <signal.h>
 #include <sys/wait.h>
+#include <time.h>
 
 #include "config/config.h"
 #include "harness.h"
@@ -736,6 +738,10 @@ T_SCENARIO(another_kind_under_a_recorded_name_refused, T_BOTH, 60) {
 
 #define CRASH_PER_KEY 5
 
+/* In a child: say "working" at the first count (crash_child). */
+static int crash_child_mode;
+static _Atomic int crash_child_working;
+
 /* {"id":..,"i":I,"k":K}: count += 1; {"probe":1,"k":K}: records the count. */
 static prosody_result_t crash_msg(prosody_context_t *ctx,
                                   const prosody_message_t *msg, void *op) {
@@ -755,6 +761,13 @@ static prosody_result_t crash_msg(prosody_context_t *ctx,
     n = get_long(st) + 1;
     snprintf(doc, sizeof(doc), "%ld", n);
     set_json(st, doc);
+    if (crash_child_mode) {
+      if (!crash_child_working++) {
+        printf("working\n"); /* the test kills it from now on */
+        fflush(stdout);
+      }
+      usleep(3000); /* under load: enough work for five kills */
+    }
   }
   prosody_state_free(st);
   ended();
@@ -767,26 +780,31 @@ static prosody_config_t *crash_config(const char *group, const char *topic) {
   return state_config(group, topic, &def, 1);
 }
 
-/* `--child BOOTSTRAP|- TOPIC GROUP`: consumes until its third event's state
- * is stored, then exits (42) before committing it. */
+/* `--child BOOTSTRAP|- TOPIC GROUP [EXIT_AFTER]`: consumes until its
+ * EXIT_AFTER-th (default 3; 0: never) event's state is stored, then exits
+ * (42) before committing it. */
 static int crash_child(int argc, char **argv) {
   char err[1024];
   prosody_config_t *conf;
   prosody_client_t *client;
   prosody_handler_t h = {crash_msg, NULL, NULL, 0};
   pr__test_opts_t test;
-  CHECK(argc == 5, "usage: %s --child BOOTSTRAP|- TOPIC GROUP", argv[0]);
+  CHECK(argc == 5 || argc == 6,
+        "usage: %s --child BOOTSTRAP|- TOPIC GROUP [EXIT_AFTER]", argv[0]);
   if (strcmp(argv[2], "-"))
     setenv("PROSODY_BOOTSTRAP_SERVERS", argv[2], 1);
   conf = crash_config(argv[4], argv[3]);
   memset(&test, 0, sizeof(test));
-  test.state_exit_after = 3;
+  test.state_exit_after = argc == 6 ? atoi(argv[5]) : 3;
+  crash_child_mode = 1;
   test.session_timeout_ms = 6000; /* the group notices its death soon */
   pr__config_set_test(conf, &test);
   client = prosody_client_new(conf, err, sizeof(err));
   CHECK(client, "child client: %s", err);
   CHECK_OK(prosody_subscribe(client, &h, err, sizeof(err)), err);
-  sleep(120); /* the engine exits the process */
+  printf("subscribed\n");
+  fflush(stdout);
+  sleep(300); /* the engine exits the process, or the test kills it */
   return 1;
 }
 T_CHILD(crash_child)
@@ -1004,5 +1022,98 @@ T_SCENARIO(cells_expire_after_their_ttl, T_BOTH, 90) {
   CHECK(gone - written >= 1.95 && gone - written < 10,
         "the cell expired %.2f s after its write, with a TTL of 3 s",
         gone - written);
+  return 0;
+}
+
+/* Five consumers killed with SIGKILL at random moments while they work
+ * through 1 000 counted messages; then the group's last consumer finishes.
+ * Every key's counter equals its number of messages: nothing lost, nothing
+ * applied twice. */
+T_SCENARIO(sigkill_at_random_points_leaves_exact_counters, T_REAL, 240) {
+  const char *topic = t_topic("state-kills");
+  const char *args[5];
+  char group[128], err[1024], key[32], payload[128], line[256];
+  prosody_config_t *conf;
+  prosody_client_t *client;
+  prosody_handler_t h = {crash_msg, NULL, NULL, 0};
+  unsigned seed = getenv("PROSODY_TEST_SEED")
+                      ? (unsigned)atoi(getenv("PROSODY_TEST_SEED"))
+                      : (unsigned)time(NULL) ^ (unsigned)getpid();
+  enum { PER = 600 };
+  int got;
+
+  printf("seed %u (PROSODY_TEST_SEED replays it)\n", seed);
+  srand(seed);
+  reset();
+  t_create_topic(topic, 2);
+  snprintf(group, sizeof(group), "%s-g", topic);
+  conf = t_config();
+  t_set(conf, "source_system", "state-test-producer");
+  client = prosody_client_new(conf, err, sizeof(err));
+  CHECK(client, "producer: %s", err);
+  for (int i = 0; i < PER; i++)
+    for (int k = 0; k < KEYS; k++) {
+      snprintf(key, sizeof(key), "key-%d", k);
+      snprintf(payload, sizeof(payload), "{\"id\":\"s-%d-%d\",\"i\":%d}", k, i,
+               i);
+      CHECK_OK(
+          prosody_send(client, topic, key, payload, NULL, err, sizeof(err)),
+          err);
+    }
+
+  args[0] = t_real_bootstrap() ? "-" : t_bootstrap();
+  args[1] = topic;
+  args[2] = group;
+  args[3] = "0"; /* no exit of its own */
+  args[4] = NULL;
+  for (int kill_no = 0; kill_no < 5; kill_no++) {
+    int fd, status = 0;
+    size_t len = 0;
+    pid_t pid = t_spawn_child(args, &fd);
+    double until = t_now() + 60, after;
+    int rc;
+    /* Killed while it works: after its first count, at a random moment. */
+    do {
+      while ((rc = t_read_line(fd, line, sizeof(line), &len)) != 1 &&
+             t_now() < until)
+        CHECK(rc >= 0, "child %d ended before working", (int)pid);
+    } while (rc == 1 && strcmp(line, "working") && t_now() < until);
+    CHECK(rc == 1, "child %d did not start working within 60 s", (int)pid);
+    after = 0.02 + 0.4 * rand() / (double)RAND_MAX;
+    usleep((useconds_t)(after * 1e6));
+    kill(pid, SIGKILL);
+    CHECK(waitpid(pid, &status, 0) == pid, "waitpid");
+    close(fd);
+    printf("kill %d: after %.2f s\n", kill_no + 1, after);
+  }
+
+  for (int k = 0; k < KEYS; k++) {
+    snprintf(key, sizeof(key), "key-%d", k);
+    snprintf(payload, sizeof(payload), "{\"probe\":1,\"k\":%d}", k);
+    CHECK_OK(prosody_send(client, topic, key, payload, NULL, err, sizeof(err)),
+             err);
+  }
+  prosody_client_destroy(client);
+  client = prosody_client_new(crash_config(group, topic), err, sizeof(err));
+  CHECK(client, "client: %s", err);
+  CHECK_OK(prosody_subscribe(client, &h, err, sizeof(err)), err);
+  for (double until = t_now() + 120; t_now() < until;) {
+    int probed = 0;
+    pthread_mutex_lock(&lock);
+    for (int k = 0; k < KEYS; k++)
+      probed += final_count[k] > 0;
+    pthread_mutex_unlock(&lock);
+    if (probed == KEYS)
+      break;
+    usleep(50000);
+  }
+  got = t_wait_locked(&lock, &events, 0, 0);
+  CHECK_OK(prosody_unsubscribe(client), "unsubscribe");
+  prosody_client_destroy(client);
+  printf("the last consumer handled %d events\n", got);
+  for (int k = 0; k < KEYS; k++)
+    CHECK(final_count[k] == PER,
+          "key-%d: its counter is %ld after %d messages (seed %u)", k,
+          final_count[k], PER, seed);
   return 0;
 }
