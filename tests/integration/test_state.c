@@ -1117,3 +1117,75 @@ T_SCENARIO(sigkill_at_random_points_leaves_exact_counters, T_REAL, 240) {
           final_count[k], PER, seed);
   return 0;
 }
+
+/* A partition moves while its keys' state is being written: a second
+ * consumer joins the group mid-stream and takes partitions over (the
+ * cooperative rebalance), then the first leaves. Every counter is exact. */
+static prosody_result_t slow_count(prosody_context_t *ctx,
+                                   const prosody_message_t *msg, void *op) {
+  usleep(2000); /* keeps events in flight across the moves */
+  return crash_msg(ctx, msg, op);
+}
+
+T_SCENARIO(partitions_move_with_state_in_flight, T_BOTH, 180) {
+  const char *topic = t_topic("state-move");
+  char group[128], err[1024], key[32], payload[128];
+  prosody_config_t *conf;
+  prosody_client_t *producer, *a, *b;
+  prosody_handler_t h = {slow_count, NULL, NULL, 0};
+  enum { PER = 300 };
+  int probed = 0;
+
+  reset();
+  t_create_topic(topic, 4);
+  snprintf(group, sizeof(group), "%s-g", topic);
+  conf = t_config();
+  t_set(conf, "source_system", "state-test-producer");
+  producer = prosody_client_new(conf, err, sizeof(err));
+  CHECK(producer, "producer: %s", err);
+  for (int i = 0; i < PER; i++)
+    for (int k = 0; k < KEYS; k++) {
+      snprintf(key, sizeof(key), "key-%d", k);
+      snprintf(payload, sizeof(payload), "{\"id\":\"m-%d-%d\",\"i\":%d}", k, i,
+               i);
+      CHECK_OK(
+          prosody_send(producer, topic, key, payload, NULL, err, sizeof(err)),
+          err);
+    }
+  a = prosody_client_new(crash_config(group, topic), err, sizeof(err));
+  CHECK(a, "client a: %s", err);
+  CHECK_OK(prosody_subscribe(a, &h, err, sizeof(err)), err);
+  CHECK(t_wait_locked(&lock, &events, 50, 60) >= 50, "a did not start");
+  b = prosody_client_new(crash_config(group, topic), err, sizeof(err));
+  CHECK(b, "client b: %s", err);
+  CHECK_OK(prosody_subscribe(b, &h, err, sizeof(err)), err);
+  for (double until = t_now() + 60;
+       prosody_assigned_partition_count(b) == 0 && t_now() < until;)
+    usleep(20000);
+  CHECK(prosody_assigned_partition_count(b) > 0, "b got no partition");
+  CHECK_OK(prosody_unsubscribe(a), "unsubscribe a");
+  prosody_client_destroy(a);
+  for (int k = 0; k < KEYS; k++) {
+    snprintf(key, sizeof(key), "key-%d", k);
+    snprintf(payload, sizeof(payload), "{\"probe\":1,\"k\":%d}", k);
+    CHECK_OK(
+        prosody_send(producer, topic, key, payload, NULL, err, sizeof(err)),
+        err);
+  }
+  prosody_client_destroy(producer);
+  for (double until = t_now() + 120; probed < KEYS && t_now() < until;) {
+    usleep(20000);
+    pthread_mutex_lock(&lock);
+    probed = 0;
+    for (int k = 0; k < KEYS; k++)
+      probed += final_count[k] > 0;
+    pthread_mutex_unlock(&lock);
+  }
+  CHECK_OK(prosody_unsubscribe(b), "unsubscribe b");
+  prosody_client_destroy(b);
+  CHECK(probed == KEYS, "%d of %d keys probed", probed, KEYS);
+  for (int k = 0; k < KEYS; k++)
+    CHECK(final_count[k] == PER, "key-%d: its counter is %ld after %d messages",
+          k, final_count[k], PER);
+  return 0;
+}
