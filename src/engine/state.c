@@ -7,12 +7,11 @@
  *   value  section 0, coordinate empty: the document;
  *   map    section 1, coordinate the key's UTF-8 bytes: its document;
  *          section 0, coordinate 0x02: the original's index of the keys,
- *          which we only ever write as "overflowed" (0x01), so that its
- *          ordered scans read the entries themselves;
- *   deque  section 0, coordinate empty: the bounds, head and tail (two
- *          big-endian i64, the items are head .. tail-1); section 1,
- *          coordinate the position (big-endian u64 of position ^ 2^63, so
- *          that byte order is number order): the item's document.
+ *          which we write as "overflowed" (0x01) with every set and remove, so
+ * its ordered scans read the entries themselves; deque  section 0, coordinate
+ * empty: the bounds, head and tail (two big-endian i64, the items are head ..
+ * tail-1); section 1, coordinate the position (big-endian u64 of position ^
+ * 2^63, so that byte order is number order): the item's document.
  *
  * Transactions. An attempt's writes go to its transaction (`stx`, hung on
  * the event): an overlay of cells, sorted, each dirty (to write) or clean

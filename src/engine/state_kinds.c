@@ -111,8 +111,11 @@ void pr__st_map_step(sop_t *op) {
     pr__st_wrote(op);
     return;
   case PROSODY_STATE_REMOVE:
+    /* The original's index of the keys, if it keeps one, would still name
+     * the key: it is marked overflowed too. */
     if (pr__st_ov_set(op->coll, 1, (const uint8_t *)op->key, op->key_len, NULL,
-                      0, 1)) {
+                      0, 1) ||
+        pr__st_ov_set(op->coll, 0, KEYSET, 1, OVERFLOWED, 1, 1)) {
       pr__st_sop_done(op, PROSODY_ERR_NOMEM, "out of memory");
       return;
     }
