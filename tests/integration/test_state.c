@@ -1189,3 +1189,102 @@ T_SCENARIO(partitions_move_with_state_in_flight, T_BOTH, 180) {
           k, final_count[k], PER);
   return 0;
 }
+
+/* Timers have state too: on_timer's writes are stored with its success,
+ * and the key's next message reads them. */
+static prosody_result_t timer_state_msg(prosody_context_t *ctx,
+                                        const prosody_message_t *msg,
+                                        void *op) {
+  char err[512];
+  int k = 0;
+  (void)op;
+  if (sscanf(prosody_message_payload(msg), "{\"probe\":1,\"k\":%d}", &k) == 1) {
+    prosody_state_t *st = open_state(ctx, "count");
+    if (!st)
+      return PROSODY_PERMANENT;
+    pthread_mutex_lock(&lock);
+    if (k >= 0 && k < KEYS)
+      final_count[k] = get_long(st);
+    pthread_mutex_unlock(&lock);
+    prosody_state_free(st);
+  } else if (prosody_schedule(ctx, (int64_t)time(NULL) * 1000, err,
+                              sizeof(err))) {
+    note_bad("schedule: %s%s", err, "");
+  }
+  ended();
+  return PROSODY_SUCCESS;
+}
+
+static int timers_fired; /* guarded by lock */
+
+static prosody_result_t timer_state_fire(prosody_context_t *ctx,
+                                         const prosody_timer_t *t, void *op) {
+  prosody_state_t *st = open_state(ctx, "count");
+  char doc[32];
+  (void)t, (void)op;
+  if (!st)
+    return PROSODY_PERMANENT;
+  snprintf(doc, sizeof(doc), "%ld", get_long(st) + 1);
+  set_json(st, doc);
+  prosody_state_free(st);
+  pthread_mutex_lock(&lock);
+  timers_fired++;
+  pthread_mutex_unlock(&lock);
+  return PROSODY_SUCCESS;
+}
+
+T_SCENARIO(timer_handlers_write_state_too, T_BOTH, 120) {
+  const char *topic = t_topic("state-timers");
+  char group[128], err[1024], key[32], payload[64];
+  prosody_config_t *conf;
+  prosody_client_t *producer, *client;
+  prosody_handler_t h = {timer_state_msg, timer_state_fire, NULL, 0};
+  int probed = 0;
+
+  reset();
+  pthread_mutex_lock(&lock);
+  timers_fired = 0;
+  pthread_mutex_unlock(&lock);
+  t_create_topic(topic, 2);
+  snprintf(group, sizeof(group), "%s-g", topic);
+  conf = t_config();
+  t_set(conf, "source_system", "state-test-producer");
+  producer = prosody_client_new(conf, err, sizeof(err));
+  CHECK(producer, "producer: %s", err);
+  client = prosody_client_new(crash_config(group, topic), err, sizeof(err));
+  CHECK(client, "client: %s", err);
+  CHECK_OK(prosody_subscribe(client, &h, err, sizeof(err)), err);
+  for (int k = 0; k < KEYS; k++) {
+    snprintf(key, sizeof(key), "key-%d", k);
+    CHECK_OK(
+        prosody_send(producer, topic, key, "{\"t\":1}", NULL, err, sizeof(err)),
+        err);
+  }
+  CHECK(t_wait_locked(&lock, &timers_fired, KEYS, 60) == KEYS,
+        "timers did not fire");
+  for (int k = 0; k < KEYS; k++) {
+    snprintf(key, sizeof(key), "key-%d", k);
+    snprintf(payload, sizeof(payload), "{\"probe\":1,\"k\":%d}", k);
+    CHECK_OK(
+        prosody_send(producer, topic, key, payload, NULL, err, sizeof(err)),
+        err);
+  }
+  for (double until = t_now() + 60; probed < KEYS && t_now() < until;) {
+    usleep(20000);
+    pthread_mutex_lock(&lock);
+    probed = 0;
+    for (int k = 0; k < KEYS; k++)
+      probed += final_count[k] > 0;
+    pthread_mutex_unlock(&lock);
+  }
+  CHECK_OK(prosody_unsubscribe(client), "unsubscribe");
+  prosody_client_destroy(client);
+  prosody_client_destroy(producer);
+  pthread_mutex_lock(&lock);
+  CHECK(!bad, "%s", first_bad);
+  pthread_mutex_unlock(&lock);
+  for (int k = 0; k < KEYS; k++)
+    CHECK(final_count[k] == 1, "key-%d: its timer's write reads %ld", k,
+          final_count[k]);
+  return 0;
+}
