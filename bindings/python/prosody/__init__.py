@@ -9,11 +9,15 @@ import atexit
 
 from prosody.errors import (
     EventHandlerError,
+    NullValueError,
     PermanentError,
+    PermanentStateError,
     ProsodyError,
     ProsodyPermanentError,
     ProsodyTransientError,
+    StateError,
     TransientError,
+    TransientStateError,
     permanent,
     transient,
 )
@@ -27,25 +31,53 @@ from prosody.prosody import (
 )
 from prosody.context import Context
 from prosody.handler import EventHandler
+from prosody import state
+from prosody.state import (
+    DequeDefinition,
+    DequeState,
+    Direction,
+    MapDefinition,
+    MapState,
+    MessageDequeDefinition,
+    MessageMapDefinition,
+    MessageValueDefinition,
+    ValueDefinition,
+    ValueState,
+)
 
 __all__ = [
     "AdminClient",
     "Context",
+    "DequeDefinition",
+    "DequeState",
+    "Direction",
     "EventHandler",
     "EventHandlerError",
     "ExciseMessage",
     "JSONValue",
+    "MapDefinition",
+    "MapState",
     "Message",
+    "MessageDequeDefinition",
+    "MessageMapDefinition",
+    "MessageValueDefinition",
+    "NullValueError",
     "PermanentError",
+    "PermanentStateError",
     "ProsodyClient",
     "ProsodyError",
     "ProsodyPermanentError",
     "ProsodyTransientError",
+    "StateError",
     "Timer",
     "TransientError",
+    "TransientStateError",
+    "ValueDefinition",
+    "ValueState",
     "flush_telemetry",
     "permanent",
     "shutdown_telemetry",
+    "state",
     "transient",
 ]
 

@@ -15,6 +15,14 @@ def test_spec_examples_pass_mypy_strict():
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+def test_keyed_state_example_passes_mypy_strict():
+    pytest.importorskip("mypy")
+    here = Path(__file__).parent / "typing"
+    r = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--no-incremental",
+                        str(here / "keyed_state_example.py")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
 def test_package_itself_passes_mypy_strict(tmp_path):
     pytest.importorskip("mypy")
     # Run from elsewhere so the installed package (with its stubs) is checked.
