@@ -213,14 +213,16 @@ void pr__dispatch_time(inv_t *inv) {
 /* Claims the key's queued messages behind `head` for the same run: each
  * is started (context, attempt, active) but runs on head's worker after
  * head succeeds. Only with a worker pool, only messages (a timer's event
- * must be deleted from the store before the key's next event starts), and
- * only while no other event waits for a slot: under contention the
- * scheduler, not the run, decides what runs next. */
+ * must be deleted from the store before the key's next event starts), not
+ * with keyed state (the key's next event must read what this one wrote,
+ * which the engine stores only once it has this one's result), and only
+ * while no other event waits for a slot: under contention the scheduler,
+ * not the run, decides what runs next. */
 static void claim_followers(inv_t *head) {
   inv_t *prev = head, *f;
   int n = 1;
   head->chain_next = NULL;
-  if (!head->eng->pool || head->is_timer ||
+  if (!head->eng->pool || head->is_timer || head->eng->st_store ||
       pr__sched_waiting(&head->eng->sched))
     return;
   for (f = head->next; f && n < RUN_MAX; f = f->next, n++) {

@@ -412,6 +412,7 @@ struct pr__engine {
   pthread_cond_t st_cond;
   int st_woken;
   int st_inited;
+  int st_settles;   /* engine thread: events whose state was stored */
   int64_t dd_ttl_s; /* idempotence_ttl */
   int dd_recording; /* ids being written to the store */
   /* Deferral (defer.c). */

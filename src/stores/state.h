@@ -105,7 +105,10 @@ typedef struct pr__sstore_ops {
    * after it), all or nothing: with a Cassandra store one logged batch,
    * which also records `dedup` (may be NULL) in the deduplication table
    * for `dedup_ttl_s`, so that the event's record and its state land
-   * together. n may be 0 (only the record). */
+   * together. n may be 0 (only the record). Except when it is too big for
+   * one batch (Cassandra refuses a batch over several partitions past its
+   * batch_size_fail_threshold, 50 KiB by default): then one batch per
+   * collection in turn and the record last (cqlstate.c). */
   void (*apply)(pr__sstore_t *s, const pr__swrite_t *w, size_t n,
                 const pr__did_t *dedup, int64_t dedup_ttl_s,
                 pr__store_done_cb cb, void *arg);

@@ -4,10 +4,16 @@
  * commit and rollback mid-handler; values, maps and deques read and write
  * as documented (read-your-writes, scan order, capacity); a handle outlives
  * its attempt only to be refused; registration and identity errors name
- * what is wrong.
+ * what is wrong; a consumer killed between storing an event's state and
+ * committing its offset leaves each message's changes applied once.
+ *
+ *   test_state --child BOOTSTRAP|- TOPIC GROUP   a consumer that exits at
+ *                                                its third stored event
  */
 #include <pthread.h>
+#include <sys/wait.h>
 
+#include "config/config.h"
 #include "harness.h"
 
 #define KEYS 3
@@ -158,7 +164,7 @@ static prosody_result_t count_msg(prosody_context_t *ctx,
   return first ? PROSODY_TRANSIENT : PROSODY_SUCCESS;
 }
 
-T_SCENARIO(success_commits_state_and_failure_drops_it, T_MOCK, 120) {
+T_SCENARIO(success_commits_state_and_failure_drops_it, T_BOTH, 120) {
   const char *topic = t_topic("state-count");
   prosody_state_def_t def = PROSODY_STATE_DEF_INIT;
   prosody_handler_t h = {count_msg, NULL, NULL, 0};
@@ -343,7 +349,7 @@ static prosody_result_t kinds_msg(prosody_context_t *ctx,
   return PROSODY_SUCCESS;
 }
 
-T_SCENARIO(maps_and_deques_read_their_writes_and_store_them, T_MOCK, 120) {
+T_SCENARIO(maps_and_deques_read_their_writes_and_store_them, T_BOTH, 120) {
   const char *topic = t_topic("state-kinds");
   prosody_state_def_t defs[3] = {PROSODY_STATE_DEF_INIT, PROSODY_STATE_DEF_INIT,
                                  PROSODY_STATE_DEF_INIT};
@@ -450,7 +456,7 @@ static prosody_result_t commit_msg(prosody_context_t *ctx,
   return PROSODY_SUCCESS;
 }
 
-T_SCENARIO(commit_keeps_rollback_drops_and_stale_handles_refused, T_MOCK, 120) {
+T_SCENARIO(commit_keeps_rollback_drops_and_stale_handles_refused, T_BOTH, 120) {
   const char *topic = t_topic("state-commit");
   prosody_state_def_t defs[2] = {PROSODY_STATE_DEF_INIT,
                                  PROSODY_STATE_DEF_INIT};
@@ -514,7 +520,7 @@ static prosody_result_t nop_msg(prosody_context_t *ctx,
   return PROSODY_SUCCESS;
 }
 
-T_SCENARIO(another_kind_under_a_recorded_name_refused, T_MOCK, 60) {
+T_SCENARIO(another_kind_under_a_recorded_name_refused, T_BOTH, 60) {
   const char *topic = t_topic("state-ident");
   prosody_state_def_t def = PROSODY_STATE_DEF_INIT;
   prosody_handler_t h = {nop_msg, NULL, NULL, 0};
@@ -540,5 +546,139 @@ T_SCENARIO(another_kind_under_a_recorded_name_refused, T_MOCK, 60) {
             strstr(err, "map"),
         "subscribe with another kind: %s", err);
   prosody_client_destroy(client);
+  return 0;
+}
+
+/* ---- a crash between the state and the commit -------------------------- */
+
+#define CRASH_PER_KEY 5
+
+/* {"id":..,"i":I,"k":K}: count += 1; {"probe":1,"k":K}: records the count. */
+static prosody_result_t crash_msg(prosody_context_t *ctx,
+                                  const prosody_message_t *msg, void *op) {
+  prosody_state_t *st = open_state(ctx, "count");
+  int k = 0;
+  char doc[32];
+  long n;
+  (void)op;
+  if (!st)
+    return PROSODY_PERMANENT;
+  if (sscanf(prosody_message_payload(msg), "{\"probe\":1,\"k\":%d}", &k) == 1) {
+    pthread_mutex_lock(&lock);
+    if (k >= 0 && k < KEYS)
+      final_count[k] = get_long(st);
+    pthread_mutex_unlock(&lock);
+  } else {
+    n = get_long(st) + 1;
+    snprintf(doc, sizeof(doc), "%ld", n);
+    set_json(st, doc);
+  }
+  prosody_state_free(st);
+  ended();
+  return PROSODY_SUCCESS;
+}
+
+static prosody_config_t *crash_config(const char *group, const char *topic) {
+  prosody_state_def_t def = PROSODY_STATE_DEF_INIT;
+  def.name = "count";
+  return state_config(group, topic, &def, 1);
+}
+
+/* `--child BOOTSTRAP|- TOPIC GROUP`: consumes until its third event's state
+ * is stored, then exits (42) before committing it. */
+static int crash_child(int argc, char **argv) {
+  char err[1024];
+  prosody_config_t *conf;
+  prosody_client_t *client;
+  prosody_handler_t h = {crash_msg, NULL, NULL, 0};
+  pr__test_opts_t test;
+  CHECK(argc == 5, "usage: %s --child BOOTSTRAP|- TOPIC GROUP", argv[0]);
+  if (strcmp(argv[2], "-"))
+    setenv("PROSODY_BOOTSTRAP_SERVERS", argv[2], 1);
+  conf = crash_config(argv[4], argv[3]);
+  memset(&test, 0, sizeof(test));
+  test.state_exit_after = 3;
+  test.session_timeout_ms = 6000; /* the group notices its death soon */
+  pr__config_set_test(conf, &test);
+  client = prosody_client_new(conf, err, sizeof(err));
+  CHECK(client, "child client: %s", err);
+  CHECK_OK(prosody_subscribe(client, &h, err, sizeof(err)), err);
+  sleep(120); /* the engine exits the process */
+  return 1;
+}
+T_CHILD(crash_child)
+
+T_SCENARIO(killed_between_state_and_commit_applies_each_message_once, T_REAL,
+           180) {
+  const char *topic = t_topic("state-crash");
+  const char *args[4];
+  char group[128], err[1024], key[32], payload[128];
+  prosody_config_t *conf;
+  prosody_client_t *client;
+  prosody_handler_t h = {crash_msg, NULL, NULL, 0};
+  int fd, status = 0, got;
+  pid_t pid;
+
+  reset();
+  t_create_topic(topic, 1);
+  snprintf(group, sizeof(group), "%s-g", topic);
+  conf = t_config();
+  t_set(conf, "source_system", "state-test-producer");
+  client = prosody_client_new(conf, err, sizeof(err));
+  CHECK(client, "producer: %s", err);
+  for (int i = 0; i < CRASH_PER_KEY; i++)
+    for (int k = 0; k < KEYS; k++) {
+      snprintf(key, sizeof(key), "key-%d", k);
+      snprintf(payload, sizeof(payload), "{\"id\":\"c-%d-%d\",\"i\":%d}", k, i,
+               i);
+      CHECK_OK(
+          prosody_send(client, topic, key, payload, NULL, err, sizeof(err)),
+          err);
+    }
+  for (int k = 0; k < KEYS; k++) {
+    snprintf(key, sizeof(key), "key-%d", k);
+    snprintf(payload, sizeof(payload), "{\"probe\":1,\"k\":%d}", k);
+    CHECK_OK(prosody_send(client, topic, key, payload, NULL, err, sizeof(err)),
+             err);
+  }
+  prosody_client_destroy(client);
+
+  /* The first consumer stores three events' state and dies before their
+   * commit. */
+  args[0] = t_real_bootstrap() ? "-" : t_bootstrap();
+  args[1] = topic;
+  args[2] = group;
+  args[3] = NULL;
+  pid = t_spawn_child(args, &fd);
+  CHECK(waitpid(pid, &status, 0) == pid, "waitpid");
+  close(fd);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 42,
+        "the child did not exit at its third stored event (status %d)", status);
+
+  /* The group's next consumer gets them again: their state is stored with
+   * their dedup records, so they are skipped, and every count is exact. */
+  client = prosody_client_new(crash_config(group, topic), err, sizeof(err));
+  CHECK(client, "client: %s", err);
+  CHECK_OK(prosody_subscribe(client, &h, err, sizeof(err)), err);
+  got = t_wait_locked(&lock, &events, KEYS, 60);
+  for (double until = t_now() + 60; t_now() < until;) {
+    int probed = 0;
+    pthread_mutex_lock(&lock);
+    for (int k = 0; k < KEYS; k++)
+      probed += final_count[k] > 0;
+    pthread_mutex_unlock(&lock);
+    if (probed == KEYS)
+      break;
+    usleep(20000);
+  }
+  CHECK_OK(prosody_unsubscribe(client), "unsubscribe");
+  prosody_client_destroy(client);
+  CHECK(got >= KEYS, "only %d events handled after the crash", got);
+  for (int k = 0; k < KEYS; k++)
+    CHECK(final_count[k] == CRASH_PER_KEY,
+          "key-%d: its count is %ld after %d increments (a message whose state "
+          "was stored before the crash was applied %s)",
+          k, final_count[k], CRASH_PER_KEY,
+          final_count[k] > CRASH_PER_KEY ? "twice" : "not at all");
   return 0;
 }

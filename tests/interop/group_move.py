@@ -74,7 +74,9 @@ class Member:
         self.eof = False
         self.started = 0.0
 
-    async def start(self, group: str, topic: str, keyspace: str, log: Path) -> None:
+    async def start(self, group: str, topic: str, keyspace: str, log: Path,
+                    extra: Tuple[str, ...] = ()) -> None:
+        """extra: more member.py arguments."""
         self.started = time.time()
         with open(log, "ab") as f:
             self.proc = await asyncio.create_subprocess_exec(
@@ -82,7 +84,7 @@ class Member:
                 "--topic", topic, "--cassandra", CASSANDRA, "--keyspace", keyspace,
                 # Retries come quickly, so a deferred record's first retries
                 # fall while its member runs and later ones after the move.
-                "--option", "defer_base=1.0", "--option", "defer_max_delay=4.0",
+                "--option", "defer_base=1.0", "--option", "defer_max_delay=4.0", *extra,
                 stdout=asyncio.subprocess.PIPE, stderr=f, stdin=asyncio.subprocess.DEVNULL)
         self.reader = asyncio.create_task(self._read())
 

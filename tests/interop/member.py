@@ -7,7 +7,11 @@ ours (both import as `prosody`, so they never share an interpreter).
 What its handler does is driven by each record's payload, so that both
 implementations behave alike: {"key", "seq", "batch"} always; "timer_at"
 (epoch seconds): schedule a timer for the key then; "fail_until" (epoch
-seconds): raise (a transient error: deferred, then retried) until then.
+seconds): raise (a transient error: deferred, then retried) until then;
+"state": "write" (with --state: the key's value "count" += 1, map "seqs"
+gets "s<seq>" = seq, deque "log" appends seq) or "report" (prints the
+key's three collections as {"event": "state", "key", "count", "seqs":
+[[k, v], ...] in key order, "log": [...] front to back}).
 
 It joins consumer group --group on --topic and writes one JSON object per
 line to standard output, flushed at once, for the test to wait on:
@@ -53,10 +57,36 @@ def emit(obj: dict) -> None:
         sys.stdout.flush()
 
 
+def state_definitions() -> list:
+    """The collections --state registers (the same names and kinds in both
+    implementations, as a group moving between them needs)."""
+    from prosody import deque, map, value  # both: keyed state, prosody-events >= 0.4
+
+    return [value("count"), map("seqs"), deque("log")]
+
+
+async def on_state(context, message, defs: list) -> None:
+    count, seqs, log = (context.state(d) for d in defs)
+    key, p = message.key, message.payload
+    if p["state"] == "write":
+        await count.set((await count.get() or 0) + 1)
+        await seqs.set(f"s{p['seq']:04d}", p["seq"])
+        await log.append(p["seq"])
+        return
+    emit({"event": "state", "key": key, "round": p.get("round"), "count": await count.get(),
+          "seqs": [[k, v] async for k, v in seqs.items()],
+          "log": [v async for v in log.values()], "size": await log.size()})
+
+
 class Reporting(EventHandler):
+    def __init__(self, defs: list) -> None:
+        self.defs = defs
+
     async def on_message(self, context, message):
         p = message.payload
         now = time.time()
+        if p.get("state") is not None:
+            await on_state(context, message, self.defs)
         if p.get("timer_at") is not None:
             await context.schedule(datetime.fromtimestamp(p["timer_at"], timezone.utc))
         ok = now >= p.get("fail_until", 0)
@@ -99,6 +129,8 @@ async def main() -> int:
     ap.add_argument("--keyspace", required=True)
     ap.add_argument("--option", action="append", default=[], metavar="NAME=JSON",
                     help="another client option, its value as JSON (repeatable)")
+    ap.add_argument("--state", action="store_true",
+                    help="register the keyed-state collections of state_definitions()")
     args = ap.parse_args()
     faulthandler.enable()  # a crash prints the Python stacks to the log
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
@@ -120,9 +152,10 @@ async def main() -> int:
         probe_port=None,
         telemetry_enabled=False,
         shutdown_timeout=10.0,
+        **({"state_collections": state_definitions()} if args.state else {}),
         **{k: json.loads(v) for k, v in (o.split("=", 1) for o in args.option)},
     )
-    await call(client, "subscribe", Reporting())
+    await call(client, "subscribe", Reporting(state_definitions() if args.state else []))
     emit({"event": "subscribed"})
     watcher = asyncio.create_task(watch_partitions(client, stop))
     await stop.wait()

@@ -1,0 +1,171 @@
+/*
+ * state.h - keyed state's pieces (private to src/engine/state*.c): the
+ * transaction's overlay of cells (state.c), an operation in flight
+ * (state_ops.c) and the kinds' steps (state_kinds.c). See state.c for the
+ * design. Everything here is the engine thread's.
+ */
+#ifndef PR_ENGINE_STATE_H
+#define PR_ENGINE_STATE_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "../stores/state.h"
+#include "internal.h"
+
+#define SECTIONS 2
+#define SCAN_DEFAULT 256
+#define EVICT_MAX 16 /* items a push drops past a lowered capacity */
+
+struct prosody_state {
+  prosody_context_t *ctx;
+  int def;
+  int kind;
+};
+
+/* A cell in a transaction's overlay: dirty (to write: data, or absent to
+ * delete) or clean (the store's, or known absent). */
+typedef struct ocell {
+  int section;
+  uint8_t *coord; /* coord and data in one allocation */
+  size_t coord_len;
+  uint8_t *data; /* NULL when absent */
+  size_t data_len;
+  uint8_t dirty;
+} ocell_t;
+
+typedef struct scoll {
+  struct scoll *next;
+  int def; /* eng->st->states.d[def] */
+  char *name;
+  ocell_t *cells; /* sorted by (section, coord) */
+  size_t n, cap;
+  uint8_t cleared[SECTIONS];  /* a section delete to write first */
+  uint8_t complete[SECTIONS]; /* the overlay is all of the section */
+  int dirty;                  /* something to write */
+} scoll_t;
+
+struct pr__stx {
+  pr__engine_t *eng;
+  inv_t *inv; /* NULL once the attempt has ended */
+  char *topic, *key;
+  int32_t partition;
+  scoll_t *colls;
+  int busy;   /* operations and applies in flight */
+  int closed; /* the handler has succeeded: operations are refused */
+  uv_timer_t *retry;
+  int failures;
+  /* The settle's writes, kept for a retry. */
+  pr__swrite_t *w;
+  size_t nw;
+  pr__scoll_t *addr; /* per collection, for w */
+};
+
+/* ---- encodings ---------------------------------------------------------- */
+
+static inline void be64(uint8_t *o, uint64_t v) {
+  for (int i = 7; i >= 0; i--) {
+    o[i] = (uint8_t)v;
+    v >>= 8;
+  }
+}
+
+static inline uint64_t rd64(const uint8_t *p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; i++)
+    v = v << 8 | p[i];
+  return v;
+}
+
+static inline void pos_coord(uint8_t o[8], int64_t pos) {
+  be64(o, (uint64_t)pos ^ UINT64_C(0x8000000000000000));
+}
+
+/* A cell a scan read (a copy). */
+typedef struct row {
+  uint8_t *coord; /* coord and data in one allocation */
+  size_t coord_len;
+  uint8_t *data;
+  size_t data_len;
+} row_t;
+
+/* One operation: a blocking call's is on the caller's stack (the engine
+ * fills the result and signals `cond`, then never touches it); an
+ * asynchronous one (`cb`) is malloc'd and freed once `cb` returned. */
+typedef struct sop {
+  pr__mail_t mail;
+  prosody_context_t *ctx;
+  int def, kind, op;
+  /* The arguments, copied. */
+  char *key;
+  size_t key_len;
+  char **keys;
+  size_t nkeys;
+  char *json;
+  size_t json_len;
+  int64_t index;
+  char *after;
+  size_t after_len;
+  size_t limit;
+  int backward, keys_only;
+  /* Engine thread, while it runs. */
+  pr__engine_t *eng;
+  pr__stx_t *stx;
+  scoll_t *coll;
+  int stage;
+  size_t at;          /* GET_MANY: the next key */
+  int64_t head, tail; /* deque bounds, once read */
+  int64_t pos;        /* deque: the item read */
+  int64_t after_pos;  /* deque SCAN: resume after this position */
+  uint8_t *got;       /* the last read: a copy (NULL: absent) */
+  size_t got_len;
+  uint8_t *rc; /* the cell being read, to cache its answer */
+  size_t rc_len;
+  int rc_section;
+  row_t *rows; /* the last scan's cells */
+  size_t nrows;
+  int scan_section, scan_backward, scan_end;
+  uint8_t *scan_after; /* NULL: from the start */
+  size_t scan_after_len;
+  pr__swrite_t *w; /* a flush's writes, while applied */
+  pr__scoll_t addr;
+  /* The result. */
+  prosody_state_result_t r;
+  size_t rcap;
+  prosody_err_t err;
+  char errstr[512];
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  int done;
+  prosody_state_cb cb;
+  void *opaque;
+} sop_t;
+
+/* ---- across the files ---- */
+
+ocell_t *pr__st_ov_find(scoll_t *c, int section, const uint8_t *coord,
+                        size_t len);
+int pr__st_ov_set(scoll_t *c, int section, const uint8_t *coord, size_t len,
+                  const uint8_t *data, size_t data_len, int dirty);
+void pr__st_ov_drop_section(scoll_t *c, int section);
+void pr__st_ov_reset(scoll_t *c);
+void pr__st_ov_written(scoll_t *c);
+void pr__st_stx_free(pr__stx_t *t);
+pr__stx_t *pr__st_stx_of(inv_t *inv);
+scoll_t *pr__st_coll_of(pr__stx_t *t, int def);
+pr__scoll_t pr__st_addr_of(pr__stx_t *t, scoll_t *c);
+int pr__st_writes_of(pr__stx_t *t, scoll_t *c, const pr__scoll_t *addr,
+                     pr__swrite_t **w, size_t *n, size_t *cap);
+int pr__st_add_item(sop_t *op, const void *key, size_t key_len,
+                    const void *json, size_t json_len);
+void pr__st_sop_done(sop_t *op, prosody_err_t err, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void pr__st_read_cell(sop_t *op, int section, const uint8_t *coord, size_t len);
+void pr__st_read_range(sop_t *op);
+void pr__st_clear_sections(scoll_t *c, int upto);
+void pr__st_wrote(sop_t *op);
+void pr__st_value_step(sop_t *op);
+void pr__st_map_step(sop_t *op);
+void pr__st_deque_step(sop_t *op);
+
+#endif /* PR_ENGINE_STATE_H */
