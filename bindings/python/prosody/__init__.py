@@ -45,6 +45,15 @@ from prosody.state import (
     ValueState,
 )
 
+# The factories too, as the original has them (`from prosody import map`).
+# They stay out of __all__: a star import would hide the builtin map().
+from prosody.state import deque as deque  # noqa: E402
+from prosody.state import map as map  # noqa: E402,A004
+from prosody.state import message_deque as message_deque  # noqa: E402
+from prosody.state import message_map as message_map  # noqa: E402
+from prosody.state import message_value as message_value  # noqa: E402
+from prosody.state import value as value  # noqa: E402
+
 __all__ = [
     "AdminClient",
     "Context",

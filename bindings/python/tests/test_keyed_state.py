@@ -632,6 +632,10 @@ def test_definitions_and_to_config():
         state.value("x", read_cache=True)  # type: ignore[arg-type]
     assert Direction("forward") is Direction.FORWARD and Direction.BACKWARD == "backward"
     assert state.ValueDefinition[int] is not None
+    # Re-exported from prosody, factories included (the original's imports).
+    assert (prosody.value, prosody.map, prosody.deque, prosody.message_map) == (
+        state.value, state.map, state.deque, state.message_map)
+    assert prosody.MapState is state.MapState and prosody.Direction is Direction
 
 
 def test_error_classes():
