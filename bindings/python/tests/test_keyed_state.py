@@ -340,6 +340,25 @@ async def test_concurrent_anext_serialize_ordered_distinct(harness):
     assert await harness.run("s") == [f"k{i:04d}" for i in range(n)]
 
 
+async def test_cancel_pull_then_followup(harness):
+    async def script(ctx, attempt):
+        m = ctx.state(TOTALS)
+        for k in ("a", "b", "c"):
+            await m.set(k, k.upper())
+        it = m.items()
+        pull = asyncio.ensure_future(it.__anext__())
+        await asyncio.sleep(0)  # the pull is under way (its call was made)
+        pull.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await pull
+        # A cancelled pull loses nothing: the scan goes on from the start.
+        rest = [kv async for kv in it]
+        return rest, await m.get("b")
+
+    await harness.start({"s": script})
+    assert await harness.run("s") == ([("a", "A"), ("b", "B"), ("c", "C")], "B")
+
+
 async def test_break_without_aclosing_is_harmless(harness):
     async def script(ctx, attempt):
         m = ctx.state(TOTALS)
