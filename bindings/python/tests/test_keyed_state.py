@@ -36,7 +36,8 @@ TOTALS = state.map("totals", keyset_limit=256)
 BACKLOG = state.deque("backlog")
 BOUNDED = state.deque("bounded", capacity=3)
 COUNT = state.value("count")
-DEFS = [CART, TOTALS, BACKLOG, BOUNDED, COUNT]
+DIRECT = state.value("direct", read_uncommitted=True)
+DEFS = [CART, TOTALS, BACKLOG, BOUNDED, COUNT, DIRECT]
 
 Script = Callable[[Any, int], Awaitable[Any]]
 
@@ -95,6 +96,10 @@ class Harness:
         """Sends ``{"do": do}`` with ``key`` and returns the script's result
         once an attempt succeeded."""
         await self.producer.send(self.topic, key, {"do": do})
+        return await self.result(do)
+
+    async def result(self, do: str) -> Any:
+        """The result of script ``do`` once an attempt succeeded."""
         await self.rec.wait_for(lambda ev: any(e[0] == "ok" and e[1] == do for e in ev),
                                 what=f"script {do!r} to succeed")
         return next(e[3] for e in self.rec.events if e[0] == "ok" and e[1] == do)
@@ -406,6 +411,48 @@ async def test_failed_attempt_writes_vanish_and_retry_sees_committed(harness):
     assert [a for a, _ in harness.raised("bump2")] == [1]
 
 
+async def test_read_uncommitted_writes_through(harness):
+    async def script(ctx, attempt):
+        d, v = ctx.state(DIRECT), ctx.state(CART)
+        seen = (await d.get(), await v.get())
+        if attempt == 1:
+            await d.set("direct")
+            await v.set("buffered")
+            raise TransientError("fail after the writes")
+        return seen
+
+    await harness.start({"s": script})
+    # The read_uncommitted collection's write outlived the failed attempt;
+    # the default collection's did not.
+    assert await harness.run("s") == ("direct", None)
+
+
+async def test_blocked_handler_does_not_block_other_key(harness):
+    release, blocked = asyncio.Event(), asyncio.Event()
+
+    async def block(ctx, attempt):
+        v = ctx.state(CART)
+        await v.set("a")
+        blocked.set()
+        await asyncio.wait_for(release.wait(), WAIT)
+        return await v.get()
+
+    async def free(ctx, attempt):
+        v = ctx.state(CART)
+        before = await v.get()
+        await v.set("b")
+        during = blocked.is_set() and not release.is_set()
+        release.set()
+        return during, before, await v.get()
+
+    await harness.start({"block": block, "free": free})
+    await harness.producer.send(harness.topic, "key-a", {"do": "block"})
+    await asyncio.wait_for(blocked.wait(), WAIT)
+    # Another key's handler runs meanwhile, and sees its own state only.
+    assert await harness.run("free", key="key-b") == (True, None, "b")
+    assert await harness.result("block") == "a"
+
+
 async def test_commit_floor_survives_failed_attempt(harness):
     async def script(ctx, attempt):
         v, m = ctx.state(CART), ctx.state(TOTALS)
@@ -465,6 +512,10 @@ async def test_map_commit_floor_survives_rollback(harness):
 # ---------------------------------------------------------------------------
 
 async def test_leaked_handle_after_attempt_rejects_transient(harness):
+    # The original's test_leaked_handle_after_failed_attempt_rejects_transient,
+    # test_leaked_handle_after_successful_handler_rejects,
+    # test_post_handler_iteration_is_terminated and
+    # test_leaked_context_cannot_bind_after_failed_attempt, in one consumer.
     leaked: Dict[str, Any] = {}
 
     async def leak(ctx, attempt):
