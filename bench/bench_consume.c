@@ -38,6 +38,13 @@
  * consume-sasl_ssl-real-DIST gives the SASL_SSL rate, ratio = SASL_SSL /
  * PLAINTEXT (medians).
  *
+ * BENCH_STATE=pair runs prosody twice per repetition: a handler that adds
+ * one to a keyed-state value per record (a GET and a SET, stored with the
+ * event's success) and the no-op handler, in turn, on the same records;
+ * the line consume-state-DIST gives the rate with state, ratio = state /
+ * no-op (medians). In mock mode the memory store; with BENCH_BOOTSTRAP and
+ * BENCH_CASSANDRA the Cassandra store (suffix -cassandra).
+ *
  * BENCH_MAX_CONCURRENCY / BENCH_MAX_UNCOMMITTED override those options and
  * BENCH_SKIP_RAW=1 skips the baseline, for profiling; `make bench` uses
  * neither.
@@ -170,6 +177,34 @@ static prosody_result_t noop(prosody_context_t *ctx, const prosody_message_t *m,
   return PROSODY_SUCCESS;
 }
 
+/* BENCH_STATE: the next prosody run keeps a counter per key. */
+static int with_state;
+
+static prosody_result_t counting(prosody_context_t *ctx,
+                                 const prosody_message_t *m, void *op) {
+  prosody_state_t *st = NULL;
+  prosody_state_args_t a = PROSODY_STATE_ARGS_INIT;
+  prosody_state_result_t r;
+  char err[256], doc[32];
+  long v = 0;
+  if (prosody_state_open(ctx, "count", &st, NULL, err, sizeof(err)) ||
+      prosody_state_call(st, PROSODY_STATE_GET, NULL, &r, err, sizeof(err))) {
+    fprintf(stderr, "state: %s\n", err);
+    exit(1);
+  }
+  if (r.n && r.items[0].json)
+    v = atol(r.items[0].json);
+  prosody_state_result_free(&r);
+  a.json_len = (size_t)snprintf(doc, sizeof(doc), "%ld", v + 1);
+  a.json = doc;
+  if (prosody_state_call(st, PROSODY_STATE_SET, &a, NULL, err, sizeof(err))) {
+    fprintf(stderr, "state: %s\n", err);
+    exit(1);
+  }
+  prosody_state_free(st);
+  return noop(ctx, m, op);
+}
+
 /* BENCH_POISON=<mode>: the key of record 0 (key-0000) fails transiently
  * for ever, in that mode; the rate is that of the records of the other
  * partitions, which per-partition backpressure keeps flowing. */
@@ -283,7 +318,10 @@ static double run_prosody(const char *topic, long n, int rep) {
   char err[1024], group[64];
   prosody_config_t *conf = prosody_config_new();
   prosody_client_t *c;
-  prosody_handler_t h = {poison_mode ? poisoned : noop, NULL, NULL, 0};
+  prosody_handler_t h = {poison_mode  ? poisoned
+                         : with_state ? counting
+                                      : noop,
+                         NULL, NULL, 0};
   char dlq[96];
   snprintf(group, sizeof(group), "bench-prosody-%s-%d", topic, rep);
   if (poison_mode) {
@@ -320,6 +358,14 @@ static double run_prosody(const char *topic, long n, int rep) {
         fprintf(stderr, "BENCH_SET %s: %s\n", o, err);
     }
     free(opts);
+  }
+  if (with_state) {
+    prosody_state_def_t def = PROSODY_STATE_DEF_INIT;
+    def.name = "count";
+    if (prosody_config_add_state(conf, &def, err, sizeof(err))) {
+      fprintf(stderr, "state: %s\n", err);
+      exit(1);
+    }
   }
   if (getenv("BENCH_MAX_CONCURRENCY"))
     prosody_config_set(conf, "max_concurrency", getenv("BENCH_MAX_CONCURRENCY"),
@@ -467,6 +513,23 @@ int main(int argc, char **argv) {
            where, dist, on[reps / 2], on[reps / 2] / off[reps / 2],
            off[reps / 2], on_cpu[reps / 2], off_cpu[reps / 2], floor_us,
            off_cpu[reps / 2] / (off_cpu[reps / 2] + 2 * floor_us));
+    if (real_bootstrap)
+      bench_real_topic(real_bootstrap, topic, 0);
+    return 0;
+  }
+  if (getenv("BENCH_STATE") && !strcmp(getenv("BENCH_STATE"), "pair")) {
+    double st[16], plain[16], st_cpu[16], plain_cpu[16];
+    /* mock mode keeps state in memory whatever BENCH_CASSANDRA says */
+    const char *store =
+        real_bootstrap && getenv("BENCH_CASSANDRA") ? "-cassandra" : "";
+    run_pair(topic, n, reps, &with_state, "no-op", plain, plain_cpu,
+             "keyed state", st, st_cpu);
+    printf("bench consume-state%s-%s%s %.0f msg/s ratio=%.3f noop=%.0f "
+           "cpu=%.2fus/record noop_cpu=%.2fus/record (a keyed-state counter "
+           "per key: GET and SET per record, stored with the success, "
+           "against the no-op handler)\n",
+           store, where, dist, st[reps / 2], st[reps / 2] / plain[reps / 2],
+           plain[reps / 2], st_cpu[reps / 2], plain_cpu[reps / 2]);
     if (real_bootstrap)
       bench_real_topic(real_bootstrap, topic, 0);
     return 0;

@@ -49,6 +49,11 @@ echo "== rebalance: a member joins a busy group, eager against cooperative (embe
 echo "== consume throughput, telemetry on against off (uniform; embedded mock cluster) =="
 BENCH_TELEMETRY=pair "$build/bench/bench_consume" 200000 3 uniform | tee -a "$lines"
 
+# Keyed state's cost: a counter per key (a GET and a SET per record,
+# stored with the success) against the no-op handler, in turn.
+echo "== consume throughput with a keyed-state counter against the no-op handler (uniform; embedded mock cluster, memory store) =="
+BENCH_STATE=pair "$build/bench/bench_consume" 200000 3 uniform | tee -a "$lines"
+
 # One key failing for ever (transient, deferral off): the rate of the
 # other three partitions, per mode, against raw librdkafka in the same run.
 # Backpressure is per partition, so the poisoned key stops at most its own.
@@ -106,6 +111,12 @@ if python3 "$here/../scripts/services/kafka_check.py" --timeout 3 >/dev/null 2>&
     BENCH_SECURITY=pair BENCH_BOOTSTRAP=127.0.0.1:9094 "$build/bench/bench_consume" 1000000 3 uniform | tee -a "$lines"
   else
     echo "== SASL_SSL: skipped (nothing on localhost:9097; restart scripts/services/kafka) =="
+  fi
+  if python3 -c 'import socket; socket.create_connection(("127.0.0.1", 9042), 2)' 2>/dev/null; then
+    echo "== consume throughput with a keyed-state counter against the no-op handler, 100 000 records, Apache Kafka and Cassandra on localhost (uniform) =="
+    BENCH_STATE=pair BENCH_BOOTSTRAP=127.0.0.1:9094 BENCH_CASSANDRA=127.0.0.1:9042 "$build/bench/bench_consume" 100000 3 uniform | tee -a "$lines"
+  else
+    echo "== keyed state on Cassandra: skipped (nothing on localhost:9042; scripts/services/cassandra start) =="
   fi
   echo "== memory behind one blocked key, 500 000 records behind it, against Apache Kafka (telemetry off) =="
   BENCH_TELEMETRY=off BENCH_BOOTSTRAP=127.0.0.1:9094 "$build/bench/bench_blocked" 500000 | tee -a "$lines"

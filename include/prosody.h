@@ -651,8 +651,8 @@ PROSODY_EXPORT const char *prosody_timer_traceparent(const prosody_timer_t *t,
  * buffered since the last commit. `read_uncommitted` collections write
  * through at once (writes must then be idempotent).
  *
- * Storage: memory in mock mode or without cassandra_nodes (one store per
- * process), otherwise Cassandra in the original Prosody's tables
+ * Storage: memory in mock mode (one store per process), otherwise Cassandra
+ * (cassandra_nodes is then required) in the original Prosody's tables
  * (keyed_state_cell, keyed_state_identity). State is addressed by the
  * partition's timer segment (group, topic, partition), the key and the
  * collection's name, so a partition that moves keeps its state. A
@@ -666,8 +666,12 @@ typedef enum prosody_state_kind {
   PROSODY_STATE_DEQUE = 2
 } prosody_state_kind_t;
 
-/* What a collection holds. Only JSON is implemented: a MESSAGE collection
- * (references to delivered Kafka records) is refused at registration. */
+/* What a collection holds: JSON documents, or Kafka records (MESSAGE): a
+ * reference to a record this consumer was given (its topic, partition and
+ * offset, as the original stores it: MessagePack {topic, partition,
+ * offset}), loaded again from Kafka when read, through the loader of the
+ * defer layer (loader_* options). A record Kafka no longer has (retention,
+ * compaction) fails the read with PROSODY_ERR_PERMANENT. */
 typedef enum prosody_state_payload {
   PROSODY_STATE_JSON = 0,
   PROSODY_STATE_MESSAGE = 1
@@ -770,18 +774,32 @@ typedef struct prosody_state_args {
   size_t limit;  /* SCAN: at most this many items (0: 256) */
   int backward;  /* SCAN: from the end */
   int keys_only; /* map SCAN: keys without documents */
+  /* MESSAGE collections' SET and PUSH_*: the record to keep (in place of
+   * json): one a handler of this client was given, or one read from a
+   * collection. */
+  const prosody_message_t *message;
+  /* ... or, when `message` is NULL and `ref_topic` is not, the record
+   * named by its coordinates: what a binding keeps of a record it was
+   * given (it must have been given it: Prosody cannot check). */
+  const char *ref_topic;
+  int32_t ref_partition;
+  int64_t ref_offset;
 } prosody_state_args_t;
 
 #define PROSODY_STATE_ARGS_INIT                                                \
-  { NULL, 0, NULL, 0, NULL, 0, 0, NULL, 0, 0, 0, 0 }
+  { NULL, 0, NULL, 0, NULL, 0, 0, NULL, 0, 0, 0, 0, NULL, NULL, 0, 0 }
 
-/* One item of a result: a map key (NULL for values and deques) and a JSON
- * document (NULL when absent), each with its length, NUL-terminated. */
+/* One item of a result: a map key (NULL for values; a deque SCAN's item's
+ * position, as decimal) and a JSON document (NULL when absent), each with
+ * its length, NUL-terminated. In a MESSAGE collection `json` is NULL and
+ * `message` is the record loaded again (NULL when absent, and in keys-only
+ * scans), valid until the result is freed. */
 typedef struct prosody_state_item {
   const char *key;
   size_t key_len;
   const char *json;
   size_t json_len;
+  prosody_message_t *message;
 } prosody_state_item_t;
 
 typedef struct prosody_state_result {

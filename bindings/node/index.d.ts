@@ -126,6 +126,10 @@ export interface ClientConfiguration extends Configuration {
   /** The client's log lines go to this logger; unset or `null`: libprosody writes them to standard
    * error (`2026-01-01T00:00:00.000Z WARN  prosody::producer: ...`). */
   logger?: Logger | null;
+  /** The keyed-state collections handlers may open with `context.state()` (README "Keyed state"):
+   * definitions made by `value()`, `map()`, `deque()`, or plain objects of the same shape. Names are
+   * unique; checked when the client is made. */
+  stateCollections?: readonly StateCollectionConfig[] | null;
 }
 
 /** `offset` is a `number` for a client made with `new ProsodyClient()` and a `bigint` for one
@@ -163,6 +167,159 @@ export declare class Context {
   unschedule(time: Date): Promise<void>;
   clearScheduled(): Promise<void>;
   scheduled(): Promise<Date[]>;
+  /** The handle of a registered keyed-state collection for this event's key (the same one for the
+   * same definition within the event), valid until the handler finishes. Throws
+   * `PermanentStateError` for a name not in `stateCollections` (or registered with another kind),
+   * `TransientStateError` for an object not made by a definition constructor. */
+  state<P>(definition: MessageValueDefinition<P>): ValueState<Message<P>>;
+  state<P>(definition: MessageMapDefinition<P>): MapState<Message<P>>;
+  state<P>(definition: MessageDequeDefinition<P>): DequeState<Message<P>>;
+  state<T>(definition: ValueDefinition<T>): ValueState<T>;
+  state<V>(definition: MapDefinition<V>): MapState<V>;
+  state<T>(definition: DequeDefinition<T>): DequeState<T>;
+}
+
+// ---------------------------------------------------------------------------
+// Keyed state
+
+export type JsonValue = JSONValue;
+export type ScanDirection = 'forward' | 'backward';
+
+export interface StateDefinitionOptions {
+  /** Seconds each cell lives after its last write: a whole number in 1..=630720000. */
+  ttlSeconds?: number;
+  /** Writes go to the store at once instead of with the event's success (make them idempotent). */
+  readUncommitted?: boolean;
+}
+export interface ReadCacheOptions {
+  ttlMs: number;
+}
+export interface PublishedStateDefinitionOptions extends StateDefinitionOptions {
+  /** Not implemented: `true` is refused when the client is made. */
+  published?: boolean;
+  readCache?: ReadCacheOptions | false;
+}
+export interface MapDefinitionOptions extends PublishedStateDefinitionOptions {
+  /** 0..=4096 (default 128). */
+  keysetLimit?: number;
+}
+export interface DequeDefinitionOptions extends PublishedStateDefinitionOptions {
+  /** At most this many items: a push drops from the other end. */
+  capacity?: number;
+}
+export interface MessageMapDefinitionOptions extends StateDefinitionOptions {
+  keysetLimit?: number;
+}
+export interface MessageDequeDefinitionOptions extends StateDefinitionOptions {
+  capacity?: number;
+}
+
+/** A collection's registration, as `stateCollections` takes it. */
+export interface StateCollectionConfig {
+  name: string;
+  kind: string;
+  payload: string;
+  ttlSeconds?: number;
+  readUncommitted?: boolean;
+  published?: boolean;
+  readCache?: ReadCacheOptions | false;
+  keysetLimit?: number;
+  capacity?: number;
+}
+
+interface StateDefinitionBase<K extends 'value' | 'map' | 'deque', P extends 'json' | 'message'> {
+  readonly name: string;
+  readonly kind: K;
+  readonly payload: P;
+  readonly ttlSeconds?: number;
+  readonly readUncommitted?: boolean;
+}
+export interface ValueDefinition<T = JsonValue> extends StateDefinitionBase<'value', 'json'> {
+  readonly published?: boolean;
+  readonly readCache?: ReadCacheOptions | false;
+  /** Type only: the stored item's type. */
+  readonly __item?: T;
+}
+export interface MapDefinition<V = JsonValue> extends StateDefinitionBase<'map', 'json'> {
+  readonly published?: boolean;
+  readonly readCache?: ReadCacheOptions | false;
+  readonly keysetLimit?: number;
+  readonly __item?: V;
+}
+export interface DequeDefinition<T = JsonValue> extends StateDefinitionBase<'deque', 'json'> {
+  readonly published?: boolean;
+  readonly readCache?: ReadCacheOptions | false;
+  readonly capacity?: number;
+  readonly __item?: T;
+}
+/** Message collections are not implemented yet: registering one is refused. */
+export interface MessageValueDefinition<P = JsonValue> extends StateDefinitionBase<'value', 'message'> {
+  readonly __item?: P;
+}
+export interface MessageMapDefinition<P = JsonValue> extends StateDefinitionBase<'map', 'message'> {
+  readonly keysetLimit?: number;
+  readonly __item?: P;
+}
+export interface MessageDequeDefinition<P = JsonValue> extends StateDefinitionBase<'deque', 'message'> {
+  readonly capacity?: number;
+  readonly __item?: P;
+}
+
+export declare function value<T = JsonValue>(name: string, options?: PublishedStateDefinitionOptions): ValueDefinition<T>;
+export declare function map<V = JsonValue>(name: string, options?: MapDefinitionOptions): MapDefinition<V>;
+export declare function deque<T = JsonValue>(name: string, options?: DequeDefinitionOptions): DequeDefinition<T>;
+export declare function messageValue<P = JsonValue>(name: string, options?: StateDefinitionOptions): MessageValueDefinition<P>;
+export declare function messageMap<P = JsonValue>(name: string, options?: MessageMapDefinitionOptions): MessageMapDefinition<P>;
+export declare function messageDeque<P = JsonValue>(name: string, options?: MessageDequeDefinitionOptions): MessageDequeDefinition<P>;
+
+/** Every method's writes are buffered until the handler succeeds (unless `readUncommitted`). */
+interface StateHandle {
+  /** Removes everything. */
+  clear(): Promise<void>;
+  /** Makes this collection's buffered writes durable now. */
+  commit(): Promise<void>;
+  /** Drops this collection's writes buffered since the last commit. */
+  rollback(): Promise<void>;
+}
+export declare class ValueState<T = JsonValue> implements StateHandle {
+  private constructor();
+  get(): Promise<T | null>;
+  set(value: NonNullable<T>): Promise<void>;
+  clear(): Promise<void>;
+  commit(): Promise<void>;
+  rollback(): Promise<void>;
+}
+export declare class MapState<V = JsonValue> implements StateHandle {
+  private constructor();
+  get(key: string): Promise<V | null>;
+  getMany(keys: readonly string[]): Promise<(V | null)[]>;
+  has(key: string): Promise<boolean>;
+  set(key: string, value: NonNullable<V>): Promise<void>;
+  delete(key: string): Promise<void>;
+  clear(): Promise<void>;
+  commit(): Promise<void>;
+  rollback(): Promise<void>;
+  /** In key order (UTF-8 bytes), in chunks of up to 256. */
+  entries(direction?: ScanDirection): AsyncIterableIterator<[string, V]>;
+  keys(direction?: ScanDirection): AsyncIterableIterator<string>;
+  values(direction?: ScanDirection): AsyncIterableIterator<V>;
+  [Symbol.asyncIterator](): AsyncIterableIterator<[string, V]>;
+}
+export declare class DequeState<T = JsonValue> implements StateHandle {
+  private constructor();
+  push(item: NonNullable<T>): Promise<void>;
+  unshift(item: NonNullable<T>): Promise<void>;
+  pop(): Promise<T | null>;
+  shift(): Promise<T | null>;
+  /** `Array.prototype.at`'s rules; out of range: null. */
+  at(index: number): Promise<T | null>;
+  length(): Promise<number>;
+  isEmpty(): Promise<boolean>;
+  clear(): Promise<void>;
+  commit(): Promise<void>;
+  rollback(): Promise<void>;
+  values(direction?: ScanDirection): AsyncIterableIterator<T>;
+  [Symbol.asyncIterator](): AsyncIterableIterator<T>;
 }
 
 /** With `new ProsodyClient()` every method is optional (a missing `onExcise`: excise records are
@@ -215,6 +372,16 @@ export declare class EventHandlerError extends Error {
 }
 export declare class TransientError extends EventHandlerError {}
 export declare class PermanentError extends EventHandlerError {}
+/** A keyed-state failure worth retrying: the store, a stale handle, a bad argument or write. */
+export declare class TransientStateError extends TransientError {
+  readonly code?: string;
+}
+/** A keyed-state failure a retry cannot fix: an unregistered collection, another kind. */
+export declare class PermanentStateError extends PermanentError {
+  readonly code?: string;
+}
+/** By `name`: also true for the state errors of another copy of the package. */
+export declare function isStateError(error: unknown): error is PermanentStateError | TransientStateError;
 export declare class ProsodyError extends Error {
   constructor(message: string, code: string);
   readonly code: string;

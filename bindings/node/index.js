@@ -401,6 +401,410 @@ function withSpan(rec, followsFrom, fn) {
 }
 
 // ---------------------------------------------------------------------------
+// Keyed state: collection definitions, their registration and the handles
+// context.state() gives (libprosody's prosody_state_*; README "Keyed state").
+
+class TransientStateError extends TransientError {}
+class PermanentStateError extends PermanentError {}
+
+// By name, so that it also recognises the errors of another realm's copy.
+function isStateError(error) {
+  try {
+    return error instanceof Error &&
+      (error.name === 'TransientStateError' || error.name === 'PermanentStateError');
+  } catch (ignored) {
+    return false;
+  }
+}
+
+const STATE_KINDS = { value: 0, map: 1, deque: 2 };
+const STATE_PAYLOADS = { json: 0, message: 1 };
+const STATE_FIELDS = ['name', 'kind', 'payload', 'ttlSeconds', 'readUncommitted', 'published', 'readCache',
+                      'keysetLimit', 'capacity'];
+const MAX_TTL_S = 630720000; // 20 years: libprosody's bound
+const DEFINITIONS = new WeakMap(); // the definitions made by the constructors below
+
+function defineState(name, kind, payload, options, allowed) {
+  if (options === undefined || options === null) options = {};
+  if (typeof options !== 'object' || Array.isArray(options)) {
+    throw new TypeError(`${name === undefined ? 'a state definition' : `state definition ${JSON.stringify(name)}`}: ` +
+                        'options must be an object');
+  }
+  const def = { name, kind, payload };
+  for (const field of allowed) {
+    if (options[field] !== undefined) def[field] = options[field];
+  }
+  for (const field of Object.keys(options)) {
+    if (!allowed.includes(field) && options[field] !== undefined) {
+      throw new TypeError(`state definition ${JSON.stringify(name)}: unknown option '${field}' for a ` +
+                          `${payload === 'message' ? `message ${kind}` : kind} (options: ${allowed.join(', ')})`);
+    }
+  }
+  Object.freeze(def);
+  DEFINITIONS.set(def, true);
+  return def;
+}
+
+const COMMON = ['ttlSeconds', 'readUncommitted'];
+const PUBLISHED = [...COMMON, 'published', 'readCache'];
+const value = (name, options) => defineState(name, 'value', 'json', options, PUBLISHED);
+const map = (name, options) => defineState(name, 'map', 'json', options, [...PUBLISHED, 'keysetLimit']);
+const deque = (name, options) => defineState(name, 'deque', 'json', options, [...PUBLISHED, 'capacity']);
+const messageValue = (name, options) => defineState(name, 'value', 'message', options, COMMON);
+const messageMap = (name, options) => defineState(name, 'map', 'message', options, [...COMMON, 'keysetLimit']);
+const messageDeque = (name, options) => defineState(name, 'deque', 'message', options, [...COMMON, 'capacity']);
+
+// How a bad value is shown in an error: strings quoted, others as written.
+function shown(v) {
+  if (typeof v === 'string') return JSON.stringify(v);
+  if (v === null || Array.isArray(v)) return v === null ? 'null' : 'an array';
+  if (typeof v === 'object') return 'an object';
+  if (typeof v === 'bigint') return `${v}n`;
+  if (typeof v === 'symbol' || typeof v === 'function') return `a ${typeof v}`;
+  return String(v);
+}
+
+// stateCollections, checked (§5.4's texts), as the addon's flat array:
+// [name, kind, payload, ttlSeconds, readUncommitted, published, keysetLimit,
+// capacity, ...]; and name -> {kind, payload} for context.state().
+function convertStates(list) {
+  const flat = [];
+  const registry = new Map();
+  if (list === undefined || list === null) return [flat, registry];
+  if (!Array.isArray(list)) {
+    throw new TypeError(`option stateCollections: expected an array of state definitions, got ${shown(list)}`);
+  }
+  list.forEach((c, i) => {
+    const at = `stateCollections[${i}]`;
+    if (c === null || typeof c !== 'object' || Array.isArray(c)) {
+      throw new TypeError(`${at}: expected a state definition (value(), map(), deque(), ...), got ${shown(c)}`);
+    }
+    for (const field of Object.keys(c)) {
+      if (!STATE_FIELDS.includes(field)) {
+        throw new RangeError(`${at}: unknown field '${field}' (fields: ${STATE_FIELDS.join(', ')})`);
+      }
+    }
+    if (typeof c.name !== 'string' || c.name === '') {
+      throw new RangeError(`${at}.name: expected a non-empty string, got ${shown(c.name)}`);
+    }
+    if (!Object.hasOwn(STATE_KINDS, c.kind)) {
+      throw new RangeError(`${at}.kind: expected "value", "map", or "deque", got ${shown(c.kind)}`);
+    }
+    if (!Object.hasOwn(STATE_PAYLOADS, c.payload)) {
+      throw new RangeError(`${at}.payload: expected "json" or "message", got ${shown(c.payload)}`);
+    }
+    if (c.payload === 'message') {
+      // The core keeps records; this package does not pass them yet.
+      throw new RangeError(`${at}.payload: "message" collections are not implemented in this package yet; use "json"`);
+    }
+    const whole = (field, min, max) => {
+      const v = c[field];
+      if (v === undefined) return undefined;
+      if (typeof v !== 'number' || !Number.isInteger(v) || v < min || v > max) {
+        throw new RangeError(`${at}.${field}: must be a whole number in ${min}..=${max}, got ${shown(v)}`);
+      }
+      return v;
+    };
+    const bool = (field) => {
+      const v = c[field];
+      if (v !== undefined && typeof v !== 'boolean') {
+        throw new TypeError(`${at}.${field}: expected a boolean, got ${shown(v)}`);
+      }
+      return v === true;
+    };
+    if (c.keysetLimit !== undefined && c.kind !== 'map') {
+      throw new RangeError(`${at}.keysetLimit: only valid for map collections`);
+    }
+    if (c.capacity !== undefined && c.kind !== 'deque') {
+      throw new RangeError(`${at}.capacity: only valid for deque collections`);
+    }
+    const ttl = whole('ttlSeconds', 1, MAX_TTL_S);
+    const keysetLimit = whole('keysetLimit', 0, 4096);
+    const capacity = whole('capacity', 1, Number.MAX_SAFE_INTEGER);
+    const readUncommitted = bool('readUncommitted');
+    const published = bool('published');
+    if (c.readCache !== undefined && c.readCache !== false &&
+        !(c.readCache !== null && typeof c.readCache === 'object' && typeof c.readCache.ttlMs === 'number' &&
+          c.readCache.ttlMs >= 0)) {
+      throw new RangeError(`${at}.readCache: expected { ttlMs } (milliseconds >= 0) or false, got ${shown(c.readCache)}`);
+    }
+    flat.push(c.name, STATE_KINDS[c.kind], STATE_PAYLOADS[c.payload], ttl || 0, readUncommitted, published,
+              keysetLimit === undefined ? -1 : keysetLimit, capacity || 0);
+    registry.set(c.name, { kind: c.kind, payload: c.payload });
+  });
+  return [flat, registry];
+}
+
+// libprosody's operations (prosody_state_op_t).
+const SOP = { get: 0, getMany: 1, set: 2, remove: 3, clear: 4, contains: 5, pushBack: 6, pushFront: 7,
+              popBack: 8, popFront: 9, peekBack: 10, peekFront: 11, len: 12, scan: 13, commit: 14,
+              rollback: 15 };
+const SCAN_CHUNK = 256;
+
+// A failure of the addon's as a state error: a permanent one (no such
+// collection, a kind recorded otherwise) discards the event if rethrown;
+// every other (a stale handle, the store, a refused argument) retries it.
+function stateError(e) {
+  if (isStateError(e)) return e;
+  const message = e && typeof e.message === 'string' ? e.message : String(e);
+  const err = e && e.code === 'PROSODY_ERR_PERMANENT'
+    ? new PermanentStateError(message)
+    : new TransientStateError(message);
+  if (e && typeof e.code === 'string') err.code = e.code;
+  return err;
+}
+
+// The JSON text of a value to store; a null or a value without a JSON form
+// is refused (transient) before libprosody is asked.
+// (`name`: the collection, which each message names.)
+function encodeState(v, method, remedy, name) {
+  if (v === null || v === undefined) {
+    throw new TransientStateError(`${method}: cannot store ${v} in "${name}"; a top-level null means absence ` +
+                                  `(use ${remedy})`);
+  }
+  if (typeof v === 'function' || typeof v === 'symbol' || typeof v === 'bigint') {
+    throw new TransientStateError(`${method}: a ${typeof v} has no JSON form and cannot be stored in "${name}"`);
+  }
+  let text;
+  try {
+    text = JSON.stringify(v);
+  } catch (e) {
+    throw new TransientStateError(`${method}: the value for "${name}" has no JSON form: ${e && e.message}`);
+  }
+  if (text === undefined || text === 'null') {
+    throw new TransientStateError(`${method}: the value for "${name}" has no JSON form (its toJSON gave ${text})`);
+  }
+  return text;
+}
+
+function mapKey(key, method, name) {
+  if (typeof key !== 'string') {
+    throw new TransientStateError(`${method}: a key of map "${name}" must be a string, got ${shown(key)}`);
+  }
+  return key;
+}
+
+function scanDirection(direction, method, name) {
+  if (direction === undefined || direction === 'forward') return false;
+  if (direction === 'backward') return true;
+  throw new TransientStateError(`${method}: direction must be "forward" or "backward", got ${shown(direction)} ` +
+                                `(scanning "${name}")`);
+}
+
+const parsed = (json) => (json === null ? null : JSON.parse(json));
+
+class StateHandle {
+  constructor(client, event, handle, name) {
+    this._client = client;
+    this._event = event;
+    this._handle = handle;
+    this._name = name;
+  }
+
+  // Runs operation `op`: a promise of [number, key, json, ...].
+  _call(op, { key = null, json = null, keys = null, index = 0, after = null, limit = 0, backward = false,
+              keysOnly = false } = {}) {
+    if (this._event.done) {
+      return Promise.reject(new TransientStateError(
+        `state "${this._name}": the handle is used after its handler finished; a handle is valid only ` +
+        'during the handler invocation that opened it'));
+    }
+    try {
+      return this._client._native.stateOp(this._handle, op, key, json, keys, index, after, limit, backward,
+                                          keysOnly).catch((e) => { throw stateError(e); });
+    } catch (e) {
+      return Promise.reject(stateError(e));
+    }
+  }
+
+  async clear() { await this._call(SOP.clear); }
+
+  async commit() { await this._call(SOP.commit); }
+
+  async rollback() { await this._call(SOP.rollback); }
+
+  // A scan in chunks; `item(key, json)` makes what it yields.
+  _scan(method, direction, keysOnly, item) {
+    return new StateScan(this, scanDirection(direction, method, this._name), keysOnly, item);
+  }
+}
+
+class ValueState extends StateHandle {
+  async get() {
+    const r = await this._call(SOP.get);
+    return r.length > 1 ? parsed(r[2]) : null;
+  }
+
+  async set(v) {
+    await this._call(SOP.set, { json: encodeState(v, 'set', 'clear()', this._name) });
+  }
+}
+
+class MapState extends StateHandle {
+  async get(key) {
+    const r = await this._call(SOP.get, { key: mapKey(key, 'get', this._name) });
+    return r.length > 1 ? parsed(r[2]) : null;
+  }
+
+  async getMany(keys) {
+    if (!Array.isArray(keys)) {
+      throw new TransientStateError(`getMany: expected an array of keys of map "${this._name}", got ${shown(keys)}`);
+    }
+    keys.forEach((k) => {
+      mapKey(k, 'getMany', this._name);
+      if (k.includes('\0')) {
+        throw new TransientStateError(`getMany: a key of map "${this._name}" cannot contain a NUL character (\\0)`);
+      }
+    });
+    if (keys.length === 0) return [];
+    const r = await this._call(SOP.getMany, { keys });
+    const out = [];
+    for (let i = 2; i < r.length; i += 2) out.push(parsed(r[i]));
+    return out;
+  }
+
+  async has(key) {
+    const r = await this._call(SOP.contains, { key: mapKey(key, 'has', this._name) });
+    return r[0] === 1;
+  }
+
+  async set(key, v) {
+    mapKey(key, 'set', this._name);
+    await this._call(SOP.set, { key, json: encodeState(v, 'set', 'delete(key)', this._name) });
+  }
+
+  async delete(key) {
+    await this._call(SOP.remove, { key: mapKey(key, 'delete', this._name) });
+  }
+
+  entries(direction) { return this._scan('entries', direction, false, (k, j) => [k, parsed(j)]); }
+
+  keys(direction) { return this._scan('keys', direction, true, (k) => k); }
+
+  values(direction) { return this._scan('values', direction, false, (k, j) => parsed(j)); }
+
+  [Symbol.asyncIterator]() { return this.entries(); }
+}
+
+class DequeState extends StateHandle {
+  async push(v) {
+    await this._call(SOP.pushBack, { json: encodeState(v, 'push', 'pop() or clear()', this._name) });
+  }
+
+  async unshift(v) {
+    await this._call(SOP.pushFront, { json: encodeState(v, 'unshift', 'shift() or clear()', this._name) });
+  }
+
+  async pop() { return this._one(SOP.popBack); }
+
+  async shift() { return this._one(SOP.popFront); }
+
+  // Array.prototype.at's rules: negative counts from the back; out of range
+  // is null. The two ends read their endpoint alone.
+  async at(index) {
+    if (typeof index !== 'number' || !Number.isSafeInteger(index)) {
+      throw new TransientStateError(`at: index must be a safe integer, got ${shown(index)}`);
+    }
+    if (index === 0) return this._one(SOP.peekFront);
+    if (index === -1) return this._one(SOP.peekBack);
+    return this._one(SOP.get, { index });
+  }
+
+  async length() {
+    return (await this._call(SOP.len))[0];
+  }
+
+  async isEmpty() {
+    return (await this.length()) === 0;
+  }
+
+  values(direction) { return this._scan('values', direction, false, (k, j) => parsed(j)); }
+
+  [Symbol.asyncIterator]() { return this.values(); }
+
+  async _one(op, args) {
+    const r = await this._call(op, args);
+    return r.length > 1 ? parsed(r[2]) : null;
+  }
+}
+
+// An async iterator over a collection, pulling SCAN_CHUNK items at a time
+// after the last key it saw (a deque's items have their positions as keys).
+// next() and return() are served in call order: concurrent next() calls
+// never yield an item twice.
+class StateScan {
+  constructor(handle, backward, keysOnly, item) {
+    this._h = handle;
+    this._backward = backward;
+    this._keysOnly = keysOnly;
+    this._item = item;
+    this._buffer = [];
+    this._at = 0;
+    this._after = null;
+    this._end = false;
+    this._closed = false;
+    this._queue = Promise.resolve();
+  }
+
+  [Symbol.asyncIterator]() { return this; }
+
+  next() { return this._serial(() => this._next()); }
+
+  return(v) {
+    return this._serial(async () => {
+      this._close();
+      return { value: v, done: true };
+    });
+  }
+
+  _serial(fn) {
+    const r = this._queue.then(fn);
+    this._queue = r.then(() => {}, () => {});
+    return r;
+  }
+
+  _close() {
+    this._closed = true;
+    this._buffer = [];
+  }
+
+  async _next() {
+    if (this._closed) return { value: undefined, done: true };
+    if (this._h._event.done) {
+      this._close();
+      throw new TransientStateError(`state "${this._h._name}": a scan is used after its handler finished`);
+    }
+    if (this._at === this._buffer.length) {
+      if (this._end) {
+        this._close();
+        return { value: undefined, done: true };
+      }
+      let r;
+      try {
+        r = await this._h._call(SOP.scan, { after: this._after, limit: SCAN_CHUNK, backward: this._backward,
+                                           keysOnly: this._keysOnly });
+      } catch (e) {
+        this._close();
+        throw e;
+      }
+      this._buffer = [];
+      for (let i = 1; i < r.length; i += 2) this._buffer.push(this._item(r[i], r[i + 1]));
+      this._at = 0;
+      // The end, or no item to resume after (nothing was returned).
+      this._end = r[0] === 1 || r.length === 1;
+      if (r.length > 1) this._after = r[r.length - 2];
+      if (this._buffer.length === 0) {
+        this._close();
+        return { value: undefined, done: true };
+      }
+    }
+    return { value: this._buffer[this._at++], done: false };
+  }
+}
+
+const STATE_CLASSES = [ValueState, MapState, DequeState];
+
+// ---------------------------------------------------------------------------
 // Context
 
 const OP = { schedule: 0, unschedule: 1, clearAndSchedule: 2, clearScheduled: 3, scheduled: 4 };
@@ -457,6 +861,43 @@ class Context {
   scheduled() {
     return this._op(OP.scheduled, false, undefined, 'scheduled').then((times) => times.map((t) => new Date(t)));
   }
+
+  // The handle of a keyed-state collection for this event's key: one per
+  // definition within the event, valid until its handler finishes.
+  state(definition) {
+    const s = this._state;
+    if (definition === null || typeof definition !== 'object' || !DEFINITIONS.has(definition)) {
+      throw new TransientStateError('state: definition must come from a Prosody state definition constructor');
+    }
+    if (s.done) {
+      throw new TransientStateError('state: the context is stale: its handler has already finished');
+    }
+    if (!s.handles) s.handles = new Map();
+    let h = s.handles.get(definition);
+    if (h) return h;
+    const { name, kind, payload } = definition;
+    if (typeof name !== 'string' || name === '') {
+      throw new TransientStateError(`state: a definition's name must be a non-empty string, got ${shown(name)}`);
+    }
+    const registered = this._client._states.get(name);
+    const what = (d) => (d.payload === 'message' ? `message ${d.kind}` : d.kind);
+    if (!registered) {
+      throw new PermanentStateError(`state: no collection "${name}" is registered (the client's stateCollections)`);
+    }
+    if (registered.kind !== kind || registered.payload !== payload) {
+      throw new PermanentStateError(`state: collection "${name}" is registered as a ${what(registered)}, ` +
+                                    `not a ${what(definition)}`);
+    }
+    let opened;
+    try {
+      opened = this._client._native.stateOpen(s.ev, name);
+    } catch (e) {
+      throw stateError(e);
+    }
+    h = new STATE_CLASSES[opened[1]](this._client, s, opened[0], name);
+    s.handles.set(definition, h);
+    return h;
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -483,10 +924,17 @@ class ProsodyClient {
   }
 
   _init(config, current, what) {
-    const [options, logger] = splitLogger(config);
+    const [withStates, logger] = splitLogger(config);
+    let options = withStates;
+    let stateList;
+    if (options !== null && typeof options === 'object' && !Array.isArray(options) && 'stateCollections' in options) {
+      ({ stateCollections: stateList, ...options } = options);
+    }
     const opts = convertOptions(options, what);
+    const [states, registry] = convertStates(stateList);
+    this._states = registry; // name -> {kind, payload}, for context.state()
     try {
-      this._native = new native.NativeClient(opts, logger ? logForwarder(logger) : undefined, current);
+      this._native = new native.NativeClient(opts, logger ? logForwarder(logger) : undefined, current, states);
     } catch (e) {
       throw wrapConfigError(e);
     }
@@ -883,6 +1331,18 @@ module.exports = {
   ProsodyPermanentError,
   permanent,
   transient,
+  TransientStateError,
+  PermanentStateError,
+  isStateError,
+  value,
+  map,
+  deque,
+  messageValue,
+  messageMap,
+  messageDeque,
+  ValueState,
+  MapState,
+  DequeState,
   flushTelemetry: native.flushTelemetry,
   shutdownTelemetry: native.shutdownTelemetry,
   libraryVersion: native.libraryVersion,

@@ -4,6 +4,7 @@ import prosody from './index.js';
 export const {
   ProsodyClient, AdminClient, Context, Mode, ConsumerState, EventHandlerError, TransientError,
   PermanentError, ProsodyError, ProsodyTransientError, ProsodyPermanentError, permanent, transient,
-  flushTelemetry, shutdownTelemetry, libraryVersion,
+  TransientStateError, PermanentStateError, isStateError, value, map, deque, messageValue, messageMap,
+  messageDeque, ValueState, MapState, DequeState, flushTelemetry, shutdownTelemetry, libraryVersion,
 } = prosody;
 export default prosody;

@@ -980,13 +980,8 @@ prosody_config_add_state(prosody_config_t *conf, const prosody_state_def_t *def,
              def->kind);
     return PROSODY_ERR_CONFIG;
   }
-  if (def->payload == PROSODY_STATE_MESSAGE) {
-    pr__errf(errstr, errstr_size,
-             "payload: \"message\" collections are not implemented yet; use "
-             "\"json\"");
-    return PROSODY_ERR_CONFIG;
-  }
-  if (def->payload != PROSODY_STATE_JSON) {
+  if (def->payload != PROSODY_STATE_JSON &&
+      def->payload != PROSODY_STATE_MESSAGE) {
     pr__errf(errstr, errstr_size,
              "payload: expected \"json\" or \"message\", got %d", def->payload);
     return PROSODY_ERR_CONFIG;

@@ -90,6 +90,7 @@ static pr__load_t *req_new(const part_t *part, const char *key, int kind) {
   if (!r)
     return NULL;
   r->eng = part->eng;
+  r->answered = loaded_mail;
   r->gen = part->gen;
   r->kind = kind;
   r->partition = part->partition;
@@ -840,8 +841,7 @@ static void head_read(void *arg, prosody_err_t err, const char *errstr,
       return;
     }
   }
-  if (!eng->loader &&
-      !(eng->loader = pr__loader_new(eng, eng->bootstrap, loaded_mail))) {
+  if (!eng->loader && !(eng->loader = pr__loader_new(eng, eng->bootstrap))) {
     PR_ERROR("defer", "could not start the deferred message loader; trying "
                       "again in 1s");
     dk_idle(dk, pr__wall_ms() + 1000);

@@ -232,6 +232,7 @@ typedef struct pr__dk {
  * come first. Posted back by the loader as a letter. */
 typedef struct pr__load {
   pr__mail_t mail;
+  pr__mail_fn *answered; /* receives the answer (engine thread) */
   struct pr__load *next; /* the loader's queue */
   pr__engine_t *eng;
   uint64_t gen; /* the assignment */
@@ -731,10 +732,10 @@ inv_t *pr__dm_inv(part_t *part, const char *key, int64_t offset);
 
 /* --- loader.c --------------------------------------------------------- */
 
-/* A loader whose answers (pr__load_t letters) go to `answered` on the
- * engine thread; NULL when it cannot start. */
-pr__loader_t *pr__loader_new(pr__engine_t *eng, const char *bootstrap,
-                             pr__mail_fn *answered);
+/* A loader whose answers (pr__load_t letters) go to each request's
+ * `answered` on the engine thread; NULL when it cannot start. Shared by
+ * the defer layer and keyed state's message collections. */
+pr__loader_t *pr__loader_new(pr__engine_t *eng, const char *bootstrap);
 void pr__loader_post(pr__loader_t *l, pr__load_t *r);
 void pr__loader_free(pr__loader_t *l);
 void pr__load_free(pr__load_t *r);

@@ -23,7 +23,6 @@
 
 struct pr__loader {
   pr__engine_t *eng;
-  pr__mail_fn *answered; /* receives each answer's letter */
   char *bootstrap;
   int mock;
   int64_t seek_timeout_ms;
@@ -197,15 +196,14 @@ static void *loader_main(void *arg) {
       if (!v)
         batch = batch->next;
       serve(l, r);
-      pr__mailbox_post(&l->eng->mb, &r->mail, l->answered);
+      pr__mailbox_post(&l->eng->mb, &r->mail, r->answered);
     }
     free(v);
   }
   return NULL;
 }
 
-pr__loader_t *pr__loader_new(pr__engine_t *eng, const char *bootstrap,
-                             pr__mail_fn *answered) {
+pr__loader_t *pr__loader_new(pr__engine_t *eng, const char *bootstrap) {
   PR_ENGINE_THREAD(eng);
   pr__loader_t *l = calloc(1, sizeof(*l));
   if (!l || !(l->bootstrap = strdup(bootstrap))) {
@@ -213,7 +211,6 @@ pr__loader_t *pr__loader_new(pr__engine_t *eng, const char *bootstrap,
     return NULL;
   }
   l->eng = eng;
-  l->answered = answered;
   l->mock = PR_CFG_BOOL(eng->st, MOCK);
   l->seek_timeout_ms = PR_CFG_MS(eng->st, DEFER_SEEK_TIMEOUT);
   l->discard = PR_CFG_INT(eng->st, DEFER_DISCARD_THRESHOLD);

@@ -420,13 +420,21 @@ static prosody_err_t open_layer(pr__engine_t *eng, const char *bootstrap,
                                 void (*wake)(void *), char *errstr,
                                 size_t errstr_size) {
   const pr__settings_t *st = eng->st;
-  int memory = PR_CFG_BOOL(st, MOCK) || st->test.memory_timers ||
-               !PR_CFG_SET(st, CASSANDRA_NODES);
+  int memory = PR_CFG_BOOL(st, MOCK) || st->test.memory_timers;
   struct ident_wait w = {0, PROSODY_OK, ""};
   prosody_err_t err;
   (void)bootstrap;
   if (!st->states.n)
     return PROSODY_OK;
+  if (!memory && !PR_CFG_SET(st, CASSANDRA_NODES)) {
+    pr__errf(
+        errstr, errstr_size,
+        "keyed state (%zu collection%s registered, \"%s\" first) is "
+        "kept in Cassandra: set cassandra_nodes (PROSODY_CASSANDRA_NODES), "
+        "or mock for a store in memory",
+        st->states.n, st->states.n == 1 ? "" : "s", st->states.d[0].name);
+    return PROSODY_ERR_CONFIG;
+  }
   pthread_mutex_init(&eng->st_lock, NULL);
   pthread_cond_init(&eng->st_cond, NULL);
   eng->st_inited = 1;

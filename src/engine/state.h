@@ -21,6 +21,7 @@ struct prosody_state {
   prosody_context_t *ctx;
   int def;
   int kind;
+  int payload; /* prosody_state_payload_t */
 };
 
 /* A cell in a transaction's overlay: dirty (to write: data, or absent to
@@ -96,6 +97,8 @@ typedef struct sop {
   pr__mail_t mail;
   prosody_context_t *ctx;
   int def, kind, op;
+  int payload;   /* PROSODY_STATE_MESSAGE: items are loaded before ... */
+  int resolving; /* ... the answer (state_msg.c) */
   /* The arguments, copied. */
   char *key;
   size_t key_len;
@@ -167,5 +170,13 @@ void pr__st_wrote(sop_t *op);
 void pr__st_value_step(sop_t *op);
 void pr__st_map_step(sop_t *op);
 void pr__st_deque_step(sop_t *op);
+
+/* state_msg.c: MESSAGE collections. */
+int pr__st_ref_encode(const prosody_message_t *m, char **out, size_t *len);
+int pr__st_ref_decode(const uint8_t *p, size_t n, char **topic,
+                      int32_t *partition, int64_t *offset);
+/* Loads the answer's records, then answers (pr__st_sop_done). */
+void pr__st_resolve(sop_t *op);
+void pr__st_message_free(prosody_message_t *m);
 
 #endif /* PR_ENGINE_STATE_H */

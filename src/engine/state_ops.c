@@ -49,6 +49,7 @@ PROSODY_EXPORT void prosody_state_result_free(prosody_state_result_t *r) {
   for (size_t i = 0; i < r->n; i++) {
     free((char *)r->items[i].key);
     free((char *)r->items[i].json);
+    pr__st_message_free(r->items[i].message);
   }
   free(r->items);
   r->items = NULL;
@@ -97,6 +98,11 @@ int pr__st_add_item(sop_t *op, const void *key, size_t key_len,
 void pr__st_sop_done(sop_t *op, prosody_err_t err, const char *fmt, ...) {
   pr__stx_t *t = op->stx;
   char why[512] = "";
+  if (!err && op->payload == PROSODY_STATE_MESSAGE && !op->resolving &&
+      op->r.n) {
+    pr__st_resolve(op); /* the records first; it answers */
+    return;
+  }
   if (fmt) {
     va_list ap;
     va_start(ap, fmt);
@@ -570,6 +576,7 @@ static prosody_err_t prepare(sop_t *op, prosody_state_t *st, int kind_op,
   op->ctx = st->ctx;
   op->def = st->def;
   op->kind = st->kind;
+  op->payload = st->payload;
   op->op = kind_op;
   op->index = a->index;
   op->limit = a->limit ? a->limit : SCAN_DEFAULT;
@@ -592,9 +599,42 @@ static prosody_err_t prepare(sop_t *op, prosody_state_t *st, int kind_op,
       return PROSODY_ERR_NOMEM;
     op->key_len = a->key_len;
   }
-  if (needs_json) {
+  if (needs_json && st->payload == PROSODY_STATE_MESSAGE) {
+    prosody_message_t named;
+    if (!a->message && a->ref_topic) {
+      if (a->ref_partition < 0 || a->ref_offset < 0) {
+        pr__errf(errstr, errstr_size,
+                 "keyed state: %s: a record's partition and offset are not "
+                 "negative, got %d and %lld",
+                 op_name(kind_op), (int)a->ref_partition,
+                 (long long)a->ref_offset);
+        return PROSODY_ERR_INVALID_ARG;
+      }
+      memset(&named, 0, sizeof(named));
+      named.topic = a->ref_topic;
+      named.partition = a->ref_partition;
+      named.offset = a->ref_offset;
+      if (pr__st_ref_encode(&named, &op->json, &op->json_len))
+        return PROSODY_ERR_NOMEM;
+    } else if (!a->message) {
+      pr__errf(errstr, errstr_size,
+               "keyed state: %s: expected a Kafka message; a JSON value "
+               "cannot be stored in a message collection",
+               op_name(kind_op));
+      return PROSODY_ERR_INVALID_ARG;
+    } else if (pr__st_ref_encode(a->message, &op->json, &op->json_len)) {
+      return PROSODY_ERR_NOMEM;
+    }
+  } else if (needs_json) {
     json_error_t jerr;
     json_t *j;
+    if (a->message || a->ref_topic) {
+      pr__errf(errstr, errstr_size,
+               "keyed state: %s: a Kafka message cannot be stored in a JSON "
+               "collection; store its payload, or use a message collection",
+               op_name(kind_op));
+      return PROSODY_ERR_INVALID_ARG;
+    }
     if (!a->json) {
       pr__errf(errstr, errstr_size,
                "keyed state: %s needs a JSON document; a null cannot be "
@@ -708,6 +748,7 @@ PROSODY_EXPORT prosody_err_t prosody_state_open(prosody_context_t *ctx,
   st->ctx = ctx;
   st->def = def;
   st->kind = defs->d[def].kind;
+  st->payload = defs->d[def].payload;
   if (kind)
     *kind = st->kind;
   *out = st;

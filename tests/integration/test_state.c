@@ -472,6 +472,145 @@ T_SCENARIO(commit_keeps_rollback_drops_and_stale_handles_refused, T_BOTH, 120) {
   return 0;
 }
 
+/* ---- message collections --------------------------------------------- */
+
+static int64_t first_offset[KEYS]; /* guarded by lock */
+
+/* The first item's record of `op`, checked against the key's first
+ * message; 1 when it is that record. */
+static int is_first(prosody_state_t *st, prosody_state_op_t op,
+                    const prosody_state_args_t *a, int k, const char *what) {
+  char err[512];
+  prosody_state_result_t r;
+  const prosody_message_t *m;
+  int64_t want;
+  int ok;
+  if (prosody_state_call(st, op, a, &r, err, sizeof(err))) {
+    note_bad("%s: %s", what, err);
+    return 0;
+  }
+  pthread_mutex_lock(&lock);
+  want = first_offset[k];
+  pthread_mutex_unlock(&lock);
+  m = r.n ? r.items[0].message : NULL;
+  ok = m && !r.items[0].json && prosody_message_offset(m) == want &&
+       strstr(prosody_message_payload(m), "\"i\":0") &&
+       prosody_message_partition(m) >= 0 &&
+       !strncmp(prosody_message_key(m), "key-", 4);
+  if (!ok)
+    note_bad("%s: not the key's first record (%s)", what,
+             m ? prosody_message_payload(m) : "no record");
+  prosody_state_result_free(&r);
+  return ok;
+}
+
+static prosody_result_t msgs_msg(prosody_context_t *ctx,
+                                 const prosody_message_t *msg, void *op) {
+  prosody_state_t *last = open_state(ctx, "last"),
+                  *log = open_state(ctx, "msglog"),
+                  *idx = open_state(ctx, "byseq"),
+                  *json = open_state(ctx, "plain");
+  prosody_state_args_t a = PROSODY_STATE_ARGS_INIT;
+  char err[512];
+  int i = 0, k = 0;
+  int64_t n = -1;
+  (void)op;
+  if (!last || !log || !idx || !json)
+    return PROSODY_PERMANENT;
+  sscanf(prosody_message_payload(msg), "{\"i\":%d,\"k\":%d}", &i, &k);
+  a.message = msg;
+  if (i == 0) {
+    pthread_mutex_lock(&lock);
+    first_offset[k] = prosody_message_offset(msg);
+    pthread_mutex_unlock(&lock);
+    free(call(last, PROSODY_STATE_SET, &a, NULL));
+    free(call(log, PROSODY_STATE_PUSH_BACK, &a, NULL));
+    a.key = "m0";
+    a.key_len = 2;
+    free(call(idx, PROSODY_STATE_SET, &a, NULL));
+    /* read back in the same attempt */
+    is_first(last, PROSODY_STATE_GET, NULL, k, "message value, same attempt");
+    /* each kind of collection takes only its own kind of item */
+    if (prosody_state_call(json, PROSODY_STATE_SET, &a, NULL, err,
+                           sizeof(err)) != PROSODY_ERR_INVALID_ARG ||
+        !strstr(err, "cannot be stored in a JSON collection"))
+      note_bad("a record into a JSON collection: %s%s", err, "");
+    a.message = NULL;
+    a.json = "1";
+    a.json_len = 1;
+    if (prosody_state_call(last, PROSODY_STATE_SET, &a, NULL, err,
+                           sizeof(err)) != PROSODY_ERR_INVALID_ARG ||
+        !strstr(err, "expected a Kafka message"))
+      note_bad("JSON into a message collection: %s%s", err, "");
+  } else {
+    prosody_state_args_t g = PROSODY_STATE_ARGS_INIT;
+    prosody_state_result_t r;
+    is_first(last, PROSODY_STATE_GET, NULL, k, "message value");
+    is_first(log, PROSODY_STATE_PEEK_FRONT, NULL, k, "message deque");
+    g.key = "m0";
+    g.key_len = 2;
+    is_first(idx, PROSODY_STATE_GET, &g, k, "message map");
+    g.key = NULL;
+    g.keys_only = 1;
+    if (prosody_state_call(idx, PROSODY_STATE_SCAN, &g, &r, err, sizeof(err)) ||
+        r.n != 1 || strcmp(r.items[0].key, "m0") || r.items[0].message)
+      note_bad("message map keys-only scan: %s%s", err, "");
+    else
+      prosody_state_result_free(&r);
+    free(call(log, PROSODY_STATE_PUSH_BACK, &a, NULL));
+    /* a record named by its coordinates, as a binding keeps one */
+    a.message = NULL;
+    a.ref_topic = prosody_message_topic(msg);
+    a.ref_partition = prosody_message_partition(msg);
+    a.ref_offset = prosody_message_offset(msg);
+    free(call(log, PROSODY_STATE_PUSH_FRONT, &a, NULL));
+    free(call(log, PROSODY_STATE_LEN, NULL, &n));
+    if (n != 3)
+      note_bad("message deque length %s%s", "not 3", "");
+    {
+      prosody_state_result_t r;
+      if (prosody_state_call(log, PROSODY_STATE_PEEK_FRONT, NULL, &r, err,
+                             sizeof(err)) ||
+          r.n != 1 || !r.items[0].message ||
+          prosody_message_offset(r.items[0].message) !=
+              prosody_message_offset(msg))
+        note_bad("a record pushed by its coordinates: %s%s", err, "");
+      else
+        prosody_state_result_free(&r);
+    }
+  }
+  prosody_state_free(last);
+  prosody_state_free(log);
+  prosody_state_free(idx);
+  prosody_state_free(json);
+  ended();
+  return PROSODY_SUCCESS;
+}
+
+T_SCENARIO(message_collections_keep_records_and_load_them_again, T_BOTH, 120) {
+  const char *topic = t_topic("state-msgs");
+  prosody_state_def_t defs[4] = {PROSODY_STATE_DEF_INIT, PROSODY_STATE_DEF_INIT,
+                                 PROSODY_STATE_DEF_INIT,
+                                 PROSODY_STATE_DEF_INIT};
+  prosody_handler_t h = {msgs_msg, NULL, NULL, 0};
+  char group[128];
+  defs[0].name = "last";
+  defs[0].payload = PROSODY_STATE_MESSAGE;
+  defs[1].name = "msglog";
+  defs[1].kind = PROSODY_STATE_DEQUE;
+  defs[1].payload = PROSODY_STATE_MESSAGE;
+  defs[2].name = "byseq";
+  defs[2].kind = PROSODY_STATE_MAP;
+  defs[2].payload = PROSODY_STATE_MESSAGE;
+  defs[3].name = "plain";
+  reset();
+  t_create_topic(topic, 2);
+  produce(topic, 2, "{\"i\":%d,\"k\":%d}");
+  snprintf(group, sizeof(group), "%s-g", topic);
+  run(group, topic, defs, 4, &h, KEYS * 2);
+  return 0;
+}
+
 /* ---- configuration ------------------------------------------------------ */
 
 static void refused(prosody_state_def_t def, const char *want) {
@@ -509,8 +648,37 @@ T_SCENARIO(bad_definitions_refused_naming_the_field, T_MOCK, 30) {
   d.ttl_s = -2;
   refused(d, "ttl: must be a whole number of seconds");
   d.ttl_s = 0;
-  d.payload = PROSODY_STATE_MESSAGE;
+  d.payload = 5;
+  refused(d, "payload: expected \"json\" or \"message\"");
+  d.payload = PROSODY_STATE_JSON;
+  d.published = 1;
   refused(d, "not implemented yet");
+  return 0;
+}
+
+static prosody_result_t nop_msg(prosody_context_t *ctx,
+                                const prosody_message_t *msg, void *op);
+
+/* Keyed state is durable: outside mock mode it needs Cassandra. */
+T_SCENARIO(collections_without_cassandra_refused_at_subscribe, T_MOCK, 30) {
+  char err[1024];
+  prosody_state_def_t def = PROSODY_STATE_DEF_INIT;
+  prosody_handler_t h = {nop_msg, NULL, NULL, 0};
+  prosody_config_t *conf = t_config();
+  prosody_client_t *client;
+  def.name = "cart";
+  t_set(conf, "mock", "false");
+  t_set(conf, "bootstrap_servers", "127.0.0.1:1");
+  t_set(conf, "group_id", "g");
+  t_set(conf, "subscribed_topics", "t");
+  unsetenv("PROSODY_CASSANDRA_NODES");
+  CHECK_OK(prosody_config_add_state(conf, &def, err, sizeof(err)), err);
+  client = prosody_client_new(conf, err, sizeof(err));
+  CHECK(client, "client: %s", err);
+  CHECK(prosody_subscribe(client, &h, err, sizeof(err)) == PROSODY_ERR_CONFIG &&
+            strstr(err, "cassandra_nodes") && strstr(err, "\"cart\""),
+        "subscribe without cassandra_nodes: %s", err);
+  prosody_client_destroy(client);
   return 0;
 }
 

@@ -1,8 +1,8 @@
 /*
  * bridge.c - from libprosody's threads to the JavaScript thread. The
  * callbacks on libprosody's threads (the asynchronous handler's, timer
- * results and cancellations on the engine thread, send results on the
- * producer's, log lines on any) push an item to the client's mailbox, a
+ * and keyed-state results and cancellations on the engine thread, send results
+ * on the producer's, log lines on any) push an item to the client's mailbox, a
  * libprosody event queue, and return; the queue wakes the JavaScript
  * thread through the client's threadsafe function once per batch, and
  * call_js hands index.js the batch.
@@ -188,7 +188,9 @@ static void op_settle(napi_env env, op_t *op) {
                          pn_make_error(env, op->err, op->errstr));
   } else {
     napi_value v;
-    if (op->item.kind == IT_OP && op->op == PROSODY_TIMER_SCHEDULED) {
+    if (op->item.kind == IT_STATE) {
+      v = pn_state_result(env, op);
+    } else if (op->item.kind == IT_OP && op->op == PROSODY_TIMER_SCHEDULED) {
       napi_create_array_with_length(env, op->n, &v);
       for (size_t i = 0; i < op->n; i++) {
         napi_value t;
@@ -273,6 +275,7 @@ void pn_call_js(napi_env env, napi_value js_cb, void *context, void *data) {
     }
     case IT_OP:
     case IT_SEND:
+    case IT_STATE:
       if (c->wrap_gone) { /* a result nobody can await any more */
         pn_op_free((op_t *)it);
         break;
@@ -315,7 +318,8 @@ void pn_mailbox_close(client_t *c) {
       relisted = 1; /* the first one wakes the threadsafe function */
     } else if (it->kind == IT_LOG) {
       free(it);
-    } else if (it->kind == IT_OP || it->kind == IT_SEND) {
+    } else if (it->kind == IT_OP || it->kind == IT_SEND ||
+               it->kind == IT_STATE) {
       pn_op_free((op_t *)it);
     }
     it = next;

@@ -84,14 +84,15 @@ client_t *pn_unwrap_client(napi_env env, napi_callback_info info, size_t *argc,
   return c;
 }
 
-/* NativeClient(options, logger?, deferred?): `logger`, a function, is given
- * each batch of the client's log lines ([level, subsystem, message, ...]
+/* NativeClient(options, logger?, deferred?, states?): `logger`, a function, is
+ * given each batch of the client's log lines ([level, subsystem, message, ...]
  * and how many were dropped); without it libprosody writes them to stderr.
  * With `deferred` true the client itself is made by open(), off the JS
- * thread (ProsodyClient.create()); until then no other method works. */
+ * thread (ProsodyClient.create()); until then no other method works.
+ * `states` registers keyed-state collections (pn_config_add_states). */
 static napi_value client_new(napi_env env, napi_callback_info info) {
-  size_t argc = 3;
-  napi_value argv[3], self, name;
+  size_t argc = 4;
+  napi_value argv[4], self, name;
   napi_valuetype t = napi_undefined;
   bool deferred = false;
   client_t *c;
@@ -102,12 +103,18 @@ static napi_value client_new(napi_env env, napi_callback_info info) {
     napi_throw_type_error(env, NULL, "options object required");
     return NULL;
   }
-  if (argc > 1)
-    napi_typeof(env, argv[1], &t);
   if (argc > 2)
     napi_get_value_bool(env, argv[2], &deferred);
   if (!(conf = pn_config_from(env, argv[0])))
     return NULL;
+  if (argc > 3 && napi_typeof(env, argv[3], &t) == napi_ok &&
+      t == napi_object && pn_config_add_states(env, conf, argv[3])) {
+    prosody_config_destroy(conf);
+    return NULL;
+  }
+  t = napi_undefined;
+  if (argc > 1)
+    napi_typeof(env, argv[1], &t);
   if (!(c = calloc(1, sizeof(*c)))) {
     prosody_config_destroy(conf);
     napi_throw_error(env, NULL, "out of memory");
@@ -520,6 +527,10 @@ napi_value pn_client_class(napi_env env) {
        NULL},
       {"shouldCancel", NULL, pn_client_should_cancel, NULL, NULL, NULL,
        napi_default, NULL},
+      {"stateOpen", NULL, pn_client_state_open, NULL, NULL, NULL, napi_default,
+       NULL},
+      {"stateOp", NULL, pn_client_state_op, NULL, NULL, NULL, napi_default,
+       NULL},
       {"consumerState", NULL, client_state, NULL, NULL, NULL, napi_default,
        NULL},
       {"assignedPartitionCount", NULL, client_assigned, NULL, NULL, NULL,

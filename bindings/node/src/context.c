@@ -1,14 +1,17 @@
 /*
  * context.c - what index.js's Context and results call: completeMany
  * (prosody_complete for a turn's results), timerOp (prosody_timer_async,
- * its result back through the mailbox), shouldCancel, and the
- * cancellation callback (engine thread) that only pushes to the mailbox.
+ * its result back through the mailbox), stateOpen and stateOp (keyed
+ * state: prosody_state_async, its result back the same way), shouldCancel,
+ * and the cancellation callback (engine thread) that only pushes to the
+ * mailbox.
  */
 #include "prosody_node.h"
 
 void pn_op_free(op_t *op) {
   free(op->errstr);
   free(op->times);
+  free(op->items);
   free(op);
 }
 
@@ -135,4 +138,211 @@ napi_value pn_client_should_cancel(napi_env env, napi_callback_info info) {
   CHECK(env, napi_get_value_external(env, argv[0], (void **)&ev));
   napi_get_boolean(env, ev->completed || prosody_should_cancel(ev->ctx), &r);
   return r;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Keyed state                                                              */
+/* ------------------------------------------------------------------------ */
+
+static void state_finalize(napi_env env, void *data, void *hint) {
+  prosody_state_free(data);
+}
+
+/* stateOpen(ev, name) -> [handle, kind]: the collection `name` for the
+ * event's key; the handle (an external) frees itself when collected. */
+napi_value pn_client_state_open(napi_env env, napi_callback_info info) {
+  size_t argc = 2;
+  napi_value argv[2], r, ext, k;
+  client_t *c;
+  event_t *ev;
+  char *name, err[512];
+  prosody_state_t *st;
+  int kind = 0;
+  prosody_err_t rc;
+  if (!(c = pn_unwrap_client(env, info, &argc, argv)))
+    return NULL;
+  CHECK(env, napi_get_value_external(env, argv[0], (void **)&ev));
+  if (ev->completed)
+    return pn_throw_error(
+        env, PROSODY_ERR_STATE,
+        "the context is stale: its handler has already finished");
+  if (!(name = pn_string_arg(env, argv[1], "state: the collection's name")))
+    return NULL;
+  rc = prosody_state_open(ev->ctx, name, &st, &kind, err, sizeof(err));
+  free(name);
+  if (rc)
+    return pn_throw_error(env, rc, err);
+  if (napi_create_external(env, st, state_finalize, NULL, &ext) != napi_ok) {
+    prosody_state_free(st);
+    pn_throw_last(env);
+    return NULL;
+  }
+  napi_create_array_with_length(env, 2, &r);
+  napi_create_int32(env, kind, &k);
+  napi_set_element(env, r, 0, ext);
+  napi_set_element(env, r, 1, k);
+  return r;
+}
+
+/* Engine thread (or the calling one, before prosody_state_async returns):
+ * copies the result, which is valid during the call only, and hands it
+ * to the JS thread. */
+static void state_cb(prosody_err_t err, const char *errstr,
+                     const prosody_state_result_t *r, void *opaque) {
+  op_t *op = opaque;
+  op->err = err;
+  op->errstr = err && errstr ? strdup(errstr) : NULL;
+  if (!err && r) {
+    size_t total = r->n * sizeof(prosody_state_item_t);
+    char *p;
+    op->number = r->number;
+    for (size_t i = 0; i < r->n; i++)
+      total += (r->items[i].key ? r->items[i].key_len + 1 : 0) +
+               (r->items[i].json ? r->items[i].json_len + 1 : 0);
+    if (r->n && !(op->items = malloc(total))) {
+      op->err = PROSODY_ERR_NOMEM;
+      op->errstr = strdup("out of memory copying a keyed-state result");
+    } else if (r->n) {
+      p = (char *)(op->items + r->n);
+      for (size_t i = 0; i < r->n; i++) {
+        const prosody_state_item_t *from = &r->items[i];
+        prosody_state_item_t *to = &op->items[i];
+        *to = *from;
+        if (from->key) {
+          memcpy(p, from->key, from->key_len + 1);
+          to->key = p;
+          p += from->key_len + 1;
+        }
+        if (from->json) {
+          memcpy(p, from->json, from->json_len + 1);
+          to->json = p;
+          p += from->json_len + 1;
+        }
+      }
+      op->n = r->n;
+    }
+  }
+  prosody_queue_push(op->c->mb.q, &op->item);
+}
+
+napi_value pn_state_result(napi_env env, const op_t *op) {
+  napi_value v, x, null;
+  napi_get_null(env, &null);
+  napi_create_array_with_length(env, 1 + 2 * op->n, &v);
+  napi_create_double(env, (double)op->number, &x);
+  napi_set_element(env, v, 0, x);
+  for (size_t i = 0; i < op->n; i++) {
+    const prosody_state_item_t *it = &op->items[i];
+    x = null;
+    if (it->key)
+      napi_create_string_utf8(env, it->key, it->key_len, &x);
+    napi_set_element(env, v, (uint32_t)(1 + 2 * i), x);
+    x = null;
+    if (it->json)
+      napi_create_string_utf8(env, it->json, it->json_len, &x);
+    napi_set_element(env, v, (uint32_t)(2 + 2 * i), x);
+  }
+  return v;
+}
+
+static int is_nullish(napi_env env, napi_value v) {
+  napi_valuetype t;
+  napi_typeof(env, v, &t);
+  return t == napi_undefined || t == napi_null;
+}
+
+/* stateOp(handle, op, key, json, keys, index, after, limit, backward,
+ * keysOnly) -> Promise of [number, key, json, ...]. key, json, keys and
+ * after may be null; index.js has checked the arguments' types. */
+napi_value pn_client_state_op(napi_env env, napi_callback_info info) {
+  size_t argc = 10, klen = 0, jlen = 0, alen = 0;
+  uint32_t nkeys = 0;
+  napi_value argv[10], promise;
+  client_t *c;
+  prosody_state_t *st;
+  int32_t kind;
+  double index = 0, limit = 0;
+  bool backward = false, keys_only = false;
+  char *key = NULL, *json = NULL, *after = NULL, **keys = NULL, err[512];
+  prosody_state_args_t a = PROSODY_STATE_ARGS_INIT;
+  op_t *op = NULL;
+  prosody_err_t rc;
+  if (!(c = pn_unwrap_client(env, info, &argc, argv)))
+    return NULL;
+  if (argc < 10) {
+    napi_throw_type_error(env, NULL, "stateOp: 10 arguments expected");
+    return NULL;
+  }
+  CHECK(env, napi_get_value_external(env, argv[0], (void **)&st));
+  CHECK(env, napi_get_value_int32(env, argv[1], &kind));
+  napi_get_value_double(env, argv[5], &index);
+  napi_get_value_double(env, argv[7], &limit);
+  napi_get_value_bool(env, argv[8], &backward);
+  napi_get_value_bool(env, argv[9], &keys_only);
+  if ((!is_nullish(env, argv[2]) &&
+       !(key = pn_string_copy(env, argv[2], "key", &klen))) ||
+      (!is_nullish(env, argv[3]) &&
+       !(json = pn_string_copy(env, argv[3], "value", &jlen))) ||
+      (!is_nullish(env, argv[6]) &&
+       !(after = pn_string_copy(env, argv[6], "after", &alen))))
+    goto fail;
+  if (!is_nullish(env, argv[4])) {
+    if (napi_get_array_length(env, argv[4], &nkeys) != napi_ok) {
+      pn_throw_last(env);
+      goto fail;
+    }
+    if (nkeys && !(keys = calloc(nkeys, sizeof(char *)))) {
+      napi_throw_error(env, NULL, "out of memory");
+      goto fail;
+    }
+    for (uint32_t i = 0; i < nkeys; i++) {
+      napi_value k;
+      napi_get_element(env, argv[4], i, &k);
+      if (!(keys[i] = pn_string_arg(env, k, "getMany: a key")))
+        goto fail;
+    }
+  }
+  if (!(op = calloc(1, sizeof(*op)))) {
+    napi_throw_error(env, NULL, "out of memory");
+    goto fail;
+  }
+  a.key = key;
+  a.key_len = klen;
+  a.keys = (const char *const *)keys;
+  a.nkeys = nkeys;
+  a.json = json;
+  a.json_len = jlen;
+  a.index = (int64_t)index;
+  a.after = after;
+  a.after_len = alen;
+  a.limit = limit > 0 ? (size_t)limit : 0;
+  a.backward = backward;
+  a.keys_only = keys_only;
+  op->item.kind = IT_STATE;
+  op->op = kind;
+  op->c = c;
+  napi_create_promise(env, &op->deferred, &promise);
+  /* The arguments are copied by the call; the callback may run before it
+   * returns (then its item waits in the mailbox like any other). */
+  rc = prosody_state_async(st, (prosody_state_op_t)kind, &a, state_cb, op, err,
+                           sizeof(err));
+  if (rc) {
+    napi_reject_deferred(env, op->deferred, pn_make_error(env, rc, err));
+    free(op);
+  } else {
+    pn_hold(c, 1);
+  }
+  op = NULL;
+  goto done;
+fail:
+  promise = NULL;
+done:
+  free(op);
+  free(key);
+  free(json);
+  free(after);
+  for (uint32_t i = 0; keys && i < nkeys; i++)
+    free(keys[i]);
+  free(keys);
+  return promise;
 }

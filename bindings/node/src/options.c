@@ -91,3 +91,64 @@ prosody_config_t *pn_config_from(napi_env env, napi_value obj) {
   }
   return conf;
 }
+
+/* The JavaScript names of prosody_config_add_state's fields, as its
+ * errors name them. */
+static const struct {
+  const char *c, *js;
+} STATE_FIELDS[] = {{"ttl:", "ttlSeconds:"}, {"keyset_limit:", "keysetLimit:"}};
+
+/* `defs`: index.js's flat array, STATE_STRIDE slots a collection: [name,
+ * kind, payload, ttlSeconds, readUncommitted, published, keysetLimit,
+ * capacity], numbers as prosody_state_def_t has them (index.js has
+ * checked their types and ranges). */
+#define STATE_STRIDE 8
+
+int pn_config_add_states(napi_env env, prosody_config_t *conf,
+                         napi_value defs) {
+  uint32_t n;
+  if (napi_get_array_length(env, defs, &n) != napi_ok) {
+    pn_throw_last(env);
+    return -1;
+  }
+  for (uint32_t i = 0; i + STATE_STRIDE <= n; i += STATE_STRIDE) {
+    prosody_state_def_t d = PROSODY_STATE_DEF_INIT;
+    napi_value v[STATE_STRIDE];
+    double num[STATE_STRIDE] = {0};
+    bool flag[STATE_STRIDE] = {0};
+    char err[512], msg[700];
+    const char *text = err;
+    prosody_err_t rc;
+    for (uint32_t j = 0; j < STATE_STRIDE; j++) {
+      napi_get_element(env, defs, i + j, &v[j]);
+      if (j == 4 || j == 5)
+        napi_get_value_bool(env, v[j], &flag[j]);
+      else if (j)
+        napi_get_value_double(env, v[j], &num[j]);
+    }
+    if (!(d.name = pn_string_arg(env, v[0], "stateCollections[].name")))
+      return -1;
+    d.kind = (int)num[1];
+    d.payload = (int)num[2];
+    d.ttl_s = (int64_t)num[3];
+    d.read_uncommitted = flag[4];
+    d.published = flag[5];
+    d.keyset_limit = (int64_t)num[6];
+    d.capacity = (int64_t)num[7];
+    rc = prosody_config_add_state(conf, &d, err, sizeof(err));
+    free((char *)d.name);
+    if (!rc)
+      continue;
+    const char *field = "";
+    for (size_t k = 0; k < sizeof(STATE_FIELDS) / sizeof(STATE_FIELDS[0]); k++)
+      if (!strncmp(err, STATE_FIELDS[k].c, strlen(STATE_FIELDS[k].c))) {
+        field = STATE_FIELDS[k].js;
+        text = err + strlen(STATE_FIELDS[k].c);
+      }
+    snprintf(msg, sizeof(msg), "stateCollections[%u].%s%s", i / STATE_STRIDE,
+             field, text);
+    pn_throw_error(env, rc, msg);
+    return -1;
+  }
+  return 0;
+}

@@ -10,7 +10,8 @@
  *   bridge.c   from libprosody's threads to the JavaScript thread: the
  *              mailbox (a libprosody event queue), log lines, each batch of
  *              events handed to index.js
- *   context.c  results (completeMany), timer calls, cancellation
+ *   context.c  results (completeMany), timer calls, keyed state,
+ *              cancellation
  *   client.c   NativeClient: lifetime, send, subscribe, unsubscribe, state
  *   admin.c    NativeAdmin: topic creation and deletion
  *
@@ -19,7 +20,8 @@
  *
  * Threads. JavaScript runs only on the JS thread. libprosody calls back on:
  *  - the engine thread: on_message / on_timer of the asynchronous handler
- *    (return PROSODY_PENDING at once), timer-call results, cancellations;
+ *    (return PROSODY_PENDING at once), timer-call and keyed-state results,
+ *    cancellations;
  *  - the producer's delivery thread: send results;
  *  - any of the client's threads: its log lines (with a JS logger; bounded,
  *    LOG_QUEUE_LINES, the rest dropped and counted).
@@ -75,7 +77,7 @@
  * callbacks on libprosody's threads push items, and the queue's wake-up,
  * once per batch, is a call of the client's threadsafe function, whose
  * JS-thread callback (pn_call_js) takes the batch. */
-enum { IT_EVENT, IT_CANCEL, IT_OP, IT_SEND, IT_LOG };
+enum { IT_EVENT, IT_CANCEL, IT_OP, IT_SEND, IT_LOG, IT_STATE };
 
 typedef prosody_queue_item_t item_t;
 
@@ -130,15 +132,21 @@ typedef struct event {
   struct event *cancel_next; /* call_js's list of drained cancellations */
 } event_t;
 
+/* A timer call, a send or a keyed-state operation in flight: made on the
+ * JS thread, filled by its callback on libprosody's thread, then pushed to
+ * the mailbox; settled and freed on the JS thread. */
 typedef struct op {
-  item_t item; /* IT_OP or IT_SEND */
+  item_t item; /* IT_OP, IT_SEND or IT_STATE */
   client_t *c; /* whose mailbox the result goes to */
   napi_deferred deferred;
   int op;
   prosody_err_t err;
   char *errstr;
-  int64_t *times;
-  size_t n;
+  int64_t *times;              /* IT_OP: PROSODY_TIMER_SCHEDULED's times */
+  prosody_state_item_t *items; /* IT_STATE: the result's items, their
+                                  strings in the same allocation */
+  int64_t number;              /* IT_STATE: the result's number */
+  size_t n;                    /* times or items */
 } op_t;
 
 /* A log line of the client's, copied on the thread that logged it. At most
@@ -222,6 +230,14 @@ void pn_cancel_cb(prosody_context_t *ctx, void *opaque);
 napi_value pn_client_complete_many(napi_env env, napi_callback_info info);
 napi_value pn_client_timer_op(napi_env env, napi_callback_info info);
 napi_value pn_client_should_cancel(napi_env env, napi_callback_info info);
+napi_value pn_client_state_open(napi_env env, napi_callback_info info);
+napi_value pn_client_state_op(napi_env env, napi_callback_info info);
+/* The result of an IT_STATE op for its promise: [number, key, json, ...]
+ * (null for an absent key or document). */
+napi_value pn_state_result(napi_env env, const op_t *op);
+/* Registers the collections of `defs` (index.js's flat array, see
+ * client.c) with `conf`; -1 with an exception pending. */
+int pn_config_add_states(napi_env env, prosody_config_t *conf, napi_value defs);
 
 /* client.c */
 /* The client wrapped in `this`, or NULL with an exception pending (also

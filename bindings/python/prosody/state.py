@@ -21,9 +21,9 @@ commit. A handle is valid only during the invocation that opened it.
 Values are JSON documents (``json.dumps`` / ``json.loads``); a top-level
 ``None`` cannot be stored (``NullValueError``): use ``clear()`` or
 ``remove()``. Collections of Kafka messages (``message_value``,
-``message_map``, ``message_deque``) and published state are not implemented
-by libprosody yet: registering one fails at ``create`` with a message that
-says so.
+``message_map``, ``message_deque``) are not implemented by this package yet,
+nor is published state (by libprosody): registering one fails at ``create``
+with a message that says so.
 """
 
 import asyncio
@@ -178,7 +178,7 @@ class DequeDefinition(_Json, Generic[T]):
 
 @dataclass(frozen=True)
 class MessageValueDefinition(_Named, Generic[P]):
-    """A value of a Kafka message (not implemented by libprosody yet)."""
+    """A value of a Kafka message (not implemented by this package yet)."""
 
     kind: ClassVar[str] = "value"
     payload: ClassVar[str] = "message"
@@ -186,7 +186,7 @@ class MessageValueDefinition(_Named, Generic[P]):
 
 @dataclass(frozen=True)
 class MessageMapDefinition(_Named, Generic[P]):
-    """A map of Kafka messages (not implemented by libprosody yet)."""
+    """A map of Kafka messages (not implemented by this package yet)."""
 
     kind: ClassVar[str] = "map"
     payload: ClassVar[str] = "message"
@@ -195,7 +195,7 @@ class MessageMapDefinition(_Named, Generic[P]):
 
 @dataclass(frozen=True)
 class MessageDequeDefinition(_Named, Generic[P]):
-    """A deque of Kafka messages (not implemented by libprosody yet)."""
+    """A deque of Kafka messages (not implemented by this package yet)."""
 
     kind: ClassVar[str] = "deque"
     payload: ClassVar[str] = "message"
@@ -284,6 +284,9 @@ def _collection_configs(collections_: Any) -> List[Tuple[str, int, int, int, int
             raise ValueError(f'{where}.kind: expected "value", "map", or "deque", got {kind!r}')
         if payload not in _PAYLOADS:
             raise ValueError(f'{where}.payload: expected "json" or "message", got {payload!r}')
+        if payload == "message":
+            raise ValueError(f'{where}.payload: "message" collections are not implemented in '
+                             'this package yet; use "json"')
         ttl = conf.get("ttl_seconds")
         if ttl is None:
             ttl_s = 0
@@ -346,7 +349,7 @@ def _bind(context: Any, definition: Any) -> Any:
                                   f"got {name!r}")
     native, kind = context._state_open(name)
     want = _KINDS[definition.kind]
-    # libprosody registers JSON collections only, so that is the payload
+    # This package registers JSON collections only, so that is the payload
     # of every collection it opens.
     if kind != want or definition.payload != "json":
         kinds = {v: k for k, v in _KINDS.items()}

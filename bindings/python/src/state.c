@@ -125,6 +125,7 @@ static void state_done_cb(prosody_err_t err, const char *errstr,
       const prosody_state_item_t *from = &r->items[i];
       prosody_state_item_t *to = &op->items[i];
       *to = *from;
+      to->message = NULL; /* JSON collections only: none to keep */
       if (from->key) {
         memcpy(p, from->key, from->key_len);
         p[from->key_len] = 0;

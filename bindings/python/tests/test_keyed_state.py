@@ -818,7 +818,7 @@ async def test_rejects_unknown_payload():
 async def test_message_collections_and_published_state_not_implemented():
     await refused([state.message_value("m")],
                   r'^state_collections\[0\]\.payload: "message" collections are not '
-                  r"implemented yet")
+                  r'implemented in this package yet; use "json"$')
     await refused([CART, state.map("p", published=True)],
                   r"^state_collections\[1\]\.published: published state is not implemented")
 
