@@ -649,7 +649,10 @@ PROSODY_EXPORT const char *prosody_timer_traceparent(const prosody_timer_t *t,
  * makes a collection's buffered writes durable at once (a later failure
  * keeps them: a retry sees them); PROSODY_STATE_ROLLBACK drops the writes
  * buffered since the last commit. `read_uncommitted` collections write
- * through at once (writes must then be idempotent).
+ * through at once (writes must then be idempotent). A store that fails is
+ * retried while the partition stays; one that refuses the writes for good
+ * makes the event a permanent failure (its writes dropped), which the
+ * mode handles as any other.
  *
  * Storage: memory in mock mode (one store per process), otherwise Cassandra
  * (cassandra_nodes is then required) in the original Prosody's tables

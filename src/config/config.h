@@ -99,6 +99,8 @@ typedef struct pr__test_opts {
   int64_t stop_grace_ms;      /* how long a stop waits past
                                  shutdown_timeout before abandoning the
                                  engine (0: 60 s) */
+  int state_refuse_settles;   /* the next N stores of an event's keyed
+                                 state fail permanently */
   int state_exit_after;       /* the process exits (status 42) once this
                                  many events' keyed state is stored,
                                  before their commit: a crash there */

@@ -414,6 +414,7 @@ struct pr__engine {
   int st_woken;
   int st_inited;
   int st_settles;   /* engine thread: events whose state was stored */
+  int st_refused;   /* engine thread: settles refused (test option) */
   int64_t dd_ttl_s; /* idempotence_ttl */
   int dd_recording; /* ids being written to the store */
   /* Deferral (defer.c). */
@@ -759,6 +760,10 @@ void pr__outcome_finish(inv_t *inv, int commit);
  * stored: done with it (the layers' `done`, a fired timer's delete, the
  * offset). */
 void pr__outcome_committed(inv_t *inv);
+/* A handled event failed after all (its keyed state could not be stored):
+ * the mode's layers decide again on `result` (`why`, copied, replaces its
+ * error). */
+void pr__outcome_fail(inv_t *inv, prosody_result_t result, const char *why);
 
 /* --- state.c: keyed state ------------------------------------------------- */
 

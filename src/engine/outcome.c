@@ -118,6 +118,17 @@ static void decide(inv_t *inv) {
   decided(inv, v, by);
 }
 
+void pr__outcome_fail(inv_t *inv, prosody_result_t result, const char *why) {
+  PR_ENGINE_THREAD(inv->eng);
+  char *copy = why ? strdup(why) : NULL;
+  inv->result = result;
+  if (copy) {
+    free(inv->result_error);
+    inv->result_error = copy;
+  }
+  decide(inv);
+}
+
 void pr__outcome_reject(inv_t *inv, const char *why) {
   PR_ENGINE_THREAD(inv->eng);
   pr__inv_release_rkm(inv); /* its headers: the failure topic's, a defer's */

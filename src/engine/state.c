@@ -304,6 +304,20 @@ static void settled(void *arg, prosody_err_t err, const char *errstr) {
       pr__st_stx_free(t);
     return;
   }
+  if (err == PROSODY_ERR_PERMANENT) {
+    /* The store will never take it (too big, say): the event failed
+     * permanently after all, its writes dropped; the mode decides (the
+     * pipeline logs and skips it, low-latency sends it to failure_topic). */
+    char why[640];
+    snprintf(why, sizeof(why), "its keyed state could not be stored: %s",
+             errstr ? errstr : prosody_err_name(err));
+    inv->part->active--;
+    eng->dlq_inflight--;
+    pr__state_drop(inv);
+    inv->state = INV_RUNNING; /* deciding again, as after its attempt */
+    pr__outcome_fail(inv, PROSODY_PERMANENT, why);
+    return;
+  }
   if (err && eng->phase == PH_RUNNING && !inv->part->revoking &&
       !inv->part->zombie && (t->retry = malloc(sizeof(uv_timer_t)))) {
     if (t->failures++ % 10 == 0)
@@ -357,6 +371,11 @@ static void settle_apply(pr__stx_t *t) {
   if (eng->dd_on && !eng->dd_late && inv->dd == DD_UNSEEN)
     dedup = &inv->did;
   t->busy++;
+  if (eng->st_refused < eng->st->test.state_refuse_settles) {
+    eng->st_refused++;
+    settled(t, PROSODY_ERR_PERMANENT, "refused by the test option");
+    return;
+  }
   eng->st_store->ops->apply(eng->st_store, t->w, n, dedup, eng->dd_ttl_s,
                             settled, t);
   return;

@@ -22,7 +22,12 @@ struct prosody_state {
   int def;
   int kind;
   int payload; /* prosody_state_payload_t */
+  char *name;  /* owned: for errors */
 };
+
+/* The largest document a collection takes: well under what Cassandra
+ * takes in one write (half its commit log segment, 16 MiB by default). */
+#define PR_STATE_DOC_MAX ((size_t)4 << 20)
 
 /* A cell in a transaction's overlay: dirty (to write: data, or absent to
  * delete) or clean (the store's, or known absent). */

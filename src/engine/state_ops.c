@@ -643,6 +643,13 @@ static prosody_err_t prepare(sop_t *op, prosody_state_t *st, int kind_op,
                st->kind == PROSODY_STATE_MAP ? "REMOVE" : "CLEAR");
       return PROSODY_ERR_INVALID_ARG;
     }
+    if (a->json_len > PR_STATE_DOC_MAX) {
+      pr__errf(errstr, errstr_size,
+               "keyed state: %s: the document for \"%s\" is %zu bytes; a "
+               "collection takes documents of at most %zu bytes (4 MiB)",
+               op_name(kind_op), st->name, a->json_len, PR_STATE_DOC_MAX);
+      return PROSODY_ERR_INVALID_ARG;
+    }
     j = json_loadb(a->json, a->json_len, JSON_DECODE_ANY, &jerr);
     if (!j) {
       pr__errf(errstr, errstr_size,
@@ -749,13 +756,22 @@ PROSODY_EXPORT prosody_err_t prosody_state_open(prosody_context_t *ctx,
   st->def = def;
   st->kind = defs->d[def].kind;
   st->payload = defs->d[def].payload;
+  if (!(st->name = strdup(name))) {
+    free(st);
+    pr__errf(errstr, errstr_size, "out of memory");
+    return PROSODY_ERR_NOMEM;
+  }
   if (kind)
     *kind = st->kind;
   *out = st;
   return PROSODY_OK;
 }
 
-PROSODY_EXPORT void prosody_state_free(prosody_state_t *st) { free(st); }
+PROSODY_EXPORT void prosody_state_free(prosody_state_t *st) {
+  if (st)
+    free(st->name);
+  free(st);
+}
 
 PROSODY_EXPORT prosody_err_t prosody_state_call(prosody_state_t *st,
                                                 prosody_state_op_t kind_op,

@@ -11,7 +11,9 @@
  *                                                its third stored event
  */
 #include <pthread.h>
+#include <signal.h>
 #include <sys/wait.h>
+#include <time.h>
 
 #include "config/config.h"
 #include "harness.h"
@@ -445,6 +447,21 @@ static prosody_result_t commit_msg(prosody_context_t *ctx,
     if (prosody_state_call(a, PROSODY_STATE_SET, &args, NULL, err,
                            sizeof(err)) != PROSODY_ERR_INVALID_ARG)
       note_bad("malformed JSON accepted%s%s", "", "");
+    {
+      size_t big = ((size_t)4 << 20) + 2;
+      char *doc = malloc(big + 1);
+      CHECK(doc, "malloc");
+      memset(doc, 'x', big);
+      doc[0] = doc[big - 1] = '"';
+      doc[big] = 0;
+      args.json = doc;
+      args.json_len = big;
+      if (prosody_state_call(a, PROSODY_STATE_SET, &args, NULL, err,
+                             sizeof(err)) != PROSODY_ERR_INVALID_ARG ||
+          !strstr(err, "\"a\"") || !strstr(err, "at most"))
+        note_bad("a document over the limit: %s%s", err, "");
+      free(doc);
+    }
     if (prosody_state_call(a, PROSODY_STATE_POP_BACK, NULL, NULL, err,
                            sizeof(err)) != PROSODY_ERR_INVALID_ARG ||
         !strstr(err, "value collection has no POP_BACK"))
@@ -721,6 +738,10 @@ T_SCENARIO(another_kind_under_a_recorded_name_refused, T_BOTH, 60) {
 
 #define CRASH_PER_KEY 5
 
+/* In a child: say "working" at the first count (crash_child). */
+static int crash_child_mode;
+static _Atomic int crash_child_working;
+
 /* {"id":..,"i":I,"k":K}: count += 1; {"probe":1,"k":K}: records the count. */
 static prosody_result_t crash_msg(prosody_context_t *ctx,
                                   const prosody_message_t *msg, void *op) {
@@ -740,6 +761,13 @@ static prosody_result_t crash_msg(prosody_context_t *ctx,
     n = get_long(st) + 1;
     snprintf(doc, sizeof(doc), "%ld", n);
     set_json(st, doc);
+    if (crash_child_mode) {
+      if (!crash_child_working++) {
+        printf("working\n"); /* the test kills it from now on */
+        fflush(stdout);
+      }
+      usleep(3000); /* under load: enough work for five kills */
+    }
   }
   prosody_state_free(st);
   ended();
@@ -752,26 +780,31 @@ static prosody_config_t *crash_config(const char *group, const char *topic) {
   return state_config(group, topic, &def, 1);
 }
 
-/* `--child BOOTSTRAP|- TOPIC GROUP`: consumes until its third event's state
- * is stored, then exits (42) before committing it. */
+/* `--child BOOTSTRAP|- TOPIC GROUP [EXIT_AFTER]`: consumes until its
+ * EXIT_AFTER-th (default 3; 0: never) event's state is stored, then exits
+ * (42) before committing it. */
 static int crash_child(int argc, char **argv) {
   char err[1024];
   prosody_config_t *conf;
   prosody_client_t *client;
   prosody_handler_t h = {crash_msg, NULL, NULL, 0};
   pr__test_opts_t test;
-  CHECK(argc == 5, "usage: %s --child BOOTSTRAP|- TOPIC GROUP", argv[0]);
+  CHECK(argc == 5 || argc == 6,
+        "usage: %s --child BOOTSTRAP|- TOPIC GROUP [EXIT_AFTER]", argv[0]);
   if (strcmp(argv[2], "-"))
     setenv("PROSODY_BOOTSTRAP_SERVERS", argv[2], 1);
   conf = crash_config(argv[4], argv[3]);
   memset(&test, 0, sizeof(test));
-  test.state_exit_after = 3;
+  test.state_exit_after = argc == 6 ? atoi(argv[5]) : 3;
+  crash_child_mode = 1;
   test.session_timeout_ms = 6000; /* the group notices its death soon */
   pr__config_set_test(conf, &test);
   client = prosody_client_new(conf, err, sizeof(err));
   CHECK(client, "child client: %s", err);
   CHECK_OK(prosody_subscribe(client, &h, err, sizeof(err)), err);
-  sleep(120); /* the engine exits the process */
+  printf("subscribed\n");
+  fflush(stdout);
+  sleep(300); /* the engine exits the process, or the test kills it */
   return 1;
 }
 T_CHILD(crash_child)
@@ -848,5 +881,311 @@ T_SCENARIO(killed_between_state_and_commit_applies_each_message_once, T_REAL,
           "was stored before the crash was applied %s)",
           k, final_count[k], CRASH_PER_KEY,
           final_count[k] > CRASH_PER_KEY ? "twice" : "not at all");
+  return 0;
+}
+
+/* The store refuses an event's state for good (here: a test option; in
+ * life a write Cassandra will never take): the event fails permanently,
+ * its writes dropped, and the mode decides (the pipeline logs and skips
+ * it); the key's next events go on from the committed state. */
+T_SCENARIO(state_the_store_refuses_fails_the_event_permanently, T_MOCK, 60) {
+  const char *topic = t_topic("state-refused");
+  char group[128], err[1024], payload[64];
+  prosody_config_t *conf;
+  prosody_client_t *client;
+  prosody_handler_t h = {crash_msg, NULL, NULL, 0};
+  pr__test_opts_t test;
+  int64_t committed[1], end[1];
+  int got;
+
+  reset();
+  t_create_topic(topic, 1);
+  snprintf(group, sizeof(group), "%s-g", topic);
+  conf = t_config();
+  t_set(conf, "source_system", "state-test-producer");
+  client = prosody_client_new(conf, err, sizeof(err));
+  CHECK(client, "producer: %s", err);
+  for (int i = 0; i < 3; i++) {
+    snprintf(payload, sizeof(payload), "{\"id\":\"r-%d\",\"i\":%d}", i, i);
+    CHECK_OK(
+        prosody_send(client, topic, "key-0", payload, NULL, err, sizeof(err)),
+        err);
+  }
+  CHECK_OK(prosody_send(client, topic, "key-0", "{\"probe\":1,\"k\":0}", NULL,
+                        err, sizeof(err)),
+           err);
+  prosody_client_destroy(client);
+
+  conf = crash_config(group, topic);
+  memset(&test, 0, sizeof(test));
+  test.state_refuse_settles = 1; /* the first event's */
+  pr__config_set_test(conf, &test);
+  client = prosody_client_new(conf, err, sizeof(err));
+  CHECK(client, "client: %s", err);
+  CHECK_OK(prosody_subscribe(client, &h, err, sizeof(err)), err);
+  got = t_wait_locked(&lock, &events, 4, 60);
+  CHECK(got == 4, "%d of 4 events handled", got);
+  CHECK(t_wait_committed(group, topic, ~0u, committed, end, 30),
+        "the refused event was not committed past");
+  CHECK_OK(prosody_unsubscribe(client), "unsubscribe");
+  prosody_client_destroy(client);
+  CHECK(final_count[0] == 2,
+        "key-0 counted %ld: the refused event's write must be dropped and "
+        "the two after it kept",
+        final_count[0]);
+  return 0;
+}
+
+/* ---- TTL ----------------------------------------------------------------- */
+
+static double ttl_written_at;   /* guarded by lock: when "v" was written */
+static double ttl_gone_at = -1; /* guarded by lock: first read finding none */
+static int ttl_seen_fresh;      /* guarded by lock: read back at once */
+
+/* {"w":1}: writes "v" and reads it back; {"p":1}: reads it. */
+static prosody_result_t ttl_msg(prosody_context_t *ctx,
+                                const prosody_message_t *msg, void *op) {
+  prosody_state_t *st = open_state(ctx, "short");
+  char *doc;
+  (void)op;
+  if (!st)
+    return PROSODY_PERMANENT;
+  if (strstr(prosody_message_payload(msg), "\"w\"")) {
+    set_json(st, "\"here\"");
+    pthread_mutex_lock(&lock);
+    ttl_written_at = t_now();
+    pthread_mutex_unlock(&lock);
+  }
+  doc = call(st, PROSODY_STATE_GET, NULL, NULL);
+  pthread_mutex_lock(&lock);
+  if (doc && strstr(prosody_message_payload(msg), "\"w\""))
+    ttl_seen_fresh = 1;
+  if (!doc && ttl_gone_at < 0 && ttl_written_at > 0)
+    ttl_gone_at = t_now();
+  pthread_mutex_unlock(&lock);
+  free(doc);
+  prosody_state_free(st);
+  ended();
+  return PROSODY_SUCCESS;
+}
+
+T_SCENARIO(cells_expire_after_their_ttl, T_BOTH, 90) {
+  const char *topic = t_topic("state-ttl");
+  prosody_state_def_t def = PROSODY_STATE_DEF_INIT;
+  prosody_handler_t h = {ttl_msg, NULL, NULL, 0};
+  prosody_client_t *consumer, *producer;
+  prosody_config_t *conf;
+  char group[128], err[1024];
+  double gone = -1, written = 0;
+  int fresh = 0, sent = 1;
+
+  reset();
+  def.name = "short";
+  def.ttl_s = 3;
+  t_create_topic(topic, 1);
+  snprintf(group, sizeof(group), "%s-g", topic);
+  consumer =
+      prosody_client_new(state_config(group, topic, &def, 1), err, sizeof(err));
+  CHECK(consumer, "client: %s", err);
+  CHECK_OK(prosody_subscribe(consumer, &h, err, sizeof(err)), err);
+  conf = t_config();
+  t_set(conf, "source_system", "state-test-producer");
+  producer = prosody_client_new(conf, err, sizeof(err));
+  CHECK(producer, "producer: %s", err);
+  CHECK_OK(prosody_send(producer, topic, "key-0", "{\"w\":1}", NULL, err,
+                        sizeof(err)),
+           err);
+  /* Probes, one at a time, until a read finds the cell gone. */
+  for (double until = t_now() + 60; t_now() < until;) {
+    CHECK(t_wait_locked(&lock, &events, sent, 30) >= sent, "probe not handled");
+    pthread_mutex_lock(&lock);
+    gone = ttl_gone_at;
+    written = ttl_written_at;
+    fresh = ttl_seen_fresh;
+    pthread_mutex_unlock(&lock);
+    if (gone >= 0)
+      break;
+    usleep(250000);
+    CHECK_OK(prosody_send(producer, topic, "key-0", "{\"p\":1}", NULL, err,
+                          sizeof(err)),
+             err);
+    sent++;
+  }
+  CHECK_OK(prosody_unsubscribe(consumer), "unsubscribe");
+  prosody_client_destroy(consumer);
+  prosody_client_destroy(producer);
+  CHECK(fresh, "the cell was not there right after its write");
+  CHECK(gone >= 0, "the cell did not expire within 60 s");
+  /* Cassandra counts TTLs in whole seconds from the second of the write
+   * (stored with the event's success, just after `written`): a 3 s TTL
+   * ends 2 to 3 s after it; the memory store does the same. */
+  CHECK(gone - written >= 1.95 && gone - written < 10,
+        "the cell expired %.2f s after its write, with a TTL of 3 s",
+        gone - written);
+  return 0;
+}
+
+/* Five consumers killed with SIGKILL at random moments while they work
+ * through 1 000 counted messages; then the group's last consumer finishes.
+ * Every key's counter equals its number of messages: nothing lost, nothing
+ * applied twice. */
+T_SCENARIO(sigkill_at_random_points_leaves_exact_counters, T_REAL, 240) {
+  const char *topic = t_topic("state-kills");
+  const char *args[5];
+  char group[128], err[1024], key[32], payload[128], line[256];
+  prosody_config_t *conf;
+  prosody_client_t *client;
+  prosody_handler_t h = {crash_msg, NULL, NULL, 0};
+  unsigned seed = getenv("PROSODY_TEST_SEED")
+                      ? (unsigned)atoi(getenv("PROSODY_TEST_SEED"))
+                      : (unsigned)time(NULL) ^ (unsigned)getpid();
+  enum { PER = 600 };
+  int got;
+
+  printf("seed %u (PROSODY_TEST_SEED replays it)\n", seed);
+  srand(seed);
+  reset();
+  t_create_topic(topic, 2);
+  snprintf(group, sizeof(group), "%s-g", topic);
+  conf = t_config();
+  t_set(conf, "source_system", "state-test-producer");
+  client = prosody_client_new(conf, err, sizeof(err));
+  CHECK(client, "producer: %s", err);
+  for (int i = 0; i < PER; i++)
+    for (int k = 0; k < KEYS; k++) {
+      snprintf(key, sizeof(key), "key-%d", k);
+      snprintf(payload, sizeof(payload), "{\"id\":\"s-%d-%d\",\"i\":%d}", k, i,
+               i);
+      CHECK_OK(
+          prosody_send(client, topic, key, payload, NULL, err, sizeof(err)),
+          err);
+    }
+
+  args[0] = t_real_bootstrap() ? "-" : t_bootstrap();
+  args[1] = topic;
+  args[2] = group;
+  args[3] = "0"; /* no exit of its own */
+  args[4] = NULL;
+  for (int kill_no = 0; kill_no < 5; kill_no++) {
+    int fd, status = 0;
+    size_t len = 0;
+    pid_t pid = t_spawn_child(args, &fd);
+    double until = t_now() + 60, after;
+    int rc;
+    /* Killed while it works: after its first count, at a random moment. */
+    do {
+      while ((rc = t_read_line(fd, line, sizeof(line), &len)) != 1 &&
+             t_now() < until)
+        CHECK(rc >= 0, "child %d ended before working", (int)pid);
+    } while (rc == 1 && strcmp(line, "working") && t_now() < until);
+    CHECK(rc == 1, "child %d did not start working within 60 s", (int)pid);
+    after = 0.02 + 0.4 * rand() / (double)RAND_MAX;
+    usleep((useconds_t)(after * 1e6));
+    kill(pid, SIGKILL);
+    CHECK(waitpid(pid, &status, 0) == pid, "waitpid");
+    close(fd);
+    printf("kill %d: after %.2f s\n", kill_no + 1, after);
+  }
+
+  for (int k = 0; k < KEYS; k++) {
+    snprintf(key, sizeof(key), "key-%d", k);
+    snprintf(payload, sizeof(payload), "{\"probe\":1,\"k\":%d}", k);
+    CHECK_OK(prosody_send(client, topic, key, payload, NULL, err, sizeof(err)),
+             err);
+  }
+  prosody_client_destroy(client);
+  client = prosody_client_new(crash_config(group, topic), err, sizeof(err));
+  CHECK(client, "client: %s", err);
+  CHECK_OK(prosody_subscribe(client, &h, err, sizeof(err)), err);
+  for (double until = t_now() + 120; t_now() < until;) {
+    int probed = 0;
+    pthread_mutex_lock(&lock);
+    for (int k = 0; k < KEYS; k++)
+      probed += final_count[k] > 0;
+    pthread_mutex_unlock(&lock);
+    if (probed == KEYS)
+      break;
+    usleep(50000);
+  }
+  got = t_wait_locked(&lock, &events, 0, 0);
+  CHECK_OK(prosody_unsubscribe(client), "unsubscribe");
+  prosody_client_destroy(client);
+  printf("the last consumer handled %d events\n", got);
+  for (int k = 0; k < KEYS; k++)
+    CHECK(final_count[k] == PER,
+          "key-%d: its counter is %ld after %d messages (seed %u)", k,
+          final_count[k], PER, seed);
+  return 0;
+}
+
+/* A partition moves while its keys' state is being written: a second
+ * consumer joins the group mid-stream and takes partitions over (the
+ * cooperative rebalance), then the first leaves. Every counter is exact. */
+static prosody_result_t slow_count(prosody_context_t *ctx,
+                                   const prosody_message_t *msg, void *op) {
+  usleep(2000); /* keeps events in flight across the moves */
+  return crash_msg(ctx, msg, op);
+}
+
+T_SCENARIO(partitions_move_with_state_in_flight, T_BOTH, 180) {
+  const char *topic = t_topic("state-move");
+  char group[128], err[1024], key[32], payload[128];
+  prosody_config_t *conf;
+  prosody_client_t *producer, *a, *b;
+  prosody_handler_t h = {slow_count, NULL, NULL, 0};
+  enum { PER = 300 };
+  int probed = 0;
+
+  reset();
+  t_create_topic(topic, 4);
+  snprintf(group, sizeof(group), "%s-g", topic);
+  conf = t_config();
+  t_set(conf, "source_system", "state-test-producer");
+  producer = prosody_client_new(conf, err, sizeof(err));
+  CHECK(producer, "producer: %s", err);
+  for (int i = 0; i < PER; i++)
+    for (int k = 0; k < KEYS; k++) {
+      snprintf(key, sizeof(key), "key-%d", k);
+      snprintf(payload, sizeof(payload), "{\"id\":\"m-%d-%d\",\"i\":%d}", k, i,
+               i);
+      CHECK_OK(
+          prosody_send(producer, topic, key, payload, NULL, err, sizeof(err)),
+          err);
+    }
+  a = prosody_client_new(crash_config(group, topic), err, sizeof(err));
+  CHECK(a, "client a: %s", err);
+  CHECK_OK(prosody_subscribe(a, &h, err, sizeof(err)), err);
+  CHECK(t_wait_locked(&lock, &events, 50, 60) >= 50, "a did not start");
+  b = prosody_client_new(crash_config(group, topic), err, sizeof(err));
+  CHECK(b, "client b: %s", err);
+  CHECK_OK(prosody_subscribe(b, &h, err, sizeof(err)), err);
+  for (double until = t_now() + 60;
+       prosody_assigned_partition_count(b) == 0 && t_now() < until;)
+    usleep(20000);
+  CHECK(prosody_assigned_partition_count(b) > 0, "b got no partition");
+  CHECK_OK(prosody_unsubscribe(a), "unsubscribe a");
+  prosody_client_destroy(a);
+  for (int k = 0; k < KEYS; k++) {
+    snprintf(key, sizeof(key), "key-%d", k);
+    snprintf(payload, sizeof(payload), "{\"probe\":1,\"k\":%d}", k);
+    CHECK_OK(
+        prosody_send(producer, topic, key, payload, NULL, err, sizeof(err)),
+        err);
+  }
+  prosody_client_destroy(producer);
+  for (double until = t_now() + 120; probed < KEYS && t_now() < until;) {
+    usleep(20000);
+    pthread_mutex_lock(&lock);
+    probed = 0;
+    for (int k = 0; k < KEYS; k++)
+      probed += final_count[k] > 0;
+    pthread_mutex_unlock(&lock);
+  }
+  CHECK_OK(prosody_unsubscribe(b), "unsubscribe b");
+  prosody_client_destroy(b);
+  CHECK(probed == KEYS, "%d of %d keys probed", probed, KEYS);
+  for (int k = 0; k < KEYS; k++)
+    CHECK(final_count[k] == PER, "key-%d: its counter is %ld after %d messages",
+          k, final_count[k], PER);
   return 0;
 }
