@@ -26,6 +26,9 @@
 #   rolling.py       a rolling upgrade under load: three members of the
 #                    original replaced by ours one by one, 10 s apart, then
 #                    rolled back: nothing lost, no timer twice or never;
+#   keyed_state.py   keyed state moves with a group original -> ours ->
+#                    original: each member reads every write the earlier
+#                    ones committed (a value, a map, a deque per key);
 #   wire_records.py  each side's telemetry topic, failure topic and sent
 #                    records, read back and compared field by field (run
 #                    with the original's venv, which also gets
@@ -126,6 +129,9 @@ migrations=$(find "$root/third_party/prosody-migrations" -name '*.cql' | wc -l)
   --python "$orig_venv/bin/python" --label original --log-dir "$root/build/interop" || rc=1
 "$ours_venv/bin/python" "$root/tests/interop/rolling.py" --from-python "$orig_venv/bin/python" \
   --to-python "$ours_venv/bin/python" --log-dir "$root/build/interop" || rc=1
+"$ours_venv/bin/python" "$root/tests/interop/keyed_state.py" \
+  --python "$orig_venv/bin/python" --label original --python "$ours_venv/bin/python" --label ours \
+  --python "$orig_venv/bin/python" --label original --log-dir "$root/build/interop" || rc=1
 "$orig_venv/bin/python" "$root/tests/interop/wire_records.py" \
   --original-python "$orig_venv/bin/python" --ours-python "$ours_venv/bin/python" \
   --log-dir "$root/build/interop" || rc=1

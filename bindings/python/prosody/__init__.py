@@ -9,11 +9,15 @@ import atexit
 
 from prosody.errors import (
     EventHandlerError,
+    NullValueError,
     PermanentError,
+    PermanentStateError,
     ProsodyError,
     ProsodyPermanentError,
     ProsodyTransientError,
+    StateError,
     TransientError,
+    TransientStateError,
     permanent,
     transient,
 )
@@ -27,25 +31,62 @@ from prosody.prosody import (
 )
 from prosody.context import Context
 from prosody.handler import EventHandler
+from prosody import state
+from prosody.state import (
+    DequeDefinition,
+    DequeState,
+    Direction,
+    MapDefinition,
+    MapState,
+    MessageDequeDefinition,
+    MessageMapDefinition,
+    MessageValueDefinition,
+    ValueDefinition,
+    ValueState,
+)
+
+# The factories too, as the original has them (`from prosody import map`).
+# They stay out of __all__: a star import would hide the builtin map().
+from prosody.state import deque as deque  # noqa: E402
+from prosody.state import map as map  # noqa: E402,A004
+from prosody.state import message_deque as message_deque  # noqa: E402
+from prosody.state import message_map as message_map  # noqa: E402
+from prosody.state import message_value as message_value  # noqa: E402
+from prosody.state import value as value  # noqa: E402
 
 __all__ = [
     "AdminClient",
     "Context",
+    "DequeDefinition",
+    "DequeState",
+    "Direction",
     "EventHandler",
     "EventHandlerError",
     "ExciseMessage",
     "JSONValue",
+    "MapDefinition",
+    "MapState",
     "Message",
+    "MessageDequeDefinition",
+    "MessageMapDefinition",
+    "MessageValueDefinition",
+    "NullValueError",
     "PermanentError",
+    "PermanentStateError",
     "ProsodyClient",
     "ProsodyError",
     "ProsodyPermanentError",
     "ProsodyTransientError",
+    "StateError",
     "Timer",
     "TransientError",
+    "TransientStateError",
+    "ValueDefinition",
+    "ValueState",
     "flush_telemetry",
     "permanent",
     "shutdown_telemetry",
+    "state",
     "transient",
 ]
 

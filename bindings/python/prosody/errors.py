@@ -12,6 +12,14 @@ Errors of the client's own calls (``send``, timer calls, admin calls) are
 (may succeed when retried; also a ``TransientError``, so one that escapes a
 handler is retried) and ``ProsodyPermanentError`` (also a ``PermanentError``).
 Bad arguments and options raise ``ValueError`` or ``TypeError``.
+
+Keyed state (``Context.state``) fails with ``StateError`` subclasses:
+``PermanentStateError`` (a deploy mistake, such as an unregistered
+collection: rethrown from a handler, the event is not retried) and
+``TransientStateError`` (store failures, and every caller mistake: a handle
+used after its attempt, a value with no JSON form; rethrown, the event is
+retried, so the mistake stays visible). ``NullValueError``, a transient one,
+refuses a ``None`` write.
 """
 
 import functools
@@ -26,6 +34,10 @@ __all__ = [
     "ProsodyError",
     "ProsodyTransientError",
     "ProsodyPermanentError",
+    "StateError",
+    "PermanentStateError",
+    "TransientStateError",
+    "NullValueError",
     "permanent",
     "transient",
 ]
@@ -73,6 +85,25 @@ class ProsodyTransientError(ProsodyError, TransientError):
 
 class ProsodyPermanentError(ProsodyError, PermanentError):
     """A client call failed in a way that retrying will not fix."""
+
+
+class StateError(Exception):
+    """Any keyed-state failure (catch-all; see the subclasses)."""
+
+
+class PermanentStateError(StateError, PermanentError):
+    """A keyed-state failure that retrying cannot fix: an unregistered
+    collection, or one opened as another kind than it was registered."""
+
+
+class TransientStateError(StateError, TransientError):
+    """A keyed-state failure that may pass on a retry: the store failed or
+    timed out, or the caller made a mistake (a handle used after its
+    attempt, a value with no JSON form, a bad argument)."""
+
+
+class NullValueError(TransientStateError, ValueError):
+    """``None`` cannot be stored: delete with ``clear()`` or ``remove()``."""
 
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -1,11 +1,25 @@
 """Type stubs for the native module prosody.prosody."""
 
 from datetime import datetime, timedelta
-from typing import Any, Awaitable, Dict, Generator, List, Optional, Sequence, Union
+from typing import Any, Awaitable, Dict, Generator, List, Optional, Sequence, Union, overload, TypeVar
 
 from prosody.handler import EventHandler
+from prosody.state import (
+    DequeDefinition,
+    DequeState,
+    MapDefinition,
+    MapState,
+    MessageDequeDefinition,
+    MessageMapDefinition,
+    MessageValueDefinition,
+    ValueDefinition,
+    ValueState,
+    _Definition,
+)
 
 Duration = Union[float, int, timedelta, str]
+T = TypeVar("T")
+V = TypeVar("V")
 StrList = Union[str, Sequence[str]]
 
 class ConsumerState(str):
@@ -19,6 +33,21 @@ class Context:
     async def scheduled(self) -> List[datetime]: ...
     def should_cancel(self) -> bool: ...
     async def on_cancel(self) -> None: ...
+    # Keyed state: the collection for this event's key, valid until the
+    # handler returns. Message collections are not implemented: binding one
+    # raises PermanentStateError (it cannot be registered).
+    @overload
+    def state(self, definition: MessageValueDefinition[Any]) -> ValueState[Any]: ...
+    @overload
+    def state(self, definition: MessageMapDefinition[Any]) -> MapState[Any]: ...
+    @overload
+    def state(self, definition: MessageDequeDefinition[Any]) -> DequeState[Any]: ...
+    @overload
+    def state(self, definition: ValueDefinition[T]) -> ValueState[T]: ...
+    @overload
+    def state(self, definition: MapDefinition[V]) -> MapState[V]: ...
+    @overload
+    def state(self, definition: DequeDefinition[T]) -> DequeState[T]: ...
 
 class ProsodyClient:
     def __init__(
@@ -105,6 +134,7 @@ class ProsodyClient:
         topic_cleanup_policy: Optional[str] = ...,
         topic_retention: Optional[Duration] = ...,
         log: Optional[str] = ...,
+        state_collections: Optional[Sequence[_Definition]] = ...,
     ) -> None: ...
     @classmethod
     def create(cls, **options: Any) -> Awaitable["ProsodyClient"]:

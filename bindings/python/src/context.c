@@ -1,7 +1,8 @@
 /*
  * context.c - Context: the context of one handler invocation. Its result
  * goes to libprosody once (prosody_complete); timer calls go out with
- * prosody_timer_async and come back through the mailbox; on_cancel()
+ * prosody_timer_async and come back through the mailbox (ops: pp_op_new,
+ * pp_op_post, pp_op_resolve, shared with keyed state's calls); on_cancel()
  * registers with prosody_context_on_cancel, whose callback also only
  * pushes to the mailbox. Loop thread, except the two callbacks (engine
  * thread).
@@ -158,42 +159,70 @@ static PyObject *context_task_done(PyObject *self, PyObject *task) {
 
 PyMethodDef pp_task_done_def = {"_task_done", context_task_done, METH_O, NULL};
 
+pyop_t *pp_op_new(ClientObject *c, int kind) {
+  pyop_t *op;
+  if (!c->bridge || !c->loop) {
+    PyErr_SetString(ErrProsody, "the client is not subscribed");
+    return NULL;
+  }
+  if (!(op = calloc(1, sizeof(*op))))
+    return (pyop_t *)PyErr_NoMemory();
+  if (!(op->fut = PyObject_CallMethodObjArgs(c->loop, S_create_future, NULL))) {
+    free(op);
+    return NULL;
+  }
+  op->op = kind;
+  op->item.q.kind = IT_OP;
+  op->item.obj = op;
+  op->bridge = c->bridge;
+  return op;
+}
+
+void pp_op_post(pyop_t *op, prosody_err_t err, const char *errstr) {
+  op->err = err;
+  op->errstr = err && errstr ? strdup(errstr) : NULL;
+  prosody_queue_push(op->bridge, &op->item.q);
+}
+
 static void op_done_cb(prosody_err_t err, const char *errstr,
                        const int64_t *times, size_t n, void *opaque) {
   pyop_t *op = opaque;
-  op->err = err;
-  op->errstr = err && errstr ? strdup(errstr) : NULL;
   if (!err && n && (op->times = malloc(n * sizeof(int64_t)))) {
     memcpy(op->times, times, n * sizeof(int64_t));
     op->n = n;
   }
-  prosody_queue_push(op->bridge, &op->item.q);
+  pp_op_post(op, err, errstr);
+}
+
+/* A timer call's result. */
+static PyObject *timer_result(const pyop_t *op) {
+  PyObject *v;
+  if (op->op != PROSODY_TIMER_SCHEDULED)
+    return Py_NewRef(Py_None);
+  v = PyList_New((Py_ssize_t)op->n);
+  for (size_t i = 0; v && i < op->n; i++) {
+    PyObject *t = pp_from_ms(op->times[i]);
+    if (!t) {
+      Py_CLEAR(v);
+      break;
+    }
+    PyList_SET_ITEM(v, (Py_ssize_t)i, t);
+  }
+  return v;
 }
 
 void pp_op_resolve(pyop_t *op) {
   PyObject *r = NULL, *done = PyObject_CallMethodObjArgs(op->fut, S_done, NULL);
   if (done == Py_False) {
     if (op->err) {
-      PyObject *exc = pp_error_object(op->err, op->errstr);
+      PyObject *exc = op->state ? pp_state_error_object(op->err, op->errstr)
+                                : pp_error_object(op->err, op->errstr);
       if (exc) {
         r = PyObject_CallMethodObjArgs(op->fut, S_set_exception, exc, NULL);
         Py_DECREF(exc);
       }
     } else {
-      PyObject *v;
-      if (op->op == PROSODY_TIMER_SCHEDULED) {
-        v = PyList_New((Py_ssize_t)op->n);
-        for (size_t i = 0; v && i < op->n; i++) {
-          PyObject *t = pp_from_ms(op->times[i]);
-          if (!t) {
-            Py_CLEAR(v);
-            break;
-          }
-          PyList_SET_ITEM(v, (Py_ssize_t)i, t);
-        }
-      } else {
-        v = Py_NewRef(Py_None);
-      }
+      PyObject *v = op->state ? pp_state_result(op) : timer_result(op);
       if (v) {
         r = PyObject_CallMethodObjArgs(op->fut, S_set_result, v, NULL);
         Py_DECREF(v);
@@ -217,25 +246,12 @@ static PyObject *context_op(ContextObject *cx, int kind, PyObject *time) {
     return NULL;
   if (time && pp_to_ms(time, "time", &ms))
     return NULL;
-  if (!c->bridge || !c->loop) {
-    PyErr_SetString(ErrProsody, "the client is not subscribed");
+  if (!(op = pp_op_new(c, kind)))
     return NULL;
-  }
-  if (!(op = calloc(1, sizeof(*op))))
-    return PyErr_NoMemory();
-  if (!(op->fut = PyObject_CallMethodObjArgs(c->loop, S_create_future, NULL))) {
-    free(op);
-    return NULL;
-  }
-  op->op = kind;
-  op->item.q.kind = IT_OP;
-  op->item.obj = op;
-  op->bridge = c->bridge;
   rc = prosody_timer_async(cx->ctx, (prosody_timer_op_t)kind, ms, op_done_cb,
                            op, err, sizeof(err));
   if (rc) {
-    Py_DECREF(op->fut);
-    free(op);
+    pp_op_free(op);
     return pp_raise_error(rc, err);
   }
   return Py_NewRef(op->fut);
@@ -350,6 +366,11 @@ static PyMethodDef context_methods[] = {
     {"on_cancel", context_on_cancel, METH_NOARGS,
      "on_cancel() -> awaitable that completes when cancellation is "
      "signalled or the handler has finished."},
+    {"state", pp_context_state, METH_O,
+     "state(definition) -> ValueState | MapState | DequeState: the keyed "
+     "state collection `definition` (prosody.state) for this event's key, "
+     "valid until the handler returns."},
+    {"_state_open", pp_context_state_open, METH_O, NULL},
     {NULL}};
 
 PyTypeObject ContextType = {
@@ -367,5 +388,6 @@ void pp_op_free(pyop_t *op) {
   Py_DECREF(op->fut);
   free(op->errstr);
   free(op->times);
+  free(op->items);
   free(op);
 }

@@ -28,6 +28,8 @@ PyObject *S_create_future, *S_create_task, *S_add_done_callback, *S_set_result,
     *S_await, *S_anext, *S_is_closed;
 
 PyObject *FnForwardLogs;
+PyObject *ErrTransientState, *ErrPermanentState;
+PyObject *FnStateBind, *FnStateConfigs;
 
 /* ------------------------------------------------------------------------ */
 /* Errors                                                                   */
@@ -233,6 +235,12 @@ PyMODINIT_FUNC PyInit_prosody(void) {
       !(FnHandlerContext = pp_attr_of("prosody._support", "handler_context")) ||
       !(FnRunAfter = pp_attr_of("prosody._support", "run_after")) ||
       !(FnForwardLogs = pp_attr_of("prosody._support", "forward_logs")) ||
+      !(ErrTransientState =
+            pp_attr_of("prosody.errors", "TransientStateError")) ||
+      !(ErrPermanentState =
+            pp_attr_of("prosody.errors", "PermanentStateError")) ||
+      !(FnStateBind = pp_attr_of("prosody.state", "_bind")) ||
+      !(FnStateConfigs = pp_attr_of("prosody.state", "_collection_configs")) ||
       !(otel = pp_attr_of("prosody._support", "OTEL")) ||
       !(FnGetRunningLoop = pp_attr_of("asyncio", "get_running_loop")) ||
       !(FnJsonDumps = pp_attr_of("json", "dumps")) ||
@@ -241,7 +249,7 @@ PyMODINIT_FUNC PyInit_prosody(void) {
   otel_enabled = PyObject_IsTrue(otel) > 0;
   Py_DECREF(otel);
   if (pp_options_init() || pp_client_init() || pp_admin_init() ||
-      PyType_Ready(&ContextType))
+      PyType_Ready(&ContextType) || PyType_Ready(&StateType))
     return NULL;
   if (!(m = PyModule_Create(&moduledef)))
     return NULL;

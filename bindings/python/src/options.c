@@ -222,10 +222,12 @@ static PyObject *option_text(const prosody_option_info_t *o, PyObject *v,
   return type_error(o, v), NULL;
 }
 
-/* A configuration from keyword arguments (None values unset). */
+/* A configuration from keyword arguments (None values unset).
+ * state_collections is not an option of the table: its definitions go to
+ * prosody_config_add_state (state.c). */
 prosody_config_t *pp_config_from(PyObject *kwargs) {
   prosody_config_t *conf = prosody_config_new();
-  PyObject *k, *v;
+  PyObject *k, *v, *states = NULL;
   Py_ssize_t pos = 0;
   char err[1024];
   if (!conf)
@@ -239,6 +241,10 @@ prosody_config_t *pp_config_from(PyObject *kwargs) {
     prosody_err_t rc;
     if (!name)
       goto fail;
+    if (!strcmp(name, "state_collections")) {
+      states = v == Py_None ? NULL : v;
+      continue;
+    }
     if (strlen(name) != (size_t)name_len || !(o = option_named(name))) {
       PyErr_Format(PyExc_ValueError,
                    "unknown option %R (the options are listed in "
@@ -271,6 +277,8 @@ prosody_config_t *pp_config_from(PyObject *kwargs) {
       goto fail;
     }
   }
+  if (states && pp_state_add_collections(conf, states))
+    goto fail;
   return conf;
 fail:
   prosody_config_destroy(conf);

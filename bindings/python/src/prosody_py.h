@@ -11,6 +11,9 @@
  *              (a libprosody event queue), log lines, each event's handler
  *              started on the loop
  *   context.c  Context: results, timer calls, cancellation
+ *   state.c    keyed state: Context.state()'s native handles, their calls
+ *              (prosody_state_async, back through the mailbox as timer
+ *              calls are) and state_collections
  *   client.c   ProsodyClient: send, subscribe, unsubscribe, state
  *   admin.c    AdminClient: topic creation and deletion
  *
@@ -93,6 +96,8 @@ extern PyObject *S_create_future, *S_create_task, *S_add_done_callback,
     *S_await, *S_anext, *S_is_closed;
 
 extern PyObject *FnForwardLogs; /* prosody._support.forward_logs */
+extern PyObject *ErrTransientState, *ErrPermanentState; /* prosody.errors */
+extern PyObject *FnStateBind, *FnStateConfigs;          /* prosody.state */
 
 /* ------------------------------------------------------------------------ */
 /* The mailbox (bridge.c)                                                   */
@@ -178,19 +183,25 @@ typedef struct {
   pid_t pid;
 } AdminObject;
 
-/* Timer calls: the op travels to libprosody and back through the mailbox. */
+/* Timer and keyed-state calls: the op travels to libprosody and back
+ * through the mailbox. Filled by its callback (a libprosody thread) before
+ * the push, read on the loop thread after the take. */
 typedef struct pyop {
   item_t item;
   prosody_queue_t *bridge; /* the subscription's mailbox */
   PyObject *fut;           /* strong reference, dropped on the loop thread */
-  int op;
+  int op;                  /* prosody_timer_op_t or prosody_state_op_t */
+  int state;               /* a keyed-state op (state.c) */
   prosody_err_t err;
   char *errstr;
-  int64_t *times;
-  size_t n;
+  int64_t *times;              /* timer SCHEDULED: the times */
+  size_t n;                    /* of times, or of items */
+  prosody_state_item_t *items; /* state: the result's items, copied into
+                                  one block with their strings */
+  int64_t number;              /* state: the result's number */
 } pyop_t;
 
-extern PyTypeObject ClientType, ContextType, AdminType;
+extern PyTypeObject ClientType, ContextType, AdminType, StateType;
 
 /* ------------------------------------------------------------------------ */
 /* module.c: errors and loop helpers                                        */
@@ -270,10 +281,32 @@ void pp_context_finish(ContextObject *cx, prosody_result_t r, const char *msg);
 void pp_finish_with_exception(ContextObject *cx, PyObject *exc);
 /* The handler task's done callback (self: the Context). */
 extern PyMethodDef pp_task_done_def;
-/* Settles a timer call's future and frees the op (loop thread). */
+/* A new op of `c`'s mailbox with its future (loop thread), or NULL with
+ * an exception set (also when the client is not subscribed). */
+pyop_t *pp_op_new(ClientObject *c, int kind);
+/* Records the op's outcome and pushes it to its mailbox (any thread; the
+ * result fields are filled by the caller first). */
+void pp_op_post(pyop_t *op, prosody_err_t err, const char *errstr);
+/* Settles a timer or state call's future and frees the op (loop thread). */
 void pp_op_resolve(pyop_t *op);
 /* Frees an op whose future nobody can await any more. */
 void pp_op_free(pyop_t *op);
+
+/* ------------------------------------------------------------------------ */
+/* state.c: keyed state                                                     */
+/* ------------------------------------------------------------------------ */
+
+/* Context.state(definition) and Context._state_open(name). */
+PyObject *pp_context_state(PyObject *self, PyObject *definition);
+PyObject *pp_context_state_open(PyObject *self, PyObject *name);
+/* A state call's exception object (a StateError), for its error. */
+PyObject *pp_state_error_object(prosody_err_t err, const char *msg);
+/* A state call's result, (items, number): items a list of (key, json)
+ * (each str or None). */
+PyObject *pp_state_result(const pyop_t *op);
+/* Registers state_collections (a sequence of definitions) with `conf`:
+ * 0, or -1 with ValueError set naming the entry. */
+int pp_state_add_collections(prosody_config_t *conf, PyObject *seq);
 
 /* ------------------------------------------------------------------------ */
 /* client.c and admin.c                                                     */
