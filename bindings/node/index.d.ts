@@ -252,7 +252,11 @@ export interface DequeDefinition<T = JsonValue> extends StateDefinitionBase<'deq
   readonly capacity?: number;
   readonly __item?: T;
 }
-/** Message collections are not implemented yet: registering one is refused. */
+/** Message collections keep Kafka messages this package delivered to a handler (the current one, or
+ * one read back from a message collection) by their topic, partition and offset, and give back
+ * `Message`s loaded again from Kafka (a record Kafka no longer has: `PermanentStateError`). Any other
+ * object is refused with a `TransientStateError`, and so is a delivered message written to a JSON
+ * collection. */
 export interface MessageValueDefinition<P = JsonValue> extends StateDefinitionBase<'value', 'message'> {
   readonly __item?: P;
 }

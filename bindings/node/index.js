@@ -493,10 +493,6 @@ function convertStates(list) {
     if (!Object.hasOwn(STATE_PAYLOADS, c.payload)) {
       throw new RangeError(`${at}.payload: expected "json" or "message", got ${shown(c.payload)}`);
     }
-    if (c.payload === 'message') {
-      // The core keeps records; this package does not pass them yet.
-      throw new RangeError(`${at}.payload: "message" collections are not implemented in this package yet; use "json"`);
-    }
     const whole = (field, min, max) => {
       const v = c[field];
       if (v === undefined) return undefined;
@@ -558,6 +554,10 @@ function stateError(e) {
 // is refused (transient) before libprosody is asked.
 // (`name`: the collection, which each message names.)
 function encodeState(v, method, remedy, name) {
+  if (v !== null && typeof v === 'object' && DELIVERED.has(v)) {
+    throw new TransientStateError(`${method}: a Kafka message cannot be stored in a JSON collection ("${name}"); ` +
+                                  'store its payload, or use a message collection');
+  }
   if (v === null || v === undefined) {
     throw new TransientStateError(`${method}: cannot store ${v} in "${name}"; a top-level null means absence ` +
                                   `(use ${remedy})`);
@@ -593,17 +593,65 @@ function scanDirection(direction, method, name) {
 
 const parsed = (json) => (json === null ? null : JSON.parse(json));
 
+// The messages this package gave a handler (onMessage's, and those read
+// back from a message collection) -> [topic, partition, offset (a number)]:
+// what a message collection keeps of one. Other objects cannot be stored
+// there (Prosody can reload only records it was given).
+const DELIVERED = new WeakMap();
+
+// A Message as handlers receive it; `text` is the payload's JSON text.
+// Under the current contract (`current`) the offset is a bigint.
+function deliveredMessage(topic, partition, offset, timestamp, key, text, current) {
+  let payload;
+  try {
+    payload = JSON.parse(text);
+  } catch (e) {
+    payload = null; // libprosody only delivers valid JSON
+  }
+  const m = { topic, partition, offset: current ? BigInt(offset) : offset, timestamp: new Date(timestamp), key,
+              payload };
+  DELIVERED.set(m, [topic, partition, offset]);
+  return m;
+}
+
+// What a message collection's write passes: the coordinates of a
+// delivered message; anything else is refused (transient).
+function messageRef(v, method, name) {
+  const ref = v !== null && typeof v === 'object' ? DELIVERED.get(v) : undefined;
+  if (!ref) {
+    throw new TransientStateError(`${method}: expected a Kafka message; a JSON value cannot be stored in a message ` +
+                                  `collection ("${name}" keeps messages a handler was given; got ${shown(v)})`);
+  }
+  return { refTopic: ref[0], refPartition: ref[1], refOffset: ref[2] };
+}
+
 class StateHandle {
-  constructor(client, event, handle, name) {
+  // `message`: a message collection (its items are Messages).
+  constructor(client, event, handle, name, message) {
     this._client = client;
     this._event = event;
     this._handle = handle;
     this._name = name;
+    this._message = message;
+  }
+
+  // What a write passes for item `v`: its JSON text, or in a message
+  // collection the message's coordinates.
+  _item(v, method, remedy) {
+    return this._message ? messageRef(v, method, this._name) : { json: encodeState(v, method, remedy, this._name) };
+  }
+
+  // An item of a result: a JSON document's text, or a message collection's
+  // record ([topic, partition, offset, timestamp, key, payload]); null
+  // when absent.
+  _decode(x) {
+    if (x === null || !this._message) return parsed(x);
+    return deliveredMessage(x[0], x[1], x[2], x[3], x[4], x[5], this._client._current);
   }
 
   // Runs operation `op`: a promise of [number, key, json, ...].
   _call(op, { key = null, json = null, keys = null, index = 0, after = null, limit = 0, backward = false,
-              keysOnly = false } = {}) {
+              keysOnly = false, refTopic = null, refPartition = 0, refOffset = 0 } = {}) {
     if (this._event.done) {
       return Promise.reject(new TransientStateError(
         `state "${this._name}": the handle is used after its handler finished; a handle is valid only ` +
@@ -611,7 +659,8 @@ class StateHandle {
     }
     try {
       return this._client._native.stateOp(this._handle, op, key, json, keys, index, after, limit, backward,
-                                          keysOnly).catch((e) => { throw stateError(e); });
+                                          keysOnly, refTopic, refPartition, refOffset)
+        .catch((e) => { throw stateError(e); });
     } catch (e) {
       return Promise.reject(stateError(e));
     }
@@ -632,18 +681,18 @@ class StateHandle {
 class ValueState extends StateHandle {
   async get() {
     const r = await this._call(SOP.get);
-    return r.length > 1 ? parsed(r[2]) : null;
+    return r.length > 1 ? this._decode(r[2]) : null;
   }
 
   async set(v) {
-    await this._call(SOP.set, { json: encodeState(v, 'set', 'clear()', this._name) });
+    await this._call(SOP.set, this._item(v, 'set', 'clear()'));
   }
 }
 
 class MapState extends StateHandle {
   async get(key) {
     const r = await this._call(SOP.get, { key: mapKey(key, 'get', this._name) });
-    return r.length > 1 ? parsed(r[2]) : null;
+    return r.length > 1 ? this._decode(r[2]) : null;
   }
 
   async getMany(keys) {
@@ -659,7 +708,7 @@ class MapState extends StateHandle {
     if (keys.length === 0) return [];
     const r = await this._call(SOP.getMany, { keys });
     const out = [];
-    for (let i = 2; i < r.length; i += 2) out.push(parsed(r[i]));
+    for (let i = 2; i < r.length; i += 2) out.push(this._decode(r[i]));
     return out;
   }
 
@@ -670,29 +719,29 @@ class MapState extends StateHandle {
 
   async set(key, v) {
     mapKey(key, 'set', this._name);
-    await this._call(SOP.set, { key, json: encodeState(v, 'set', 'delete(key)', this._name) });
+    await this._call(SOP.set, { key, ...this._item(v, 'set', 'delete(key)') });
   }
 
   async delete(key) {
     await this._call(SOP.remove, { key: mapKey(key, 'delete', this._name) });
   }
 
-  entries(direction) { return this._scan('entries', direction, false, (k, j) => [k, parsed(j)]); }
+  entries(direction) { return this._scan('entries', direction, false, (k, j) => [k, this._decode(j)]); }
 
   keys(direction) { return this._scan('keys', direction, true, (k) => k); }
 
-  values(direction) { return this._scan('values', direction, false, (k, j) => parsed(j)); }
+  values(direction) { return this._scan('values', direction, false, (k, j) => this._decode(j)); }
 
   [Symbol.asyncIterator]() { return this.entries(); }
 }
 
 class DequeState extends StateHandle {
   async push(v) {
-    await this._call(SOP.pushBack, { json: encodeState(v, 'push', 'pop() or clear()', this._name) });
+    await this._call(SOP.pushBack, this._item(v, 'push', 'pop() or clear()'));
   }
 
   async unshift(v) {
-    await this._call(SOP.pushFront, { json: encodeState(v, 'unshift', 'shift() or clear()', this._name) });
+    await this._call(SOP.pushFront, this._item(v, 'unshift', 'shift() or clear()'));
   }
 
   async pop() { return this._one(SOP.popBack); }
@@ -718,13 +767,13 @@ class DequeState extends StateHandle {
     return (await this.length()) === 0;
   }
 
-  values(direction) { return this._scan('values', direction, false, (k, j) => parsed(j)); }
+  values(direction) { return this._scan('values', direction, false, (k, j) => this._decode(j)); }
 
   [Symbol.asyncIterator]() { return this.values(); }
 
   async _one(op, args) {
     const r = await this._call(op, args);
-    return r.length > 1 ? parsed(r[2]) : null;
+    return r.length > 1 ? this._decode(r[2]) : null;
   }
 }
 
@@ -894,7 +943,7 @@ class Context {
     } catch (e) {
       throw stateError(e);
     }
-    h = new STATE_CLASSES[opened[1]](this._client, s, opened[0], name);
+    h = new STATE_CLASSES[opened[1]](this._client, s, opened[0], name, payload === 'message');
     s.handles.set(definition, h);
     return h;
   }
@@ -1155,14 +1204,7 @@ class ProsodyClient {
                 spanned: b[i + 12] === 1 };
       }
     } else if (kind === 0) {
-      let payload;
-      try {
-        payload = JSON.parse(b[i + 8]);
-      } catch (e) {
-        payload = null; // libprosody only delivers valid JSON
-      }
-      event = { topic: b[i + 3], partition: b[i + 4], offset, timestamp: new Date(b[i + 6]),
-                key: b[i + 7], payload };
+      event = deliveredMessage(b[i + 3], b[i + 4], b[i + 5], b[i + 6], b[i + 7], b[i + 8], this._current);
       method = handler && handler.onMessage;
       if (this._tracing) {
         rec = { kind: 'message', topic: event.topic, partition: event.partition, offset: b[i + 5],

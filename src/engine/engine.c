@@ -173,6 +173,7 @@ static void engine_free(pr__engine_t *eng) {
   if (eng->store)
     eng->store->ops->destroy(eng->store);
   pr__layers_close(eng, 1);
+  free(eng->bootstrap); /* unless the defer layer's close freed it */
   pr__sched_fini(&eng->sched);
   pr__metrics_fini(&eng->metrics);
   pr__ctx_stash_flush(&eng->ctx_stash);
@@ -371,6 +372,14 @@ prosody_err_t pr__engine_start(const pr__settings_t *st, const char *bootstrap,
     goto fail;
   if ((err = pr__layers_open(eng, bootstrap, store_wake, errstr, errstr_size)))
     goto fail;
+  /* The loader reads records again for deferral and for message
+   * collections: it needs the bootstrap also without the defer layer
+   * (which sets it when it is in the list). */
+  if (!eng->bootstrap && !(eng->bootstrap = strdup(bootstrap))) {
+    pr__errf(errstr, errstr_size, "out of memory");
+    err = PROSODY_ERR_NOMEM;
+    goto fail;
+  }
   if (!(handler->flags & PROSODY_HANDLER_ASYNC) &&
       !(eng->pool = pr__pool_new(eng->max_concurrency))) {
     pr__errf(errstr, errstr_size, "could not start %d worker threads",

@@ -110,10 +110,15 @@ static void produce(const char *topic, int per_key, const char *fmt) {
   prosody_client_destroy(client);
 }
 
+/* 1: the next client runs without the defer layer (defer_enabled false). */
+static int no_deferral;
+
 static prosody_config_t *state_config(const char *group, const char *topic,
                                       const prosody_state_def_t *defs, int n) {
   char err[512];
   prosody_config_t *conf = t_consumer_config(group, topic);
+  if (no_deferral)
+    t_set(conf, "defer_enabled", "false");
   for (int i = 0; i < n; i++)
     CHECK_OK(prosody_config_add_state(conf, &defs[i], err, sizeof(err)), err);
   return conf;
@@ -604,7 +609,7 @@ static prosody_result_t msgs_msg(prosody_context_t *ctx,
   return PROSODY_SUCCESS;
 }
 
-T_SCENARIO(message_collections_keep_records_and_load_them_again, T_BOTH, 120) {
+static int message_collections(void) {
   const char *topic = t_topic("state-msgs");
   prosody_state_def_t defs[4] = {PROSODY_STATE_DEF_INIT, PROSODY_STATE_DEF_INIT,
                                  PROSODY_STATE_DEF_INIT,
@@ -626,6 +631,17 @@ T_SCENARIO(message_collections_keep_records_and_load_them_again, T_BOTH, 120) {
   snprintf(group, sizeof(group), "%s-g", topic);
   run(group, topic, defs, 4, &h, KEYS * 2);
   return 0;
+}
+
+T_SCENARIO(message_collections_keep_records_and_load_them_again, T_BOTH, 120) {
+  return message_collections();
+}
+
+/* The loader that reads the records again is deferral's: it starts without
+ * the defer layer too. */
+T_SCENARIO(message_collections_load_without_deferral, T_MOCK, 120) {
+  no_deferral = 1;
+  return message_collections();
 }
 
 /* ---- configuration ------------------------------------------------------ */

@@ -184,45 +184,111 @@ napi_value pn_client_state_open(napi_env env, napi_callback_info info) {
   return r;
 }
 
+/* Bytes to copy `s` (and its NUL), or 0 for NULL. */
+static size_t span(const char *s, size_t len) { return s ? len + 1 : 0; }
+
+/* Copies `len` bytes of `s` and a NUL to *p, advancing it; NULL stays
+ * NULL. */
+static const char *copy_at(char **p, const char *s, size_t len) {
+  char *to = *p;
+  if (!s)
+    return NULL;
+  memcpy(to, s, len);
+  to[len] = '\0';
+  *p += len + 1;
+  return to;
+}
+
 /* Engine thread (or the calling one, before prosody_state_async returns):
- * copies the result, which is valid during the call only, and hands it
- * to the JS thread. */
+ * copies the result, which is valid during the call only (a MESSAGE
+ * collection's records too: they are freed with it), and hands it to the
+ * JS thread. One allocation: the items, the records (when there are any),
+ * then their strings. */
 static void state_cb(prosody_err_t err, const char *errstr,
                      const prosody_state_result_t *r, void *opaque) {
   op_t *op = opaque;
   op->err = err;
   op->errstr = err && errstr ? strdup(errstr) : NULL;
   if (!err && r) {
-    size_t total = r->n * sizeof(prosody_state_item_t);
+    size_t total = r->n * sizeof(prosody_state_item_t), nmsgs = 0;
     char *p;
     op->number = r->number;
-    for (size_t i = 0; i < r->n; i++)
-      total += (r->items[i].key ? r->items[i].key_len + 1 : 0) +
-               (r->items[i].json ? r->items[i].json_len + 1 : 0);
+    for (size_t i = 0; i < r->n; i++) {
+      const prosody_state_item_t *it = &r->items[i];
+      const prosody_message_t *m = it->message;
+      total += span(it->key, it->key_len) + span(it->json, it->json_len);
+      if (m) {
+        const char *key = prosody_message_key(m);
+        nmsgs++;
+        total +=
+            strlen(prosody_message_topic(m)) + 1 +
+            span(key, key ? strlen(key) : 0) +
+            span(prosody_message_payload(m), prosody_message_payload_len(m));
+      }
+    }
+    if (nmsgs)
+      total += r->n * sizeof(state_msg_t);
     if (r->n && !(op->items = malloc(total))) {
       op->err = PROSODY_ERR_NOMEM;
       op->errstr = strdup("out of memory copying a keyed-state result");
     } else if (r->n) {
       p = (char *)(op->items + r->n);
+      if (nmsgs) {
+        op->msgs = (state_msg_t *)p;
+        p = (char *)(op->msgs + r->n);
+      }
       for (size_t i = 0; i < r->n; i++) {
         const prosody_state_item_t *from = &r->items[i];
+        const prosody_message_t *m = from->message;
         prosody_state_item_t *to = &op->items[i];
         *to = *from;
-        if (from->key) {
-          memcpy(p, from->key, from->key_len + 1);
-          to->key = p;
-          p += from->key_len + 1;
-        }
-        if (from->json) {
-          memcpy(p, from->json, from->json_len + 1);
-          to->json = p;
-          p += from->json_len + 1;
+        to->message = NULL;
+        to->key = copy_at(&p, from->key, from->key_len);
+        to->json = copy_at(&p, from->json, from->json_len);
+        if (nmsgs) {
+          state_msg_t *x = &op->msgs[i];
+          const char *topic = m ? prosody_message_topic(m) : NULL;
+          const char *key = m ? prosody_message_key(m) : NULL;
+          memset(x, 0, sizeof(*x));
+          if (!m)
+            continue;
+          x->topic = copy_at(&p, topic, strlen(topic));
+          x->key = copy_at(&p, key, key ? strlen(key) : 0);
+          x->payload_len = prosody_message_payload_len(m);
+          x->payload = copy_at(&p, prosody_message_payload(m), x->payload_len);
+          x->partition = prosody_message_partition(m);
+          x->offset = prosody_message_offset(m);
+          x->timestamp = prosody_message_timestamp(m);
         }
       }
       op->n = r->n;
     }
   }
   prosody_queue_push(op->c->mb.q, &op->item);
+}
+
+/* A record of a result as [topic, partition, offset, timestamp, key,
+ * payload], what bridge.c gives for a delivered message (JS thread). */
+static napi_value state_msg_value(napi_env env, const state_msg_t *x) {
+  napi_value v, e;
+  napi_create_array_with_length(env, 6, &v);
+  napi_create_string_utf8(env, x->topic, NAPI_AUTO_LENGTH, &e);
+  napi_set_element(env, v, 0, e);
+  napi_create_int32(env, x->partition, &e);
+  napi_set_element(env, v, 1, e);
+  napi_create_double(env, (double)x->offset, &e);
+  napi_set_element(env, v, 2, e);
+  napi_create_double(env, (double)x->timestamp, &e);
+  napi_set_element(env, v, 3, e);
+  if (x->key) {
+    napi_create_string_utf8(env, x->key, NAPI_AUTO_LENGTH, &e);
+    napi_set_element(env, v, 4, e);
+  }
+  if (x->payload) {
+    napi_create_string_utf8(env, x->payload, x->payload_len, &e);
+    napi_set_element(env, v, 5, e);
+  }
+  return v;
 }
 
 napi_value pn_state_result(napi_env env, const op_t *op) {
@@ -240,6 +306,8 @@ napi_value pn_state_result(napi_env env, const op_t *op) {
     x = null;
     if (it->json)
       napi_create_string_utf8(env, it->json, it->json_len, &x);
+    else if (op->msgs && op->msgs[i].topic)
+      x = state_msg_value(env, &op->msgs[i]);
     napi_set_element(env, v, (uint32_t)(2 + 2 * i), x);
   }
   return v;
@@ -252,25 +320,30 @@ static int is_nullish(napi_env env, napi_value v) {
 }
 
 /* stateOp(handle, op, key, json, keys, index, after, limit, backward,
- * keysOnly) -> Promise of [number, key, json, ...]. key, json, keys and
- * after may be null; index.js has checked the arguments' types. */
+ * keysOnly, refTopic, refPartition, refOffset) -> Promise of [number, key,
+ * json, ...]. key, json, keys, after and refTopic may be null; refTopic
+ * with its partition and offset names the record a MESSAGE collection's
+ * write keeps (one this client delivered); index.js has checked the
+ * arguments' types. */
 napi_value pn_client_state_op(napi_env env, napi_callback_info info) {
-  size_t argc = 10, klen = 0, jlen = 0, alen = 0;
+  size_t argc = 13, klen = 0, jlen = 0, alen = 0, tlen = 0;
   uint32_t nkeys = 0;
-  napi_value argv[10], promise;
+  napi_value argv[13], promise;
   client_t *c;
   prosody_state_t *st;
   int32_t kind;
-  double index = 0, limit = 0;
+  int32_t ref_partition = 0;
+  double index = 0, limit = 0, ref_offset = 0;
   bool backward = false, keys_only = false;
-  char *key = NULL, *json = NULL, *after = NULL, **keys = NULL, err[512];
+  char *key = NULL, *json = NULL, *after = NULL, *ref_topic = NULL;
+  char **keys = NULL, err[512];
   prosody_state_args_t a = PROSODY_STATE_ARGS_INIT;
   op_t *op = NULL;
   prosody_err_t rc;
   if (!(c = pn_unwrap_client(env, info, &argc, argv)))
     return NULL;
-  if (argc < 10) {
-    napi_throw_type_error(env, NULL, "stateOp: 10 arguments expected");
+  if (argc < 13) {
+    napi_throw_type_error(env, NULL, "stateOp: 13 arguments expected");
     return NULL;
   }
   CHECK(env, napi_get_value_external(env, argv[0], (void **)&st));
@@ -279,12 +352,16 @@ napi_value pn_client_state_op(napi_env env, napi_callback_info info) {
   napi_get_value_double(env, argv[7], &limit);
   napi_get_value_bool(env, argv[8], &backward);
   napi_get_value_bool(env, argv[9], &keys_only);
+  napi_get_value_int32(env, argv[11], &ref_partition);
+  napi_get_value_double(env, argv[12], &ref_offset);
   if ((!is_nullish(env, argv[2]) &&
        !(key = pn_string_copy(env, argv[2], "key", &klen))) ||
       (!is_nullish(env, argv[3]) &&
        !(json = pn_string_copy(env, argv[3], "value", &jlen))) ||
       (!is_nullish(env, argv[6]) &&
-       !(after = pn_string_copy(env, argv[6], "after", &alen))))
+       !(after = pn_string_copy(env, argv[6], "after", &alen))) ||
+      (!is_nullish(env, argv[10]) &&
+       !(ref_topic = pn_string_copy(env, argv[10], "topic", &tlen))))
     goto fail;
   if (!is_nullish(env, argv[4])) {
     if (napi_get_array_length(env, argv[4], &nkeys) != napi_ok) {
@@ -318,6 +395,9 @@ napi_value pn_client_state_op(napi_env env, napi_callback_info info) {
   a.limit = limit > 0 ? (size_t)limit : 0;
   a.backward = backward;
   a.keys_only = keys_only;
+  a.ref_topic = ref_topic;
+  a.ref_partition = ref_partition;
+  a.ref_offset = (int64_t)ref_offset;
   op->item.kind = IT_STATE;
   op->op = kind;
   op->c = c;
@@ -341,6 +421,7 @@ done:
   free(key);
   free(json);
   free(after);
+  free(ref_topic);
   for (uint32_t i = 0; keys && i < nkeys; i++)
     free(keys[i]);
   free(keys);

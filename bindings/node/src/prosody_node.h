@@ -132,6 +132,19 @@ typedef struct event {
   struct event *cancel_next; /* call_js's list of drained cancellations */
 } event_t;
 
+/* A record of a MESSAGE collection's result, copied out of the
+ * prosody_message_t on the engine thread (that message is freed with the
+ * result); its strings are in the op's items allocation. */
+typedef struct state_msg {
+  const char *topic;
+  const char *key; /* or NULL */
+  const char *payload;
+  size_t payload_len;
+  int64_t offset;
+  int64_t timestamp;
+  int32_t partition;
+} state_msg_t;
+
 /* A timer call, a send or a keyed-state operation in flight: made on the
  * JS thread, filled by its callback on libprosody's thread, then pushed to
  * the mailbox; settled and freed on the JS thread. */
@@ -145,8 +158,10 @@ typedef struct op {
   int64_t *times;              /* IT_OP: PROSODY_TIMER_SCHEDULED's times */
   prosody_state_item_t *items; /* IT_STATE: the result's items, their
                                   strings in the same allocation */
-  int64_t number;              /* IT_STATE: the result's number */
-  size_t n;                    /* times or items */
+  state_msg_t *msgs; /* IT_STATE: one per item (its record, or topic NULL)
+                        when the result has records; in items' allocation */
+  int64_t number;    /* IT_STATE: the result's number */
+  size_t n;          /* times or items */
 } op_t;
 
 /* A log line of the client's, copied on the thread that logged it. At most
@@ -233,7 +248,9 @@ napi_value pn_client_should_cancel(napi_env env, napi_callback_info info);
 napi_value pn_client_state_open(napi_env env, napi_callback_info info);
 napi_value pn_client_state_op(napi_env env, napi_callback_info info);
 /* The result of an IT_STATE op for its promise: [number, key, json, ...]
- * (null for an absent key or document). */
+ * (null for an absent key or document); in a MESSAGE collection each
+ * record is [topic, partition, offset, timestamp, key, payload] in place
+ * of json (key a hole when the record has none). */
 napi_value pn_state_result(napi_env env, const op_t *op);
 /* Registers the collections of `defs` (index.js's flat array, see
  * client.c) with `conf`; -1 with an exception pending. */

@@ -7,10 +7,10 @@
 const test = require('node:test');
 const assert = require('node:assert');
 const {
-  ProsodyClient, TransientError, PermanentError, TransientStateError, PermanentStateError, isStateError,
+  ProsodyClient, AdminClient, TransientError, PermanentError, TransientStateError, PermanentStateError, isStateError,
   value, map, deque, messageValue, messageMap, messageDeque,
 } = require('..');
-const { unique, Recorder, freshTopic, clientFactory, baseOptions } = require('./helpers');
+const { unique, Recorder, freshTopic, clientFactory, baseOptions, adminOptions } = require('./helpers');
 
 // A failure a test plans: the attempt fails (and is retried); any other
 // error a body throws is recorded, so a broken assertion fails the test
@@ -427,7 +427,6 @@ test('stateCollections is validated at construction', async () => {
     [[{ name: 'm', kind: 'map', payload: 'json', capacity: 3 }], 'stateCollections[0].capacity: only valid for deque collections'],
     [[deque('d', { capacity: 0 })], 'stateCollections[0].capacity: must be a whole number in 1..=9007199254740991, got 0'],
     [[COUNTER, value('counter')], 'stateCollections[1].name: collection "counter" is registered twice'],
-    [[messageValue('mv')], 'stateCollections[0].payload: "message" collections are not implemented in this package yet; use "json"'],
     [[value('p', { published: true })], 'stateCollections[0].published: published state is not implemented yet'],
     [[{ name: '', kind: 'value', payload: 'json' }], 'stateCollections[0].name: expected a non-empty string, got ""'],
   ];
@@ -441,7 +440,8 @@ test('stateCollections is validated at construction', async () => {
   const ok = await ProsodyClient.create({
     ...baseOptions(),
     stateCollections: [value('a', { ttlSeconds: 86400, readUncommitted: true }), map('b', { keysetLimit: 0 }),
-                       deque('c', { capacity: 1 }), { name: 'd', kind: 'map', payload: 'json', keysetLimit: 4096 }],
+                       deque('c', { capacity: 1 }), { name: 'd', kind: 'map', payload: 'json', keysetLimit: 4096 },
+                       messageValue('e'), messageMap('f', { keysetLimit: 3 }), messageDeque('g', { capacity: 2 })],
   });
   await ok.shutdown();
 });
@@ -462,6 +462,139 @@ test('a readUncommitted collection keeps a failed attempt\'s writes', async (t) 
     },
   ]);
   assert.deepStrictEqual(r, ['written through', null]);
+});
+
+// Message collections: they keep a delivered message (its coordinates) and
+// give it back loaded again from Kafka, as handlers receive messages.
+const LAST = messageValue('last');
+const BY_NAME = messageMap('by-name');
+const LOG = messageDeque('log');
+
+// A Message's fields, for comparing what a handler got with what a
+// collection gave back.
+const fields = (m) => ({ ...m });
+
+test('message collections give back the handler\'s own message in a later event of the key', async (t) => {
+  const [first, second, third] = await run(t, [LAST, BY_NAME, LOG], [
+    async (ctx, msg) => {
+      await ctx.state(LAST).set(msg);
+      await ctx.state(BY_NAME).set('first', msg);
+      await ctx.state(LOG).push(msg);
+      return fields(msg);
+    },
+    async (ctx, msg) => {
+      const m = ctx.state(BY_NAME);
+      const d = ctx.state(LOG);
+      const last = await ctx.state(LAST).get();
+      await ctx.state(LAST).set(msg);
+      await m.set('again', last); // one read back is a delivered message too
+      await d.unshift(msg);
+      return {
+        msg: fields(msg), last: fields(last), get: fields(await m.get('first')),
+        many: (await m.getMany(['first', 'none', 'again'])).map((x) => x && fields(x)),
+        entries: (await collect(m.entries('backward'))).map(([k, x]) => [k, fields(x)]),
+        values: (await collect(m.values())).map(fields),
+        front: fields(await d.at(0)), back: fields(await d.at(-1)), second: fields(await d.at(1)),
+        beyond: await d.at(2), all: (await collect(d.values())).map(fields), length: await d.length(),
+      };
+    },
+    async (ctx) => {
+      const d = ctx.state(LOG);
+      return { last: fields(await ctx.state(LAST).get()), popped: fields(await d.pop()),
+               shifted: fields(await d.shift()), empty: await d.pop() };
+    },
+  ]);
+  assert.deepStrictEqual(first.payload, { step: 0 });
+  assert.strictEqual(typeof first.offset, 'number', 'the constructor\'s contract: offsets are numbers');
+  assert.ok(first.timestamp instanceof Date && first.key === 'user-1');
+  const { msg } = second;
+  assert.deepStrictEqual(second.last, first);
+  assert.deepStrictEqual(second.get, first);
+  assert.deepStrictEqual(second.many, [first, null, first]);
+  assert.deepStrictEqual(second.entries, [['first', first], ['again', first]]);
+  assert.deepStrictEqual(second.values, [first, first]);
+  assert.deepStrictEqual([second.front, second.back, second.second, second.beyond], [msg, first, first, null]);
+  assert.deepStrictEqual([second.all, second.length], [[msg, first], 2]);
+  assert.deepStrictEqual(third, { last: msg, popped: first, shifted: msg, empty: null });
+});
+
+test('under create() a message read back has a bigint offset, like the handler\'s', async (t) => {
+  const topic = await freshTopic(1);
+  const c = await ProsodyClient.create({ ...baseOptions(), groupId: unique('g'), subscribedTopics: topic,
+                                         stateCollections: [LAST] });
+  t.after(() => c.shutdown());
+  const rec = new Recorder();
+  await c.subscribe({
+    async onMessage(ctx, msg) {
+      rec.add([fields(msg), await ctx.state(LAST).get()].map((m) => m && fields(m)));
+      await ctx.state(LAST).set(msg);
+    },
+    async onExcise() {},
+    async onTimer() {},
+  });
+  await c.send(topic, 'k', { n: 1 });
+  await rec.waitCount(1);
+  await c.send(topic, 'k', { n: 2 });
+  await rec.waitCount(2);
+  const [[first, none], [, back]] = rec.events;
+  assert.strictEqual(none, null);
+  assert.strictEqual(first.offset, 0n);
+  assert.deepStrictEqual(back, first);
+});
+
+test('has() and keys() of a message map do not load the records; get() does', async (t) => {
+  const topic = await freshTopic(1);
+  const make = clientFactory(t);
+  const c = make({ groupId: unique('g'), subscribedTopics: topic, stateCollections: [BY_NAME],
+                   loaderSeekTimeoutMs: 500, deferEnabled: false, maxRetries: 0 });
+  const rec = new Recorder();
+  await c.subscribe({
+    async onMessage(ctx, msg) {
+      const m = ctx.state(BY_NAME);
+      if (msg.payload.step === 0) {
+        await m.set('kept', msg);
+        rec.add('stored');
+        return;
+      }
+      // The record is gone with its topic: what reads only the store works.
+      await new AdminClient(adminOptions()).deleteTopic(topic);
+      const out = [await m.has('kept'), await collect(m.keys())];
+      out.push(await m.get('kept').then(() => 'loaded', (e) => e));
+      rec.add(out);
+    },
+  });
+  await c.send(topic, 'k', { step: 0 });
+  await rec.waitCount(1);
+  await c.send(topic, 'k', { step: 1 });
+  await rec.waitCount(2);
+  const [has, keys, failed] = rec.events[1];
+  assert.deepStrictEqual([has, keys], [true, ['kept']]);
+  // Not there in time: transient (a record Kafka says is gone would be permanent).
+  assert.ok(failed instanceof TransientStateError, String(failed));
+  assert.match(failed.message, /loading the record .* of "by-name" failed/);
+});
+
+test('a message collection takes only delivered messages; a JSON collection refuses them', async (t) => {
+  const [r] = await run(t, [COUNTER, PROFILE, QUEUE, LAST, BY_NAME, LOG], [
+    async (ctx, msg) => {
+      const attempts = [
+        () => ctx.state(LAST).set({ ...msg }), () => ctx.state(LAST).set(msg.payload),
+        () => ctx.state(BY_NAME).set('k', 'text'), () => ctx.state(LOG).push(null), () => ctx.state(LOG).unshift(7),
+        () => ctx.state(COUNTER).set(msg), () => ctx.state(PROFILE).set('k', msg), () => ctx.state(QUEUE).push(msg),
+      ];
+      const errors = [];
+      for (const a of attempts) errors.push(await Promise.resolve().then(a).then(() => 'resolved', (e) => e));
+      return [errors, await ctx.state(LAST).get(), await ctx.state(BY_NAME).has('k'), await ctx.state(LOG).length(),
+              await ctx.state(COUNTER).get(), await ctx.state(PROFILE).has('k'), await ctx.state(QUEUE).length()];
+    },
+  ]);
+  const [errors, ...stored] = r;
+  for (const e of errors) assert.ok(e instanceof TransientStateError, String(e));
+  const methods = ['set', 'set', 'set', 'push', 'unshift'];
+  errors.slice(0, 5).forEach((e, i) => assert.match(e.message, new RegExp(
+    `^${methods[i]}: expected a Kafka message; a JSON value cannot be stored in a message collection \\(`)));
+  for (const e of errors.slice(5)) assert.match(e.message, /^(set|push): a Kafka message cannot be stored in a JSON collection/);
+  assert.deepStrictEqual(stored, [null, false, 0, null, false, 0]);
 });
 
 test('the ES module entry exports the same keyed-state objects', async () => {
