@@ -13,7 +13,7 @@ handlers must also define `on_excise`. `new_client` and `maybe_await` below
 are the only concessions to them, so the latest release runs unchanged too.
 
   bench_python.py consume --label L [--records N] [--max-seconds S]
-                          [--max-concurrency C --max-uncommitted U]
+                          [--max-concurrency C --max-uncommitted U] [--state]
   bench_python.py send    --label L [--tasks T] [--count N] [--seconds S]
 
 consume: a fresh 4-partition topic (AdminClient), filled with N keyed JSON
@@ -25,6 +25,11 @@ not handled N records --max-seconds after the first, over that window
 (`window=` says which). CPU time is the whole process's (every thread:
 the package's native threads as well as the event loop), over the same
 window, per record handled.
+
+--state: the handler also adds one to a keyed-state value per record
+(`await ctx.state(count).get()` then `.set(...)`: keyed state of
+prosody-events >= 0.4, `state_collections=[value("count")]`), stored in
+Cassandra with each record's success; the setting is then "state".
 
 send: a fresh 4-partition topic, then T asyncio tasks each awaiting
 `client.send(topic, key, payload)` in a loop (same keys and payloads as
@@ -128,14 +133,18 @@ class Counter(EventHandler):
     first and the n-th record. Handlers are coroutines on the event loop
     thread in both packages, so the plain counter needs no lock."""
 
-    def __init__(self, n):
+    def __init__(self, n, state=None):
         self.n = n
+        self.state = state  # a value definition, or None
         self.count = 0
         self.first = self.last = None
         self.cpu_first = self.cpu_last = None
         self.done = asyncio.Event()
 
     async def on_message(self, context, message):
+        if self.state is not None:
+            st = context.state(self.state)
+            await st.set((await st.get() or 0) + 1)
         self.count += 1
         if self.count == 1:
             self.first = time.perf_counter()
@@ -162,7 +171,8 @@ async def consume(args):
 
 
 async def consume_topic(args, topic):
-    setting = "default" if args.max_concurrency is None else "wide"
+    setting = ("state" if args.state else
+               "default" if args.max_concurrency is None else "wide")
     t = time.perf_counter()
     subprocess.run([args.filler, args.bootstrap, topic, str(args.records)],
                    check=True)
@@ -175,8 +185,13 @@ async def consume_topic(args, topic):
         config["max_concurrency"] = args.max_concurrency
     if args.max_uncommitted is not None:
         config["max_uncommitted"] = args.max_uncommitted
+    state = None
+    if args.state:
+        from prosody import value  # keyed state: prosody-events >= 0.4
+        state = value("count")
+        config["state_collections"] = [state]
     client = await new_client(**config)
-    handler = Counter(args.records)
+    handler = Counter(args.records, state)
     subscribed = False
     try:
         subscribed_at = time.perf_counter()
@@ -209,6 +224,7 @@ async def consume_topic(args, topic):
           f"= {rate:.0f} records/s, {cpu:.2f} s CPU, first record "
           f"{join_s:.1f} s after subscribe", file=sys.stderr)
     options = ("" if setting == "default" else
+               " keyed_state=value-counter" if setting == "state" else
                f" max_concurrency={args.max_concurrency} "
                f"max_uncommitted={args.max_uncommitted}")
     print(f"bench python-consume-{setting}-{args.label} {rate:.0f} records/s "
@@ -282,6 +298,8 @@ def main():
     c.add_argument("--first-timeout", type=float, default=120.0)
     c.add_argument("--max-concurrency", type=int, default=None)
     c.add_argument("--max-uncommitted", type=int, default=None)
+    c.add_argument("--state", action="store_true",
+                   help="a keyed-state counter per key in the handler")
     c.add_argument("--filler", default=os.path.join(
         ROOT, os.environ.get("BENCH_BUILD", "build-release"), "bench", "bench_fill"))
     s = sub.choices["send"]

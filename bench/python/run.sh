@@ -137,5 +137,6 @@ scenario() {
 scenario python-consume-default records/s "" consume --records "$records" --max-seconds "$seconds"
 scenario python-consume-wide records/s "target=20000" consume --records "$records" --max-seconds "$seconds" \
   --max-concurrency 1024 --max-uncommitted 4096
+scenario python-consume-state records/s "target=ratio>=20" consume --records "$records" --max-seconds "$seconds" --state
 scenario python-send sends/s "" send --tasks 100 --count "$send_count" --seconds "$send_seconds"
 exit 0
