@@ -91,14 +91,63 @@ static long get_long(prosody_state_t *st) {
   return v;
 }
 
-/* A producing client (outside the consumers' group). */
-static void produce(const char *topic, int per_key, const char *fmt) {
-  char err[1024], key[32], payload[128];
+/* ---- shared by the counting scenarios --------------------------------- */
+
+/* A producing client outside the consumers' group. */
+static prosody_client_t *producer_client(void) {
+  char err[1024];
   prosody_config_t *conf = t_config();
   prosody_client_t *client;
   t_set(conf, "source_system", "state-test-producer");
   client = prosody_client_new(conf, err, sizeof(err));
   CHECK(client, "producer: %s", err);
+  return client;
+}
+
+/* `per` counted messages per key, ids "<prefix>-<k>-<i>", key by key in
+ * turn. */
+static void send_counted(prosody_client_t *p, const char *topic,
+                         const char *prefix, int per) {
+  char err[1024], key[32], payload[128];
+  for (int i = 0; i < per; i++)
+    for (int k = 0; k < KEYS; k++) {
+      snprintf(key, sizeof(key), "key-%d", k);
+      snprintf(payload, sizeof(payload), "{\"id\":\"%s-%d-%d\",\"i\":%d}",
+               prefix, k, i, i);
+      CHECK_OK(prosody_send(p, topic, key, payload, NULL, err, sizeof(err)),
+               err);
+    }
+}
+
+/* A probe per key: its handler records the key's count. */
+static void send_probes(prosody_client_t *p, const char *topic) {
+  char err[1024], key[32], payload[64];
+  for (int k = 0; k < KEYS; k++) {
+    snprintf(key, sizeof(key), "key-%d", k);
+    snprintf(payload, sizeof(payload), "{\"probe\":1,\"k\":%d}", k);
+    CHECK_OK(prosody_send(p, topic, key, payload, NULL, err, sizeof(err)), err);
+  }
+}
+
+/* Waits until every key's probe reported a count; how many did. */
+static int wait_probed(double seconds) {
+  int probed = 0;
+  for (double until = t_now() + seconds;;) {
+    pthread_mutex_lock(&lock);
+    probed = 0;
+    for (int k = 0; k < KEYS; k++)
+      probed += final_count[k] > 0;
+    pthread_mutex_unlock(&lock);
+    if (probed == KEYS || t_now() >= until)
+      return probed;
+    usleep(20000);
+  }
+}
+
+/* `per_key` messages per key, `fmt` given (i, k). */
+static void produce(const char *topic, int per_key, const char *fmt) {
+  char err[1024], key[32], payload[128];
+  prosody_client_t *client = producer_client();
   for (int i = 0; i < per_key; i++)
     for (int k = 0; k < KEYS; k++) {
       snprintf(key, sizeof(key), "key-%d", k);
@@ -829,8 +878,7 @@ T_SCENARIO(killed_between_state_and_commit_applies_each_message_once, T_REAL,
            180) {
   const char *topic = t_topic("state-crash");
   const char *args[4];
-  char group[128], err[1024], key[32], payload[128];
-  prosody_config_t *conf;
+  char group[128], err[1024];
   prosody_client_t *client;
   prosody_handler_t h = {crash_msg, NULL, NULL, 0};
   int fd, status = 0, got;
@@ -839,25 +887,9 @@ T_SCENARIO(killed_between_state_and_commit_applies_each_message_once, T_REAL,
   reset();
   t_create_topic(topic, 1);
   snprintf(group, sizeof(group), "%s-g", topic);
-  conf = t_config();
-  t_set(conf, "source_system", "state-test-producer");
-  client = prosody_client_new(conf, err, sizeof(err));
-  CHECK(client, "producer: %s", err);
-  for (int i = 0; i < CRASH_PER_KEY; i++)
-    for (int k = 0; k < KEYS; k++) {
-      snprintf(key, sizeof(key), "key-%d", k);
-      snprintf(payload, sizeof(payload), "{\"id\":\"c-%d-%d\",\"i\":%d}", k, i,
-               i);
-      CHECK_OK(
-          prosody_send(client, topic, key, payload, NULL, err, sizeof(err)),
-          err);
-    }
-  for (int k = 0; k < KEYS; k++) {
-    snprintf(key, sizeof(key), "key-%d", k);
-    snprintf(payload, sizeof(payload), "{\"probe\":1,\"k\":%d}", k);
-    CHECK_OK(prosody_send(client, topic, key, payload, NULL, err, sizeof(err)),
-             err);
-  }
+  client = producer_client();
+  send_counted(client, topic, "c", CRASH_PER_KEY);
+  send_probes(client, topic);
   prosody_client_destroy(client);
 
   /* The first consumer stores three events' state and dies before their
@@ -878,16 +910,7 @@ T_SCENARIO(killed_between_state_and_commit_applies_each_message_once, T_REAL,
   CHECK(client, "client: %s", err);
   CHECK_OK(prosody_subscribe(client, &h, err, sizeof(err)), err);
   got = t_wait_locked(&lock, &events, KEYS, 60);
-  for (double until = t_now() + 60; t_now() < until;) {
-    int probed = 0;
-    pthread_mutex_lock(&lock);
-    for (int k = 0; k < KEYS; k++)
-      probed += final_count[k] > 0;
-    pthread_mutex_unlock(&lock);
-    if (probed == KEYS)
-      break;
-    usleep(20000);
-  }
+  wait_probed(60);
   CHECK_OK(prosody_unsubscribe(client), "unsubscribe");
   prosody_client_destroy(client);
   CHECK(got >= KEYS, "only %d events handled after the crash", got);
@@ -917,10 +940,7 @@ T_SCENARIO(state_the_store_refuses_fails_the_event_permanently, T_MOCK, 60) {
   reset();
   t_create_topic(topic, 1);
   snprintf(group, sizeof(group), "%s-g", topic);
-  conf = t_config();
-  t_set(conf, "source_system", "state-test-producer");
-  client = prosody_client_new(conf, err, sizeof(err));
-  CHECK(client, "producer: %s", err);
+  client = producer_client();
   for (int i = 0; i < 3; i++) {
     snprintf(payload, sizeof(payload), "{\"id\":\"r-%d\",\"i\":%d}", i, i);
     CHECK_OK(
@@ -990,7 +1010,6 @@ T_SCENARIO(cells_expire_after_their_ttl, T_BOTH, 90) {
   prosody_state_def_t def = PROSODY_STATE_DEF_INIT;
   prosody_handler_t h = {ttl_msg, NULL, NULL, 0};
   prosody_client_t *consumer, *producer;
-  prosody_config_t *conf;
   char group[128], err[1024];
   double gone = -1, written = 0;
   int fresh = 0, sent = 1;
@@ -1004,10 +1023,7 @@ T_SCENARIO(cells_expire_after_their_ttl, T_BOTH, 90) {
       prosody_client_new(state_config(group, topic, &def, 1), err, sizeof(err));
   CHECK(consumer, "client: %s", err);
   CHECK_OK(prosody_subscribe(consumer, &h, err, sizeof(err)), err);
-  conf = t_config();
-  t_set(conf, "source_system", "state-test-producer");
-  producer = prosody_client_new(conf, err, sizeof(err));
-  CHECK(producer, "producer: %s", err);
+  producer = producer_client();
   CHECK_OK(prosody_send(producer, topic, "key-0", "{\"w\":1}", NULL, err,
                         sizeof(err)),
            err);
@@ -1049,7 +1065,6 @@ T_SCENARIO(sigkill_at_random_points_leaves_exact_counters, T_REAL, 240) {
   const char *topic = t_topic("state-kills");
   const char *args[5];
   char group[128], err[1024], key[32], payload[128], line[256];
-  prosody_config_t *conf;
   prosody_client_t *client;
   prosody_handler_t h = {crash_msg, NULL, NULL, 0};
   unsigned seed = getenv("PROSODY_TEST_SEED")
@@ -1063,10 +1078,7 @@ T_SCENARIO(sigkill_at_random_points_leaves_exact_counters, T_REAL, 240) {
   reset();
   t_create_topic(topic, 2);
   snprintf(group, sizeof(group), "%s-g", topic);
-  conf = t_config();
-  t_set(conf, "source_system", "state-test-producer");
-  client = prosody_client_new(conf, err, sizeof(err));
-  CHECK(client, "producer: %s", err);
+  client = producer_client();
   for (int i = 0; i < PER; i++)
     for (int k = 0; k < KEYS; k++) {
       snprintf(key, sizeof(key), "key-%d", k);
@@ -1103,26 +1115,12 @@ T_SCENARIO(sigkill_at_random_points_leaves_exact_counters, T_REAL, 240) {
     printf("kill %d: after %.2f s\n", kill_no + 1, after);
   }
 
-  for (int k = 0; k < KEYS; k++) {
-    snprintf(key, sizeof(key), "key-%d", k);
-    snprintf(payload, sizeof(payload), "{\"probe\":1,\"k\":%d}", k);
-    CHECK_OK(prosody_send(client, topic, key, payload, NULL, err, sizeof(err)),
-             err);
-  }
+  send_probes(client, topic);
   prosody_client_destroy(client);
   client = prosody_client_new(crash_config(group, topic), err, sizeof(err));
   CHECK(client, "client: %s", err);
   CHECK_OK(prosody_subscribe(client, &h, err, sizeof(err)), err);
-  for (double until = t_now() + 120; t_now() < until;) {
-    int probed = 0;
-    pthread_mutex_lock(&lock);
-    for (int k = 0; k < KEYS; k++)
-      probed += final_count[k] > 0;
-    pthread_mutex_unlock(&lock);
-    if (probed == KEYS)
-      break;
-    usleep(50000);
-  }
+  wait_probed(120);
   got = t_wait_locked(&lock, &events, 0, 0);
   CHECK_OK(prosody_unsubscribe(client), "unsubscribe");
   prosody_client_destroy(client);
@@ -1146,7 +1144,6 @@ static prosody_result_t slow_count(prosody_context_t *ctx,
 T_SCENARIO(partitions_move_with_state_in_flight, T_BOTH, 180) {
   const char *topic = t_topic("state-move");
   char group[128], err[1024], key[32], payload[128];
-  prosody_config_t *conf;
   prosody_client_t *producer, *a, *b;
   prosody_handler_t h = {slow_count, NULL, NULL, 0};
   enum { PER = 300 };
@@ -1155,10 +1152,7 @@ T_SCENARIO(partitions_move_with_state_in_flight, T_BOTH, 180) {
   reset();
   t_create_topic(topic, 4);
   snprintf(group, sizeof(group), "%s-g", topic);
-  conf = t_config();
-  t_set(conf, "source_system", "state-test-producer");
-  producer = prosody_client_new(conf, err, sizeof(err));
-  CHECK(producer, "producer: %s", err);
+  producer = producer_client();
   for (int i = 0; i < PER; i++)
     for (int k = 0; k < KEYS; k++) {
       snprintf(key, sizeof(key), "key-%d", k);
@@ -1181,22 +1175,9 @@ T_SCENARIO(partitions_move_with_state_in_flight, T_BOTH, 180) {
   CHECK(prosody_assigned_partition_count(b) > 0, "b got no partition");
   CHECK_OK(prosody_unsubscribe(a), "unsubscribe a");
   prosody_client_destroy(a);
-  for (int k = 0; k < KEYS; k++) {
-    snprintf(key, sizeof(key), "key-%d", k);
-    snprintf(payload, sizeof(payload), "{\"probe\":1,\"k\":%d}", k);
-    CHECK_OK(
-        prosody_send(producer, topic, key, payload, NULL, err, sizeof(err)),
-        err);
-  }
+  send_probes(producer, topic);
   prosody_client_destroy(producer);
-  for (double until = t_now() + 120; probed < KEYS && t_now() < until;) {
-    usleep(20000);
-    pthread_mutex_lock(&lock);
-    probed = 0;
-    for (int k = 0; k < KEYS; k++)
-      probed += final_count[k] > 0;
-    pthread_mutex_unlock(&lock);
-  }
+  probed = wait_probed(120);
   CHECK_OK(prosody_unsubscribe(b), "unsubscribe b");
   prosody_client_destroy(b);
   CHECK(probed == KEYS, "%d of %d keys probed", probed, KEYS);
@@ -1251,11 +1232,9 @@ static prosody_result_t timer_state_fire(prosody_context_t *ctx,
 
 T_SCENARIO(timer_handlers_write_state_too, T_BOTH, 120) {
   const char *topic = t_topic("state-timers");
-  char group[128], err[1024], key[32], payload[64];
-  prosody_config_t *conf;
+  char group[128], err[1024], key[32];
   prosody_client_t *producer, *client;
   prosody_handler_t h = {timer_state_msg, timer_state_fire, NULL, 0};
-  int probed = 0;
 
   reset();
   pthread_mutex_lock(&lock);
@@ -1263,10 +1242,7 @@ T_SCENARIO(timer_handlers_write_state_too, T_BOTH, 120) {
   pthread_mutex_unlock(&lock);
   t_create_topic(topic, 2);
   snprintf(group, sizeof(group), "%s-g", topic);
-  conf = t_config();
-  t_set(conf, "source_system", "state-test-producer");
-  producer = prosody_client_new(conf, err, sizeof(err));
-  CHECK(producer, "producer: %s", err);
+  producer = producer_client();
   client = prosody_client_new(crash_config(group, topic), err, sizeof(err));
   CHECK(client, "client: %s", err);
   CHECK_OK(prosody_subscribe(client, &h, err, sizeof(err)), err);
@@ -1278,21 +1254,8 @@ T_SCENARIO(timer_handlers_write_state_too, T_BOTH, 120) {
   }
   CHECK(t_wait_locked(&lock, &timers_fired, KEYS, 60) == KEYS,
         "timers did not fire");
-  for (int k = 0; k < KEYS; k++) {
-    snprintf(key, sizeof(key), "key-%d", k);
-    snprintf(payload, sizeof(payload), "{\"probe\":1,\"k\":%d}", k);
-    CHECK_OK(
-        prosody_send(producer, topic, key, payload, NULL, err, sizeof(err)),
-        err);
-  }
-  for (double until = t_now() + 60; probed < KEYS && t_now() < until;) {
-    usleep(20000);
-    pthread_mutex_lock(&lock);
-    probed = 0;
-    for (int k = 0; k < KEYS; k++)
-      probed += final_count[k] > 0;
-    pthread_mutex_unlock(&lock);
-  }
+  send_probes(producer, topic);
+  wait_probed(60);
   CHECK_OK(prosody_unsubscribe(client), "unsubscribe");
   prosody_client_destroy(client);
   prosody_client_destroy(producer);
