@@ -195,18 +195,7 @@ async def run(args: argparse.Namespace) -> str:
             await member.stop()
         return check(members, sent) + f"; wall {time.monotonic() - t0:.1f} s"
     finally:
-        for m in members:
-            try:
-                await m.stop()
-            except Failure as e:
-                print(f"interop: {e}", file=sys.stderr)
-        cluster = Cluster([CASSANDRA.split(":")[0]], port=int(CASSANDRA.split(":")[1]))
-        cluster.connect().execute(f"DROP KEYSPACE IF EXISTS {keyspace}")
-        cluster.shutdown()
-        try:
-            await admin.delete_topic(topic)
-        except Exception as e:  # noqa: BLE001 - best effort cleanup
-            print(f"interop: could not delete topic {topic}: {e}", file=sys.stderr)
+        await cleanup(members, keyspace, admin, topic)
 
 
 def check(members: List[Member], sent: Dict[Tuple[str, int], Dict[str, Any]]) -> str:
@@ -269,8 +258,11 @@ def sent_round(timer_event: Dict[str, Any], sent: Dict[Tuple[str, int], Dict[str
     return -1
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def members_main(doc: str, title: str,
+                 run_fn: Callable[[argparse.Namespace], Any]) -> int:
+    """The command line of a scenario whose members run in turn (--python
+    and --label, in order; --log-dir): runs `run_fn`, prints its summary."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--python", action="append", required=True,
                     help="a member's interpreter (its venv), in order; repeat")
     ap.add_argument("--label", action="append", required=True,
@@ -280,13 +272,29 @@ def main() -> int:
     if len(args.label) != len(args.python):
         ap.error("give one --label per --python")
     try:
-        summary = asyncio.run(run(args))
+        summary = asyncio.run(run_fn(args))
     except Failure as e:
-        print(f"interop group move: FAILED: {e}", file=sys.stderr)
+        print(f"interop {title}: FAILED: {e}", file=sys.stderr)
         return 1
-    print(f"interop group move: passed: {summary}")
+    print(f"interop {title}: passed: {summary}")
     return 0
 
 
+async def cleanup(members: List[Member], keyspace: str, admin: Any, topic: str) -> None:
+    """Stops the members, drops the keyspace and deletes the topic."""
+    for m in members:
+        try:
+            await m.stop()
+        except Failure as e:
+            print(f"interop: {e}", file=sys.stderr)
+    cluster = Cluster([CASSANDRA.split(":")[0]], port=int(CASSANDRA.split(":")[1]))
+    cluster.connect().execute(f"DROP KEYSPACE IF EXISTS {keyspace}")
+    cluster.shutdown()
+    try:
+        await admin.delete_topic(topic)
+    except Exception as e:  # noqa: BLE001 - best effort cleanup
+        print(f"interop: could not delete topic {topic}: {e}", file=sys.stderr)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(members_main(__doc__, "group move", run))

@@ -22,16 +22,13 @@ passed; the keyspace and topic are dropped either way.
 """
 
 import argparse
-import asyncio
 import sys
 import time
 import uuid
 from pathlib import Path
 from typing import Any, Dict, List
 
-from cassandra.cluster import Cluster  # cassandra-driver, test-only
-
-from group_move import BOOTSTRAP, CASSANDRA, Failure, Member
+from group_move import BOOTSTRAP, Failure, Member, cleanup, members_main
 from prosody import AdminClient, ProsodyClient
 
 KEYS = 6
@@ -92,38 +89,8 @@ async def run(args: argparse.Namespace) -> str:
                 f"{WRITES} writes per key and member; every report held every write before it, "
                 f"whoever wrote it; wall {time.monotonic() - t0:.1f} s")
     finally:
-        for m in members:
-            try:
-                await m.stop()
-            except Failure as e:
-                print(f"interop: {e}", file=sys.stderr)
-        cluster = Cluster([CASSANDRA.split(":")[0]], port=int(CASSANDRA.split(":")[1]))
-        cluster.connect().execute(f"DROP KEYSPACE IF EXISTS {keyspace}")
-        cluster.shutdown()
-        try:
-            await admin.delete_topic(topic)
-        except Exception as e:  # noqa: BLE001 - best effort cleanup
-            print(f"interop: could not delete topic {topic}: {e}", file=sys.stderr)
-
-
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--python", action="append", required=True,
-                    help="a member's interpreter (its venv), in order; repeat")
-    ap.add_argument("--label", action="append", required=True,
-                    help="a member's implementation, for the report; one per --python")
-    ap.add_argument("--log-dir", required=True)
-    args = ap.parse_args()
-    if len(args.label) != len(args.python):
-        ap.error("give one --label per --python")
-    try:
-        summary = asyncio.run(run(args))
-    except Failure as e:
-        print(f"interop keyed state: FAILED: {e}", file=sys.stderr)
-        return 1
-    print(f"interop keyed state: passed: {summary}")
-    return 0
+        await cleanup(members, keyspace, admin, topic)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(members_main(__doc__, "keyed state", run))
