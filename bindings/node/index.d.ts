@@ -130,6 +130,10 @@ export interface ClientConfiguration extends Configuration {
    * definitions made by `value()`, `map()`, `deque()`, or plain objects of the same shape. Names are
    * unique; checked when the client is made. */
   stateCollections?: readonly StateCollectionConfig[] | null;
+  /** Checked (1 to 64 bytes), not used yet: published state and requests are not implemented. */
+  subsystem?: string | null;
+  /** Checked (host:port), not used yet: requests are not served. */
+  peerBindAddress?: string | null;
 }
 
 /** `offset` is a `number` for a client made with `new ProsodyClient()` and a `bigint` for one

@@ -1403,6 +1403,43 @@ static prosody_err_t check_not_below(const pr__settings_t *st, pr__opt_id_t hi,
   return PROSODY_ERR_CONFIG;
 }
 
+/* subsystem: at most 64 bytes (the string type trims it and refuses it
+ * empty). */
+static prosody_err_t check_subsystem(const pr__settings_t *st, char *errstr,
+                                     size_t errstr_size) {
+  const char *v = PR_CFG_STR(st, SUBSYSTEM);
+  size_t n = v ? strlen(v) : 0;
+  if (n > 64) {
+    pr__errf(errstr, errstr_size,
+             "option subsystem (PROSODY_SUBSYSTEM) is %zu bytes; expected a "
+             "name of 1 to 64 bytes",
+             n);
+    return PROSODY_ERR_CONFIG;
+  }
+  return PROSODY_OK;
+}
+
+/* peer_bind_address: host:port, the port 0 to 65535. */
+static prosody_err_t check_peer_bind(const pr__settings_t *st, char *errstr,
+                                     size_t errstr_size) {
+  const char *v = PR_CFG_SET(st, PEER_BIND_ADDRESS)
+                      ? PR_CFG_STR(st, PEER_BIND_ADDRESS)
+                      : NULL;
+  const char *colon = v ? strrchr(v, ':') : NULL;
+  char *end = NULL;
+  long port = colon ? strtol(colon + 1, &end, 10) : -1;
+  if (!v)
+    return PROSODY_OK;
+  if (!colon || colon == v || !colon[1] || *end || port < 0 || port > 65535) {
+    pr__errf(errstr, errstr_size,
+             "option peer_bind_address (PROSODY_PEER_BIND_ADDRESS) is \"%s\"; "
+             "expected host:port, the port 0 to 65535 (e.g. 127.0.0.1:0)",
+             v);
+    return PROSODY_ERR_CONFIG;
+  }
+  return PROSODY_OK;
+}
+
 prosody_err_t pr__settings_check_client(const pr__settings_t *st, char *errstr,
                                         size_t errstr_size) {
   prosody_err_t err = pr__settings_check_kafka(st, errstr, errstr_size);
@@ -1412,6 +1449,9 @@ prosody_err_t pr__settings_check_client(const pr__settings_t *st, char *errstr,
                              errstr, errstr_size)) ||
       (err = check_not_below(st, PR_OPT_DEFER_MAX_DELAY, PR_OPT_DEFER_BASE,
                              errstr, errstr_size)))
+    return err;
+  if ((err = check_subsystem(st, errstr, errstr_size)) ||
+      (err = check_peer_bind(st, errstr, errstr_size)))
     return err;
   if (PR_CFG_ENUM(st, MODE) == PR_MODE_LOW_LATENCY &&
       !PR_CFG_SET(st, FAILURE_TOPIC)) {

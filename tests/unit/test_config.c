@@ -626,6 +626,43 @@ static void test_cross_checks(void **state) {
                        "low-latency", "failure_topic", "dlq",      NULL};
     assert_int_equal(validate_with(p, err, sizeof(err)), PROSODY_OK);
   }
+  /* The original's programs pass subsystem and peer_bind_address: checked,
+   * though nothing uses them yet. */
+  {
+    const char *p[] = {
+        "mock",      "true",      "group_id",          "g",
+        "subsystem", " billing ", "peer_bind_address", "127.0.0.1:0",
+        NULL};
+    assert_int_equal(validate_with(p, err, sizeof(err)), PROSODY_OK);
+  }
+  {
+    prosody_config_t *conf = prosody_config_new();
+    assert_int_equal(
+        prosody_config_set(conf, "subsystem", "   ", err, sizeof(err)),
+        PROSODY_ERR_CONFIG);
+    contains(err, "option subsystem (PROSODY_SUBSYSTEM): empty");
+    prosody_config_destroy(conf);
+  }
+  {
+    const char *p[] = {"mock",
+                       "true",
+                       "group_id",
+                       "g",
+                       "subsystem",
+                       "a-name-of-sixty-five-bytes-a-name-of-sixty-five-bytes-"
+                       "0123456789x",
+                       NULL};
+    assert_int_equal(validate_with(p, err, sizeof(err)), PROSODY_ERR_CONFIG);
+    contains(err, "expected a name of 1 to 64 bytes");
+  }
+  {
+    const char *p[] = {
+        "mock", "true", "group_id", "g", "peer_bind_address", "localhost:70000",
+        NULL};
+    assert_int_equal(validate_with(p, err, sizeof(err)), PROSODY_ERR_CONFIG);
+    contains(err, "peer_bind_address (PROSODY_PEER_BIND_ADDRESS)");
+    contains(err, "expected host:port, the port 0 to 65535");
+  }
   /* A client refuses the same configuration and leaves conf with the
    * caller. */
   {

@@ -135,6 +135,8 @@ class ProsodyClient:
         topic_retention: Optional[Duration] = ...,
         log: Optional[str] = ...,
         state_collections: Optional[Sequence[_Definition]] = ...,
+        subsystem: Optional[str] = ...,
+        peer_bind_address: Optional[str] = ...,
     ) -> None: ...
     @classmethod
     def create(cls, **options: Any) -> Awaitable["ProsodyClient"]:
