@@ -37,7 +37,7 @@ import math
 import operator
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import (Any, AsyncIterator, ClassVar, Dict, Generic, List, Literal, Optional,
+from typing import (Any, AsyncIterator, ClassVar, Dict, FrozenSet, Generic, List, Literal, Optional,
                     Sequence, Tuple, TypeVar, Union, overload)
 
 from prosody.errors import NullValueError, PermanentStateError, TransientStateError
@@ -331,7 +331,7 @@ def _collection_configs(collections_: Any) -> List[Tuple[str, int, int, int, int
     return out
 
 
-def _message_names(collections_: Any) -> frozenset:
+def _message_names(collections_: Any) -> FrozenSet[str]:
     """The names of the message collections of ``state_collections`` (None:
     none); called by the client once ``_collection_configs`` accepted
     them."""
