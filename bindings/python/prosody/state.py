@@ -379,11 +379,6 @@ def _delivered(value: Any) -> bool:
 
 
 def _encode(value: Any, what: str, instead: str) -> str:
-    if _delivered(value):
-        raise TransientStateError(
-            f"{what}: a Kafka message cannot be stored in a JSON collection; store its "
-            "payload, or use a message collection (state.message_value, message_map, "
-            "message_deque)")
     if value is None:
         raise NullValueError(f"{what}: None cannot be stored; use {instead} to delete")
     try:
@@ -445,6 +440,11 @@ class _Handle:
         collection the delivered message's coordinates."""
         if self._message:
             return _ref(value, what, self._name)
+        if _delivered(value):
+            raise TransientStateError(
+                f'{what}: a Kafka message cannot be stored in a JSON collection ("{self._name}"); '
+                "store its payload, or use a message collection (state.message_value, "
+                "message_map, message_deque)")
         return {"json": _encode(value, what, instead)}
 
     @property

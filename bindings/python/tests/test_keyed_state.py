@@ -815,9 +815,11 @@ async def test_message_collections_take_only_delivered_messages(harness):
     for e in errors[2:6]:
         assert "expected a Kafka message; a JSON value cannot be stored in a message " \
             "collection" in str(e)
-    for e, what in zip(errors[6:], ("ValueState.set", "MapState.set", "DequeState.appendleft")):
-        assert str(e).startswith(f"{what}: a Kafka message cannot be stored in a JSON "
-                                 "collection"), e
+    for e, what, name in zip(errors[6:], ("ValueState.set", "MapState.set",
+                                          "DequeState.appendleft"),
+                             ("cart", "totals", "backlog")):
+        assert str(e).startswith(f'{what}: a Kafka message cannot be stored in a JSON '
+                                 f'collection ("{name}")'), e
     assert stored == [None, False, 0, None, False, 0]
 
 
