@@ -21,9 +21,12 @@ commit. A handle is valid only during the invocation that opened it.
 Values are JSON documents (``json.dumps`` / ``json.loads``); a top-level
 ``None`` cannot be stored (``NullValueError``): use ``clear()`` or
 ``remove()``. Collections of Kafka messages (``message_value``,
-``message_map``, ``message_deque``) are not implemented by this package yet,
-nor is published state (by libprosody): registering one fails at ``create``
-with a message that says so.
+``message_map``, ``message_deque``) keep a ``Message`` this package gave a
+handler (its own, or one read back from a message collection) by reference
+(topic, partition, offset) and give it back loaded again from Kafka, equal
+to what ``on_message`` received; a record Kafka no longer has is a
+``PermanentStateError``. Published state is not implemented (by
+libprosody): registering it fails at ``create`` with a message that says so.
 """
 
 import asyncio
@@ -34,10 +37,11 @@ import math
 import operator
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import (Any, AsyncIterator, ClassVar, Dict, Generic, List, Literal, Optional,
+from typing import (Any, AsyncIterator, ClassVar, Dict, FrozenSet, Generic, List, Literal, Optional,
                     Sequence, Tuple, TypeVar, Union, overload)
 
 from prosody.errors import NullValueError, PermanentStateError, TransientStateError
+from prosody.message import Message
 
 __all__ = [
     "Direction",
@@ -178,7 +182,7 @@ class DequeDefinition(_Json, Generic[T]):
 
 @dataclass(frozen=True)
 class MessageValueDefinition(_Named, Generic[P]):
-    """A value of a Kafka message (not implemented by this package yet)."""
+    """A collection holding one Kafka message per key."""
 
     kind: ClassVar[str] = "value"
     payload: ClassVar[str] = "message"
@@ -186,7 +190,7 @@ class MessageValueDefinition(_Named, Generic[P]):
 
 @dataclass(frozen=True)
 class MessageMapDefinition(_Named, Generic[P]):
-    """A map of Kafka messages (not implemented by this package yet)."""
+    """A collection holding a string-keyed map of Kafka messages per key."""
 
     kind: ClassVar[str] = "map"
     payload: ClassVar[str] = "message"
@@ -195,7 +199,7 @@ class MessageMapDefinition(_Named, Generic[P]):
 
 @dataclass(frozen=True)
 class MessageDequeDefinition(_Named, Generic[P]):
-    """A deque of Kafka messages (not implemented by this package yet)."""
+    """A collection holding a double-ended queue of Kafka messages per key."""
 
     kind: ClassVar[str] = "deque"
     payload: ClassVar[str] = "message"
@@ -226,19 +230,21 @@ def deque(name: str, *, ttl: Ttl = None, read_uncommitted: Optional[bool] = None
 
 def message_value(name: str, *, ttl: Ttl = None,
                   read_uncommitted: Optional[bool] = None) -> MessageValueDefinition[Any]:
-    """A value of a Kafka message (refused at ``create``: not implemented yet)."""
+    """A message value collection: one Kafka message (a ``Message`` a handler
+    was given) per key, kept by reference and loaded again on reads."""
     return MessageValueDefinition(name, ttl, read_uncommitted)
 
 
 def message_map(name: str, *, ttl: Ttl = None, read_uncommitted: Optional[bool] = None,
                 keyset_limit: Optional[int] = None) -> MessageMapDefinition[Any]:
-    """A map of Kafka messages (refused at ``create``: not implemented yet)."""
+    """A message map collection: string keys to Kafka messages, per key."""
     return MessageMapDefinition(name, ttl, read_uncommitted, keyset_limit)
 
 
 def message_deque(name: str, *, ttl: Ttl = None, read_uncommitted: Optional[bool] = None,
                   capacity: Optional[int] = None) -> MessageDequeDefinition[Any]:
-    """A deque of Kafka messages (refused at ``create``: not implemented yet)."""
+    """A message deque collection: Kafka messages pushed and popped at both
+    ends; ``capacity`` drops items from the other end past it."""
     return MessageDequeDefinition(name, ttl, read_uncommitted, capacity)
 
 
@@ -284,9 +290,6 @@ def _collection_configs(collections_: Any) -> List[Tuple[str, int, int, int, int
             raise ValueError(f'{where}.kind: expected "value", "map", or "deque", got {kind!r}')
         if payload not in _PAYLOADS:
             raise ValueError(f'{where}.payload: expected "json" or "message", got {payload!r}')
-        if payload == "message":
-            raise ValueError(f'{where}.payload: "message" collections are not implemented in '
-                             'this package yet; use "json"')
         ttl = conf.get("ttl_seconds")
         if ttl is None:
             ttl_s = 0
@@ -328,6 +331,16 @@ def _collection_configs(collections_: Any) -> List[Tuple[str, int, int, int, int
     return out
 
 
+def _message_names(collections_: Any) -> FrozenSet[str]:
+    """The names of the message collections of ``state_collections`` (None:
+    none); called by the client once ``_collection_configs`` accepted
+    them."""
+    if collections_ is None:
+        return frozenset()
+    return frozenset(c[0] for c in _collection_configs(collections_)
+                     if c[2] == _PAYLOADS["message"])
+
+
 # ---------------------------------------------------------------------------
 # Handles
 # ---------------------------------------------------------------------------
@@ -347,17 +360,22 @@ def _bind(context: Any, definition: Any) -> Any:
     if not isinstance(name, str) or not name or "\0" in name:
         raise TransientStateError(f"state: the definition's name must be a non-empty string, "
                                   f"got {name!r}")
-    native, kind = context._state_open(name)
+    native, kind, payload = context._state_open(name)
     want = _KINDS[definition.kind]
-    # This package registers JSON collections only, so that is the payload
-    # of every collection it opens.
-    if kind != want or definition.payload != "json":
+    if kind != want or payload != _PAYLOADS[definition.payload]:
         kinds = {v: k for k, v in _KINDS.items()}
+        payloads = {v: k for k, v in _PAYLOADS.items()}
         raise PermanentStateError(
-            f'state: collection "{name}" is registered as a json {kinds.get(kind, kind)}, '
-            f"not a {definition.payload} {definition.kind}")
+            f'state: collection "{name}" is registered as a {payloads.get(payload, payload)} '
+            f"{kinds.get(kind, kind)}, not a {definition.payload} {definition.kind}")
     cls = ValueState if want == 0 else MapState if want == 1 else DequeState
-    return cls(native, name)
+    return cls(native, name, payload == _PAYLOADS["message"])
+
+
+def _delivered(value: Any) -> bool:
+    """Whether ``value`` is a Message this package gave a handler (the
+    native layer marks those; one made in Python has no ``_core``)."""
+    return isinstance(value, Message) and getattr(value, "_core", None) is True
 
 
 def _encode(value: Any, what: str, instead: str) -> str:
@@ -369,8 +387,26 @@ def _encode(value: Any, what: str, instead: str) -> str:
         raise TransientStateError(f"{what}: the value has no JSON form: {e}") from e
 
 
-def _decode(doc: Optional[str]) -> Any:
-    return None if doc is None else json.loads(doc)
+def _decode(doc: Any) -> Any:
+    """An item's document: JSON text is parsed; a message collection's item
+    is a Message already (the native layer made it), or None."""
+    return json.loads(doc) if isinstance(doc, str) else doc
+
+
+def _ref(value: Any, what: str, name: str) -> Dict[str, Any]:
+    """What a message collection's write passes for ``value``: the
+    coordinates of a delivered Message; anything else is refused."""
+    if not _delivered(value):
+        if isinstance(value, Message):
+            got = "a Message made in Python (not one Prosody delivered)"
+        else:
+            got = f"a {type(value).__name__}"
+        raise TransientStateError(
+            f"{what}: expected a Kafka message; a JSON value cannot be stored in a message "
+            f'collection ("{name}" keeps messages a handler was given: its own message or one '
+            f"read back from a message collection; got {got})")
+    return {"ref_topic": value.topic, "ref_partition": value.partition,
+            "ref_offset": value.offset}
 
 
 def _map_key(key: Any, what: str) -> str:
@@ -392,11 +428,24 @@ def _direction(direction: Any) -> bool:
 
 
 class _Handle:
-    __slots__ = ("_native", "_name")
+    __slots__ = ("_native", "_name", "_message")
 
-    def __init__(self, native: Any, name: str) -> None:
+    def __init__(self, native: Any, name: str, message: bool = False) -> None:
         self._native = native
         self._name = name
+        self._message = message  # a message collection: items are Messages
+
+    def _item(self, value: Any, what: str, instead: str) -> Dict[str, Any]:
+        """A write's arguments for ``value``: its JSON text, or in a message
+        collection the delivered message's coordinates."""
+        if self._message:
+            return _ref(value, what, self._name)
+        if _delivered(value):
+            raise TransientStateError(
+                f'{what}: a Kafka message cannot be stored in a JSON collection ("{self._name}"); '
+                "store its payload, or use a message collection (state.message_value, "
+                "message_map, message_deque)")
+        return {"json": _encode(value, what, instead)}
 
     @property
     def name(self) -> str:
@@ -432,8 +481,9 @@ class ValueState(_Handle, Generic[T]):
         return _decode(items[0][1]) if items else None
 
     async def set(self, value: T) -> None:
-        """Stores ``value`` (JSON; not None: use clear())."""
-        await self._native.call(_SET, json=_encode(value, "ValueState.set", "clear()"))
+        """Stores ``value`` (JSON; not None: use clear()). In a message
+        collection: a Message a handler was given."""
+        await self._native.call(_SET, **self._item(value, "ValueState.set", "clear()"))
 
 
 class _Scan(Generic[T]):
@@ -509,10 +559,11 @@ class MapState(_Handle, Generic[V]):
         return bool(n)
 
     async def set(self, key: str, value: V) -> None:
-        """Stores ``value`` (JSON; not None: use remove()) at ``key``."""
+        """Stores ``value`` (JSON; not None: use remove()) at ``key``. In a
+        message collection: a Message a handler was given."""
         key = _map_key(key, "MapState.set")
         await self._native.call(_SET, key=key,
-                                json=_encode(value, "MapState.set", "remove(key)"))
+                                **self._item(value, "MapState.set", "remove(key)"))
 
     async def remove(self, key: str) -> None:
         """Removes ``key`` (absent: nothing happens)."""
@@ -544,13 +595,13 @@ class DequeState(_Handle, Generic[T]):
         """Pushes ``item`` at the back (past the capacity, the front item
         is dropped)."""
         await self._native.call(_PUSH_BACK,
-                                json=_encode(item, "DequeState.append", "pop() or clear()"))
+                                **self._item(item, "DequeState.append", "pop() or clear()"))
 
     async def appendleft(self, item: T) -> None:
         """Pushes ``item`` at the front (past the capacity, the back item
         is dropped)."""
         await self._native.call(
-            _PUSH_FRONT, json=_encode(item, "DequeState.appendleft", "popleft() or clear()"))
+            _PUSH_FRONT, **self._item(item, "DequeState.appendleft", "popleft() or clear()"))
 
     async def _one(self, op: int) -> Optional[T]:
         items, _ = await self._native.call(op)

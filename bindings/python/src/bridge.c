@@ -207,34 +207,43 @@ prosody_result_t pp_c_on_timer(prosody_context_t *ctx,
   return push_event(opaque, IT_TIMER, ctx, timer);
 }
 
-static PyObject *build_message(const prosody_message_t *m) {
-  PyObject *topic = NULL, *part = NULL, *off = NULL, *ts = NULL, *key = NULL,
-           *payload = NULL, *r = NULL;
-  const json_t *j = prosody_message_json(m);
-  int64_t t = prosody_message_timestamp(m);
-  if (!(topic = PyUnicode_FromString(prosody_message_topic(m))) ||
-      !(part = PyLong_FromLong(prosody_message_partition(m))) ||
-      !(off = PyLong_FromLongLong(prosody_message_offset(m))) ||
-      !(ts = t >= 0 ? pp_from_ms(t) : Py_NewRef(Py_None)) ||
-      !(key = PyUnicode_FromString(prosody_message_key(m))))
+PyObject *pp_message_new(const char *topic, int32_t partition, int64_t offset,
+                         int64_t ts, const char *key, PyObject *payload) {
+  PyObject *t = NULL, *part = NULL, *off = NULL, *time = NULL, *k = NULL,
+           *r = NULL;
+  if (!payload)
+    return NULL;
+  if (!(t = PyUnicode_FromString(topic)) ||
+      !(part = PyLong_FromLong(partition)) ||
+      !(off = PyLong_FromLongLong(offset)) ||
+      !(time = ts >= 0 ? pp_from_ms(ts) : Py_NewRef(Py_None)) ||
+      !(k = key ? PyUnicode_FromString(key) : Py_NewRef(Py_None)))
     goto out;
-  if (j)
-    payload = json_to_py(j);
-  else
-    payload =
-        PyObject_CallFunction(FnJsonLoads, "s#", prosody_message_payload(m),
-                              (Py_ssize_t)prosody_message_payload_len(m));
-  if (payload)
-    r = PyObject_CallFunctionObjArgs(ClsMessage, topic, part, off, ts, key,
-                                     payload, NULL);
+  r = PyObject_CallFunctionObjArgs(ClsMessage, t, part, off, time, k, payload,
+                                   NULL);
+  /* Past the frozen dataclass's __setattr__: a Message made in Python has
+   * no `_core`, so a MESSAGE collection refuses it. */
+  if (r && PyObject_GenericSetAttr(r, S__core, Py_True))
+    Py_CLEAR(r);
 out:
-  Py_XDECREF(topic);
+  Py_XDECREF(t);
   Py_XDECREF(part);
   Py_XDECREF(off);
-  Py_XDECREF(ts);
-  Py_XDECREF(key);
-  Py_XDECREF(payload);
+  Py_XDECREF(time);
+  Py_XDECREF(k);
+  Py_DECREF(payload);
   return r;
+}
+
+static PyObject *build_message(const prosody_message_t *m) {
+  const json_t *j = prosody_message_json(m);
+  PyObject *payload =
+      j ? json_to_py(j)
+        : PyObject_CallFunction(FnJsonLoads, "s#", prosody_message_payload(m),
+                                (Py_ssize_t)prosody_message_payload_len(m));
+  return pp_message_new(prosody_message_topic(m), prosody_message_partition(m),
+                        prosody_message_offset(m), prosody_message_timestamp(m),
+                        prosody_message_key(m), payload);
 }
 
 /* An excise record (no payload) as prosody.message.ExciseMessage. */

@@ -66,6 +66,19 @@ static int client_init(PyObject *self, PyObject *args, PyObject *kwargs) {
   }
   if (!(conf = pp_config_from(kwargs)))
     return -1;
+  {
+    /* Which collections keep messages: Context.state() gives them
+     * handles that store and give back Messages. */
+    PyObject *states =
+        kwargs ? PyDict_GetItemString(kwargs, "state_collections") : NULL;
+    Py_XSETREF(c->message_states,
+               PyObject_CallFunctionObjArgs(FnStateMessageNames,
+                                            states ? states : Py_None, NULL));
+    if (!c->message_states) {
+      prosody_config_destroy(conf);
+      return -1;
+    }
+  }
   for (int i = 0; i < 2; i++) {
     const char *opt = i ? "timer_spans" : "message_spans";
     if (!prosody_config_get(conf, opt, val, sizeof(val), NULL, err,
@@ -146,6 +159,7 @@ static void client_dealloc(ClientObject *c) {
   Py_CLEAR(c->unsub_fut);
   Py_CLEAR(c->shutdown_fut);
   Py_CLEAR(c->stop_exc);
+  Py_CLEAR(c->message_states);
   Py_TYPE(c)->tp_free((PyObject *)c);
 }
 

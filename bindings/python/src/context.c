@@ -226,6 +226,17 @@ void pp_op_resolve(pyop_t *op) {
       if (v) {
         r = PyObject_CallMethodObjArgs(op->fut, S_set_result, v, NULL);
         Py_DECREF(v);
+      } else {
+        /* E.g. a record's payload json.loads refuses: the awaiting
+         * handler gets the error rather than waiting for ever. */
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyErr_NormalizeException(&type, &value, &tb);
+        if (value)
+          r = PyObject_CallMethodObjArgs(op->fut, S_set_exception, value, NULL);
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
       }
     }
   }

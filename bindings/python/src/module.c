@@ -25,11 +25,11 @@ PyObject *S_create_future, *S_create_task, *S_add_done_callback, *S_set_result,
     *S_set_exception, *S_cancelled, *S_exception, *S_done,
     *S_call_soon_threadsafe, *S_add_reader, *S_remove_reader,
     *S_run_in_executor, *S_run, *S_end, *S_record_exception, *S_is_permanent,
-    *S_await, *S_anext, *S_is_closed;
+    *S_await, *S_anext, *S_is_closed, *S__core;
 
 PyObject *FnForwardLogs;
 PyObject *ErrTransientState, *ErrPermanentState;
-PyObject *FnStateBind, *FnStateConfigs;
+PyObject *FnStateBind, *FnStateConfigs, *FnStateMessageNames;
 
 /* ------------------------------------------------------------------------ */
 /* Errors                                                                   */
@@ -208,7 +208,8 @@ static int intern_all(void) {
                {&S_is_permanent, "is_permanent"},
                {&S_await, "__await__"},
                {&S_anext, "__anext__"},
-               {&S_is_closed, "is_closed"}};
+               {&S_is_closed, "is_closed"},
+               {&S__core, "_core"}};
   for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
     if (!(*names[i].p = PyUnicode_InternFromString(names[i].s)))
       return -1;
@@ -241,6 +242,7 @@ PyMODINIT_FUNC PyInit_prosody(void) {
             pp_attr_of("prosody.errors", "PermanentStateError")) ||
       !(FnStateBind = pp_attr_of("prosody.state", "_bind")) ||
       !(FnStateConfigs = pp_attr_of("prosody.state", "_collection_configs")) ||
+      !(FnStateMessageNames = pp_attr_of("prosody.state", "_message_names")) ||
       !(otel = pp_attr_of("prosody._support", "OTEL")) ||
       !(FnGetRunningLoop = pp_attr_of("asyncio", "get_running_loop")) ||
       !(FnJsonDumps = pp_attr_of("json", "dumps")) ||

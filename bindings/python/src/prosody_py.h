@@ -93,11 +93,12 @@ extern PyObject *S_create_future, *S_create_task, *S_add_done_callback,
     *S_set_result, *S_set_exception, *S_cancelled, *S_exception, *S_done,
     *S_call_soon_threadsafe, *S_add_reader, *S_remove_reader,
     *S_run_in_executor, *S_run, *S_end, *S_record_exception, *S_is_permanent,
-    *S_await, *S_anext, *S_is_closed;
+    *S_await, *S_anext, *S_is_closed, *S__core;
 
 extern PyObject *FnForwardLogs; /* prosody._support.forward_logs */
 extern PyObject *ErrTransientState, *ErrPermanentState; /* prosody.errors */
 extern PyObject *FnStateBind, *FnStateConfigs;          /* prosody.state */
+extern PyObject *FnStateMessageNames;                   /* prosody.state */
 
 /* ------------------------------------------------------------------------ */
 /* The mailbox (bridge.c)                                                   */
@@ -163,6 +164,9 @@ typedef struct {
                              handler raised in this drain, re-raised after it */
   PyObject *log_sink;     /* capsule of its log_sink_t */
   PyObject *log_loop;     /* the loop watching the sink's queue, or NULL */
+  /* frozenset: the names of its MESSAGE collections (set by init, then
+   * read only; GIL) */
+  PyObject *message_states;
 } ClientObject;
 
 typedef struct {
@@ -183,6 +187,20 @@ typedef struct {
   pid_t pid;
 } AdminObject;
 
+/* A record of a MESSAGE collection's result, copied out of its
+ * prosody_message_t on the engine thread (that message is freed with the
+ * result); its strings are in the op's items block. topic NULL: the item
+ * has no record (absent, or a keys-only scan). */
+typedef struct pp_state_msg {
+  const char *topic;
+  const char *key; /* or NULL */
+  const char *payload;
+  size_t payload_len;
+  int64_t offset;
+  int64_t timestamp; /* ms, or -1 */
+  int32_t partition;
+} pp_state_msg_t;
+
 /* Timer and keyed-state calls: the op travels to libprosody and back
  * through the mailbox. Filled by its callback (a libprosody thread) before
  * the push, read on the loop thread after the take. */
@@ -198,6 +216,9 @@ typedef struct pyop {
   size_t n;                    /* of times, or of items */
   prosody_state_item_t *items; /* state: the result's items, copied into
                                   one block with their strings */
+  pp_state_msg_t *msgs;        /* state: one per item when the result has
+                                  records (MESSAGE collections), in the
+                                  items block; else NULL */
   int64_t number;              /* state: the result's number */
 } pyop_t;
 
@@ -261,6 +282,13 @@ prosody_result_t pp_c_on_message(prosody_context_t *ctx,
                                  const prosody_message_t *msg, void *opaque);
 prosody_result_t pp_c_on_timer(prosody_context_t *ctx,
                                const prosody_timer_t *timer, void *opaque);
+/* A prosody.message.Message this package delivers (to on_message, or read
+ * back from a MESSAGE collection): marked as such (its `_core`), which is
+ * what a MESSAGE collection's write accepts. `key` may be NULL (None);
+ * `ts` in ms, or negative for none; `payload` is taken (NULL passes an
+ * error through). Loop thread. */
+PyObject *pp_message_new(const char *topic, int32_t partition, int64_t offset,
+                         int64_t ts, const char *key, PyObject *payload);
 /* The loop's reader for the mailbox: handles every item queued since the
  * last wake-up (self: the client). */
 PyObject *pp_client_drain(PyObject *self, PyObject *unused);
@@ -302,7 +330,7 @@ PyObject *pp_context_state_open(PyObject *self, PyObject *name);
 /* A state call's exception object (a StateError), for its error. */
 PyObject *pp_state_error_object(prosody_err_t err, const char *msg);
 /* A state call's result, (items, number): items a list of (key, json)
- * (each str or None). */
+ * (each str or None; in a MESSAGE collection a Message in place of json). */
 PyObject *pp_state_result(const pyop_t *op);
 /* Registers state_collections (a sequence of definitions) with `conf`:
  * 0, or -1 with ValueError set naming the entry. */

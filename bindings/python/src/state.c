@@ -3,7 +3,8 @@
  * half of prosody.state. Context.state(definition) calls prosody.state's
  * _bind, which opens the collection here (Context._state_open ->
  * prosody_state_open) and wraps the native handle (StateHandle) in a
- * ValueState, MapState or DequeState. A handle's call() starts
+ * ValueState, MapState or DequeState (in a MESSAGE collection their items
+ * are Messages, pp_message_new's). A handle's call() starts
  * prosody_state_async and returns a future; the result comes back as a
  * timer call's does (context.c): the callback, on the engine thread, copies
  * the result into the op and pushes it to the mailbox (never touching a
@@ -74,6 +75,9 @@ PyObject *pp_context_state(PyObject *self, PyObject *definition) {
   return PyObject_CallFunctionObjArgs(FnStateBind, self, definition, NULL);
 }
 
+/* _state_open(name) -> (handle, kind, payload): payload is the
+ * registration's (the client's message_states), which prosody_state_open
+ * does not say. */
 PyObject *pp_context_state_open(PyObject *self, PyObject *name) {
   ContextObject *cx = (ContextObject *)self;
   StateObject *h;
@@ -93,51 +97,100 @@ PyObject *pp_context_state_open(PyObject *self, PyObject *name) {
     Py_DECREF(h);
     return state_raise(rc, err);
   }
-  return Py_BuildValue("(Ni)", (PyObject *)h, kind);
+  return Py_BuildValue("(Nii)", (PyObject *)h, kind,
+                       PySet_Contains(cx->client->message_states, name) > 0
+                           ? PROSODY_STATE_MESSAGE
+                           : PROSODY_STATE_JSON);
 }
 
 /* ------------------------------------------------------------------------ */
 /* Calls                                                                    */
 /* ------------------------------------------------------------------------ */
 
+/* Bytes to copy `s` (`len` of them) and a NUL; 0 for NULL. */
+static size_t span(const char *s, size_t len) { return s ? len + 1 : 0; }
+
+/* Copies `len` bytes of `s` and a NUL to *p, advancing it; NULL stays
+ * NULL. */
+static const char *copy_at(char **p, const char *s, size_t len) {
+  char *to = *p;
+  if (!s)
+    return NULL;
+  memcpy(to, s, len);
+  to[len] = 0;
+  *p += len + 1;
+  return to;
+}
+
+/* Bytes a record's copy takes: its topic, key and payload with NULs. */
+static size_t record_size(const prosody_message_t *m) {
+  const char *key = prosody_message_key(m);
+  return strlen(prosody_message_topic(m)) + 1 +
+         span(key, key ? strlen(key) : 0) +
+         span(prosody_message_payload(m), prosody_message_payload_len(m));
+}
+
+/* Copies record `m` (NULL: none, topic NULL) into *x, its strings at *p. */
+static void record_copy(pp_state_msg_t *x, const prosody_message_t *m,
+                        char **p) {
+  const char *key;
+  memset(x, 0, sizeof(*x));
+  if (!m)
+    return;
+  key = prosody_message_key(m);
+  x->topic =
+      copy_at(p, prosody_message_topic(m), strlen(prosody_message_topic(m)));
+  x->key = copy_at(p, key, key ? strlen(key) : 0);
+  x->payload_len = prosody_message_payload_len(m);
+  x->payload = copy_at(p, prosody_message_payload(m), x->payload_len);
+  x->partition = prosody_message_partition(m);
+  x->offset = prosody_message_offset(m);
+  x->timestamp = prosody_message_timestamp(m);
+}
+
 /* Engine thread (or the caller's, before prosody_state_async returns): the
- * result is valid during this call only, so it is copied, items and
- * strings into one block. */
+ * result is valid during this call only (a MESSAGE collection's records
+ * too: they are freed with it), so it is copied into one block: the items,
+ * the records (when there are any), then their strings. No Python object
+ * is touched here. */
 static void state_done_cb(prosody_err_t err, const char *errstr,
                           const prosody_state_result_t *r, void *opaque) {
   pyop_t *op = opaque;
-  size_t size, n = !err && r ? r->n : 0;
+  size_t size, nmsgs = 0, n = !err && r ? r->n : 0;
   char *p;
   if (!err && r)
     op->number = r->number;
   if (n) {
     size = n * sizeof(prosody_state_item_t);
-    for (size_t i = 0; i < n; i++)
-      size += (r->items[i].key ? r->items[i].key_len + 1 : 0) +
-              (r->items[i].json ? r->items[i].json_len + 1 : 0);
+    for (size_t i = 0; i < n; i++) {
+      const prosody_state_item_t *it = &r->items[i];
+      size += span(it->key, it->key_len) + span(it->json, it->json_len);
+      if (it->message) {
+        nmsgs++;
+        size += record_size(it->message);
+      }
+    }
+    if (nmsgs)
+      size += n * sizeof(pp_state_msg_t);
     if (!(op->items = malloc(size))) {
       pp_op_post(op, PROSODY_ERR_NOMEM,
                  "keyed state: out of memory copying a result");
       return;
     }
     p = (char *)(op->items + n);
+    if (nmsgs) {
+      op->msgs = (pp_state_msg_t *)p;
+      p = (char *)(op->msgs + n);
+    }
     for (size_t i = 0; i < n; i++) {
       const prosody_state_item_t *from = &r->items[i];
       prosody_state_item_t *to = &op->items[i];
       *to = *from;
-      to->message = NULL; /* JSON collections only: none to keep */
-      if (from->key) {
-        memcpy(p, from->key, from->key_len);
-        p[from->key_len] = 0;
-        to->key = p;
-        p += from->key_len + 1;
-      }
-      if (from->json) {
-        memcpy(p, from->json, from->json_len);
-        p[from->json_len] = 0;
-        to->json = p;
-        p += from->json_len + 1;
-      }
+      to->message = NULL; /* freed with the result: copied into msgs */
+      to->key = copy_at(&p, from->key, from->key_len);
+      to->json = copy_at(&p, from->json, from->json_len);
+      if (nmsgs)
+        record_copy(&op->msgs[i], from->message, &p);
     }
     op->n = n;
   }
@@ -149,12 +202,27 @@ static PyObject *text_or_none(const char *s, size_t n) {
            : Py_NewRef(Py_None);
 }
 
+/* An item's document: its JSON text, or in a MESSAGE collection its
+ * record as a delivered Message (the payload parsed as on_message's is),
+ * or None. */
+static PyObject *item_doc(const pyop_t *op, size_t i) {
+  const prosody_state_item_t *it = &op->items[i];
+  const pp_state_msg_t *x = op->msgs ? &op->msgs[i] : NULL;
+  if (!x || !x->topic)
+    return text_or_none(it->json, it->json_len);
+  return pp_message_new(
+      x->topic, x->partition, x->offset, x->timestamp, x->key,
+      x->payload ? PyObject_CallFunction(FnJsonLoads, "s#", x->payload,
+                                         (Py_ssize_t)x->payload_len)
+                 : Py_NewRef(Py_None));
+}
+
 PyObject *pp_state_result(const pyop_t *op) {
   PyObject *items = PyList_New((Py_ssize_t)op->n);
   for (size_t i = 0; items && i < op->n; i++) {
     const prosody_state_item_t *it = &op->items[i];
     PyObject *k = text_or_none(it->key, it->key_len);
-    PyObject *j = k ? text_or_none(it->json, it->json_len) : NULL;
+    PyObject *j = k ? item_doc(op, i) : NULL;
     PyObject *t = j ? PyTuple_Pack(2, k, j) : NULL;
     Py_XDECREF(k);
     Py_XDECREF(j);
@@ -168,11 +236,17 @@ PyObject *pp_state_result(const pyop_t *op) {
 }
 
 /* handle.call(op, key=None, json=None, keys=None, index=0, after=None,
- * limit=0, backward=False, keys_only=False) -> future of (items, number).
- * The arguments are prosody_state_args_t's. */
+ * limit=0, backward=False, keys_only=False, ref_topic=None,
+ * ref_partition=0, ref_offset=0) -> future of (items, number). The
+ * arguments are prosody_state_args_t's; ref_* name the record a MESSAGE
+ * collection's write keeps (prosody.state passes only a delivered
+ * Message's). */
 static PyObject *state_call(PyObject *self, PyObject *args, PyObject *kw) {
-  static char *names[] = {"op",    "key",   "json",     "keys",      "index",
-                          "after", "limit", "backward", "keys_only", NULL};
+  static char *names[] = {"op",        "key",           "json",
+                          "keys",      "index",         "after",
+                          "limit",     "backward",      "keys_only",
+                          "ref_topic", "ref_partition", "ref_offset",
+                          NULL};
   StateObject *h = (StateObject *)self;
   prosody_state_args_t a = PROSODY_STATE_ARGS_INIT;
   Py_ssize_t key_len = 0, json_len = 0, after_len = 0, nkeys = 0;
@@ -180,15 +254,18 @@ static PyObject *state_call(PyObject *self, PyObject *args, PyObject *kw) {
   const char **cks = NULL;
   long long index = 0;
   Py_ssize_t limit = 0;
-  int op_kind, backward = 0, keys_only = 0;
+  int op_kind, backward = 0, keys_only = 0, ref_partition = 0;
+  long long ref_offset = 0;
   pyop_t *op = NULL;
   char err[512];
   prosody_err_t rc;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "i|z#z#OLz#npp", names, &op_kind,
-                                   &a.key, &key_len, &a.json, &json_len, &keys,
-                                   &index, &a.after, &after_len, &limit,
-                                   &backward, &keys_only))
+  if (!PyArg_ParseTupleAndKeywords(
+          args, kw, "i|z#z#OLz#nppziL", names, &op_kind, &a.key, &key_len,
+          &a.json, &json_len, &keys, &index, &a.after, &after_len, &limit,
+          &backward, &keys_only, &a.ref_topic, &ref_partition, &ref_offset))
     return NULL;
+  a.ref_partition = ref_partition;
+  a.ref_offset = ref_offset;
   if (context_usable(h->cx))
     return NULL;
   a.key_len = (size_t)key_len;
@@ -245,8 +322,9 @@ static PyMethodDef state_methods[] = {
     {"call", (PyCFunction)(void (*)(void))state_call,
      METH_VARARGS | METH_KEYWORDS,
      "call(op, key=None, json=None, keys=None, index=0, after=None, limit=0, "
-     "backward=False, keys_only=False) -> future of (items, number): one "
-     "prosody_state_async call (prosody.state wraps it)."},
+     "backward=False, keys_only=False, ref_topic=None, ref_partition=0, "
+     "ref_offset=0) -> future of (items, number): one prosody_state_async "
+     "call (prosody.state wraps it)."},
     {NULL}};
 
 PyTypeObject StateType = {

@@ -8,6 +8,7 @@ store). Cases of the original's suite carry its test names."""
 import asyncio
 import collections
 import contextlib
+import contextvars
 import dataclasses
 import math
 from datetime import timedelta
@@ -20,6 +21,7 @@ from conftest import REAL, WAIT, Recorder, admin_options, base_options, unique
 from prosody import (
     AdminClient,
     EventHandler,
+    Message,
     NullValueError,
     PermanentError,
     PermanentStateError,
@@ -41,6 +43,10 @@ DEFS = [CART, TOTALS, BACKLOG, BOUNDED, COUNT, DIRECT]
 
 Script = Callable[[Any, int], Awaitable[Any]]
 
+#: The message of the event a script runs for (each handler runs in a task
+#: of its own, so each sees its own).
+MESSAGE: "contextvars.ContextVar[Message]" = contextvars.ContextVar("MESSAGE")
+
 
 class Scripted(EventHandler):
     """Runs the script the payload names (``{"do": name}``) with the context
@@ -57,6 +63,7 @@ class Scripted(EventHandler):
         do = message.payload["do"]
         self.attempts[message.partition, message.offset] += 1
         attempt = self.attempts[message.partition, message.offset]
+        MESSAGE.set(message)
         try:
             result = await self.scripts[do](context, attempt)
         except Exception as e:
@@ -80,7 +87,7 @@ class Harness:
         self.topic = ""
         self.producer: Any = None
 
-    async def start(self, scripts: Dict[str, Script], defs: Any = None) -> None:
+    async def start(self, scripts: Dict[str, Script], defs: Any = None, **options: Any) -> None:
         self.topic = unique("py-state")
         await AdminClient(**admin_options()).create_topic(self.topic, 2)
         self.producer = await ProsodyClient.create(**base_options(),
@@ -88,7 +95,7 @@ class Harness:
         self.made.append(self.producer)
         consumer = await ProsodyClient.create(
             **base_options(), group_id=unique("g"), subscribed_topics=self.topic,
-            state_collections=DEFS if defs is None else defs)
+            state_collections=DEFS if defs is None else defs, **options)
         self.made.append(consumer)
         await consumer.subscribe(Scripted(self.rec, scripts))
 
@@ -559,18 +566,21 @@ async def test_leaked_handle_after_attempt_rejects_transient(harness):
 async def test_unregistered_name_is_permanent(harness):
     async def script(ctx, attempt):
         errors = []
-        for d in (state.value("nope"), state.map("cart"), state.message_value("cart")):
+        for d in (state.value("nope"), state.map("cart"), state.message_value("cart"),
+                  state.value("last"), state.message_map("last")):
             try:
                 ctx.state(d)
             except PermanentStateError as e:
                 errors.append(str(e))
         return errors
 
-    await harness.start({"s": script})
-    nope, wrong_kind, wrong_payload = await harness.run("s")
+    await harness.start({"s": script}, DEFS + [state.message_value("last")])
+    nope, wrong_kind, wrong_payload, json_of_message, map_of_value = await harness.run("s")
     assert '"nope"' in nope and "registered" in nope
     assert wrong_kind.endswith('"cart" is registered as a json value, not a json map')
     assert wrong_payload.endswith('"cart" is registered as a json value, not a message value')
+    assert json_of_message.endswith('"last" is registered as a message value, not a json value')
+    assert map_of_value.endswith('"last" is registered as a message value, not a message map')
 
 
 async def test_malformed_definition_at_vend_is_transient(harness):
@@ -669,6 +679,148 @@ async def test_rethrown_transient_state_error_retries(harness):
     await harness.start({"t": leaky})
     assert await harness.run("t") == 2
     assert [type(e) for _, e in harness.raised("t")] == [NullValueError]
+
+
+# ---------------------------------------------------------------------------
+# Message collections
+# ---------------------------------------------------------------------------
+
+LAST = state.message_value("last")
+BY_NAME = state.message_map("by-name")
+LOG = state.message_deque("log")
+MESSAGES = [LAST, BY_NAME, LOG]
+
+
+async def collect(it: Any) -> List[Any]:
+    return [x async for x in it]
+
+
+def same(a: Any, b: Any) -> bool:
+    """``a`` is a Message as the handler got ``b``: the same class, equal
+    fields (topic, partition, offset, timestamp, key, payload)."""
+    return type(a) is Message and type(b) is Message and a == b
+
+
+async def test_message_collections_give_back_the_handlers_message(harness):
+    async def store(ctx, attempt):
+        msg = MESSAGE.get()
+        await ctx.state(LAST).set(msg)
+        await ctx.state(BY_NAME).set("first", msg)
+        await ctx.state(LOG).append(msg)
+        return msg
+
+    async def read(ctx, attempt):
+        msg, m, d = MESSAGE.get(), ctx.state(BY_NAME), ctx.state(LOG)
+        last = await ctx.state(LAST).get()
+        await ctx.state(LAST).set(msg)
+        await m.set("again", last)  # one read back is a delivered message too
+        await d.appendleft(msg)
+        return {
+            "msg": msg, "last": last, "get": await m.get("first"),
+            "default": await m.get("none", "absent"),
+            "many": await m.get_many(["first", "none", "again"]),
+            "items": await collect(m.items(Direction.BACKWARD)),
+            "values": await collect(m.values()),
+            "keys": await collect(m.keys()), "contains": await m.contains("again"),
+            "at": [await d.get(0), await d.get(-1), await d.get(1), await d.get(2)],
+            "peeks": [await d.peekleft(), await d.peek()],
+            "all": await collect(d.values()), "size": await d.size(),
+        }
+
+    async def drain(ctx, attempt):
+        d = ctx.state(LOG)
+        return [await ctx.state(LAST).get(), await d.pop(), await d.popleft(), await d.pop()]
+
+    await harness.start({"store": store, "read": read, "drain": drain}, DEFS + MESSAGES)
+    first = await harness.run("store")
+    r = await harness.run("read")
+    msg = r["msg"]
+    assert first.payload == {"do": "store"} and first.key == "k" and first.timestamp
+    assert msg.offset > first.offset and msg.partition == first.partition
+    assert same(r["last"], first) and same(r["get"], first)
+    assert r["default"] == "absent"
+    assert r["many"][1] is None and same(r["many"][0], first) and same(r["many"][2], first)
+    assert [k for k, _ in r["items"]] == ["first", "again"]
+    assert all(same(v, first) for _, v in r["items"])
+    assert len(r["values"]) == 2 and all(same(v, first) for v in r["values"])
+    assert r["keys"] == ["again", "first"] and r["contains"] is True
+    assert same(r["at"][0], msg) and same(r["at"][1], first) and same(r["at"][2], first)
+    assert r["at"][3] is None
+    assert same(r["peeks"][0], msg) and same(r["peeks"][1], first)
+    assert len(r["all"]) == 2 and same(r["all"][0], msg) and same(r["all"][1], first)
+    assert r["size"] == 2
+    last, popped, shifted, empty = await harness.run("drain")
+    assert same(last, msg) and same(popped, first) and same(shifted, msg) and empty is None
+
+
+async def test_message_map_contains_and_keys_do_not_load_records(harness):
+    async def store(ctx, attempt):
+        await ctx.state(BY_NAME).set("kept", MESSAGE.get())
+
+    async def gone(ctx, attempt):
+        # The record goes with its topic: what reads only the store works.
+        await AdminClient(**admin_options()).delete_topic(harness.topic)
+        m = ctx.state(BY_NAME)
+        out: List[Any] = [await m.contains("kept"), await collect(m.keys())]
+        try:
+            out.append(await m.get("kept"))
+        except StateError as e:
+            out.append(e)
+        return out
+
+    await harness.start({"store": store, "gone": gone}, MESSAGES,
+                        loader_seek_timeout=0.5, defer_enabled=False)
+    await harness.run("store")
+    contains, keys, failed = await harness.run("gone")
+    assert contains is True and keys == ["kept"]
+    assert isinstance(failed, StateError), failed
+    assert 'loading the record' in str(failed) and '"by-name"' in str(failed), failed
+
+
+async def test_message_collections_take_only_delivered_messages(harness):
+    async def script(ctx, attempt):
+        msg = MESSAGE.get()
+        built = Message(msg.topic, msg.partition, msg.offset, msg.timestamp, msg.key,
+                        msg.payload)
+        writes = [
+            lambda: ctx.state(LAST).set(built),
+            lambda: ctx.state(LAST).set(dataclasses.replace(msg)),
+            lambda: ctx.state(LAST).set(msg.payload),
+            lambda: ctx.state(BY_NAME).set("k", "text"),
+            lambda: ctx.state(LOG).append(None),
+            lambda: ctx.state(LOG).appendleft(7),
+            lambda: ctx.state(CART).set(msg),
+            lambda: ctx.state(TOTALS).set("k", msg),
+            lambda: ctx.state(BACKLOG).appendleft(msg),
+        ]
+        errors = []
+        for w in writes:
+            try:
+                await w()
+                errors.append("stored")
+            except Exception as e:  # noqa: BLE001 (recorded, asserted below)
+                errors.append(e)
+        stored = [await ctx.state(LAST).get(), await ctx.state(BY_NAME).contains("k"),
+                  await ctx.state(LOG).size(), await ctx.state(CART).get(),
+                  await ctx.state(TOTALS).contains("k"), await ctx.state(BACKLOG).size()]
+        return errors, stored
+
+    await harness.start({"s": script}, DEFS + MESSAGES)
+    errors, stored = await harness.run("s")
+    assert all(type(e) is TransientStateError for e in errors), errors
+    built, replaced = str(errors[0]), str(errors[1])
+    assert "expected a Kafka message; a JSON value cannot be stored in a message collection" \
+        in built and "made in Python" in built and '"last"' in built
+    assert "made in Python" in replaced
+    for e in errors[2:6]:
+        assert "expected a Kafka message; a JSON value cannot be stored in a message " \
+            "collection" in str(e)
+    for e, what, name in zip(errors[6:], ("ValueState.set", "MapState.set",
+                                          "DequeState.appendleft"),
+                             ("cart", "totals", "backlog")):
+        assert str(e).startswith(f'{what}: a Kafka message cannot be stored in a JSON '
+                                 f'collection ("{name}")'), e
+    assert stored == [None, False, 0, None, False, 0]
 
 
 # ---------------------------------------------------------------------------
@@ -815,10 +967,7 @@ async def test_rejects_unknown_payload():
                   r"got 'avro'")
 
 
-async def test_message_collections_and_published_state_not_implemented():
-    await refused([state.message_value("m")],
-                  r'^state_collections\[0\]\.payload: "message" collections are not '
-                  r'implemented in this package yet; use "json"$')
+async def test_published_state_not_implemented():
     await refused([CART, state.map("p", published=True)],
                   r"^state_collections\[1\]\.published: published state is not implemented")
 
@@ -847,6 +996,8 @@ async def test_accepts_canonical_collection_set():
         state.deque("backlog"),
         state.deque("bounded", capacity=3, read_uncommitted=True),
         raw(name="raw", kind="map", ttl_seconds=3600.0, keyset_limit=128.0, read_cache=2.5),
+        state.message_value("mv", ttl=60), state.message_map("mm", keyset_limit=3),
+        state.message_deque("md", capacity=2),
     ])
     # The constructor takes them too.
     c = ProsodyClient(**options(), state_collections=(CART,))
