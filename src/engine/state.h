@@ -15,7 +15,7 @@
 
 #define SECTIONS 2
 #define SCAN_DEFAULT 256
-#define EVICT_MAX 16 /* items a push drops past a lowered capacity */
+#define EVICT_MAX 2 /* items a push drops past capacity, as the original */
 
 struct prosody_state {
   prosody_context_t *ctx;

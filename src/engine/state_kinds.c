@@ -198,7 +198,7 @@ void pr__st_deque_step(sop_t *op) {
     int back = op->op == PROSODY_STATE_PUSH_BACK;
     int64_t evict = 0;
     if (cap > 0 && len - (cap - 1) > 0)
-      evict = len - (cap - 1) < 2 ? len - (cap - 1) : 2;
+      evict = len - (cap - 1) < EVICT_MAX ? len - (cap - 1) : EVICT_MAX;
     pos = back ? op->tail : op->head - 1;
     pos_coord(k, pos);
     if (pr__st_ov_set(op->coll, 1, k, sizeof(k), (const uint8_t *)op->json,
