@@ -689,7 +689,9 @@ typedef struct prosody_state_def {
   int64_t ttl_s;        /* seconds each cell lives after its last write,
                            1 ..= 630720000; 0: forever */
   int read_uncommitted; /* 1: writes go to the store at once */
-  int published;        /* reserved: must be 0 (not implemented) */
+  int published;        /* 1: readable by other services through
+                           prosody_published_open() (JSON payloads only;
+                           the client needs the subsystem option) */
   int64_t keyset_limit; /* maps: 0 ..= 4096; -1: the default, 128 */
   int64_t capacity;     /* deques: >= 1; 0: unbounded */
 } prosody_state_def_t;
@@ -833,6 +835,85 @@ typedef void (*prosody_state_cb)(prosody_err_t err, const char *errstr,
 PROSODY_EXPORT prosody_err_t prosody_state_async(
     prosody_state_t *st, prosody_state_op_t op, const prosody_state_args_t *a,
     prosody_state_cb cb, void *opaque, char *errstr, size_t errstr_size);
+
+/* ------------------------------------------------------------------------ */
+/* Published keyed state                                                     */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * A collection registered with `published` = 1 can be read outside
+ * handlers, by any client of any service that reaches the same Cassandra
+ * keyspace (or, in mock mode, the same process), without consuming.
+ *
+ * Owner side: a client with published collections must set the subsystem
+ * option (PROSODY_ERR_CONFIG at prosody_client_new otherwise). When it
+ * subscribes, it records a route per published collection and subscribed
+ * topic in keyed_state_publication (subsystem, name, group, topic and the
+ * topic's partition count), before any of its state is written; it deletes
+ * its group's routes of collections it registers unpublished (retiring a
+ * publication: deploy once with published 0, then drop the registration).
+ * A topic whose partition count is not known when the consumer subscribes
+ * (it does not exist yet) is routed when the consumer next subscribes.
+ *
+ * Reader side: prosody_published_open() names a collection by subsystem,
+ * name and kind (the reader's own definition; the client needs no
+ * registration, group or subscription). A read names the Kafka key. It
+ * finds the routes of (subsystem, name), at most 16, in the order of their
+ * group and topic, and reads each source (the key's partition there is
+ * crc32(key) % partition count, librdkafka's default partitioner, which
+ * both implementations' producers use) until one has data for the key:
+ * that source's answer is the read's. A source whose recorded kind differs
+ * from the reader's fails the read with PROSODY_ERR_PERMANENT naming both.
+ * Reads see committed state only (never an attempt's pending writes), and
+ * may be stale by up to the read cache's time to live: answers (and the
+ * routes) are kept for `read_cache_ms`, within the state_read_cache_size
+ * bytes the client gives all its readers (oldest out first). A SCAN's pages
+ * each choose their source afresh.
+ */
+typedef struct prosody_published prosody_published_t;
+
+/*
+ * A reader of collection `name` (of kind `kind`, prosody_state_kind_t) as
+ * published by `subsystem` (trimmed: 1 to 64 bytes). `read_cache_ms`: how
+ * long answers are kept; -1 for the client's state_read_cache option
+ * (5 s by default), 0 to read the store every time. The reader belongs to
+ * the client and lives as long as it (prosody_client_destroy frees it; a
+ * read still running then ends with PROSODY_ERR_STATE). Opening the same
+ * subsystem and name twice gives two readers sharing nothing but the
+ * client's cache budget. Errors: PROSODY_ERR_INVALID_ARG (a bad subsystem,
+ * name or kind), PROSODY_ERR_CONFIG (outside mock mode: no
+ * cassandra_nodes), PROSODY_ERR_TRANSIENT (Cassandra unreachable: the
+ * first reader of a client connects and migrates the keyspace, blocking),
+ * PROSODY_ERR_NOMEM.
+ */
+PROSODY_EXPORT prosody_err_t prosody_published_open(
+    prosody_client_t *client, const char *subsystem, const char *name,
+    int kind, int64_t read_cache_ms, prosody_published_t **out, char *errstr,
+    size_t errstr_size);
+
+/*
+ * Reads key `key`'s collection: GET, GET_MANY, CONTAINS, LEN, PEEK_BACK,
+ * PEEK_FRONT and SCAN, as prosody_state_async() defines them for the
+ * reader's kind; any other operation is PROSODY_ERR_INVALID_ARG (readers
+ * are read-only). No source with data: the answer of an empty collection.
+ * `cb` runs exactly once, on the client's reader thread (or on the calling
+ * thread before this returns, when the answer is in the cache); it must
+ * not block. Errors known at once are returned and `cb` never runs;
+ * the others (PROSODY_ERR_TRANSIENT: the store failed;
+ * PROSODY_ERR_PERMANENT: a source of another kind; PROSODY_ERR_STATE: the
+ * client is being destroyed) reach `cb`. Any thread.
+ */
+PROSODY_EXPORT prosody_err_t prosody_published_async(
+    prosody_published_t *p, const char *key, prosody_state_op_t op,
+    const prosody_state_args_t *a, prosody_state_cb cb, void *opaque,
+    char *errstr, size_t errstr_size);
+
+/* The blocking form (any thread but the reader's): `r` as for
+ * prosody_state_call(). */
+PROSODY_EXPORT prosody_err_t prosody_published_call(
+    prosody_published_t *p, const char *key, prosody_state_op_t op,
+    const prosody_state_args_t *a, prosody_state_result_t *r, char *errstr,
+    size_t errstr_size);
 
 /*
  * Starts consuming `subscribed_topics` as member of `group_id` with

@@ -993,9 +993,11 @@ prosody_config_add_state(prosody_config_t *conf, const prosody_state_def_t *def,
              STATE_MAX_TTL_S, def->ttl_s);
     return PROSODY_ERR_CONFIG;
   }
-  if (def->published) {
+  if (def->published && def->payload != PROSODY_STATE_JSON) {
     pr__errf(errstr, errstr_size,
-             "published: published state is not implemented yet");
+             "published: only JSON collections can be published (\"%s\" "
+             "holds messages)",
+             def->name);
     return PROSODY_ERR_CONFIG;
   }
   if (def->keyset_limit != -1 && def->kind != PROSODY_STATE_MAP) {
@@ -1407,7 +1409,7 @@ static prosody_err_t check_not_below(const pr__settings_t *st, pr__opt_id_t hi,
  * empty). */
 static prosody_err_t check_subsystem(const pr__settings_t *st, char *errstr,
                                      size_t errstr_size) {
-  const char *v = PR_CFG_STR(st, SUBSYSTEM);
+  const char *v = PR_CFG_SET(st, SUBSYSTEM) ? PR_CFG_STR(st, SUBSYSTEM) : NULL;
   size_t n = v ? strlen(v) : 0;
   if (n > 64) {
     pr__errf(errstr, errstr_size,
@@ -1416,6 +1418,16 @@ static prosody_err_t check_subsystem(const pr__settings_t *st, char *errstr,
              n);
     return PROSODY_ERR_CONFIG;
   }
+  /* A published collection is routed under the subsystem's name. */
+  for (size_t i = 0; !v && i < st->states.n; i++)
+    if (st->states.d[i].published) {
+      pr__errf(errstr, errstr_size,
+               "published: collection \"%s\" is published, which needs the "
+               "option subsystem (PROSODY_SUBSYSTEM): the name readers give "
+               "to find it",
+               st->states.d[i].name);
+      return PROSODY_ERR_CONFIG;
+    }
   return PROSODY_OK;
 }
 
