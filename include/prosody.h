@@ -887,8 +887,8 @@ typedef struct prosody_published prosody_published_t;
  * PROSODY_ERR_NOMEM.
  */
 PROSODY_EXPORT prosody_err_t prosody_published_open(
-    prosody_client_t *client, const char *subsystem, const char *name,
-    int kind, int64_t read_cache_ms, prosody_published_t **out, char *errstr,
+    prosody_client_t *client, const char *subsystem, const char *name, int kind,
+    int64_t read_cache_ms, prosody_published_t **out, char *errstr,
     size_t errstr_size);
 
 /*

@@ -37,6 +37,7 @@ struct prosody_client {
   int abandoned;            /* an engine outlived its stop: keep logger */
   atomic_int shut_down;     /* prosody_client_shutdown() began: sends and
                                subscribe refused (written under lock) */
+  pr__pubs_t *pubs;         /* published-state readers, or NULL (lock) */
 };
 
 /* How long a closing client waits for its last spans to be exported. */
@@ -156,6 +157,8 @@ PROSODY_EXPORT void prosody_client_destroy(prosody_client_t *c) {
     return;
   if (c->engine)
     prosody_unsubscribe(c);
+  pr__pubs_free(c->pubs); /* its reads still running end with STATE */
+  c->pubs = NULL;
   {
     LOG_SCOPE(c);
     pr__producer_destroy(c->producer);
@@ -462,4 +465,24 @@ PROSODY_EXPORT int prosody_probe_port(const prosody_client_t *c) {
     port = pr__probe_port(c->probe);
   pthread_mutex_unlock((pthread_mutex_t *)&c->lock);
   return port;
+}
+
+PROSODY_EXPORT prosody_err_t prosody_published_open(
+    prosody_client_t *client, const char *subsystem, const char *name, int kind,
+    int64_t read_cache_ms, prosody_published_t **out, char *errstr,
+    size_t errstr_size) {
+  prosody_err_t err;
+  if (!client) {
+    pr__errf(errstr, errstr_size, "published state: the client is NULL");
+    return PROSODY_ERR_INVALID_ARG;
+  }
+  pthread_mutex_lock(&client->lock);
+  {
+    LOG_SCOPE(client);
+    err = pr__pubs_open(&client->pubs, &client->st, subsystem, name, kind,
+                        read_cache_ms, out, errstr, errstr_size);
+    LOG_SCOPE_END();
+  }
+  pthread_mutex_unlock(&client->lock);
+  return err;
 }

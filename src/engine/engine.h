@@ -32,4 +32,14 @@ int pr__engine_assigned(const pr__engine_t *engine);
 char *pr__engine_metrics(pr__engine_t *engine);
 int pr__engine_stalled(const pr__engine_t *engine);
 
+/* Published keyed state's readers (state_pub.c): the client's, created by
+ * its first prosody_published_open() and freed with the client (both under
+ * the client's lock). */
+typedef struct pr__pubs pr__pubs_t;
+prosody_err_t pr__pubs_open(pr__pubs_t **pubs, const pr__settings_t *st,
+                            const char *subsystem, const char *name, int kind,
+                            int64_t read_cache_ms, prosody_published_t **out,
+                            char *errstr, size_t errstr_size);
+void pr__pubs_free(pr__pubs_t *pubs);
+
 #endif /* PR_ENGINE_H */

@@ -434,6 +434,67 @@ static void ident_done(void *arg, prosody_err_t err, const char *errstr) {
   }
 }
 
+/* Waits for the store's answers of `w` (the opening thread); w->err. */
+static prosody_err_t ident_wait(pr__engine_t *eng, struct ident_wait *w) {
+  while (w->pending > 0) {
+    pthread_mutex_lock(&eng->st_lock);
+    while (!eng->st_woken)
+      pthread_cond_wait(&eng->st_cond, &eng->st_lock);
+    eng->st_woken = 0;
+    pthread_mutex_unlock(&eng->st_lock);
+    eng->st_store->ops->poll(eng->st_store);
+  }
+  return w->err;
+}
+
+/*
+ * Published collections' routes (with the subsystem option): one per
+ * published collection and subscribed topic, recorded before the consumer
+ * starts, so before any of its state is written; the group's routes of a
+ * collection registered unpublished are deleted (retiring it). A topic
+ * whose partition count no broker gives (it does not exist yet) is routed
+ * the next time the consumer starts: said at WARN.
+ */
+static void publication(pr__engine_t *eng, struct ident_wait *w) {
+  const pr__settings_t *st = eng->st;
+  const pr__value_t *subs = &PR_CFG(st, SUBSCRIBED_TOPICS);
+  const char *sub =
+      PR_CFG_SET(st, SUBSYSTEM) ? PR_CFG_STR(st, SUBSYSTEM) : NULL;
+  pr__sstore_t *s = eng->st_store;
+  rd_kafka_t *rk = eng->producer ? pr__producer_handle(eng->producer) : NULL;
+  int *parts;
+  if (!sub || !(parts = calloc(subs->list_n + 1, sizeof(*parts))))
+    return;
+  for (size_t t = 0; t < subs->list_n; t++) {
+    if (PR_CFG_BOOL(st, MOCK))
+      (void)pr__mock_ensure_topic(subs->list[t], NULL, 0);
+    parts[t] = rk ? pr__kafka_partition_count(rk, subs->list[t], 10000) : -1;
+  }
+  for (size_t i = 0; i < st->states.n; i++) {
+    const prosody_state_def_t *d = &st->states.d[i];
+    if (!d->published) {
+      w->pending++;
+      s->ops->unpublish(s, sub, d->name, eng->group_id, ident_done, w);
+      continue;
+    }
+    for (size_t t = 0; t < subs->list_n; t++) {
+      pr__sroute_t r = {eng->group_id, subs->list[t], parts[t]};
+      if (parts[t] < 1) {
+        PR_WARN("state",
+                "published collection \"%s\": no partition count for topic "
+                "\"%s\" (it does not exist yet?); its route is recorded "
+                "when the consumer next starts",
+                d->name, subs->list[t]);
+        continue;
+      }
+      w->pending++;
+      s->ops->publish(s, sub, d->name, &r, ident_done, w);
+    }
+  }
+  free(parts);
+  (void)ident_wait(eng, w);
+}
+
 static prosody_err_t open_layer(pr__engine_t *eng, const char *bootstrap,
                                 void (*wake)(void *), char *errstr,
                                 size_t errstr_size) {
@@ -472,18 +533,12 @@ static prosody_err_t open_layer(pr__engine_t *eng, const char *bootstrap,
   /* Each collection's kind, recorded for the group (or compared). */
   w.pending = (int)st->states.n;
   for (size_t i = 0; i < st->states.n; i++) {
-    pr__sident_t id = {st->states.d[i].kind, st->states.d[i].payload};
+    pr__sident_t id = {st->states.d[i].kind, st->states.d[i].payload, 0};
     eng->st_store->ops->identity(eng->st_store, eng->group_id,
                                  st->states.d[i].name, &id, ident_done, &w);
   }
-  while (w.pending > 0) {
-    pthread_mutex_lock(&eng->st_lock);
-    while (!eng->st_woken)
-      pthread_cond_wait(&eng->st_cond, &eng->st_lock);
-    eng->st_woken = 0;
-    pthread_mutex_unlock(&eng->st_lock);
-    eng->st_store->ops->poll(eng->st_store);
-  }
+  if (!ident_wait(eng, &w))
+    publication(eng, &w);
   if (w.err) {
     pr__errf(errstr, errstr_size, "%s", w.errstr);
     return w.err;

@@ -116,8 +116,12 @@ typedef struct sop {
   size_t after_len;
   size_t limit;
   int backward, keys_only;
-  /* Engine thread, while it runs. */
+  /* Engine thread (or a published reader's thread: eng and stx NULL),
+   * while it runs. */
   pr__engine_t *eng;
+  pr__sstore_t *store; /* the store read */
+  pr__scoll_t paddr;   /* a published read's address (stx NULL) */
+  int64_t capacity;    /* the deque's, from its definition */
   pr__stx_t *stx;
   scoll_t *coll;
   int stage;
@@ -172,6 +176,15 @@ void pr__st_read_cell(sop_t *op, int section, const uint8_t *coord, size_t len);
 void pr__st_read_range(sop_t *op);
 void pr__st_clear_sections(scoll_t *c, int upto);
 void pr__st_wrote(sop_t *op);
+/* Checks and copies an operation's arguments into `op` (any thread). */
+prosody_err_t pr__st_prepare(sop_t *op, prosody_state_t *st, int kind_op,
+                             const prosody_state_args_t *a, char *errstr,
+                             size_t errstr_size);
+/* Frees what pr__st_prepare copied (and a run's buffers). */
+void pr__st_sop_free_args(sop_t *op);
+/* Runs `op` on (op->store, op->paddr, op->coll), with no transaction: a
+ * published read (state_pub.c), on the reader's thread. */
+void pr__st_run_read(sop_t *op);
 void pr__st_value_step(sop_t *op);
 void pr__st_map_step(sop_t *op);
 void pr__st_deque_step(sop_t *op);

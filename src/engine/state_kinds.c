@@ -171,7 +171,7 @@ static int bounds(sop_t *op) {
 
 void pr__st_deque_step(sop_t *op) {
   uint8_t k[8];
-  int64_t len, pos, cap = op->eng->st->states.d[op->def].capacity;
+  int64_t len, pos, cap = op->capacity;
   if (op->op == PROSODY_STATE_CLEAR) {
     pr__st_clear_sections(op->coll, 1);
     pr__st_wrote(op);

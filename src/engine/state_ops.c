@@ -21,7 +21,7 @@
 /* ---- operations -----------------------------------------------------------
  */
 
-static void sop_free_args(sop_t *op) {
+void pr__st_sop_free_args(sop_t *op) {
   free(op->key);
   for (size_t i = 0; i < op->nkeys; i++)
     free(op->keys ? op->keys[i] : NULL);
@@ -111,7 +111,7 @@ void pr__st_sop_done(sop_t *op, prosody_err_t err, const char *fmt, ...) {
   }
   if (err)
     prosody_state_result_free(&op->r);
-  sop_free_args(op);
+  pr__st_sop_free_args(op);
   if (t) {
     op->stx = NULL;
     if (--t->busy == 0 && !t->inv && !t->retry)
@@ -135,7 +135,7 @@ static void step(sop_t *op);
 
 /* The attempt ended while the operation waited. */
 static int fenced(sop_t *op) {
-  if (op->stx->inv && !op->stx->closed)
+  if (!op->stx || (op->stx->inv && !op->stx->closed))
     return 0;
   pr__st_sop_done(
       op, PROSODY_ERR_STATE,
@@ -177,7 +177,7 @@ void pr__st_read_cell(sop_t *op, int section, const uint8_t *coord,
                       size_t len) {
   scoll_t *c = op->coll;
   ocell_t *x = pr__st_ov_find(c, section, coord, len);
-  pr__sstore_t *s = op->eng->st_store;
+  pr__sstore_t *s = op->store;
   pr__scoll_t a;
   free(op->got);
   op->got = NULL;
@@ -204,7 +204,7 @@ void pr__st_read_cell(sop_t *op, int section, const uint8_t *coord,
     memcpy(op->rc, coord, len);
   op->rc_len = len;
   op->rc_section = section;
-  a = pr__st_addr_of(op->stx, c);
+  a = op->stx ? pr__st_addr_of(op->stx, c) : op->paddr;
   s->ops->get(s, &a, section, coord, len, got_cell, op);
 }
 
@@ -352,7 +352,7 @@ static void got_range(void *arg, prosody_err_t err, const char *errstr,
  * into op->rows (op->scan_end: nothing follows), then steps on. */
 void pr__st_read_range(sop_t *op) {
   scoll_t *c = op->coll;
-  pr__sstore_t *s = op->eng->st_store;
+  pr__sstore_t *s = op->store;
   pr__scoll_t a;
   rows_free(op);
   if (c->complete[op->scan_section]) {
@@ -364,7 +364,7 @@ void pr__st_read_range(sop_t *op) {
     step(op);
     return;
   }
-  a = pr__st_addr_of(op->stx, c);
+  a = op->stx ? pr__st_addr_of(op->stx, c) : op->paddr;
   s->ops->range(s, &a, op->scan_section, op->scan_after, op->scan_after_len,
                 op->scan_backward, op->limit, got_range, op);
 }
@@ -470,10 +470,14 @@ static void run_op(pr__engine_t *eng, sop_t *op) {
     return;
   }
   op->eng = eng;
+  op->store = eng->st_store;
+  op->capacity = eng->st->states.d[op->def].capacity;
   op->stx = t;
   t->busy++;
   step(op);
 }
+
+void pr__st_run_read(sop_t *op) { step(op); }
 
 static void op_mail(pr__mail_t *mail, void *owner) {
   run_op(owner, PR_CONTAINER_OF(mail, sop_t, mail));
@@ -556,7 +560,7 @@ static char *dup_n(const char *p, size_t n) {
 }
 
 /* Checks the arguments and copies them into `op`. */
-static prosody_err_t prepare(sop_t *op, prosody_state_t *st, int kind_op,
+prosody_err_t pr__st_prepare(sop_t *op, prosody_state_t *st, int kind_op,
                              const prosody_state_args_t *a, char *errstr,
                              size_t errstr_size) {
   static const prosody_state_args_t none = PROSODY_STATE_ARGS_INIT;
@@ -784,8 +788,8 @@ PROSODY_EXPORT prosody_err_t prosody_state_call(prosody_state_t *st,
   memset(&op, 0, sizeof(op));
   if (r)
     memset(r, 0, sizeof(*r));
-  if ((err = prepare(&op, st, (int)kind_op, a, errstr, errstr_size))) {
-    sop_free_args(&op);
+  if ((err = pr__st_prepare(&op, st, (int)kind_op, a, errstr, errstr_size))) {
+    pr__st_sop_free_args(&op);
     return err;
   }
   pthread_mutex_init(&op.lock, NULL);
@@ -796,7 +800,7 @@ PROSODY_EXPORT prosody_err_t prosody_state_call(prosody_state_t *st,
       pthread_cond_wait(&op.cond, &op.lock);
     pthread_mutex_unlock(&op.lock);
   } else {
-    sop_free_args(&op);
+    pr__st_sop_free_args(&op);
   }
   pthread_mutex_destroy(&op.lock);
   pthread_cond_destroy(&op.cond);
@@ -832,9 +836,9 @@ PROSODY_EXPORT prosody_err_t prosody_state_async(prosody_state_t *st,
   }
   op->cb = cb;
   op->opaque = opaque;
-  if ((err = prepare(op, st, (int)kind_op, a, errstr, errstr_size)) ||
+  if ((err = pr__st_prepare(op, st, (int)kind_op, a, errstr, errstr_size)) ||
       (err = submit(op, errstr, errstr_size))) {
-    sop_free_args(op);
+    pr__st_sop_free_args(op);
     free(op);
   }
   return err;

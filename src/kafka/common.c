@@ -706,3 +706,22 @@ void pr__kafka_probe(const char *bootstrap, int budget_ms, char *out,
 PROSODY_EXPORT const char *prosody_librdkafka_version_str(void) {
   return rd_kafka_version_str();
 }
+
+int pr__kafka_partition_count(rd_kafka_t *rk, const char *topic,
+                              int timeout_ms) {
+  const struct rd_kafka_metadata *md = NULL;
+  rd_kafka_topic_t *rkt = rd_kafka_topic_new(rk, topic, NULL);
+  int n = -1;
+  if (!rkt)
+    return -1;
+  if (rd_kafka_metadata(rk, 0, rkt, &md, timeout_ms) ==
+      RD_KAFKA_RESP_ERR_NO_ERROR) {
+    for (int i = 0; i < md->topic_cnt; i++)
+      if (!strcmp(md->topics[i].topic, topic) && !md->topics[i].err &&
+          md->topics[i].partition_cnt > 0)
+        n = md->topics[i].partition_cnt;
+    rd_kafka_metadata_destroy(md);
+  }
+  rd_kafka_topic_destroy(rkt);
+  return n;
+}

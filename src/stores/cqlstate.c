@@ -48,7 +48,13 @@
  * identity() reads keyed_state_identity's row of (group, 0, name) and
  * records ours with INSERT ... IF NOT EXISTS when there is none; a
  * different row (read, or returned by a lost insert) is
- * PROSODY_ERR_PERMANENT naming both.
+ * PROSODY_ERR_PERMANENT naming both. A reader's check (id->check) only
+ * compares: nothing recorded is no contradiction.
+ *
+ * Published collections' routes are keyed_state_publication's rows of
+ * (subsystem, 0, name): publish() is a plain upsert, unpublish() deletes
+ * one group's rows (a range of the partition), routes() reads the first
+ * 16 (PR_SROUTES_MAX) in (group, topic) order.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -71,7 +77,15 @@
 #define ENC_RAW 1     /* keyed_state_cell.encoding */
 #define ENC_ZSTD 4
 
-enum { OP_GET, OP_RANGE, OP_APPLY, OP_IDENTITY };
+enum {
+  OP_GET,
+  OP_RANGE,
+  OP_APPLY,
+  OP_IDENTITY,
+  OP_PUBLISH,
+  OP_UNPUBLISH,
+  OP_ROUTES
+};
 
 typedef struct cql_state {
   pr__sstore_t base; /* first */
@@ -79,7 +93,7 @@ typedef struct cql_state {
   int64_t last_ts; /* the last statement timestamp given (worker thread) */
   int bad;         /* a statement could not be made (pr__cqlstate_new) */
   pr__cql_stmt_t *get, *first, *after, *last, *before, *put, *del, *del_sec,
-      *dedup, *id_sel, *id_ins;
+      *dedup, *id_sel, *id_ins, *pub_ins, *pub_del, *pub_sel;
 } cql_state_t;
 
 /* A collection of an apply (its partition). */
@@ -131,7 +145,13 @@ typedef struct sjob {
   int64_t ts0; /* row i's timestamp is ts0 + i */
   /* identity */
   int8_t kind;
+  int check; /* compare only */
   const char *format, *key_format;
+  /* routes (publish: routes[0], the one to record; `name` and `group`
+   * above), their strings owned */
+  char *subsystem;
+  pr__sroute_t routes[PR_SROUTES_MAX];
+  size_t nroutes;
 } sjob_t;
 
 static void job_free(sjob_t *j) {
@@ -154,6 +174,11 @@ static void job_free(sjob_t *j) {
   free(j->rows);
   free(j->order);
   free(j->ends);
+  free(j->subsystem);
+  for (size_t i = 0; i < j->nroutes; i++) {
+    free((char *)j->routes[i].group);
+    free((char *)j->routes[i].topic);
+  }
   free(j);
 }
 
@@ -171,6 +196,10 @@ static void job_deliver(pr__cqlw_job_t *w) {
     ((pr__srange_cb)j->cb)(j->arg, err, why, err ? NULL : j->cells,
                            err ? 0 : j->n, !err && j->end);
     break;
+  case OP_ROUTES:
+    ((pr__sroutes_cb)j->cb)(j->arg, err, why, err ? NULL : j->routes,
+                            err ? 0 : j->nroutes);
+    break;
   default:
     ((pr__store_done_cb)j->cb)(j->arg, err, why);
     break;
@@ -187,6 +216,8 @@ static void nomem(sjob_t *j, int op, void *cb, void *arg) {
     ((pr__sget_cb)cb)(arg, PROSODY_ERR_NOMEM, why, NULL, 0, 0);
   else if (op == OP_RANGE)
     ((pr__srange_cb)cb)(arg, PROSODY_ERR_NOMEM, why, NULL, 0, 0);
+  else if (op == OP_ROUTES)
+    ((pr__sroutes_cb)cb)(arg, PROSODY_ERR_NOMEM, why, NULL, 0);
   else
     ((pr__store_done_cb)cb)(arg, PROSODY_ERR_NOMEM, why);
 }
@@ -225,8 +256,13 @@ static int segment_id(const pr__scoll_t *c, uint8_t out[16]) {
  * says which operation of which collection failed. */
 static void job_done(sjob_t *j, prosody_err_t err, const char *why) {
   char msg[512];
-  static const char *const verb[] = {"reading", "reading", "writing",
-                                     "recording the kind of"};
+  static const char *const verb[] = {"reading",
+                                     "reading",
+                                     "writing",
+                                     "recording the kind of",
+                                     "recording the route of",
+                                     "deleting the routes of",
+                                     "reading the routes of"};
   if (err == PROSODY_ERR_TIMEOUT)
     err = PROSODY_ERR_TRANSIENT;
   if (err && strncmp(why ? why : "", "keyed state:", 12)) {
@@ -234,6 +270,11 @@ static void job_done(sjob_t *j, prosody_err_t err, const char *why) {
       snprintf(msg, sizeof(msg), "keyed state: writing %zu cell(s)%s: %s",
                j->nrows, j->has_dedup ? " and the event's dedup row" : "",
                why ? why : "");
+    else if (j->op >= OP_PUBLISH)
+      snprintf(msg, sizeof(msg),
+               "keyed state: %s published collection \"%.64s\" of subsystem "
+               "\"%.64s\": %s",
+               verb[j->op], j->name, j->subsystem, why ? why : "");
     else
       snprintf(msg, sizeof(msg),
                "keyed state: %s collection \"%.64s\" (%s \"%.64s\"): %s",
@@ -667,6 +708,8 @@ static void identity_answered(void *arg, prosody_err_t err, const char *errstr,
   }
   if (err) {
     job_done(j, err, errstr);
+  } else if (j->step == 0 && !rows && j->check) {
+    job_done(j, PROSODY_OK, NULL); /* nothing recorded to contradict */
   } else if (j->step == 0 && !rows) {
     pr__cql_val_t v[5] = {pr__cv_text(j->group), pr__cv_text(j->name),
                           pr__cv_tinyint(j->kind), pr__cv_text(j->format),
@@ -707,10 +750,101 @@ static void cql_identity(pr__sstore_t *b, const char *group, const char *name,
     return;
   }
   j->kind = (int8_t)(id->kind + 1);
+  j->check = id->check;
   j->format = id->payload == 1 ? "message-ref" : "json";
   j->key_format = key_formats[id->kind];
   j->job.start = identity_start;
   pr__cqlw_post(&j->job);
+}
+
+/* ---- routes of published collections ------------------------------------ */
+
+static void route_answered(void *arg, prosody_err_t err, const char *errstr,
+                           const pr__cql_result_t *res) {
+  sjob_t *j = arg;
+  char group[512], topic[512];
+  int32_t parts;
+  if (err || j->op != OP_ROUTES || !res) {
+    job_done(j, err, errstr);
+    return;
+  }
+  for (int32_t r = 0; r < res->nrows && j->nroutes < PR_SROUTES_MAX; r++) {
+    pr__sroute_t *x = &j->routes[j->nroutes];
+    if (pr__cql_get_text(pr__cql_cell(res, r, 0), group, sizeof(group)) ||
+        pr__cql_get_text(pr__cql_cell(res, r, 1), topic, sizeof(topic)) ||
+        pr__cql_get_int(pr__cql_cell(res, r, 2), &parts) || parts < 1)
+      continue; /* not a route we can follow */
+    if (!(x->group = strdup(group)) || !(x->topic = strdup(topic))) {
+      free((char *)x->group);
+      x->group = NULL;
+      job_done(j, PROSODY_ERR_NOMEM, "keyed state: out of memory");
+      return;
+    }
+    x->partitions = parts;
+    j->nroutes++;
+  }
+  job_done(j, PROSODY_OK, NULL);
+}
+
+static void route_start(pr__cqlw_job_t *w) {
+  sjob_t *j = (sjob_t *)w;
+  cql_state_t *s = j->s;
+  pr__cql_val_t v[5] = {pr__cv_text(j->subsystem), pr__cv_text(j->name)};
+  pr__cql_stmt_t *st = s->pub_sel;
+  int n = 2;
+  if (j->op == OP_PUBLISH) {
+    v[2] = pr__cv_text(j->routes[0].group);
+    v[3] = pr__cv_text(j->routes[0].topic);
+    v[4] = pr__cv_int(j->routes[0].partitions);
+    st = s->pub_ins;
+    n = 5;
+  } else if (j->op == OP_UNPUBLISH) {
+    v[2] = pr__cv_text(j->group);
+    st = s->pub_del;
+    n = 3;
+  }
+  pr__cql_execute_stmt(pr__cqlw_cql(s->w), st, v, n, NULL, route_answered, j);
+}
+
+/* Posts a job on the routes of (subsystem, name). */
+static void post_route(pr__sstore_t *b, int op, const char *subsystem,
+                       const char *name, const pr__sroute_t *r,
+                       const char *group, void *cb, void *arg) {
+  sjob_t *j = job_new((cql_state_t *)b, op, cb, arg);
+  if (!j || !(j->subsystem = strdup(subsystem)) || !(j->name = strdup(name)) ||
+      (group && !(j->group = strdup(group)))) {
+    nomem(j, op, cb, arg);
+    return;
+  }
+  if (r) {
+    j->nroutes = 1;
+    j->routes[0].group = strdup(r->group);
+    j->routes[0].topic = strdup(r->topic);
+    j->routes[0].partitions = r->partitions;
+    if (!j->routes[0].group || !j->routes[0].topic) {
+      nomem(j, op, cb, arg);
+      return;
+    }
+  }
+  j->job.start = route_start;
+  pr__cqlw_post(&j->job);
+}
+
+static void cql_publish(pr__sstore_t *b, const char *subsystem,
+                        const char *name, const pr__sroute_t *r,
+                        pr__store_done_cb cb, void *arg) {
+  post_route(b, OP_PUBLISH, subsystem, name, r, NULL, (void *)cb, arg);
+}
+
+static void cql_unpublish(pr__sstore_t *b, const char *subsystem,
+                          const char *name, const char *group,
+                          pr__store_done_cb cb, void *arg) {
+  post_route(b, OP_UNPUBLISH, subsystem, name, NULL, group, (void *)cb, arg);
+}
+
+static void cql_routes(pr__sstore_t *b, const char *subsystem, const char *name,
+                       pr__sroutes_cb cb, void *arg) {
+  post_route(b, OP_ROUTES, subsystem, name, NULL, NULL, (void *)cb, arg);
 }
 
 /* ---- the store ---------------------------------------------------------- */
@@ -725,7 +859,8 @@ static void cql_destroy(pr__sstore_t *b) {
 }
 
 static const pr__sstore_ops_t cql_state_ops = {
-    cql_get, cql_range, cql_apply, cql_identity, cql_poll, cql_destroy};
+    cql_get,       cql_range,  cql_apply, cql_identity, cql_publish,
+    cql_unpublish, cql_routes, cql_poll,  cql_destroy};
 
 #define PK_WHERE                                                               \
   " WHERE segment_id = ? AND key = ? AND state_type = 0 AND name = ? AND "     \
@@ -783,6 +918,16 @@ pr__sstore_t *pr__cqlstate_new(const pr__cql_conf_t *conf, const char *keyspace,
                    ".keyed_state_identity (group_id, state_type, name, kind, "
                    "format_id, key_format_id) VALUES (?, 0, ?, ?, ?, ?) IF "
                    "NOT EXISTS");
+  s->pub_ins = stmt(s, ks, "INSERT INTO ",
+                    ".keyed_state_publication (subsystem, state_type, name, "
+                    "group_id, topic, partition_count) VALUES (?, 0, ?, ?, ?, "
+                    "?)");
+  s->pub_del = stmt(s, ks, "DELETE FROM ",
+                    ".keyed_state_publication WHERE subsystem = ? AND "
+                    "state_type = 0 AND name = ? AND group_id = ?");
+  s->pub_sel = stmt(s, ks, "SELECT group_id, topic, partition_count FROM ",
+                    ".keyed_state_publication WHERE subsystem = ? AND "
+                    "state_type = 0 AND name = ? LIMIT 16");
   if (s->bad) {
     pr__errf(errstr, errstr_size,
              "keyed state: out of memory, or keyspace "

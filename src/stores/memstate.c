@@ -5,7 +5,8 @@
  *
  * A collection of one key is a sorted array of cells; collections are
  * found through a hash table of their names (group, topic, partition, key,
- * collection). Expired cells are dropped when met. Identities are a list.
+ * collection). Expired cells are dropped when met. Identities and the
+ * published collections' routes are lists.
  *
  * Threads: any; everything is guarded by g_lock. Callbacks run before the
  * call returns, outside the lock (their arguments are copies).
@@ -43,11 +44,19 @@ typedef struct mident {
   pr__sident_t id;
 } mident_t;
 
+/* A published collection's route. */
+typedef struct mroute {
+  struct mroute *next; /* in (subsystem, name, group, topic) order */
+  char *subsystem, *name, *group, *topic;
+  int32_t partitions;
+} mroute_t;
+
 #define BUCKETS 4096
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static mcoll_t *g_table[BUCKETS]; /* g_lock */
 static mident_t *g_idents;        /* g_lock */
+static mroute_t *g_routes;        /* g_lock */
 
 static int64_t now_s(void) { return (int64_t)time(NULL); }
 
@@ -341,7 +350,7 @@ static void mem_identity(pr__sstore_t *s, const char *group, const char *name,
                name, group, x->id.payload ? "message " : "",
                kind_name(x->id.kind), id->payload ? "message " : "",
                kind_name(id->kind));
-  } else if ((x = calloc(1, sizeof(*x)))) {
+  } else if (!id->check && (x = calloc(1, sizeof(*x)))) {
     x->group = strdup(group);
     x->name = strdup(name);
     x->id = *id;
@@ -355,11 +364,111 @@ static void mem_identity(pr__sstore_t *s, const char *group, const char *name,
     cb(arg, PROSODY_OK, NULL);
 }
 
+/* ---- routes ---------------------------------------------------------- */
+
+/* Orders a route against (subsystem, name, group, topic); NULL group or
+ * topic compares as the lowest. */
+static int route_cmp(const mroute_t *r, const char *sub, const char *name,
+                     const char *group, const char *topic) {
+  int c = strcmp(r->subsystem, sub);
+  if (!c)
+    c = strcmp(r->name, name);
+  if (!c && group)
+    c = strcmp(r->group, group);
+  if (!c && topic)
+    c = strcmp(r->topic, topic);
+  return c;
+}
+
+static void mem_publish(pr__sstore_t *s, const char *subsystem,
+                        const char *name, const pr__sroute_t *r,
+                        pr__store_done_cb cb, void *arg) {
+  mroute_t **at, *x;
+  int c = 1, failed = 0;
+  (void)s;
+  pthread_mutex_lock(&g_lock);
+  for (at = &g_routes; *at; at = &(*at)->next)
+    if ((c = route_cmp(*at, subsystem, name, r->group, r->topic)) >= 0)
+      break;
+  if (*at && c == 0) {
+    (*at)->partitions = r->partitions;
+  } else if (!(x = calloc(1, sizeof(*x))) ||
+             !(x->subsystem = strdup(subsystem)) || !(x->name = strdup(name)) ||
+             !(x->group = strdup(r->group)) || !(x->topic = strdup(r->topic))) {
+    if (x) {
+      free(x->subsystem);
+      free(x->name);
+      free(x->group);
+    }
+    free(x);
+    failed = 1;
+  } else {
+    x->partitions = r->partitions;
+    x->next = *at;
+    *at = x;
+  }
+  pthread_mutex_unlock(&g_lock);
+  if (failed)
+    cb(arg, PROSODY_ERR_NOMEM, "out of memory recording a route");
+  else
+    cb(arg, PROSODY_OK, NULL);
+}
+
+static void mem_unpublish(pr__sstore_t *s, const char *subsystem,
+                          const char *name, const char *group,
+                          pr__store_done_cb cb, void *arg) {
+  mroute_t **at = &g_routes;
+  (void)s;
+  pthread_mutex_lock(&g_lock);
+  while (*at) {
+    mroute_t *x = *at;
+    if (route_cmp(x, subsystem, name, group, NULL)) {
+      at = &x->next;
+      continue;
+    }
+    *at = x->next;
+    free(x->subsystem);
+    free(x->name);
+    free(x->group);
+    free(x->topic);
+    free(x);
+  }
+  pthread_mutex_unlock(&g_lock);
+  cb(arg, PROSODY_OK, NULL);
+}
+
+static void mem_routes(pr__sstore_t *s, const char *subsystem, const char *name,
+                       pr__sroutes_cb cb, void *arg) {
+  pr__sroute_t r[PR_SROUTES_MAX];
+  char *copies[2 * PR_SROUTES_MAX];
+  size_t n = 0, k;
+  int failed = 0;
+  (void)s;
+  pthread_mutex_lock(&g_lock);
+  for (mroute_t *x = g_routes; x && n < PR_SROUTES_MAX; x = x->next) {
+    if (route_cmp(x, subsystem, name, NULL, NULL))
+      continue;
+    copies[2 * n] = strdup(x->group);
+    copies[2 * n + 1] = strdup(x->topic);
+    r[n] = (pr__sroute_t){copies[2 * n], copies[2 * n + 1], x->partitions};
+    failed |= !copies[2 * n] || !copies[2 * n + 1];
+    n++;
+  }
+  pthread_mutex_unlock(&g_lock);
+  if (failed)
+    cb(arg, PROSODY_ERR_NOMEM, "out of memory listing routes", NULL, 0);
+  else
+    cb(arg, PROSODY_OK, NULL, r, n);
+  for (k = 0; k < 2 * n; k++)
+    free(copies[k]);
+}
+
 static void mem_poll(pr__sstore_t *s) { (void)s; }
 static void mem_destroy(pr__sstore_t *s) { (void)s; }
 
-static const pr__sstore_ops_t mem_ops = {mem_get,      mem_range, mem_apply,
-                                         mem_identity, mem_poll,  mem_destroy};
+static const pr__sstore_ops_t mem_ops = {
+    mem_get,       mem_range,  mem_apply, mem_identity, mem_publish,
+    mem_unpublish, mem_routes, mem_poll,  mem_destroy};
 static pr__sstore_t g_store = {&mem_ops, 1};
 
 pr__sstore_t *pr__memstate(void) { return &g_store; }

@@ -65,7 +65,18 @@ typedef struct pr__swrite {
 typedef struct pr__sident {
   int kind;    /* prosody_state_kind_t */
   int payload; /* prosody_state_payload_t */
+  int check;   /* compare only: record nothing (none recorded is OK) */
 } pr__sident_t;
+
+/* A route of a published collection (keyed_state_publication): `group`
+ * keeps it for the keys of `topic`, of `partitions` partitions. */
+typedef struct pr__sroute {
+  const char *group;
+  const char *topic;
+  int32_t partitions;
+} pr__sroute_t;
+
+#define PR_SROUTES_MAX 16 /* the routes a reader reads, at most */
 
 typedef struct pr__sstore pr__sstore_t;
 
@@ -81,6 +92,11 @@ static inline int pr__scell_cmp(int sa, const uint8_t *a, size_t al, int sb,
     return r;
   return al < bl ? -1 : al > bl;
 }
+
+/* Routes in (group, topic) order, at most PR_SROUTES_MAX (borrowed: valid
+ * during the callback). */
+typedef void (*pr__sroutes_cb)(void *arg, prosody_err_t err, const char *errstr,
+                               const pr__sroute_t *r, size_t n);
 
 /* `found` 0: no such cell (data NULL). */
 typedef void (*pr__sget_cb)(void *arg, prosody_err_t err, const char *errstr,
@@ -116,6 +132,14 @@ typedef struct pr__sstore_ops {
    * recorded identity is PROSODY_ERR_PERMANENT naming both. */
   void (*identity)(pr__sstore_t *s, const char *group, const char *name,
                    const pr__sident_t *id, pr__store_done_cb cb, void *arg);
+  /* Published collections' routes, under (subsystem, name): records one
+   * (an upsert), deletes `group`'s, or lists them. */
+  void (*publish)(pr__sstore_t *s, const char *subsystem, const char *name,
+                  const pr__sroute_t *r, pr__store_done_cb cb, void *arg);
+  void (*unpublish)(pr__sstore_t *s, const char *subsystem, const char *name,
+                    const char *group, pr__store_done_cb cb, void *arg);
+  void (*routes)(pr__sstore_t *s, const char *subsystem, const char *name,
+                 pr__sroutes_cb cb, void *arg);
   void (*poll)(pr__sstore_t *s);
   /* Completes what is pending (with errors), then frees the store. */
   void (*destroy)(pr__sstore_t *s);

@@ -732,9 +732,9 @@ T_SCENARIO(bad_definitions_refused_naming_the_field, T_MOCK, 30) {
   d.ttl_s = 0;
   d.payload = 5;
   refused(d, "payload: expected \"json\" or \"message\"");
-  d.payload = PROSODY_STATE_JSON;
+  d.payload = PROSODY_STATE_MESSAGE;
   d.published = 1;
-  refused(d, "not implemented yet");
+  refused(d, "published: only JSON collections can be published");
   return 0;
 }
 

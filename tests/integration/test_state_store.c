@@ -415,7 +415,7 @@ static void identity_row(const char *name, int *kind, char *fmt, char *keys) {
 
 static ans_t identity(pr__sstore_t *s, const char *name, int kind) {
   ans_t a = {0};
-  pr__sident_t id = {kind, 0};
+  pr__sident_t id = {kind, 0, 0};
   s->ops->identity(s, group, name, &id, on_done, &a);
   await(s, &a);
   return a;
@@ -446,7 +446,7 @@ T_SCENARIO(identity_recorded_once_and_another_kind_refused, T_REAL, 90) {
    * the other is refused (by the read, or by the insert it lost). */
   other = store_new();
   {
-    pr__sident_t deque = {2, 0}, value = {0, 0};
+    pr__sident_t deque = {2, 0, 0}, value = {0, 0, 0};
     memset(&a, 0, sizeof(a));
     memset(&b, 0, sizeof(b));
     st->ops->identity(st, group, "race", &deque, on_done, &a);
