@@ -142,6 +142,9 @@ static void test_env_names(void **state) {
     /* PROSODY_ + upper-case name, except the spec's own spellings. */
     if (!strcmp(d->name, "max_retry_delay")) {
       assert_string_equal(d->env, "PROSODY_RETRY_MAX_DELAY");
+    } else if (!strcmp(d->name, "state_read_cache")) {
+      /* the original's variable for the read cache's time to live */
+      assert_string_equal(d->env, "PROSODY_STATE_READ_CACHE_TTL");
     } else if (!strncmp(d->name, "otel_", 5)) {
       for (const char *p = d->name; *p; p++)
         want[k++] = (char)toupper((unsigned char)*p);
