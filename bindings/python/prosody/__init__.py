@@ -31,6 +31,16 @@ from prosody.prosody import (
 )
 from prosody.context import Context
 from prosody.handler import EventHandler
+from prosody.request import (
+    Failure,
+    FormatMismatch,
+    HandlerError,
+    MalformedResponse,
+    Outcome,
+    ResponseError,
+    Success,
+    Timeout,
+)
 from prosody import state
 from prosody.state import (
     DequeDefinition,
@@ -63,7 +73,11 @@ __all__ = [
     "EventHandler",
     "EventHandlerError",
     "ExciseMessage",
+    "Failure",
+    "FormatMismatch",
+    "HandlerError",
     "JSONValue",
+    "MalformedResponse",
     "MapDefinition",
     "MapState",
     "Message",
@@ -71,13 +85,17 @@ __all__ = [
     "MessageMapDefinition",
     "MessageValueDefinition",
     "NullValueError",
+    "Outcome",
     "PermanentError",
     "PermanentStateError",
     "ProsodyClient",
     "ProsodyError",
     "ProsodyPermanentError",
     "ProsodyTransientError",
+    "ResponseError",
     "StateError",
+    "Success",
+    "Timeout",
     "Timer",
     "TransientError",
     "TransientStateError",

@@ -4,7 +4,8 @@ from datetime import datetime, timedelta
 from typing import Any, Awaitable, Dict, Generator, List, Optional, Sequence, Union, overload, TypeVar
 
 from prosody.handler import EventHandler
-from prosody.message import Message
+from prosody.message import JSONValue, Message
+from prosody.request import Outcome
 from prosody.state import (
     DequeDefinition,
     DequeState,
@@ -145,6 +146,20 @@ class ProsodyClient:
         ...
     async def send(self, topic: str, key: str, payload: Any) -> None: ...
     async def excise(self, topic: str, key: str) -> None: ...
+    # The original's subsystem requests. Not implemented in Prosody-C yet:
+    # both raise NotImplementedError (a RuntimeError) and send nothing.
+    async def request(
+        self,
+        topic: str,
+        key: str,
+        payload: JSONValue,
+        *,
+        subsystems: Sequence[str],
+        timeout: timedelta,
+    ) -> Dict[str, Outcome[JSONValue]]: ...
+    async def request_excise(
+        self, topic: str, key: str, *, subsystems: Sequence[str], timeout: timedelta
+    ) -> Dict[str, Outcome[JSONValue]]: ...
     def subscribe(self, handler: EventHandler) -> Awaitable[None]: ...
     async def unsubscribe(self) -> None: ...
     async def shutdown(self) -> None: ...

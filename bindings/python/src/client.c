@@ -299,6 +299,40 @@ static PyObject *client_excise(PyObject *self, PyObject *args) {
   return send_record((ClientObject *)self, topic, key, NULL);
 }
 
+/* request() and request_excise(): the original's signatures, so that its
+ * programs fail on a call this package cannot serve yet with a message
+ * saying so, not with AttributeError. Nothing is sent. NotImplementedError
+ * is a RuntimeError, which the original raises when a request cannot
+ * start. The result types are in prosody/request.py. */
+static PyObject *requests_not_implemented(const char *call) {
+  PyErr_Format(PyExc_NotImplementedError,
+               "ProsodyClient.%s(): subsystem requests are not implemented "
+               "in Prosody-C yet; nothing was sent",
+               call);
+  return NULL;
+}
+
+static PyObject *client_request(PyObject *self, PyObject *args,
+                                PyObject *kwargs) {
+  static char *kw[] = {"topic",      "key",     "payload",
+                       "subsystems", "timeout", NULL};
+  PyObject *topic, *key, *payload, *subsystems = NULL, *timeout = NULL;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|$OO:request", kw, &topic,
+                                   &key, &payload, &subsystems, &timeout))
+    return NULL;
+  return requests_not_implemented("request");
+}
+
+static PyObject *client_request_excise(PyObject *self, PyObject *args,
+                                       PyObject *kwargs) {
+  static char *kw[] = {"topic", "key", "subsystems", "timeout", NULL};
+  PyObject *topic, *key, *subsystems = NULL, *timeout = NULL;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|$OO:request_excise", kw,
+                                   &topic, &key, &subsystems, &timeout))
+    return NULL;
+  return requests_not_implemented("request_excise");
+}
+
 /* Runs prosody_subscribe on an executor thread. */
 static PyObject *client_subscribe_blocking(PyObject *self, PyObject *unused) {
   ClientObject *c = (ClientObject *)self;
@@ -766,6 +800,14 @@ static PyMethodDef client_methods[] = {
     {"excise", client_excise, METH_VARARGS,
      "excise(topic, key) -> awaitable: sends an excise record (the key with "
      "no value, a tombstone) and resolves when the broker acknowledged."},
+    {"request", (PyCFunction)(void (*)(void))client_request,
+     METH_VARARGS | METH_KEYWORDS,
+     "request(topic, key, payload, *, subsystems, timeout): not implemented "
+     "yet; raises NotImplementedError and sends nothing."},
+    {"request_excise", (PyCFunction)(void (*)(void))client_request_excise,
+     METH_VARARGS | METH_KEYWORDS,
+     "request_excise(topic, key, *, subsystems, timeout): not implemented "
+     "yet; raises NotImplementedError and sends nothing."},
     {"shutdown", client_shutdown, METH_NOARGS,
      "shutdown() -> awaitable: stops consuming (if subscribed), waits for "
      "the records being sent, and refuses every later operation; repeated "
