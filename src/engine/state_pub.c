@@ -12,11 +12,15 @@
  * (state_kinds.c), with no transaction: an empty overlay that only caches
  * what the read fetched.
  *
- * The source: with one route, that route; with several, the first (in the
- * store's (group, topic) order) holding any cell for the key (a read of one
- * cell of each of the two sections); with none, an empty collection (the
- * read runs against an address of the memory store nobody writes, so that
- * each operation's empty answer is the one a handler would get).
+ * The source, among the routes whose group recorded the collection's kind
+ * (the original's admitted sources): with one, that one; with several, the
+ * first (in the store's (group, topic) order) holding any cell for the key
+ * (a read of one cell of each of the two sections); when none holds the
+ * key, an empty collection (the read runs against an address of the memory
+ * store nobody writes, so that each operation's empty answer is the one a
+ * handler would get). As the original's reader: no route is a transient
+ * error ("no publication rows"), as is no route with a recorded kind; more
+ * than 16 routes, a route of another kind, and an empty key are permanent.
  *
  * Caches. A reader keeps its routes, and the kinds it checked, for its
  * time to live (reader thread only). Answers are kept in the client's
@@ -91,8 +95,10 @@ struct prosody_published {
   size_t nroutes;
   int have_routes;
   int64_t routes_ns;
-  uint8_t checked[PR_SROUTES_MAX]; /* the route's kind was checked */
+  uint8_t checked[PR_SROUTES_MAX]; /* CK_* */
 };
+
+enum { CK_NOT, CK_ADMITTED, CK_MISSING }; /* a route's recorded kind */
 
 enum { RQ_ROUTES, RQ_CHECK, RQ_PROBE, RQ_RUN };
 
@@ -353,7 +359,13 @@ static void routes_got(void *arg, prosody_err_t err, const char *errstr,
     return;
   }
   routes_free(p);
-  for (size_t i = 0; i < n && i < PR_SROUTES_MAX; i++) {
+  if (n > PR_SROUTES_MAX) {
+    req_fail(q, PROSODY_ERR_PERMANENT,
+             "more than 16 publication sources (consumer groups and topics) "
+             "advertise it; a reader takes at most 16");
+    return;
+  }
+  for (size_t i = 0; i < n; i++) {
     char *g = strdup(r[i].group), *t = strdup(r[i].topic);
     if (!g || !t) {
       free(g);
@@ -373,12 +385,20 @@ static void routes_got(void *arg, prosody_err_t err, const char *errstr,
 
 static void checked(void *arg, prosody_err_t err, const char *errstr) {
   preq_t *q = arg;
-  if (err) {
+  if (err && err != PROSODY_ERR_STATE) {
     req_fail(q, err, errstr);
     return;
   }
-  q->p->checked[q->src] = 1;
+  /* STATE: the group recorded no kind (yet): not a source. */
+  q->p->checked[q->src] = err ? CK_MISSING : CK_ADMITTED;
   req_step(q);
+}
+
+/* The next admitted route from `i`, or nroutes. */
+static size_t admitted_from(const prosody_published_t *p, size_t i) {
+  while (i < p->nroutes && p->checked[i] != CK_ADMITTED)
+    i++;
+  return i;
 }
 
 static void probed(void *arg, prosody_err_t err, const char *errstr,
@@ -396,7 +416,7 @@ static void probed(void *arg, prosody_err_t err, const char *errstr,
     q->section = 1;
   } else {
     q->section = 0;
-    q->src++;
+    q->src = admitted_from(q->p, q->src + 1);
   }
   req_step(q);
 }
@@ -454,16 +474,28 @@ static void req_step(preq_t *q) {
     return;
   case RQ_CHECK:
     for (q->src = 0; q->src < p->nroutes; q->src++)
-      if (!p->checked[q->src]) {
+      if (p->checked[q->src] == CK_NOT) {
         pr__sident_t id = {p->kind, PROSODY_STATE_JSON, 1};
         s->ops->identity(s, p->routes[q->src].group, p->name, &id, checked, q);
         return;
       }
+    if (!p->nroutes) {
+      p->have_routes = 0; /* asked again next time */
+      req_fail(q, PROSODY_ERR_TRANSIENT,
+               "no publication rows (no group publishes it, or not yet)");
+      return;
+    }
+    q->src = admitted_from(p, 0);
+    if (q->src == p->nroutes) {
+      p->have_routes = 0;
+      req_fail(q, PROSODY_ERR_TRANSIENT,
+               "no publishing group has recorded its kind (yet)");
+      return;
+    }
     q->stage = RQ_PROBE;
-    q->src = 0;
     q->section = 0;
-    if (p->nroutes <= 1) { /* no choice to make */
-      run(q, 0);
+    if (admitted_from(p, q->src + 1) == p->nroutes) { /* no choice */
+      run(q, q->src);
       return;
     }
     req_step(q);
@@ -705,6 +737,11 @@ PROSODY_EXPORT prosody_err_t prosody_published_async(
              : !key ? "key"
                     : "the callback");
     return PROSODY_ERR_INVALID_ARG;
+  }
+  if (!key[0]) {
+    pr__errf(errstr, errstr_size,
+             "published state: cannot compute a partition for an empty key");
+    return PROSODY_ERR_PERMANENT;
   }
   if (!read_only((int)kind_op)) {
     pr__errf(errstr, errstr_size,

@@ -49,12 +49,13 @@
  * records ours with INSERT ... IF NOT EXISTS when there is none; a
  * different row (read, or returned by a lost insert) is
  * PROSODY_ERR_PERMANENT naming both. A reader's check (id->check) only
- * compares: nothing recorded is no contradiction.
+ * compares: nothing recorded is PROSODY_ERR_STATE.
  *
  * Published collections' routes are keyed_state_publication's rows of
  * (subsystem, 0, name): publish() is a plain upsert, unpublish() deletes
  * one group's rows (a range of the partition), routes() reads the first
- * 16 (PR_SROUTES_MAX) in (group, topic) order.
+ * 17 (PR_SROUTES_MAX + 1: one more than a reader takes) in (group, topic)
+ * order.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -150,7 +151,7 @@ typedef struct sjob {
   /* routes (publish: routes[0], the one to record; `name` and `group`
    * above), their strings owned */
   char *subsystem;
-  pr__sroute_t routes[PR_SROUTES_MAX];
+  pr__sroute_t routes[PR_SROUTES_MAX + 1];
   size_t nroutes;
 } sjob_t;
 
@@ -709,7 +710,8 @@ static void identity_answered(void *arg, prosody_err_t err, const char *errstr,
   if (err) {
     job_done(j, err, errstr);
   } else if (j->step == 0 && !rows && j->check) {
-    job_done(j, PROSODY_OK, NULL); /* nothing recorded to contradict */
+    pr__cqlw_complete(&j->job, PROSODY_ERR_STATE,
+                      "keyed state: no kind recorded");
   } else if (j->step == 0 && !rows) {
     pr__cql_val_t v[5] = {pr__cv_text(j->group), pr__cv_text(j->name),
                           pr__cv_tinyint(j->kind), pr__cv_text(j->format),
@@ -768,7 +770,7 @@ static void route_answered(void *arg, prosody_err_t err, const char *errstr,
     job_done(j, err, errstr);
     return;
   }
-  for (int32_t r = 0; r < res->nrows && j->nroutes < PR_SROUTES_MAX; r++) {
+  for (int32_t r = 0; r < res->nrows && j->nroutes <= PR_SROUTES_MAX; r++) {
     pr__sroute_t *x = &j->routes[j->nroutes];
     if (pr__cql_get_text(pr__cql_cell(res, r, 0), group, sizeof(group)) ||
         pr__cql_get_text(pr__cql_cell(res, r, 1), topic, sizeof(topic)) ||
@@ -927,7 +929,7 @@ pr__sstore_t *pr__cqlstate_new(const pr__cql_conf_t *conf, const char *keyspace,
                     "state_type = 0 AND name = ? AND group_id = ?");
   s->pub_sel = stmt(s, ks, "SELECT group_id, topic, partition_count FROM ",
                     ".keyed_state_publication WHERE subsystem = ? AND "
-                    "state_type = 0 AND name = ? LIMIT 16");
+                    "state_type = 0 AND name = ? LIMIT 17");
   if (s->bad) {
     pr__errf(errstr, errstr_size,
              "keyed state: out of memory, or keyspace "

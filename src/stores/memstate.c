@@ -360,6 +360,8 @@ static void mem_identity(pr__sstore_t *s, const char *group, const char *name,
   pthread_mutex_unlock(&g_lock);
   if (clash)
     cb(arg, PROSODY_ERR_PERMANENT, why);
+  else if (!x && id->check)
+    cb(arg, PROSODY_ERR_STATE, "keyed state: no kind recorded");
   else
     cb(arg, PROSODY_OK, NULL);
 }
@@ -439,13 +441,13 @@ static void mem_unpublish(pr__sstore_t *s, const char *subsystem,
 
 static void mem_routes(pr__sstore_t *s, const char *subsystem, const char *name,
                        pr__sroutes_cb cb, void *arg) {
-  pr__sroute_t r[PR_SROUTES_MAX];
-  char *copies[2 * PR_SROUTES_MAX];
+  pr__sroute_t r[PR_SROUTES_MAX + 1];
+  char *copies[2 * (PR_SROUTES_MAX + 1)];
   size_t n = 0, k;
   int failed = 0;
   (void)s;
   pthread_mutex_lock(&g_lock);
-  for (mroute_t *x = g_routes; x && n < PR_SROUTES_MAX; x = x->next) {
+  for (mroute_t *x = g_routes; x && n <= PR_SROUTES_MAX; x = x->next) {
     if (route_cmp(x, subsystem, name, NULL, NULL))
       continue;
     copies[2 * n] = strdup(x->group);

@@ -65,7 +65,8 @@ typedef struct pr__swrite {
 typedef struct pr__sident {
   int kind;    /* prosody_state_kind_t */
   int payload; /* prosody_state_payload_t */
-  int check;   /* compare only: record nothing (none recorded is OK) */
+  int check;   /* compare only: record nothing (none recorded is
+                  PROSODY_ERR_STATE) */
 } pr__sident_t;
 
 /* A route of a published collection (keyed_state_publication): `group`
@@ -76,7 +77,9 @@ typedef struct pr__sroute {
   int32_t partitions;
 } pr__sroute_t;
 
-#define PR_SROUTES_MAX 16 /* the routes a reader reads, at most */
+/* The routes a collection may have: a reader refuses more (the original's
+ * bound); routes() lists one more, to tell. */
+#define PR_SROUTES_MAX 16
 
 typedef struct pr__sstore pr__sstore_t;
 
@@ -93,8 +96,8 @@ static inline int pr__scell_cmp(int sa, const uint8_t *a, size_t al, int sb,
   return al < bl ? -1 : al > bl;
 }
 
-/* Routes in (group, topic) order, at most PR_SROUTES_MAX (borrowed: valid
- * during the callback). */
+/* Routes in (group, topic) order, at most PR_SROUTES_MAX + 1 (borrowed:
+ * valid during the callback). */
 typedef void (*pr__sroutes_cb)(void *arg, prosody_err_t err, const char *errstr,
                                const pr__sroute_t *r, size_t n);
 

@@ -2,10 +2,11 @@
  * test_published.c - published keyed state (prosody.h, "Published keyed
  * state"): a group's published collections are read by another client,
  * which neither registers nor consumes them: committed state only, every
- * read operation of each kind, the read cache, an unknown subsystem or key
- * reading as empty, a reader of the wrong kind refused, writes refused, a
- * publication retired by a deploy that registers it unpublished, and the
- * configuration errors.
+ * read operation of each kind, the read cache, an unknown key reading as
+ * empty, an unknown subsystem (no routes) a transient error as in the
+ * original, a reader of the wrong kind refused, writes and empty keys
+ * refused, a publication retired by a deploy that registers it
+ * unpublished, and the configuration errors.
  */
 #include <pthread.h>
 
@@ -277,13 +278,23 @@ T_SCENARIO(published_collections_read_by_another_client, T_BOTH, 180) {
             strstr(got, "\"pv\""),
         "a map reader of a value: %s", got);
   none = reader(rc, "no-such-subsystem", "pv", PROSODY_STATE_VALUE, 0);
-  expect(none, "a", PROSODY_STATE_GET, NULL, 0, "", -1, "no routes");
+  CHECK(read_op(none, "a", PROSODY_STATE_GET, NULL, 0, got, sizeof(got),
+                NULL) == PROSODY_ERR_TRANSIENT &&
+            strstr(got, "no publication rows"),
+        "no routes: %s", got);
+  CHECK(read_op(pv, "", PROSODY_STATE_GET, NULL, 0, got, sizeof(got), NULL) ==
+                PROSODY_ERR_PERMANENT &&
+            strstr(got, "empty key"),
+        "an empty key: %s", got);
 
   /* Retiring: a deploy that registers "pv" unpublished deletes its
    * route; the others stay. */
   send_one(producer, topic, "a", "{\"probe\":1}");
   own(group, topic, sub, 1, N + 2);
-  expect(pv, "a", PROSODY_STATE_GET, NULL, 0, "", -1, "a retired collection");
+  CHECK(read_op(pv, "a", PROSODY_STATE_GET, NULL, 0, got, sizeof(got), NULL) ==
+                PROSODY_ERR_TRANSIENT &&
+            strstr(got, "no publication rows"),
+        "a retired collection: %s", got);
   expect(pm, "a", PROSODY_STATE_GET, "m3", 0, "3", -1, "still published");
   prosody_client_destroy(rc);
   prosody_client_destroy(producer);
@@ -328,6 +339,35 @@ T_SCENARIO(published_reads_are_cached_for_their_ttl, T_BOTH, 120) {
     usleep(50000);
   } while (t_now() < until);
   CHECK(!strcmp(got, "{\"n\":2}"), "a 300 ms cache still says %s", got);
+  prosody_client_destroy(rc);
+  prosody_client_destroy(producer);
+  return 0;
+}
+
+/* Two groups publish one collection, each from its own topic: a key's
+ * read goes to the group that holds it. */
+T_SCENARIO(published_read_finds_the_source_that_holds_the_key, T_BOTH, 120) {
+  const char *t1 = t_topic("published-src1"), *t2 = t_topic("published-src2");
+  char g1[128], g2[128], sub[128];
+  prosody_client_t *producer, *rc;
+  prosody_published_t *pv;
+
+  handled = 0;
+  t_create_topic(t1, 2);
+  t_create_topic(t2, 3);
+  snprintf(g1, sizeof(g1), "%s-g", t1);
+  snprintf(g2, sizeof(g2), "%s-g", t2);
+  snprintf(sub, sizeof(sub), "sub-%s", t1);
+  producer = producer_client();
+  send_one(producer, t1, "x", "{\"i\":1}");
+  send_one(producer, t2, "y", "{\"i\":2}");
+  own(g1, t1, sub, 0, 1);
+  own(g2, t2, sub, 0, 2);
+  rc = reader_client();
+  pv = reader(rc, sub, "pv", PROSODY_STATE_VALUE, -1);
+  expect(pv, "x", PROSODY_STATE_GET, NULL, 0, "{\"n\":1}", -1, "x, of g1");
+  expect(pv, "y", PROSODY_STATE_GET, NULL, 0, "{\"n\":2}", -1, "y, of g2");
+  expect(pv, "z", PROSODY_STATE_GET, NULL, 0, "", -1, "z, of nobody");
   prosody_client_destroy(rc);
   prosody_client_destroy(producer);
   return 0;
