@@ -282,26 +282,31 @@ function convertOptions(config, what) {
   return out;
 }
 
-// stateReadCache's text form for the option table: "none" when disabled,
-// the ttl in milliseconds, or undefined (unset) for {}.
-function readCacheText(jsName, value) {
-  if (typeof value === 'string') return noNul(jsName, value);
-  if (typeof value !== 'object' || Array.isArray(value)) {
-    throw new TypeError(`option ${jsName}: expected { ttlMs?: number, disabled?: boolean } or a duration's text ` +
-                        `form ("5s", "none"), got ${Array.isArray(value) ? 'array' : typeof value}`);
+// The fields of a read cache's settings, { ttlMs?, disabled? } (the
+// client's stateReadCache, a definition's readCache), checked but for the
+// ttl's value; `at` names it in errors.
+function readCacheFields(v, at) {
+  if (v === null || typeof v !== 'object' || Array.isArray(v)) {
+    throw new TypeError(`${at}: expected { ttlMs?: number, disabled?: boolean }, got ${shown(v)}`);
   }
-  for (const field of Object.keys(value)) {
+  for (const field of Object.keys(v)) {
     if (field !== 'ttlMs' && field !== 'disabled') {
-      throw new RangeError(`option ${jsName}: unknown field '${field}' (ttlMs, disabled)`);
+      throw new RangeError(`${at}: unknown field '${field}' (ttlMs, disabled)`);
     }
   }
-  const { ttlMs, disabled } = value;
+  const { ttlMs, disabled } = v;
   if (disabled !== undefined && typeof disabled !== 'boolean') {
-    throw new TypeError(`option ${jsName}: disabled must be a boolean, got ${typeof disabled}`);
+    throw new TypeError(`${at}.disabled: expected a boolean, got ${shown(disabled)}`);
   }
-  if (ttlMs !== undefined && disabled !== undefined) {
-    throw new RangeError(`${jsName}: cannot set both ttlMs and disabled`);
-  }
+  if (ttlMs !== undefined && disabled !== undefined) throw new RangeError(`${at}: cannot set both ttlMs and disabled`);
+  return { ttlMs, disabled };
+}
+
+// stateReadCache's text form for the option table (which checks the ttl):
+// "none" when disabled, the ttl in milliseconds, or undefined (unset).
+function readCacheText(jsName, value) {
+  if (typeof value === 'string') return noNul(jsName, value);
+  const { ttlMs, disabled } = readCacheFields(value, jsName);
   if (disabled) return 'none';
   return ttlMs === undefined ? undefined : optionText(`${jsName}.ttlMs`, 'state_read_cache', 'ms', ttlMs);
 }
@@ -565,16 +570,10 @@ function convertStates(list) {
 function readCacheMs(rc, at) {
   if (rc === undefined) return -1;
   if (rc === false) return 0;
-  const bad = () => new RangeError(`${at}: expected { ttlMs } (milliseconds >= 0), { disabled: true } or false, ` +
-                                   `got ${shown(rc)}`);
-  if (rc === null || typeof rc !== 'object' || Array.isArray(rc)) throw bad();
-  for (const field of Object.keys(rc)) {
-    if (field !== 'ttlMs' && field !== 'disabled') throw new RangeError(`${at}: unknown field '${field}' (ttlMs, disabled)`);
+  const { ttlMs, disabled } = readCacheFields(rc, at);
+  if (ttlMs !== undefined && (typeof ttlMs !== 'number' || !Number.isFinite(ttlMs) || ttlMs < 0)) {
+    throw new RangeError(`${at}.ttlMs: expected milliseconds (a number >= 0), got ${shown(ttlMs)}`);
   }
-  const { ttlMs, disabled } = rc;
-  if (disabled !== undefined && typeof disabled !== 'boolean') throw bad();
-  if (ttlMs !== undefined && (typeof ttlMs !== 'number' || !Number.isFinite(ttlMs) || ttlMs < 0)) throw bad();
-  if (ttlMs !== undefined && disabled !== undefined) throw new RangeError(`${at}: cannot set both ttlMs and disabled`);
   if (disabled) return 0;
   return ttlMs === undefined ? -1 : Math.round(ttlMs);
 }
@@ -1163,14 +1162,12 @@ class ProsodyClient {
     let opened = this._readers.get(id);
     if (!opened) {
       opened = (async () => {
-        try {
-          const reader = await this._native.publishedOpen(subsystem, name, STATE_KINDS[kind], cacheMs);
-          return new PUBLISHED_CLASSES[kind](this, reader, subsystem, name);
-        } catch (e) {
-          this._readers.delete(id); // a later call tries again
-          throw stateError(e);
-        }
-      })();
+        const reader = await this._native.publishedOpen(subsystem, name, STATE_KINDS[kind], cacheMs);
+        return new PUBLISHED_CLASSES[kind](this, reader, subsystem, name);
+      })().catch((e) => {
+        this._readers.delete(id); // a later call tries again (this runs after the set below)
+        throw stateError(e);
+      });
       this._readers.set(id, opened);
     }
     return opened;

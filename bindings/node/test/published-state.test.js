@@ -263,7 +263,7 @@ test('reader errors: a definition that is not JSON, bad arguments, another kind'
   for (const def of [messageValue('total'), { name: 'total', kind: 'value', payload: 'json' }, null, 'total',
                      { ...value('total') }]) {
     await assert.rejects(fresh.state(SUBSYSTEM, def),
-                         (e) => e instanceof TypeError && e.message === 'definition must be a JSON value, map, or deque definition',
+                         { name: 'TypeError', message: 'definition must be a JSON value, map, or deque definition' },
                          String(def));
   }
   const m = await fresh.state(SUBSYSTEM, map('items'));
@@ -289,7 +289,9 @@ test('reader errors: a definition that is not JSON, bad arguments, another kind'
   assert.match(e.message, /map/);
   // A bad readCache.
   await assert.rejects(fresh.state(SUBSYSTEM, value('total', { readCache: { ttlMs: -1 } })),
-                       (x) => x instanceof RangeError && /readCache: expected \{ ttlMs \}/.test(x.message));
+                       { name: 'RangeError',
+                         message: 'state: definition "total".readCache.ttlMs: expected milliseconds (a number >= 0), ' +
+                                  'got -1' });
   await assert.rejects(fresh.state(SUBSYSTEM, value('total', { readCache: { ttlMs: 1, disabled: true } })),
                        /readCache: cannot set both ttlMs and disabled/);
 });
@@ -304,8 +306,12 @@ test('configuration: published collections need a subsystem and JSON; stateReadC
     [{ stateReadCache: { ttlMs: 5, disabled: true } }, 'stateReadCache: cannot set both ttlMs and disabled'],
     [{ stateReadCache: { ttlMs: 0 } }, /^option stateReadCache: .*state_read_cache.*out of range/],
     [{ stateReadCache: 'soon' }, /^option stateReadCache: .*state_read_cache/],
-    [{ stateReadCache: { ttl: 5 } }, "option stateReadCache: unknown field 'ttl' (ttlMs, disabled)"],
-    [{ stateCollections: [value('r', { readCache: { ttlMs: -1 } })] }, /^stateCollections\[0\]\.readCache: expected/],
+    [{ stateReadCache: { ttl: 5 } }, "stateReadCache: unknown field 'ttl' (ttlMs, disabled)"],
+    [{ stateReadCache: 5000 }, 'stateReadCache: expected { ttlMs?: number, disabled?: boolean }, got 5000'],
+    [{ stateCollections: [value('r', { readCache: { ttlMs: -1 } })] },
+     'stateCollections[0].readCache.ttlMs: expected milliseconds (a number >= 0), got -1'],
+    [{ stateCollections: [value('r', { readCache: true })] },
+     'stateCollections[0].readCache: expected { ttlMs?: number, disabled?: boolean }, got true'],
   ];
   for (const [over, message] of bad) {
     const options = { ...baseOptions(), groupId: 'g', subscribedTopics: 't', ...over };
