@@ -9,7 +9,7 @@ const { test, before, after } = require('node:test');
 const assert = require('node:assert');
 const {
   ProsodyClient, TransientError, TransientStateError, PermanentStateError, PublishedValue, PublishedMap, PublishedDeque,
-  value, map, deque, messageValue,
+  ValueState, MapState, DequeState, value, map, deque, messageValue,
 } = require('..');
 const { unique, freshTopic, baseOptions, waitUntil } = require('./helpers');
 
@@ -97,6 +97,26 @@ after(async () => {
   await fresh.shutdown();
 });
 
+test('definitions keep their published options; readers have the handles\' read methods', async () => {
+  assert.deepStrictEqual(value('v', { published: true, readCache: { ttlMs: 250 } }),
+                         { name: 'v', kind: 'value', payload: 'json', published: true, readCache: { ttlMs: 250 } });
+  assert.deepStrictEqual(map('m', { readCache: false, keysetLimit: 3 }),
+                         { name: 'm', kind: 'map', payload: 'json', readCache: false, keysetLimit: 3 });
+  assert.deepStrictEqual(deque('d', { published: false, readCache: { disabled: true } }),
+                         { name: 'd', kind: 'deque', payload: 'json', published: false, readCache: { disabled: true } });
+  const methods = (C) => Object.getOwnPropertyNames(C.prototype)
+    .filter((n) => n !== 'constructor' && !n.startsWith('_')).sort();
+  assert.deepStrictEqual(methods(PublishedValue), ['get']);
+  assert.deepStrictEqual(methods(PublishedMap), ['entries', 'get', 'getMany', 'has', 'keys', 'values']);
+  assert.deepStrictEqual(methods(PublishedDeque), ['at', 'isEmpty', 'length', 'values']);
+  for (const [Published, Handle] of [[PublishedValue, ValueState], [PublishedMap, MapState],
+                                     [PublishedDeque, DequeState]]) {
+    for (const m of methods(Published)) assert.ok(methods(Handle).includes(m), `${Handle.name}.${m}`);
+  }
+  const esm = await import('../index.mjs');
+  for (const C of [PublishedValue, PublishedMap, PublishedDeque]) assert.strictEqual(esm[C.name], C, C.name);
+});
+
 test('a reader of each kind reads the committed state by Kafka key', async () => {
   await write('alice', ['set', { total: 42, currency: 'EUR' }], ['put', 'b', 2], ['put', 'café', { accent: true }],
               ['put', 'a', 1], ['put', 'z', 26], ['delete', 'z'], ['push', 'second'], ['push', 'third'],
@@ -112,6 +132,8 @@ test('a reader of each kind reads the committed state by Kafka key', async () =>
 
   assert.deepStrictEqual(await v.get('alice'), { total: 42, currency: 'EUR' });
   assert.strictEqual(await v.get('bob'), 7);
+  // The owner's own definition serves a reader as well.
+  assert.strictEqual(await (await reader.state(SUBSYSTEM, TOTAL)).get('bob'), 7);
 
   const entries = [['a', 1], ['b', 2], ['café', { accent: true }]];
   assert.deepStrictEqual(await m.get('alice', 'café'), { accent: true });
