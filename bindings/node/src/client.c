@@ -2,8 +2,8 @@
  * client.c - NativeClient over prosody_client_t: its lifetime (freed by
  * the later of its JS object's and its threadsafe function's finalizers),
  * send, subscribe, unsubscribe and publishedOpen (blocking calls as
- * napi_async_work on libuv's pool), and the consumer's state. JS thread, except
- * the work's execute step and the send callback.
+ * napi_async_work on libuv's pool), and the consumer's state. JS thread,
+ * except the work's execute step and the send callback.
  */
 #include "prosody_node.h"
 

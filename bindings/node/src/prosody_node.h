@@ -186,10 +186,10 @@ typedef struct work {
   napi_deferred deferred;
   client_t *c;
   prosody_admin_t *admin;
-  napi_ref keep;            /* the JS object, alive while the work runs */
-  int kind;                 /* 0 subscribe, 1 unsubscribe, 2 create, 3 delete,
-                               4 open (the client), 5 shutdown, 6 open a published
-                               collection's reader */
+  napi_ref keep; /* the JS object, alive while the work runs */
+  /* 0 subscribe, 1 unsubscribe, 2 create, 3 delete, 4 open (the client),
+   * 5 shutdown, 6 open a published collection's reader */
+  int kind;
   char *name;               /* the topic, or the published collection */
   char *policy;             /* the cleanup policy, or the subsystem (kind 6) */
   int state_kind;           /* kind 6: prosody_state_kind_t */
