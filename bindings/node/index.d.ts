@@ -108,6 +108,13 @@ export interface Configuration {
   topicCleanupPolicy?: string | null;
   topicRetentionMs?: number | string | null;
   log?: string | null;
+  /** This service's name for published keyed state (1 to 64 bytes, trimmed): required when a
+   * collection of `stateCollections` is `published`; readers name it in `client.state()`. */
+  subsystem?: string | null;
+  /** How long readers of published state (`client.state()`) keep an answer: `{ ttlMs }` (default
+   * 5 s), `{ disabled: true }` to read the store every time, or the text form (`"5s"`, `"none"`).
+   * Giving both fields is a `RangeError`. A definition's own `readCache` wins. */
+  stateReadCache?: ReadCacheOptions | string | null;
 }
 
 /** Where a client's log lines go: any object with these four methods, such as `console`, pino or
@@ -130,8 +137,6 @@ export interface ClientConfiguration extends Configuration {
    * definitions made by `value()`, `map()`, `deque()`, or plain objects of the same shape. Names are
    * unique; checked when the client is made. */
   stateCollections?: readonly StateCollectionConfig[] | null;
-  /** Checked (1 to 64 bytes), not used yet: published state and requests are not implemented. */
-  subsystem?: string | null;
   /** Checked (host:port), not used yet: requests are not served. */
   peerBindAddress?: string | null;
 }
@@ -195,12 +200,18 @@ export interface StateDefinitionOptions {
   /** Writes go to the store at once instead of with the event's success (make them idempotent). */
   readUncommitted?: boolean;
 }
+/** How long a reader of published state keeps an answer: `ttlMs` (milliseconds, at least 0;
+ * 0 reads the store every time), or `disabled: true` (the same); not both. */
 export interface ReadCacheOptions {
-  ttlMs: number;
+  ttlMs?: number;
+  disabled?: boolean;
 }
 export interface PublishedStateDefinitionOptions extends StateDefinitionOptions {
-  /** Not implemented: `true` is refused when the client is made. */
+  /** Readable by other services through `client.state(subsystem, definition)`; the client
+   * registering it needs the `subsystem` option. */
   published?: boolean;
+  /** Reader side (`client.state()`): how long answers are kept; `false` reads the store every
+   * time. Unset: the reading client's `stateReadCache`. */
   readCache?: ReadCacheOptions | false;
 }
 export interface MapDefinitionOptions extends PublishedStateDefinitionOptions {
@@ -330,6 +341,39 @@ export declare class DequeState<T = JsonValue> implements StateHandle {
   [Symbol.asyncIterator](): AsyncIterableIterator<T>;
 }
 
+/** A reader of a collection another service publishes (`client.state(subsystem, definition)`):
+ * its committed state, by Kafka key, at most as stale as the read cache's ttl. Reads reject with
+ * `TransientStateError` (the store, a bad argument) or `PermanentStateError` (the collection is
+ * published with another kind). A key nobody wrote reads as empty. */
+export declare class PublishedValue<T = JsonValue> {
+  private constructor();
+  readonly subsystem: string;
+  readonly name: string;
+  get(key: string): Promise<T | null>;
+}
+export declare class PublishedMap<V = JsonValue> {
+  private constructor();
+  readonly subsystem: string;
+  readonly name: string;
+  get(key: string, mapKey: string): Promise<V | null>;
+  getMany(key: string, mapKeys: readonly string[]): Promise<(V | null)[]>;
+  has(key: string, mapKey: string): Promise<boolean>;
+  /** Lazy: nothing is read before the first `next()`; then pages of up to 256. */
+  entries(key: string, direction?: ScanDirection): AsyncIterableIterator<[string, V]>;
+  keys(key: string, direction?: ScanDirection): AsyncIterableIterator<string>;
+  values(key: string, direction?: ScanDirection): AsyncIterableIterator<V>;
+}
+export declare class PublishedDeque<T = JsonValue> {
+  private constructor();
+  readonly subsystem: string;
+  readonly name: string;
+  length(key: string): Promise<number>;
+  isEmpty(key: string): Promise<boolean>;
+  /** `Array.prototype.at`'s rules; out of range: null. */
+  at(key: string, index: number): Promise<T | null>;
+  values(key: string, direction?: ScanDirection): AsyncIterableIterator<T>;
+}
+
 /** With `new ProsodyClient()` every method is optional (a missing `onExcise`: excise records are
  * committed past unhandled); with `await ProsodyClient.create()` all three are required. */
 export interface EventHandler {
@@ -357,6 +401,13 @@ export declare class ProsodyClient {
   consumerState(): Promise<ConsumerState>;
   assignedPartitionCount(): Promise<number>;
   isStalled(): Promise<boolean>;
+  /** A reader of the collection `definition` names as published by service `subsystem`; any
+   * client (no group or subscription needed). The same subsystem and definition (name, kind,
+   * `readCache`) give the same reader, which lives as long as the client. A message definition
+   * (or an object not made by `value()`, `map()`, `deque()`) rejects with `TypeError`. */
+  state<T>(subsystem: string, definition: ValueDefinition<T>): Promise<PublishedValue<T>>;
+  state<V>(subsystem: string, definition: MapDefinition<V>): Promise<PublishedMap<V>>;
+  state<T>(subsystem: string, definition: DequeDefinition<T>): Promise<PublishedDeque<T>>;
 }
 
 export interface TopicOptions {

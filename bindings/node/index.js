@@ -198,6 +198,11 @@ for (const [name, info] of Object.entries(OPTION_TABLE)) {
   }
 }
 
+// state_read_cache is an object in JavaScript, as the original has it:
+// stateReadCache: { ttlMs?, disabled? } (or the text form, "5s", "none").
+JS_NAMES.delete('stateReadCacheMs');
+JS_NAMES.set('stateReadCache', ['state_read_cache', 'readCache']);
+
 // An integral number in full digits: String(1e21) is "1e+21", which the
 // option table would call "not an integer" rather than out of range.
 const digits = (n) => (Number.isSafeInteger(n) ? String(n) : BigInt(n).toString());
@@ -271,9 +276,39 @@ function convertOptions(config, what) {
       if (name === 'probe_port' && value === null) out[name] = 'none';
       continue;
     }
-    out[name] = optionText(jsName, name, unit, value);
+    const text = unit === 'readCache' ? readCacheText(jsName, value) : optionText(jsName, name, unit, value);
+    if (text !== undefined) out[name] = text;
   }
   return out;
+}
+
+// The fields of a read cache's settings, { ttlMs?, disabled? } (the
+// client's stateReadCache, a definition's readCache), checked but for the
+// ttl's value; `at` names it in errors.
+function readCacheFields(v, at) {
+  if (v === null || typeof v !== 'object' || Array.isArray(v)) {
+    throw new TypeError(`${at}: expected { ttlMs?: number, disabled?: boolean }, got ${shown(v)}`);
+  }
+  for (const field of Object.keys(v)) {
+    if (field !== 'ttlMs' && field !== 'disabled') {
+      throw new RangeError(`${at}: unknown field '${field}' (ttlMs, disabled)`);
+    }
+  }
+  const { ttlMs, disabled } = v;
+  if (disabled !== undefined && typeof disabled !== 'boolean') {
+    throw new TypeError(`${at}.disabled: expected a boolean, got ${shown(disabled)}`);
+  }
+  if (ttlMs !== undefined && disabled !== undefined) throw new RangeError(`${at}: cannot set both ttlMs and disabled`);
+  return { ttlMs, disabled };
+}
+
+// stateReadCache's text form for the option table (which checks the ttl):
+// "none" when disabled, the ttl in milliseconds, or undefined (unset).
+function readCacheText(jsName, value) {
+  if (typeof value === 'string') return noNul(jsName, value);
+  const { ttlMs, disabled } = readCacheFields(value, jsName);
+  if (disabled) return 'none';
+  return ttlMs === undefined ? undefined : optionText(`${jsName}.ttlMs`, 'state_read_cache', 'ms', ttlMs);
 }
 
 function wrapConfigError(e) {
@@ -288,7 +323,9 @@ function wrapConfigError(e) {
     }
     return e;
   }
-  if (e && e.code === 'PROSODY_ERR_CONFIG' && typeof e.message === 'string') {
+  // A published collection without the subsystem option: libprosody's
+  // message names both (the option has one name in both languages).
+  if (e && e.code === 'PROSODY_ERR_CONFIG' && typeof e.message === 'string' && !e.message.startsWith('published: ')) {
     for (const [jsName, [name]] of JS_NAMES) {
       if (e.message.includes(`option ${name} `) || e.message.startsWith(`${name}:`) ||
           e.message.includes(` ${name} (`)) {
@@ -519,16 +556,26 @@ function convertStates(list) {
     const capacity = whole('capacity', 1, Number.MAX_SAFE_INTEGER);
     const readUncommitted = bool('readUncommitted');
     const published = bool('published');
-    if (c.readCache !== undefined && c.readCache !== false &&
-        !(c.readCache !== null && typeof c.readCache === 'object' && typeof c.readCache.ttlMs === 'number' &&
-          c.readCache.ttlMs >= 0)) {
-      throw new RangeError(`${at}.readCache: expected { ttlMs } (milliseconds >= 0) or false, got ${shown(c.readCache)}`);
-    }
+    readCacheMs(c.readCache, `${at}.readCache`); // used by readers (client.state()), checked here too
     flat.push(c.name, STATE_KINDS[c.kind], STATE_PAYLOADS[c.payload], ttl || 0, readUncommitted, published,
               keysetLimit === undefined ? -1 : keysetLimit, capacity || 0);
     registry.set(c.name, { kind: c.kind, payload: c.payload });
   });
   return [flat, registry];
+}
+
+// A definition's readCache as prosody_published_open's read_cache_ms: -1
+// (not given: the client's stateReadCache), 0 (false or { disabled: true }:
+// read the store every time), or { ttlMs } rounded to whole milliseconds.
+function readCacheMs(rc, at) {
+  if (rc === undefined) return -1;
+  if (rc === false) return 0;
+  const { ttlMs, disabled } = readCacheFields(rc, at);
+  if (ttlMs !== undefined && (typeof ttlMs !== 'number' || !Number.isFinite(ttlMs) || ttlMs < 0)) {
+    throw new RangeError(`${at}.ttlMs: expected milliseconds (a number >= 0), got ${shown(ttlMs)}`);
+  }
+  if (disabled) return 0;
+  return ttlMs === undefined ? -1 : Math.round(ttlMs);
 }
 
 // libprosody's operations (prosody_state_op_t).
@@ -626,7 +673,9 @@ function messageRef(v, method, name) {
 }
 
 class StateHandle {
-  // `message`: a message collection (its items are Messages).
+  // `message`: a message collection (its items are Messages). `event`
+  // null: a published collection's read-only view for one Kafka key (see
+  // PublishedState), `handle` then { reader, key }.
   constructor(client, event, handle, name, message) {
     this._client = client;
     this._event = event;
@@ -652,14 +701,18 @@ class StateHandle {
   // Runs operation `op`: a promise of [number, key, json, ...].
   _call(op, { key = null, json = null, keys = null, index = 0, after = null, limit = 0, backward = false,
               keysOnly = false, refTopic = null, refPartition = 0, refOffset = 0 } = {}) {
-    if (this._event.done) {
+    if (this._event && this._event.done) {
       return Promise.reject(new TransientStateError(
         `state "${this._name}": the handle is used after its handler finished; a handle is valid only ` +
         'during the handler invocation that opened it'));
     }
+    const native = this._client._native;
     try {
-      return this._client._native.stateOp(this._handle, op, key, json, keys, index, after, limit, backward,
-                                          keysOnly, refTopic, refPartition, refOffset)
+      return (this._event
+        ? native.stateOp(this._handle, op, key, json, keys, index, after, limit, backward, keysOnly, refTopic,
+                         refPartition, refOffset)
+        : native.publishedOp(this._handle.reader, op, key, json, keys, index, after, limit, backward, keysOnly,
+                             refTopic, refPartition, refOffset, this._handle.key))
         .catch((e) => { throw stateError(e); });
     } catch (e) {
       return Promise.reject(stateError(e));
@@ -675,6 +728,14 @@ class StateHandle {
   // A scan in chunks; `item(key, json)` makes what it yields.
   _scan(method, direction, keysOnly, item) {
     return new StateScan(this, scanDirection(direction, method, this._name), keysOnly, item);
+  }
+
+  // Why the handle can no longer be used, or null (a published view can
+  // always be).
+  _stale(what) {
+    return this._event && this._event.done
+      ? new TransientStateError(`state "${this._name}": ${what} is used after its handler finished`)
+      : null;
   }
 }
 
@@ -819,9 +880,10 @@ class StateScan {
 
   async _next() {
     if (this._closed) return { value: undefined, done: true };
-    if (this._h._event.done) {
+    const stale = this._h._stale('a scan');
+    if (stale) {
       this._close();
-      throw new TransientStateError(`state "${this._h._name}": a scan is used after its handler finished`);
+      throw stale;
     }
     if (this._at === this._buffer.length) {
       if (this._end) {
@@ -852,6 +914,73 @@ class StateScan {
 }
 
 const STATE_CLASSES = [ValueState, MapState, DequeState];
+
+// ---------------------------------------------------------------------------
+// Published state: another service's committed collections, read by Kafka
+// key outside handlers (client.state(); README "Published state"). Each
+// method runs the handler-side handle's read method on a view of the key's
+// collection (StateHandle with no event), so the checks, results and errors
+// are the same.
+
+class PublishedState {
+  constructor(client, reader, subsystem, name) {
+    this._client = client;
+    this._reader = reader; // prosody_published_t, freed with the client
+    this._subsystem = subsystem;
+    this._name = name;
+  }
+
+  get subsystem() { return this._subsystem; }
+
+  get name() { return this._name; }
+
+  // The view of `key`'s collection; throws TransientStateError for a key
+  // that is not a string.
+  _for(key, method) {
+    if (typeof key !== 'string') {
+      throw new TransientStateError(`${method}: the Kafka key of published "${this._name}" must be a string, ` +
+                                    `got ${shown(key)}`);
+    }
+    const View = STATE_CLASSES[STATE_KINDS[this.constructor.kind]];
+    return new View(this._client, null, { reader: this._reader, key }, this._name, false);
+  }
+}
+
+class PublishedValue extends PublishedState {
+  static kind = 'value';
+
+  async get(key) { return this._for(key, 'get').get(); }
+}
+
+class PublishedMap extends PublishedState {
+  static kind = 'map';
+
+  async get(key, mapKey) { return this._for(key, 'get').get(mapKey); }
+
+  async getMany(key, mapKeys) { return this._for(key, 'getMany').getMany(mapKeys); }
+
+  async has(key, mapKey) { return this._for(key, 'has').has(mapKey); }
+
+  entries(key, direction) { return this._for(key, 'entries').entries(direction); }
+
+  keys(key, direction) { return this._for(key, 'keys').keys(direction); }
+
+  values(key, direction) { return this._for(key, 'values').values(direction); }
+}
+
+class PublishedDeque extends PublishedState {
+  static kind = 'deque';
+
+  async length(key) { return this._for(key, 'length').length(); }
+
+  async isEmpty(key) { return this._for(key, 'isEmpty').isEmpty(); }
+
+  async at(key, index) { return this._for(key, 'at').at(index); }
+
+  values(key, direction) { return this._for(key, 'values').values(direction); }
+}
+
+const PUBLISHED_CLASSES = { value: PublishedValue, map: PublishedMap, deque: PublishedDeque };
 
 // ---------------------------------------------------------------------------
 // Context
@@ -1004,10 +1133,44 @@ class ProsodyClient {
     this._handler = null;
     this._subscribing = null;
     this._unsubscribing = null;
+    this._readers = new Map(); // client.state()'s readers: id -> promise of one
   }
 
   get sourceSystem() {
     return this._native.sourceSystem();
+  }
+
+  // A reader of collection `definition` as published by service
+  // `subsystem`: PublishedValue, PublishedMap or PublishedDeque. Opened
+  // off the event loop (outside mock mode the first one connects to
+  // Cassandra); the same subsystem, name, kind and readCache give the
+  // same reader, which lives as long as the client.
+  async state(subsystem, definition) {
+    if (definition === null || typeof definition !== 'object' || !DEFINITIONS.has(definition) ||
+        definition.payload !== 'json' || !Object.hasOwn(PUBLISHED_CLASSES, definition.kind)) {
+      throw new TypeError('definition must be a JSON value, map, or deque definition');
+    }
+    const { name, kind } = definition;
+    if (typeof name !== 'string' || name === '') {
+      throw new TransientStateError(`state: a definition's name must be a non-empty string, got ${shown(name)}`);
+    }
+    if (typeof subsystem !== 'string') {
+      throw new TransientStateError(`state: the subsystem must be a string, got ${shown(subsystem)}`);
+    }
+    const cacheMs = readCacheMs(definition.readCache, `state: definition "${name}".readCache`);
+    const id = JSON.stringify([subsystem, name, kind, cacheMs]);
+    let opened = this._readers.get(id);
+    if (!opened) {
+      opened = (async () => {
+        const reader = await this._native.publishedOpen(subsystem, name, STATE_KINDS[kind], cacheMs);
+        return new PUBLISHED_CLASSES[kind](this, reader, subsystem, name);
+      })().catch((e) => {
+        this._readers.delete(id); // a later call tries again (this runs after the set below)
+        throw stateError(e);
+      });
+      this._readers.set(id, opened);
+    }
+    return opened;
   }
 
   async consumerState() {
@@ -1385,6 +1548,9 @@ module.exports = {
   ValueState,
   MapState,
   DequeState,
+  PublishedValue,
+  PublishedMap,
+  PublishedDeque,
   flushTelemetry: native.flushTelemetry,
   shutdownTelemetry: native.shutdownTelemetry,
   libraryVersion: native.libraryVersion,

@@ -1,9 +1,9 @@
 /*
  * client.c - NativeClient over prosody_client_t: its lifetime (freed by
  * the later of its JS object's and its threadsafe function's finalizers),
- * send, subscribe and unsubscribe (blocking calls as napi_async_work on
- * libuv's pool), and the consumer's state. JS thread, except the work's
- * execute step and the send callback.
+ * send, subscribe, unsubscribe and publishedOpen (blocking calls as
+ * napi_async_work on libuv's pool), and the consumer's state. JS thread,
+ * except the work's execute step and the send callback.
  */
 #include "prosody_node.h"
 
@@ -213,6 +213,45 @@ static napi_value client_shutdown(napi_env env, napi_callback_info info) {
   return queue_kind(env, c, 5, self);
 }
 
+/* publishedOpen(subsystem, name, kind, readCacheMs) -> Promise of a
+ * reader (an external) for publishedOp: prosody_published_open() on
+ * libuv's pool (outside mock mode the client's first reader connects to
+ * Cassandra). index.js has checked the types. */
+static napi_value client_published_open(napi_env env, napi_callback_info info) {
+  size_t argc = 4;
+  napi_value argv[4], self;
+  client_t *c;
+  work_t *w;
+  int32_t kind = 0;
+  double cache_ms = -1;
+  CHECK(env, napi_get_cb_info(env, info, &argc, argv, &self, NULL));
+  if (!(c = pn_unwrap_client(env, info, &argc, argv)))
+    return NULL;
+  if (argc < 4) {
+    napi_throw_type_error(env, NULL,
+                          "publishedOpen(subsystem, name, kind, readCacheMs)");
+    return NULL;
+  }
+  CHECK(env, napi_get_value_int32(env, argv[2], &kind));
+  CHECK(env, napi_get_value_double(env, argv[3], &cache_ms));
+  if (!(w = calloc(1, sizeof(*w)))) {
+    napi_throw_error(env, NULL, "out of memory");
+    return NULL;
+  }
+  if (!(w->policy = pn_string_arg(env, argv[0], "state: the subsystem")) ||
+      !(w->name =
+            pn_string_arg(env, argv[1], "state: the collection's name"))) {
+    free(w->policy);
+    free(w);
+    return NULL;
+  }
+  w->c = c;
+  w->kind = 6;
+  w->state_kind = kind;
+  w->read_cache_ms = (int64_t)cache_ms;
+  return pn_queue_work(env, w, self);
+}
+
 /* Send: results come back through the mailbox. */
 static void send_cb(prosody_err_t err, const char *errstr,
                     const prosody_delivery_t *d, void *opaque) {
@@ -308,6 +347,11 @@ static void work_execute(napi_env env, void *data) {
   case 5:
     w->err = prosody_client_shutdown(w->c->client);
     break;
+  case 6:
+    w->err = prosody_published_open(w->c->client, w->policy, w->name,
+                                    w->state_kind, w->read_cache_ms, &w->pub,
+                                    w->errstr, sizeof(w->errstr));
+    break;
   case 2:
     w->topts.cleanup_policy = w->policy;
     w->err = prosody_admin_create_topic(w->admin, w->name, &w->topts, w->errstr,
@@ -351,7 +395,11 @@ static void work_complete(napi_env env, napi_status status, void *data) {
                          pn_make_error(env, w->err, w->errstr));
   } else {
     napi_value u;
-    napi_get_undefined(env, &u);
+    /* A published reader: freed with the client, which the JS reader
+     * objects keep alive (they hold the ProsodyClient). */
+    if (w->kind != 6 ||
+        napi_create_external(env, w->pub, NULL, NULL, &u) != napi_ok)
+      napi_get_undefined(env, &u);
     napi_resolve_deferred(env, w->deferred, u);
   }
   napi_delete_async_work(env, w->work);
@@ -531,6 +579,10 @@ napi_value pn_client_class(napi_env env) {
        NULL},
       {"stateOp", NULL, pn_client_state_op, NULL, NULL, NULL, napi_default,
        NULL},
+      {"publishedOpen", NULL, client_published_open, NULL, NULL, NULL,
+       napi_default, NULL},
+      {"publishedOp", NULL, pn_client_published_op, NULL, NULL, NULL,
+       napi_default, NULL},
       {"consumerState", NULL, client_state, NULL, NULL, NULL, napi_default,
        NULL},
       {"assignedPartitionCount", NULL, client_assigned, NULL, NULL, NULL,

@@ -2,7 +2,9 @@
  * context.c - what index.js's Context and results call: completeMany
  * (prosody_complete for a turn's results), timerOp (prosody_timer_async,
  * its result back through the mailbox), stateOpen and stateOp (keyed
- * state: prosody_state_async, its result back the same way), shouldCancel,
+ * state: prosody_state_async, its result back the same way), publishedOp
+ * (a published collection's reads: prosody_published_async, the same
+ * way), shouldCancel,
  * and the cancellation callback (engine thread) that only pushes to the
  * mailbox.
  */
@@ -199,7 +201,9 @@ static const char *copy_at(char **p, const char *s, size_t len) {
   return to;
 }
 
-/* Engine thread (or the calling one, before prosody_state_async returns):
+/* Engine thread (or the calling one, before prosody_state_async returns;
+ * for a published collection the client's reader thread, or the calling
+ * one when the answer is cached):
  * copies the result, which is valid during the call only (a MESSAGE
  * collection's records too: they are freed with it), and hands it to the
  * JS thread. One allocation: the items, the records (when there are any),
@@ -324,13 +328,17 @@ static int is_nullish(napi_env env, napi_value v) {
  * json, ...]. key, json, keys, after and refTopic may be null; refTopic
  * with its partition and offset names the record a MESSAGE collection's
  * write keeps (one this client delivered); index.js has checked the
- * arguments' types. */
-napi_value pn_client_state_op(napi_env env, napi_callback_info info) {
-  size_t argc = 13, klen = 0, jlen = 0, alen = 0, tlen = 0;
+ * arguments' types. publishedOp(reader, ..., kafkaKey): the same with a
+ * published collection's reader (from publishedOpen) and the Kafka key
+ * whose collection it reads (prosody_published_async). */
+static napi_value state_op(napi_env env, napi_callback_info info,
+                           int published) {
+  size_t argc = 14, klen = 0, jlen = 0, alen = 0, tlen = 0;
   uint32_t nkeys = 0;
-  napi_value argv[13], promise;
+  napi_value argv[14], promise;
   client_t *c;
-  prosody_state_t *st;
+  void *handle; /* prosody_state_t, or prosody_published_t */
+  char *kafka_key = NULL;
   int32_t kind;
   int32_t ref_partition = 0;
   double index = 0, limit = 0, ref_offset = 0;
@@ -342,11 +350,13 @@ napi_value pn_client_state_op(napi_env env, napi_callback_info info) {
   prosody_err_t rc;
   if (!(c = pn_unwrap_client(env, info, &argc, argv)))
     return NULL;
-  if (argc < 13) {
-    napi_throw_type_error(env, NULL, "stateOp: 13 arguments expected");
+  if (argc < 13u + published) {
+    napi_throw_type_error(env, NULL,
+                          published ? "publishedOp: 14 arguments expected"
+                                    : "stateOp: 13 arguments expected");
     return NULL;
   }
-  CHECK(env, napi_get_value_external(env, argv[0], (void **)&st));
+  CHECK(env, napi_get_value_external(env, argv[0], &handle));
   CHECK(env, napi_get_value_int32(env, argv[1], &kind));
   napi_get_value_double(env, argv[5], &index);
   napi_get_value_double(env, argv[7], &limit);
@@ -361,7 +371,9 @@ napi_value pn_client_state_op(napi_env env, napi_callback_info info) {
       (!is_nullish(env, argv[6]) &&
        !(after = pn_string_copy(env, argv[6], "after", &alen))) ||
       (!is_nullish(env, argv[10]) &&
-       !(ref_topic = pn_string_copy(env, argv[10], "topic", &tlen))))
+       !(ref_topic = pn_string_copy(env, argv[10], "topic", &tlen))) ||
+      (published &&
+       !(kafka_key = pn_string_arg(env, argv[13], "the Kafka key"))))
     goto fail;
   if (!is_nullish(env, argv[4])) {
     if (napi_get_array_length(env, argv[4], &nkeys) != napi_ok) {
@@ -404,8 +416,11 @@ napi_value pn_client_state_op(napi_env env, napi_callback_info info) {
   napi_create_promise(env, &op->deferred, &promise);
   /* The arguments are copied by the call; the callback may run before it
    * returns (then its item waits in the mailbox like any other). */
-  rc = prosody_state_async(st, (prosody_state_op_t)kind, &a, state_cb, op, err,
-                           sizeof(err));
+  rc = published ? prosody_published_async(handle, kafka_key,
+                                           (prosody_state_op_t)kind, &a,
+                                           state_cb, op, err, sizeof(err))
+                 : prosody_state_async(handle, (prosody_state_op_t)kind, &a,
+                                       state_cb, op, err, sizeof(err));
   if (rc) {
     napi_reject_deferred(env, op->deferred, pn_make_error(env, rc, err));
     free(op);
@@ -418,6 +433,7 @@ fail:
   promise = NULL;
 done:
   free(op);
+  free(kafka_key);
   free(key);
   free(json);
   free(after);
@@ -426,4 +442,12 @@ done:
     free(keys[i]);
   free(keys);
   return promise;
+}
+
+napi_value pn_client_state_op(napi_env env, napi_callback_info info) {
+  return state_op(env, info, 0);
+}
+
+napi_value pn_client_published_op(napi_env env, napi_callback_info info) {
+  return state_op(env, info, 1);
 }

@@ -10,9 +10,10 @@
  *   bridge.c   from libprosody's threads to the JavaScript thread: the
  *              mailbox (a libprosody event queue), log lines, each batch of
  *              events handed to index.js
- *   context.c  results (completeMany), timer calls, keyed state,
- *              cancellation
- *   client.c   NativeClient: lifetime, send, subscribe, unsubscribe, state
+ *   context.c  results (completeMany), timer calls, keyed state (and
+ *              published state's reads), cancellation
+ *   client.c   NativeClient: lifetime, send, subscribe, unsubscribe, state,
+ *              opening published state's readers
  *   admin.c    NativeAdmin: topic creation and deletion
  *
  * Names shared between the files start with pn_ and have hidden
@@ -22,6 +23,9 @@
  *  - the engine thread: on_message / on_timer of the asynchronous handler
  *    (return PROSODY_PENDING at once), timer-call and keyed-state results,
  *    cancellations;
+ *  - the client's published-state reader thread: published reads' results
+ *    (or the JS thread itself, inside prosody_published_async, when the
+ *    answer is cached: the item then waits in the mailbox like any other);
  *  - the producer's delivery thread: send results;
  *  - any of the client's threads: its log lines (with a JS logger; bounded,
  *    LOG_QUEUE_LINES, the rest dropped and counted).
@@ -183,9 +187,14 @@ typedef struct work {
   client_t *c;
   prosody_admin_t *admin;
   napi_ref keep; /* the JS object, alive while the work runs */
-  int kind;      /* 0 subscribe, 1 unsubscribe, 2 create, 3 delete,
-                    4 open (the client), 5 shutdown */
-  char *name, *policy;
+  /* 0 subscribe, 1 unsubscribe, 2 create, 3 delete, 4 open (the client),
+   * 5 shutdown, 6 open a published collection's reader */
+  int kind;
+  char *name;               /* the topic, or the published collection */
+  char *policy;             /* the cleanup policy, or the subsystem (kind 6) */
+  int state_kind;           /* kind 6: prosody_state_kind_t */
+  int64_t read_cache_ms;    /* kind 6 */
+  prosody_published_t *pub; /* kind 6: the reader opened */
   prosody_topic_options_t topts;
   prosody_err_t err;
   char errstr[1024];
@@ -247,6 +256,7 @@ napi_value pn_client_timer_op(napi_env env, napi_callback_info info);
 napi_value pn_client_should_cancel(napi_env env, napi_callback_info info);
 napi_value pn_client_state_open(napi_env env, napi_callback_info info);
 napi_value pn_client_state_op(napi_env env, napi_callback_info info);
+napi_value pn_client_published_op(napi_env env, napi_callback_info info);
 /* The result of an IT_STATE op for its promise: [number, key, json, ...]
  * (null for an absent key or document); in a MESSAGE collection each
  * record is [topic, partition, offset, timestamp, key, payload] in place

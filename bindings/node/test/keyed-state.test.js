@@ -427,7 +427,8 @@ test('stateCollections is validated at construction', async () => {
     [[{ name: 'm', kind: 'map', payload: 'json', capacity: 3 }], 'stateCollections[0].capacity: only valid for deque collections'],
     [[deque('d', { capacity: 0 })], 'stateCollections[0].capacity: must be a whole number in 1..=9007199254740991, got 0'],
     [[COUNTER, value('counter')], 'stateCollections[1].name: collection "counter" is registered twice'],
-    [[value('p', { published: true })], 'stateCollections[0].published: published state is not implemented yet'],
+    [[value('p', { published: true })], 'published: collection "p" is published, which needs the option subsystem ' +
+     '(PROSODY_SUBSYSTEM): the name readers give to find it'],
     [[{ name: '', kind: 'value', payload: 'json' }], 'stateCollections[0].name: expected a non-empty string, got ""'],
   ];
   for (const [stateCollections, message] of bad) {
