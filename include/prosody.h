@@ -1152,6 +1152,24 @@ PROSODY_EXPORT prosody_err_t prosody_mock_bootstrap_servers(char *buf,
                                                             char *errstr,
                                                             size_t errstr_size);
 
+/*
+ * Sets how long the mock cluster waits, when a member joins an empty
+ * consumer group, for more members before it assigns the partitions (a
+ * broker's group.initial.rebalance.delay.ms). The default is the mock's own,
+ * 3000 ms, as Kafka's: members started together share the first
+ * assignment. With 0 a group of one is assigned at once (a test with one
+ * consumer per group saves 3 s per group); a member that joins a group
+ * already assigned then starts a rebalance, which the mock runs
+ * `session.timeout.ms` minus 1 s later (5 s in mock mode). Applies to every
+ * join after the call, in the running cluster and in one started later;
+ * process-wide, like the cluster. Writes the value it replaces into
+ * `*previous_ms` (may be NULL), to restore it. Any thread; does not block.
+ * Errors: PROSODY_ERR_INVALID_ARG (`delay_ms` outside 0..=300000; nothing
+ * changes).
+ */
+PROSODY_EXPORT prosody_err_t prosody_mock_set_group_initial_rebalance_delay(
+    int delay_ms, int *previous_ms, char *errstr, size_t errstr_size);
+
 #ifdef __cplusplus
 }
 #endif

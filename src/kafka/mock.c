@@ -11,6 +11,11 @@
  * The 2.0.2 mock has no CreateTopics/DeleteTopics: topics are created with
  * rd_kafka_mock_topic_create() (on first use by a client, or by the admin
  * API), and "deleted" topics are made to answer UNKNOWN_TOPIC_OR_PART.
+ *
+ * The wait before the first assignment of an empty group (a broker's
+ * group.initial.rebalance.delay.ms) is the mock's default, 3 s, unless
+ * prosody_mock_set_group_initial_rebalance_delay() changed it; the value is
+ * kept here so that a cluster started after the call gets it too.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -25,6 +30,12 @@
  * applies to topics a client of another process's mock cluster creates on
  * first use (`prosody broker`): test_bad_bootstrap checks the two agree. */
 #define MOCK_DEFAULT_PARTITIONS 4
+/* The mock's own group.initial.rebalance.delay.ms (librdkafka's default,
+ * which is Kafka's), and the most that
+ * prosody_mock_set_group_initial_rebalance_delay() accepts: five minutes,
+ * beyond any test's need, so that a value in the wrong unit is refused. */
+#define MOCK_GROUP_DELAY_DEFAULT_MS 3000
+#define MOCK_GROUP_DELAY_MAX_MS 300000
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static rd_kafka_t *owner;           /* guarded by lock */
@@ -34,6 +45,7 @@ static int refs;                    /* guarded by lock */
 static int atexit_registered;       /* guarded by lock */
 static pr__strset_t known;          /* topics created; guarded by lock */
 static pr__strset_t deleted;        /* topics "deleted"; guarded by lock */
+static int group_delay_ms = MOCK_GROUP_DELAY_DEFAULT_MS; /* guarded by lock */
 
 static void mock_shutdown(void) {
   pthread_mutex_lock(&lock);
@@ -80,6 +92,7 @@ static prosody_err_t start_locked(char *errstr, size_t errstr_size) {
     pr__errf(errstr, errstr_size, "could not start the mock Kafka cluster");
     return PROSODY_ERR_TRANSIENT;
   }
+  rd_kafka_mock_group_initial_rebalance_delay_ms(mc, group_delay_ms);
   bootstraps = strdup(rd_kafka_mock_cluster_bootstraps(mc));
   if (!bootstraps) {
     rd_kafka_mock_cluster_destroy(mc);
@@ -235,6 +248,25 @@ PROSODY_EXPORT prosody_err_t prosody_mock_bootstrap_servers(
   }
   pthread_mutex_unlock(&lock);
   return err;
+}
+
+PROSODY_EXPORT prosody_err_t prosody_mock_set_group_initial_rebalance_delay(
+    int delay_ms, int *previous_ms, char *errstr, size_t errstr_size) {
+  if (delay_ms < 0 || delay_ms > MOCK_GROUP_DELAY_MAX_MS) {
+    pr__errf(errstr, errstr_size,
+             "the mock cluster's group initial rebalance delay must be "
+             "0..=%d ms, got %d",
+             MOCK_GROUP_DELAY_MAX_MS, delay_ms);
+    return PROSODY_ERR_INVALID_ARG;
+  }
+  pthread_mutex_lock(&lock);
+  if (previous_ms)
+    *previous_ms = group_delay_ms;
+  group_delay_ms = delay_ms;
+  if (mc)
+    rd_kafka_mock_group_initial_rebalance_delay_ms(mc, delay_ms);
+  pthread_mutex_unlock(&lock);
+  return PROSODY_OK;
 }
 
 int pr__mock_default_partitions(void) { return MOCK_DEFAULT_PARTITIONS; }

@@ -107,6 +107,39 @@ static napi_value mod_version(napi_env env, napi_callback_info info) {
   return v;
 }
 
+/* mockSetGroupInitialRebalanceDelay(ms) -> the previous ms
+ * (prosody_mock_set_group_initial_rebalance_delay(); a test helper, on the
+ * addon only). */
+static napi_value mod_mock_group_delay(napi_env env, napi_callback_info info) {
+  size_t argc = 1;
+  napi_value argv[1], v;
+  napi_valuetype type = napi_undefined;
+  double ms = -1;
+  int previous = 0;
+  char err[512];
+  prosody_err_t rc;
+  napi_get_cb_info(env, info, &argc, argv, NULL, NULL);
+  if (argc >= 1)
+    napi_typeof(env, argv[0], &type);
+  if (type != napi_number) {
+    napi_throw_type_error(env, NULL,
+                          "mockSetGroupInitialRebalanceDelay: expected a "
+                          "number of milliseconds");
+    return NULL;
+  }
+  napi_get_value_double(env, argv[0], &ms);
+  if (!(ms >= 0 && ms <= 300000) || ms != (double)(int)ms)
+    return pn_throw_error(env, PROSODY_ERR_INVALID_ARG,
+                          "mockSetGroupInitialRebalanceDelay: expected whole "
+                          "milliseconds in 0..=300000");
+  rc = prosody_mock_set_group_initial_rebalance_delay((int)ms, &previous, err,
+                                                      sizeof(err));
+  if (rc)
+    return pn_throw_error(env, rc, err);
+  napi_create_int32(env, previous, &v);
+  return v;
+}
+
 static napi_value init(napi_env env, napi_value exports) {
   napi_property_descriptor fns[] = {
       {"options", NULL, mod_options, NULL, NULL, NULL, napi_default, NULL},
@@ -116,6 +149,8 @@ static napi_value init(napi_env env, napi_value exports) {
        napi_default, NULL},
       {"libraryVersion", NULL, mod_version, NULL, NULL, NULL, napi_default,
        NULL},
+      {"mockSetGroupInitialRebalanceDelay", NULL, mod_mock_group_delay, NULL,
+       NULL, NULL, napi_default, NULL},
   };
   napi_set_named_property(env, exports, "NativeClient", pn_client_class(env));
   napi_set_named_property(env, exports, "NativeAdmin", pn_admin_class(env));

@@ -125,6 +125,27 @@ static PyObject *mod_mock_bootstrap(PyObject *self, PyObject *unused) {
   return PyUnicode_FromString(buf);
 }
 
+/* mock_set_group_initial_rebalance_delay(seconds) -> the previous seconds
+ * (prosody_mock_set_group_initial_rebalance_delay(), in whole ms). */
+static PyObject *mod_mock_group_delay(PyObject *self, PyObject *arg) {
+  char err[512];
+  double s = PyFloat_AsDouble(arg);
+  int previous = 0;
+  prosody_err_t rc;
+  if (s == -1.0 && PyErr_Occurred())
+    return NULL;
+  if (PyBool_Check(arg) || !(s >= 0 && s <= 300))
+    return PyErr_Format(PyExc_ValueError,
+                        "mock_set_group_initial_rebalance_delay: expected "
+                        "seconds in 0..=300, got %R",
+                        arg);
+  rc = prosody_mock_set_group_initial_rebalance_delay(
+      (int)(s * 1000 + 0.5), &previous, err, sizeof(err));
+  if (rc)
+    return pp_raise_error(rc, err);
+  return PyFloat_FromDouble(previous / 1000.0);
+}
+
 static PyObject *mod_options(PyObject *self, PyObject *unused) {
   return Py_NewRef(pp_options_types());
 }
@@ -168,6 +189,12 @@ static PyMethodDef module_methods[] = {
      "The libprosody version this module was built with."},
     {"mock_bootstrap_servers", mod_mock_bootstrap, METH_NOARGS,
      "The embedded mock cluster's bootstrap address (started on first use)."},
+    {"mock_set_group_initial_rebalance_delay", mod_mock_group_delay, METH_O,
+     "mock_set_group_initial_rebalance_delay(seconds) -> float: how long the "
+     "mock cluster waits for more members before it assigns an empty group's "
+     "partitions (3.0 by default; 0 assigns a group of one at once), for "
+     "every join from now on, in the whole process. Returns the previous "
+     "value, to restore it."},
     {"options", mod_options, METH_NOARGS,
      "Every option name mapped to its type, from libprosody's table."},
     {NULL}};
