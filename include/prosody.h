@@ -858,8 +858,9 @@ PROSODY_EXPORT prosody_err_t prosody_state_async(
  * Reader side: prosody_published_open() names a collection by subsystem,
  * name and kind (the reader's own definition; the client needs no
  * registration, group or subscription). A read names the Kafka key. It
- * finds the routes of (subsystem, name), at most 16, in the order of their
- * group and topic, and reads each source (the key's partition there is
+ * finds the routes of (subsystem, name), at most 16 (more is
+ * PROSODY_ERR_PERMANENT), in the order of their group and topic, and reads
+ * each source (the key's partition there is
  * crc32(key) % partition count, librdkafka's default partitioner, which
  * both implementations' producers use) until one has data for the key:
  * that source's answer is the read's. A source whose recorded kind differs
@@ -867,7 +868,8 @@ PROSODY_EXPORT prosody_err_t prosody_state_async(
  * Reads see committed state only (never an attempt's pending writes), and
  * may be stale by up to the read cache's time to live: answers (and the
  * routes) are kept for `read_cache_ms`, within the state_read_cache_size
- * bytes the client gives all its readers (oldest out first). A SCAN's pages
+ * bytes the client gives all its readers (state_read_cache_size; oldest
+ * out first). A SCAN's pages
  * each choose their source afresh.
  */
 typedef struct prosody_published prosody_published_t;
@@ -895,7 +897,11 @@ PROSODY_EXPORT prosody_err_t prosody_published_open(
  * Reads key `key`'s collection: GET, GET_MANY, CONTAINS, LEN, PEEK_BACK,
  * PEEK_FRONT and SCAN, as prosody_state_async() defines them for the
  * reader's kind; any other operation is PROSODY_ERR_INVALID_ARG (readers
- * are read-only). No source with data: the answer of an empty collection.
+ * are read-only), as is an empty key (PROSODY_ERR_PERMANENT: it has no
+ * partition). No source holding the key: the answer of an empty
+ * collection. No route at all (nobody publishes it, or not yet), or none
+ * whose group recorded the collection's kind: PROSODY_ERR_TRANSIENT ("no
+ * publication rows"), as the original's readers say.
  * `cb` runs exactly once, on the client's reader thread (or on the calling
  * thread before this returns, when the answer is in the cache); it must
  * not block. Errors known at once are returned and `cb` never runs;

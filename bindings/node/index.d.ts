@@ -115,6 +115,16 @@ export interface Configuration {
    * 5 s), `{ disabled: true }` to read the store every time, or the text form (`"5s"`, `"none"`).
    * Giving both fields is a `RangeError`. A definition's own `readCache` wins. */
   stateReadCache?: ReadCacheOptions | string | null;
+  /** Bytes of answers readers of published state keep (`"64 MiB"`, `"500 MB"`, or a number of bytes);
+   * default `stateOwnedCacheSize`, else 1 MiB. */
+  stateReadCacheSize?: string | number | null;
+  /** The original's local cache of owned state: accepted and checked (a size), not used. */
+  stateOwnedCacheSize?: string | number | null;
+  /** The original's local state cache directory: accepted and checked, nothing is written there. */
+  stateCacheDir?: string | null;
+  /** Whole seconds, at least 1 (default 30): the original's repair delay; accepted and checked, not
+   * used. */
+  stateRecoveryDelaySeconds?: number | string | null;
 }
 
 /** Where a client's log lines go: any object with these four methods, such as `console`, pino or

@@ -180,7 +180,11 @@ function handlerMethodName(handler, method) {
 // and validated by its option table (one source of truth).
 
 const OPTION_TABLE = native.options();
-const SECONDS = { idempotence_ttl: 'idempotenceTtlS', cassandra_retention: 'cassandraRetentionSeconds' };
+const SECONDS = {
+  idempotence_ttl: 'idempotenceTtlS',
+  cassandra_retention: 'cassandraRetentionSeconds',
+  state_recovery_delay: 'stateRecoveryDelaySeconds',
+};
 const JS_NAMES = new Map(); // jsName -> [snake name, unit]
 for (const [name, info] of Object.entries(OPTION_TABLE)) {
   const camel = name.replace(/_([a-z])/g, (_, c) => c.toUpperCase());
@@ -226,7 +230,7 @@ function optionText(jsName, name, unit, value) {
   const got = () => {
     if (Array.isArray(value)) return 'array';
     // A number given to a text option (a password) is never echoed.
-    if (typeof value === 'number' && ['integer', 'number', 'duration'].includes(info.type)) {
+    if (typeof value === 'number' && ['integer', 'number', 'duration', 'size'].includes(info.type)) {
       return Number.isNaN(value) ? 'NaN' : `${value}`;
     }
     return typeof value;
@@ -243,6 +247,9 @@ function optionText(jsName, name, unit, value) {
         : (Number.isInteger(value) ? `${digits(value)}ms` : `${digits(Math.round(value * 1e3))}us`);
     case 'integer':
       if (typeof value !== 'number' || !Number.isInteger(value)) throw bad('an integer');
+      return digits(value);
+    case 'size': // a number of bytes, or the text form ("64 MiB")
+      if (typeof value !== 'number' || !Number.isInteger(value)) throw bad('a size (a string, or a number of bytes)');
       return digits(value);
     case 'number':
       if (typeof value !== 'number' || Number.isNaN(value)) throw bad('a number');

@@ -79,11 +79,73 @@ static const char *type_name(pr__opt_type_t t) {
     return "enum";
   case PR_T_PROPS:
     return "property list";
+  case PR_T_SIZE:
+    return "size";
   }
   return "?";
 }
 
 static int64_t seconds_to_ns(double s) { return (int64_t)llround(s * 1e9); }
+
+/* A size as text: in the largest binary unit that divides it. */
+static void size_format(int64_t v, char *buf, size_t n) {
+  static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (u < 4 && v != 0 && v % 1024 == 0) {
+    v /= 1024;
+    u++;
+  }
+  snprintf(buf, n, "%lld %s", (long long)v, units[u]);
+}
+
+/* Parses a size: a number (decimals allowed with a unit), then an optional
+ * unit, case-insensitive: B, KB MB GB TB (powers of 1000), KiB MiB GiB TiB
+ * (powers of 1024). 0, or -1 with the reason in why. */
+static int size_parse(const char *s, int64_t *out, char *why, size_t n) {
+  static const struct {
+    const char *name;
+    double factor;
+  } units[] = {{"", 1},
+               {"b", 1},
+               {"kb", 1e3},
+               {"mb", 1e6},
+               {"gb", 1e9},
+               {"tb", 1e12},
+               {"kib", 1024.0},
+               {"mib", 1048576.0},
+               {"gib", 1073741824.0},
+               {"tib", 1099511627776.0}};
+  char *end;
+  double v;
+  if (!isdigit((unsigned char)*s)) {
+    snprintf(why, n, "not a size");
+    return -1;
+  }
+  errno = 0;
+  v = strtod(s, &end);
+  if (errno || !isfinite(v)) {
+    snprintf(why, n, "not a size");
+    return -1;
+  }
+  while (*end == ' ')
+    end++;
+  for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++)
+    if (!strcasecmp(end, units[i].name)) {
+      double bytes = v * units[i].factor;
+      if (bytes != floor(bytes)) {
+        snprintf(why, n, "not a whole number of bytes");
+        return -1;
+      }
+      if (bytes > 9.2e18) {
+        snprintf(why, n, "out of range");
+        return -1;
+      }
+      *out = (int64_t)bytes;
+      return 0;
+    }
+  snprintf(why, n, "unknown unit \"%.16s\"", end);
+  return -1;
+}
 
 static void fmt_number(double v, char *buf, size_t n) {
   if (v == floor(v) && fabs(v) < 1e15)
@@ -149,6 +211,15 @@ static void build_accepted(pr__opt_id_t id, char *buf, size_t n) {
           (d->flags & PR_F_OPEN_MAX) ? "less than" : "at most", hi);
     else
       off = (size_t)snprintf(buf, n, "a number from %s to %s", lo, hi);
+    break;
+  case PR_T_SIZE:
+    size_format((int64_t)d->min, lo, sizeof(lo));
+    size_format((int64_t)d->max, hi, sizeof(hi));
+    off = (size_t)snprintf(buf, n,
+                           "a size from %s to %s, like \"64 MiB\", \"500 "
+                           "MB\" or \"4096\" (bytes; units B KB MB GB TB "
+                           "KiB MiB GiB TiB)",
+                           lo, hi);
     break;
   case PR_T_DURATION:
     pr__duration_format(seconds_to_ns(d->min), lo, sizeof(lo));
@@ -763,6 +834,18 @@ prosody_err_t pr__opt_parse(pr__opt_id_t id, const char *text, int from_env,
     rc = 0;
     break;
   }
+  case PR_T_SIZE: {
+    int64_t bytes;
+    if (size_parse(s, &bytes, why, sizeof(why)))
+      goto bad;
+    if ((double)bytes < d->min || (double)bytes > d->max) {
+      snprintf(why, sizeof(why), "out of range");
+      goto bad;
+    }
+    out->u.i = bytes;
+    rc = 0;
+    break;
+  }
   case PR_T_DURATION: {
     int64_t ns;
     if (pr__duration_parse(s, &ns, why, sizeof(why)))
@@ -855,6 +938,9 @@ void pr__opt_format(pr__opt_id_t id, const pr__value_t *v, char *buf,
     break;
   case PR_T_DURATION:
     pr__duration_format(v->u.ns, buf, n);
+    break;
+  case PR_T_SIZE:
+    size_format(v->u.i, buf, n);
     break;
   case PR_T_ENUM:
     enum_name(d, v->u.e, buf, n);
@@ -1416,6 +1502,15 @@ static prosody_err_t check_subsystem(const pr__settings_t *st, char *errstr,
              "option subsystem (PROSODY_SUBSYSTEM) is %zu bytes; expected a "
              "name of 1 to 64 bytes",
              n);
+    return PROSODY_ERR_CONFIG;
+  }
+  if (PR_CFG_NS(st, STATE_RECOVERY_DELAY) % 1000000000) {
+    char d[64];
+    pr__duration_format(PR_CFG_NS(st, STATE_RECOVERY_DELAY), d, sizeof(d));
+    pr__errf(errstr, errstr_size,
+             "option state_recovery_delay (PROSODY_STATE_RECOVERY_DELAY) is "
+             "%s; expected a whole number of seconds, at least 1s",
+             d);
     return PROSODY_ERR_CONFIG;
   }
   /* A published collection is routed under the subsystem's name. */

@@ -28,7 +28,8 @@ typedef enum pr__opt_type {
   PR_T_FLOAT,     /* number within [min, max] (PR_F_OPEN_* for exclusive) */
   PR_T_DURATION,  /* humantime duration within [min, max] seconds */
   PR_T_ENUM,      /* one of the '|'-separated values */
-  PR_T_PROPS      /* comma-separated librdkafka name=value (config.c) */
+  PR_T_PROPS,     /* comma-separated librdkafka name=value (config.c) */
+  PR_T_SIZE       /* bytes within [min, max]: "64 MiB", "500 MB", "4096" */
 } pr__opt_type_t;
 
 #define PR_F_OPTIONAL 0x1u /* "none" unsets the value */
@@ -72,7 +73,7 @@ typedef struct pr__value {
   int isset;
   union {
     int b;      /* PR_T_BOOL */
-    int64_t i;  /* PR_T_INT */
+    int64_t i;  /* PR_T_INT, PR_T_SIZE (bytes) */
     double f;   /* PR_T_FLOAT */
     int64_t ns; /* PR_T_DURATION, nanoseconds */
     int e;      /* PR_T_ENUM, index into values */

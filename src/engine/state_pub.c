@@ -24,9 +24,9 @@
  *
  * Caches. A reader keeps its routes, and the kinds it checked, for its
  * time to live (reader thread only). Answers are kept in the client's
- * answer cache, shared by its readers, at most CACHE_BYTES (oldest out
- * first), each for its reader's time to live; a hit is answered on the
- * calling thread.
+ * answer cache, shared by its readers, at most state_read_cache_size bytes
+ * (else state_owned_cache_size, else 1 MiB; oldest out first), each for its
+ * reader's time to live; a hit is answered on the calling thread.
  *
  * Threads and ownership:
  *   pr__pubs_t        created and freed under the client's lock
@@ -51,7 +51,7 @@
 #include "mailbox.h"
 #include "state.h"
 
-#define CACHE_BYTES ((size_t)1 << 20) /* the answer cache's budget */
+#define CACHE_BYTES_DEFAULT ((size_t)1 << 20) /* the answer cache's budget */
 #define CACHE_BUCKETS 1024
 #define ENTRY_OVERHEAD 96 /* an entry's bytes beyond its strings */
 
@@ -82,6 +82,7 @@ struct pr__pubs {
   centry_t *buckets[CACHE_BUCKETS]; /* cache_lock */
   centry_t *oldest, *newest;        /* cache_lock */
   size_t cache_bytes;               /* cache_lock */
+  size_t cache_max;                 /* state_read_cache_size (immutable) */
 };
 
 struct prosody_published {
@@ -221,9 +222,9 @@ static void cache_put(pr__pubs_t *pubs, const char *key, size_t len,
   pthread_mutex_lock(&pubs->cache_lock);
   if ((old = entry_find(pubs, key, len, e->hash)))
     entry_unlink(pubs, old);
-  while (pubs->oldest && pubs->cache_bytes + e->bytes > CACHE_BYTES)
+  while (pubs->oldest && pubs->cache_bytes + e->bytes > pubs->cache_max)
     entry_unlink(pubs, pubs->oldest);
-  if (e->bytes > CACHE_BYTES) { /* never fits */
+  if (e->bytes > pubs->cache_max) { /* never fits */
     pthread_mutex_unlock(&pubs->cache_lock);
     prosody_state_result_free(&e->r);
     free(e->key);
@@ -577,6 +578,11 @@ static prosody_err_t pubs_new(const pr__settings_t *st, pr__pubs_t **out,
     return PROSODY_ERR_NOMEM;
   }
   pubs->st = st;
+  pubs->cache_max = PR_CFG_SET(st, STATE_READ_CACHE_SIZE)
+                        ? (size_t)PR_CFG(st, STATE_READ_CACHE_SIZE).u.i
+                    : PR_CFG_SET(st, STATE_OWNED_CACHE_SIZE)
+                        ? (size_t)PR_CFG(st, STATE_OWNED_CACHE_SIZE).u.i
+                        : CACHE_BYTES_DEFAULT;
   if (!memory && !PR_CFG_SET(st, CASSANDRA_NODES)) {
     free(pubs);
     pr__errf(errstr, errstr_size,

@@ -113,12 +113,15 @@ static prosody_client_t *producer_client(void) {
   return c;
 }
 
-/* A client that only reads: no group, no topics, no registration. */
-static prosody_client_t *reader_client(void) {
+/* A client that only reads: no group, no topics, no registration; its
+ * answer cache of `cache_size` (NULL: the default). */
+static prosody_client_t *reader_client_sized(const char *cache_size) {
   char err[512];
   prosody_config_t *conf = t_config();
   prosody_client_t *c;
   t_set(conf, "source_system", "published-test-reader");
+  if (cache_size)
+    t_set(conf, "state_read_cache_size", cache_size);
   if (t_real_bootstrap()) {
     t_set(conf, "cassandra_nodes", t_cassandra_nodes());
     t_set(conf, "cassandra_keyspace", T_KEYSPACE);
@@ -126,6 +129,10 @@ static prosody_client_t *reader_client(void) {
   c = prosody_client_new(conf, err, sizeof(err));
   CHECK(c, "reader client: %s", err);
   return c;
+}
+
+static prosody_client_t *reader_client(void) {
+  return reader_client_sized(NULL);
 }
 
 static prosody_published_t *reader(prosody_client_t *c, const char *sub,
@@ -305,8 +312,8 @@ T_SCENARIO(published_collections_read_by_another_client, T_BOTH, 180) {
 T_SCENARIO(published_reads_are_cached_for_their_ttl, T_BOTH, 120) {
   const char *topic = t_topic("published-cache");
   char group[128], sub[128], got[256];
-  prosody_client_t *producer, *rc;
-  prosody_published_t *kept, *fresh, *brief;
+  prosody_client_t *producer, *rc, *tiny;
+  prosody_published_t *kept, *fresh, *brief, *squeezed;
   double until;
 
   handled = 0;
@@ -322,12 +329,20 @@ T_SCENARIO(published_reads_are_cached_for_their_ttl, T_BOTH, 120) {
   brief = reader(rc, sub, "pv", PROSODY_STATE_VALUE, 300);
   expect(kept, "a", PROSODY_STATE_GET, NULL, 0, "{\"n\":1}", -1, "first read");
   expect(brief, "a", PROSODY_STATE_GET, NULL, 0, "{\"n\":1}", -1, "brief");
+  /* A client whose cache holds no answer (state_read_cache_size 1 B). */
+  tiny = reader_client_sized("1 B");
+  squeezed = reader(tiny, sub, "pv", PROSODY_STATE_VALUE, 3600 * 1000);
+  expect(squeezed, "a", PROSODY_STATE_GET, NULL, 0, "{\"n\":1}", -1,
+         "a cache too small");
   send_one(producer, topic, "a", "{\"i\":2}");
   own(group, topic, sub, 0, 2);
   expect(fresh, "a", PROSODY_STATE_GET, NULL, 0, "{\"n\":2}", -1,
          "no cache: the new value");
   expect(kept, "a", PROSODY_STATE_GET, NULL, 0, "{\"n\":1}", -1,
          "cached: the old value");
+  expect(squeezed, "a", PROSODY_STATE_GET, NULL, 0, "{\"n\":2}", -1,
+         "a cache too small to keep it: the new value");
+  prosody_client_destroy(tiny);
   /* The brief cache's answer expires: the new value within a few reads. */
   until = t_now() + 10;
   do {

@@ -666,6 +666,44 @@ static void test_cross_checks(void **state) {
     contains(err, "peer_bind_address (PROSODY_PEER_BIND_ADDRESS)");
     contains(err, "expected host:port, the port 0 to 65535");
   }
+  /* The original's keyed-state options: sizes as it writes them, whole
+   * seconds of recovery delay. */
+  {
+    const char *p[] = {"mock",
+                       "true",
+                       "group_id",
+                       "g",
+                       "state_owned_cache_size",
+                       "64 MiB",
+                       "state_read_cache_size",
+                       "500 MB",
+                       "state_cache_dir",
+                       "/tmp/x",
+                       "state_recovery_delay",
+                       "30s",
+                       NULL};
+    assert_int_equal(validate_with(p, err, sizeof(err)), PROSODY_OK);
+  }
+  {
+    static const char *const bad[] = {"0", "-1 MiB", "nonsense", "1.5", "2 xb"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+      prosody_config_t *conf = prosody_config_new();
+      assert_int_equal(prosody_config_set(conf, "state_read_cache_size", bad[i],
+                                          err, sizeof(err)),
+                       PROSODY_ERR_CONFIG);
+      contains(err, "option state_read_cache_size");
+      contains(err, "expected a size from 1 B to 1 TiB");
+      prosody_config_destroy(conf);
+    }
+  }
+  {
+    const char *p[] = {
+        "mock",   "true", "group_id", "g", "state_recovery_delay",
+        "1500ms", NULL};
+    assert_int_equal(validate_with(p, err, sizeof(err)), PROSODY_ERR_CONFIG);
+    contains(err, "state_recovery_delay (PROSODY_STATE_RECOVERY_DELAY) is "
+                  "1s 500ms; expected a whole number of seconds");
+  }
   /* A client refuses the same configuration and leaves conf with the
    * caller. */
   {

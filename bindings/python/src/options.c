@@ -176,7 +176,7 @@ static PyObject *option_text(const prosody_option_info_t *o, PyObject *v,
     }
     return type_error(o, v), NULL;
   }
-  if (!strcmp(t, "integer")) {
+  if (!strcmp(t, "integer") || !strcmp(t, "size")) { /* a size: bytes */
     if (PyLong_Check(v) && !PyBool_Check(v))
       return PyObject_Str(v);
     return type_error(o, v), NULL;

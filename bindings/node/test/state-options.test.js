@@ -1,0 +1,36 @@
+'use strict';
+// The original's client-level keyed-state options (stateCacheDir,
+// stateOwnedCacheSize, stateReadCacheSize, stateRecoveryDelaySeconds):
+// accepted in its forms, refused naming the option otherwise.
+const { test } = require('node:test');
+const assert = require('node:assert');
+const { ProsodyClient } = require('..');
+
+const make = (options) => new ProsodyClient({ mock: true, groupId: 'g', ...options });
+
+test('accepts the original forms', async () => {
+  for (const options of [
+    { stateOwnedCacheSize: '64 MiB', stateReadCacheSize: '500 MB', stateCacheDir: '/tmp/prosody-state',
+      stateRecoveryDelaySeconds: 30 },
+    { stateReadCacheSize: 4096 },
+  ]) {
+    const client = make(options);
+    await client.shutdown?.();
+  }
+});
+
+test('refuses sizes that are not a positive number of bytes', () => {
+  for (const option of ['stateOwnedCacheSize', 'stateReadCacheSize']) {
+    for (const bad of ['0', '-1 MiB', 'nonsense', -1, 1.5]) {
+      assert.throws(() => make({ [option]: bad }), (e) => e.message.includes(option.includes('Owned')
+        ? 'state_owned_cache_size' : 'state_read_cache_size') || e.message.includes(option), `${option}=${bad}`);
+    }
+  }
+});
+
+test('refuses a recovery delay that is not whole seconds of at least 1', () => {
+  for (const bad of [1.5, 0, -30, Number.NaN]) {
+    assert.throws(() => make({ stateRecoveryDelaySeconds: bad }),
+      (e) => /stateRecoveryDelaySeconds|state_recovery_delay/.test(e.message), `${bad}`);
+  }
+});
