@@ -171,6 +171,9 @@ async def test_value_reader(world):
     await world.send(key, {"set": doc})
     await eventually(lambda: cart.get(key), doc, "the published value")
     assert await cart.get(unique("nobody")) is None
+    # Any client reads, the owner too.
+    own = await world.owner.state(SUB, R_CART)
+    assert await own.get(key) == doc
 
 
 async def test_map_reader_every_method(world):
@@ -243,6 +246,7 @@ async def test_scans_are_lazy_and_paged(world):
     entries = {f"k{i:03d}": i for i in range(300)}
     await world.send(key, {"put": entries, "push": list(range(300))})
     await eventually(lambda: log.size(key), 300, "the published deque's size")
+    await eventually(lambda: totals.get(key, "k299"), 299, "the map's last entry")
     assert await collect(keys_scan) == sorted(entries)
     assert await collect(back_scan) == sorted(entries.items(), reverse=True)
     assert await collect(deque_scan) == list(range(300))
