@@ -34,9 +34,9 @@ from prosody.state import Direction
 
 pytestmark = [
     pytest.mark.asyncio(loop_scope="module"),
-    pytest.mark.skipif(REAL, reason="published state is read from the process's memory store "
-                                    "in mock mode; the real tier's reads need Cassandra routes "
-                                    "(covered by the C suite)"),
+    pytest.mark.skipif(REAL, reason="written for the mock tier (the process's memory store); "
+                                    "not yet run against Kafka and Cassandra (the C suite's "
+                                    "test_published is)"),
 ]
 
 SUB = "py-published-owner"
