@@ -258,6 +258,25 @@ async def test_scans_are_lazy_and_paged(world):
     assert len(await collect(totals.values(key))) == 300
 
 
+async def test_reads_from_another_event_loop(world):
+    # Each future is settled on its own loop: reads from a second loop, in
+    # another thread, run while this loop reads too.
+    key = unique("l")
+    await world.send(key, {"set": "x", "push": list(range(10))})
+    cart = await world.reader.state(SUB, R_CART)
+    await eventually(lambda: cart.get(key), "x", "the value")
+
+    async def elsewhere() -> List[Any]:
+        log = await world.reader.state(SUB, R_LOG)
+        return [await cart.get(key), await log.size(key), await collect(log.values(key))]
+
+    there = asyncio.get_running_loop().run_in_executor(None, asyncio.run, elsewhere())
+    here = [cart.get(key) for _ in range(50)]
+    got = await asyncio.gather(there, *here)
+    assert got[0] == ["x", 10, list(range(10))]
+    assert got[1:] == ["x"] * 50
+
+
 # ---------------------------------------------------------------------------
 # Committed data only
 # ---------------------------------------------------------------------------
