@@ -1,7 +1,7 @@
 """Type stubs for the native module prosody.prosody."""
 
 from datetime import datetime, timedelta
-from typing import Any, Awaitable, Dict, Generator, List, Optional, Sequence, Union, overload, TypeVar
+from typing import Any, Awaitable, Dict, Generator, List, Literal, Optional, Sequence, Union, overload, TypeVar
 
 from prosody.handler import EventHandler
 from prosody.message import JSONValue, Message
@@ -14,6 +14,9 @@ from prosody.state import (
     MessageDequeDefinition,
     MessageMapDefinition,
     MessageValueDefinition,
+    PublishedDeque,
+    PublishedMap,
+    PublishedValue,
     ValueDefinition,
     ValueState,
     _Definition,
@@ -138,6 +141,7 @@ class ProsodyClient:
         log: Optional[str] = ...,
         state_collections: Optional[Sequence[_Definition]] = ...,
         subsystem: Optional[str] = ...,
+        state_read_cache: Optional[Union[float, int, timedelta, str, Literal[False]]] = ...,
         peer_bind_address: Optional[str] = ...,
     ) -> None: ...
     @classmethod
@@ -166,6 +170,14 @@ class ProsodyClient:
     def consumer_state(self) -> ConsumerState: ...
     async def assigned_partition_count(self) -> int: ...
     async def is_stalled(self) -> bool: ...
+    # Published state: a reader of `definition`'s collection as published by
+    # `subsystem` (any client; no subscription needed).
+    @overload
+    async def state(self, subsystem: str, definition: ValueDefinition[T]) -> PublishedValue[T]: ...
+    @overload
+    async def state(self, subsystem: str, definition: MapDefinition[V]) -> PublishedMap[V]: ...
+    @overload
+    async def state(self, subsystem: str, definition: DequeDefinition[T]) -> PublishedDeque[T]: ...
     @property
     def source_system(self) -> str: ...
     @property

@@ -25,8 +25,18 @@ Values are JSON documents (``json.dumps`` / ``json.loads``); a top-level
 handler (its own, or one read back from a message collection) by reference
 (topic, partition, offset) and give it back loaded again from Kafka, equal
 to what ``on_message`` received; a record Kafka no longer has is a
-``PermanentStateError``. Published state is not implemented (by
-libprosody): registering it fails at ``create`` with a message that says so.
+``PermanentStateError``.
+
+Published state: a JSON collection registered with ``published=True`` (the
+client needs the ``subsystem`` option) can be read by any client, of any
+service sharing the store (in mock mode: the process), without consuming::
+
+    carts = await client.state("checkout", state.value("cart"))
+    cart = await carts.get("customer-42")
+
+Every read names the Kafka key, sees committed state only and may be as old
+as the read cache allows (the definition's ``read_cache``, else the
+client's ``state_read_cache`` option, 5 s by default; ``False``: none).
 """
 
 import asyncio
@@ -37,8 +47,8 @@ import math
 import operator
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import (Any, AsyncIterator, ClassVar, Dict, FrozenSet, Generic, List, Literal, Optional,
-                    Sequence, Tuple, TypeVar, Union, overload)
+from typing import (Any, AsyncIterator, Awaitable, Callable, ClassVar, Dict, FrozenSet, Generic, List,
+                    Literal, Optional, Sequence, Tuple, TypeVar, Union, overload)
 
 from prosody.errors import NullValueError, PermanentStateError, TransientStateError
 from prosody.message import Message
@@ -54,6 +64,9 @@ __all__ = [
     "ValueState",
     "MapState",
     "DequeState",
+    "PublishedValue",
+    "PublishedMap",
+    "PublishedDeque",
     "value",
     "map",
     "deque",
@@ -486,16 +499,29 @@ class ValueState(_Handle, Generic[T]):
         await self._native.call(_SET, **self._item(value, "ValueState.set", "clear()"))
 
 
+#: A scan's source of pages: ``pull(after)`` reads up to SCAN_CHUNK items
+#: after the key or position ``after`` (None: from the start) and gives
+#: ``(items, end)``: items as ``(key, document)``, ``end`` true at the end.
+Pull = Callable[[Optional[str]], Awaitable[Tuple[List[Tuple[Any, Any]], int]]]
+
+
+def _handle_pages(native: Any, backward: bool, keys_only: bool) -> Pull:
+    """The pages of a handler's scan (native StateHandle.call)."""
+    def pull(after: Optional[str]) -> Any:
+        return native.call(_SCAN, after=after, limit=SCAN_CHUNK, backward=backward,
+                           keys_only=keys_only)
+    return pull
+
+
 class _Scan(Generic[T]):
     """An asynchronous iterator over a scan, pulling chunks of up to 256
-    items (each pull resumes after the last item's key or position).
-    Concurrent ``__anext__`` calls are served one after the other; dropping
-    the iterator early is harmless."""
+    items (each pull resumes after the last item's key or position); nothing
+    is read before the first ``__anext__``. Concurrent ``__anext__`` calls
+    are served one after the other; dropping the iterator early is
+    harmless."""
 
-    def __init__(self, native: Any, backward: bool, keys_only: bool, shape: str) -> None:
-        self._native = native
-        self._backward = backward
-        self._keys_only = keys_only
+    def __init__(self, pull: Pull, shape: str) -> None:
+        self._pull = pull
         self._shape = shape  # "items", "keys" or "values"
         self._buf: Any = collections.deque()
         self._after: Optional[str] = None
@@ -512,9 +538,7 @@ class _Scan(Generic[T]):
             while not self._buf:
                 if self._end:
                     raise StopAsyncIteration
-                items, end = await self._native.call(
-                    _SCAN, after=self._after, limit=SCAN_CHUNK, backward=self._backward,
-                    keys_only=self._keys_only)
+                items, end = await self._pull(self._after)
                 if items:
                     self._after = items[-1][0]
                 self._end = bool(end) or not items
@@ -572,15 +596,15 @@ class MapState(_Handle, Generic[V]):
     def items(self, direction: Union[Direction, str] = Direction.FORWARD
               ) -> AsyncIterator[Tuple[str, V]]:
         """The (key, value) pairs in key order."""
-        return _Scan(self._native, _direction(direction), False, "items")
+        return _Scan(_handle_pages(self._native, _direction(direction), False), "items")
 
     def keys(self, direction: Union[Direction, str] = Direction.FORWARD) -> AsyncIterator[str]:
         """The keys in order (values are not decoded)."""
-        return _Scan(self._native, _direction(direction), True, "keys")
+        return _Scan(_handle_pages(self._native, _direction(direction), True), "keys")
 
     def values(self) -> AsyncIterator[V]:
         """The values in key order."""
-        return _Scan(self._native, False, False, "values")
+        return _Scan(_handle_pages(self._native, False, False), "values")
 
     def __aiter__(self) -> AsyncIterator[str]:
         return self.keys()
@@ -645,7 +669,13 @@ class DequeState(_Handle, Generic[T]):
 
     def values(self, direction: Union[Direction, str] = Direction.FORWARD) -> AsyncIterator[T]:
         """The items from the front (or from the back)."""
-        return _Scan(self._native, _direction(direction), False, "values")
+        return _Scan(_handle_pages(self._native, _direction(direction), False), "values")
 
     def __aiter__(self) -> AsyncIterator[T]:
         return self.values()
+
+
+
+# The readers of published state live in prosody.published (which uses the
+# scans above); they are this module's names too.
+from prosody.published import PublishedDeque, PublishedMap, PublishedValue  # noqa: E402

@@ -135,6 +135,7 @@ static void client_dealloc(ClientObject *c) {
     Py_END_ALLOW_THREADS
   }
   c->client = NULL;
+  pp_reads_close(c); /* the readers' last results, if any */
   if (c->log_sink) { /* the lines of its closing, before the sink goes */
     pp_log_drain(pp_log_sink_of(c->log_sink));
     log_unwatch(c);
@@ -825,6 +826,24 @@ static PyMethodDef client_methods[] = {
      "'configuration-failed')."},
     {"assigned_partition_count", client_assigned_partition_count, METH_NOARGS,
      "assigned_partition_count() -> awaitable of int."},
+    {"state", (PyCFunction)(void (*)(void))pp_client_state,
+     METH_VARARGS | METH_KEYWORDS,
+     "state(subsystem, definition) -> awaitable of PublishedValue, "
+     "PublishedMap or PublishedDeque: a reader of the collection "
+     "`definition` (a JSON value, map or deque definition) as published by "
+     "`subsystem`; reads take the Kafka key."},
+    {"_published_value", (PyCFunction)(void (*)(void))pp_published_value,
+     METH_VARARGS | METH_KEYWORDS,
+     "_published_value(subsystem, name, read_cache=None) -> awaitable of a "
+     "native reader (prosody.state wraps it)."},
+    {"_published_map", (PyCFunction)(void (*)(void))pp_published_map,
+     METH_VARARGS | METH_KEYWORDS,
+     "_published_map(subsystem, name, read_cache=None): as "
+     "_published_value."},
+    {"_published_deque", (PyCFunction)(void (*)(void))pp_published_deque,
+     METH_VARARGS | METH_KEYWORDS,
+     "_published_deque(subsystem, name, read_cache=None): as "
+     "_published_value."},
     {"is_stalled", client_is_stalled, METH_NOARGS,
      "is_stalled() -> awaitable of bool: a partition made no progress for "
      "stall_threshold."},

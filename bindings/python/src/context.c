@@ -160,21 +160,25 @@ static PyObject *context_task_done(PyObject *self, PyObject *task) {
 PyMethodDef pp_task_done_def = {"_task_done", context_task_done, METH_O, NULL};
 
 pyop_t *pp_op_new(ClientObject *c, int kind) {
-  pyop_t *op;
   if (!c->bridge || !c->loop) {
     PyErr_SetString(ErrProsody, "the client is not subscribed");
     return NULL;
   }
+  return pp_op_on(c->bridge, c->loop, kind);
+}
+
+pyop_t *pp_op_on(prosody_queue_t *box, PyObject *loop, int kind) {
+  pyop_t *op;
   if (!(op = calloc(1, sizeof(*op))))
     return (pyop_t *)PyErr_NoMemory();
-  if (!(op->fut = PyObject_CallMethodObjArgs(c->loop, S_create_future, NULL))) {
+  if (!(op->fut = PyObject_CallMethodObjArgs(loop, S_create_future, NULL))) {
     free(op);
     return NULL;
   }
   op->op = kind;
   op->item.q.kind = IT_OP;
   op->item.obj = op;
-  op->bridge = c->bridge;
+  op->bridge = box;
   return op;
 }
 

@@ -29,7 +29,7 @@ PyObject *S_create_future, *S_create_task, *S_add_done_callback, *S_set_result,
 
 PyObject *FnForwardLogs;
 PyObject *ErrTransientState, *ErrPermanentState;
-PyObject *FnStateBind, *FnStateConfigs, *FnStateMessageNames;
+PyObject *FnStateBind, *FnStateConfigs, *FnStateMessageNames, *FnPublished;
 
 /* ------------------------------------------------------------------------ */
 /* Errors                                                                   */
@@ -270,6 +270,7 @@ PyMODINIT_FUNC PyInit_prosody(void) {
       !(FnStateBind = pp_attr_of("prosody.state", "_bind")) ||
       !(FnStateConfigs = pp_attr_of("prosody.state", "_collection_configs")) ||
       !(FnStateMessageNames = pp_attr_of("prosody.state", "_message_names")) ||
+      !(FnPublished = pp_attr_of("prosody.published", "_published")) ||
       !(otel = pp_attr_of("prosody._support", "OTEL")) ||
       !(FnGetRunningLoop = pp_attr_of("asyncio", "get_running_loop")) ||
       !(FnJsonDumps = pp_attr_of("json", "dumps")) ||
@@ -278,7 +279,8 @@ PyMODINIT_FUNC PyInit_prosody(void) {
   otel_enabled = PyObject_IsTrue(otel) > 0;
   Py_DECREF(otel);
   if (pp_options_init() || pp_client_init() || pp_admin_init() ||
-      PyType_Ready(&ContextType) || PyType_Ready(&StateType))
+      PyType_Ready(&ContextType) || PyType_Ready(&StateType) ||
+      PyType_Ready(&PublishedType))
     return NULL;
   if (!(m = PyModule_Create(&moduledef)))
     return NULL;

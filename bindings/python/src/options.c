@@ -139,6 +139,16 @@ static PyObject *option_text(const prosody_option_info_t *o, PyObject *v,
   }
   if (PyUnicode_Check(v)) /* the text form, as in the environment */
     return Py_NewRef(v);
+  /* The read cache of published state: False turns it off (the table's
+   * "none"); True says nothing about how long. */
+  if (PyBool_Check(v) && !strcmp(o->name, "state_read_cache")) {
+    if (v == Py_False)
+      return PyUnicode_FromString("none");
+    PyErr_SetString(PyExc_ValueError,
+                    "state_read_cache: True is ambiguous; use a duration or "
+                    "False");
+    return NULL;
+  }
   if (!strcmp(t, "duration")) {
     if (PyDelta_Check(v)) {
       long long us, d = PyDateTime_DELTA_GET_DAYS(v);

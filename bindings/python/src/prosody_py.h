@@ -14,17 +14,24 @@
  *   state.c    keyed state: Context.state()'s native handles, their calls
  *              (prosody_state_async, back through the mailbox as timer
  *              calls are) and state_collections
+ *   published.c  published keyed state: ProsodyClient.state()'s readers
+ *              (PublishedHandle, prosody_published_async) and the read
+ *              boxes (one per client and loop) their results come back
+ *              through
  *   client.c   ProsodyClient: send, subscribe, unsubscribe, state
  *   admin.c    AdminClient: topic creation and deletion
  *
  * Threads. Python objects are touched only by a thread holding the GIL.
- * libprosody calls back on three kinds of threads:
+ * libprosody calls back on these threads:
  *  - the engine thread (on_message / on_timer of the asynchronous handler,
  *    timer-call results, cancellations): it never takes the GIL. It pushes
  *    an item to the subscription's mailbox, a libprosody event queue
  *    (prosody_queue_t), whose descriptor the event loop watches
  *    (loop.add_reader). The loop thread takes every item per wake-up:
  *    one wake-up per batch, not per event.
+ *  - the client's reader thread (published-state results; or the calling
+ *    thread, when the answer was cached): as the engine thread, it pushes
+ *    to a queue the loop watches: a read box of the client (published.c).
  *  - the producer's delivery thread (send results): it takes the GIL and
  *    resolves the future with loop.call_soon_threadsafe.
  *  - executor threads (subscribe, unsubscribe, admin calls, which block in
@@ -99,6 +106,7 @@ extern PyObject *FnForwardLogs; /* prosody._support.forward_logs */
 extern PyObject *ErrTransientState, *ErrPermanentState; /* prosody.errors */
 extern PyObject *FnStateBind, *FnStateConfigs;          /* prosody.state */
 extern PyObject *FnStateMessageNames;                   /* prosody.state */
+extern PyObject *FnPublished;                           /* prosody.published */
 
 /* ------------------------------------------------------------------------ */
 /* The mailbox (bridge.c)                                                   */
@@ -167,6 +175,8 @@ typedef struct {
   /* frozenset: the names of its MESSAGE collections (set by init, then
    * read only; GIL) */
   PyObject *message_states;
+  PyObject *reads; /* published.c: {loop: capsule of that loop's read
+                      box}, once it opened a reader; NULL before */
 } ClientObject;
 
 typedef struct {
@@ -206,7 +216,8 @@ typedef struct pp_state_msg {
  * the push, read on the loop thread after the take. */
 typedef struct pyop {
   item_t item;
-  prosody_queue_t *bridge; /* the subscription's mailbox */
+  prosody_queue_t *bridge; /* where the result goes: the subscription's
+                              mailbox, or the client's read box */
   PyObject *fut;           /* strong reference, dropped on the loop thread */
   int op;                  /* prosody_timer_op_t or prosody_state_op_t */
   int state;               /* a keyed-state op (state.c) */
@@ -222,7 +233,8 @@ typedef struct pyop {
   int64_t number;              /* state: the result's number */
 } pyop_t;
 
-extern PyTypeObject ClientType, ContextType, AdminType, StateType;
+extern PyTypeObject ClientType, ContextType, AdminType, StateType,
+    PublishedType;
 
 /* ------------------------------------------------------------------------ */
 /* module.c: errors and loop helpers                                        */
@@ -312,6 +324,8 @@ extern PyMethodDef pp_task_done_def;
 /* A new op of `c`'s mailbox with its future (loop thread), or NULL with
  * an exception set (also when the client is not subscribed). */
 pyop_t *pp_op_new(ClientObject *c, int kind);
+/* A new op whose result goes to `box`, its future on `loop`. */
+pyop_t *pp_op_on(prosody_queue_t *box, PyObject *loop, int kind);
 /* Records the op's outcome and pushes it to its mailbox (any thread; the
  * result fields are filled by the caller first). */
 void pp_op_post(pyop_t *op, prosody_err_t err, const char *errstr);
@@ -329,6 +343,16 @@ PyObject *pp_context_state(PyObject *self, PyObject *definition);
 PyObject *pp_context_state_open(PyObject *self, PyObject *name);
 /* A state call's exception object (a StateError), for its error. */
 PyObject *pp_state_error_object(prosody_err_t err, const char *msg);
+/* Sets that exception; returns NULL. */
+PyObject *pp_state_raise(prosody_err_t err, const char *msg);
+/* A prosody_state_cb (any thread, no GIL): copies the result into the op
+ * (`opaque`) and posts it. */
+void pp_state_done_cb(prosody_err_t err, const char *errstr,
+                      const prosody_state_result_t *r, void *opaque);
+/* `seq`, a sequence of str, as C strings for prosody_state_args_t.keys:
+ * *cks (PyMem_Free it) borrows from *fast (release it). 0, or -1 with an
+ * exception set. */
+int pp_state_keys(PyObject *seq, PyObject **fast, const char ***cks, size_t *n);
 /* A state call's result, (items, number): items a list of (key, json)
  * (each str or None; in a MESSAGE collection a Message in place of json). */
 PyObject *pp_state_result(const pyop_t *op);
@@ -342,6 +366,21 @@ int pp_state_add_collections(prosody_config_t *conf, PyObject *seq);
 
 /* What the types need once at import (0, or -1 with an exception). */
 int pp_client_init(void);
+
+/* ------------------------------------------------------------------------ */
+/* published.c: published keyed state                                      */
+/* ------------------------------------------------------------------------ */
+
+/* ProsodyClient.state(subsystem, definition) and
+ * ._published_value/_map/_deque(subsystem, name, read_cache=None). */
+PyObject *pp_client_state(PyObject *self, PyObject *args, PyObject *kw);
+PyObject *pp_published_value(PyObject *self, PyObject *args, PyObject *kw);
+PyObject *pp_published_map(PyObject *self, PyObject *args, PyObject *kw);
+PyObject *pp_published_deque(PyObject *self, PyObject *args, PyObject *kw);
+/* At the client's deallocation, after prosody_client_destroy (whose
+ * readers' last results are in the boxes): has each loop settle what is
+ * left in its box and stop watching it. */
+void pp_reads_close(ClientObject *c);
 int pp_admin_init(void);
 
 #pragma GCC visibility pop

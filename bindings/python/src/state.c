@@ -12,7 +12,7 @@
  * Also state_collections: definitions to prosody_config_add_state.
  *
  * Threads: everything here runs on the loop thread with the GIL, except
- * state_done_cb (engine thread, or the calling thread before
+ * pp_state_done_cb (engine thread, or the calling thread before
  * prosody_state_async returns; no GIL).
  */
 #include "prosody_py.h"
@@ -43,7 +43,7 @@ PyObject *pp_state_error_object(prosody_err_t err, const char *msg) {
                                "s", msg);
 }
 
-static PyObject *state_raise(prosody_err_t err, const char *msg) {
+PyObject *pp_state_raise(prosody_err_t err, const char *msg) {
   PyObject *exc = pp_state_error_object(err, msg);
   if (exc) {
     PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
@@ -58,10 +58,10 @@ static int context_usable(ContextObject *cx) {
   if (pp_check_fork(cx->client->pid, "Context"))
     return -1;
   if (cx->finished) {
-    state_raise(PROSODY_ERR_STATE,
-                "keyed state: the handler invocation of this handle has "
-                "ended; a handle is valid only during the invocation that "
-                "opened it");
+    pp_state_raise(PROSODY_ERR_STATE,
+                   "keyed state: the handler invocation of this handle has "
+                   "ended; a handle is valid only during the invocation that "
+                   "opened it");
     return -1;
   }
   return 0;
@@ -95,7 +95,7 @@ PyObject *pp_context_state_open(PyObject *self, PyObject *name) {
   h->cx = (ContextObject *)Py_NewRef(self);
   if ((rc = prosody_state_open(cx->ctx, s, &h->st, &kind, err, sizeof(err)))) {
     Py_DECREF(h);
-    return state_raise(rc, err);
+    return pp_state_raise(rc, err);
   }
   return Py_BuildValue("(Nii)", (PyObject *)h, kind,
                        PySet_Contains(cx->client->message_states, name) > 0
@@ -148,13 +148,14 @@ static void record_copy(pp_state_msg_t *x, const prosody_message_t *m,
   x->timestamp = prosody_message_timestamp(m);
 }
 
-/* Engine thread (or the caller's, before prosody_state_async returns): the
+/* Engine thread, the client's reader thread (published state), or the
+ * caller's before prosody_state_async / prosody_published_async returns: the
  * result is valid during this call only (a MESSAGE collection's records
  * too: they are freed with it), so it is copied into one block: the items,
  * the records (when there are any), then their strings. No Python object
  * is touched here. */
-static void state_done_cb(prosody_err_t err, const char *errstr,
-                          const prosody_state_result_t *r, void *opaque) {
+void pp_state_done_cb(prosody_err_t err, const char *errstr,
+                      const prosody_state_result_t *r, void *opaque) {
   pyop_t *op = opaque;
   size_t size, nmsgs = 0, n = !err && r ? r->n : 0;
   char *p;
@@ -235,6 +236,23 @@ PyObject *pp_state_result(const pyop_t *op) {
   return items ? Py_BuildValue("(NL)", items, (long long)op->number) : NULL;
 }
 
+int pp_state_keys(PyObject *seq, PyObject **fast, const char ***cks,
+                  size_t *n) {
+  Py_ssize_t len;
+  if (!(*fast = PySequence_Fast(seq, "keys: expected a sequence of str")))
+    return -1;
+  len = PySequence_Fast_GET_SIZE(*fast);
+  if (!(*cks = PyMem_Calloc(len ? (size_t)len : 1, sizeof(char *)))) {
+    PyErr_NoMemory();
+    return -1;
+  }
+  for (Py_ssize_t i = 0; i < len; i++)
+    if (!((*cks)[i] = PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(*fast, i))))
+      return -1;
+  *n = (size_t)len;
+  return 0;
+}
+
 /* handle.call(op, key=None, json=None, keys=None, index=0, after=None,
  * limit=0, backward=False, keys_only=False, ref_topic=None,
  * ref_partition=0, ref_offset=0) -> future of (items, number). The
@@ -249,7 +267,7 @@ static PyObject *state_call(PyObject *self, PyObject *args, PyObject *kw) {
                           NULL};
   StateObject *h = (StateObject *)self;
   prosody_state_args_t a = PROSODY_STATE_ARGS_INIT;
-  Py_ssize_t key_len = 0, json_len = 0, after_len = 0, nkeys = 0;
+  Py_ssize_t key_len = 0, json_len = 0, after_len = 0;
   PyObject *keys = Py_None, *fast = NULL;
   const char **cks = NULL;
   long long index = 0;
@@ -276,34 +294,27 @@ static PyObject *state_call(PyObject *self, PyObject *args, PyObject *kw) {
   a.backward = backward;
   a.keys_only = keys_only;
   if (keys != Py_None) {
-    if (!(fast = PySequence_Fast(keys, "keys: expected a sequence of str")))
-      return NULL;
-    nkeys = PySequence_Fast_GET_SIZE(fast);
-    if (!(cks = PyMem_Calloc(nkeys ? (size_t)nkeys : 1, sizeof(char *)))) {
-      PyErr_NoMemory();
+    size_t n;
+    if (pp_state_keys(keys, &fast, &cks, &n))
       goto out;
-    }
-    for (Py_ssize_t i = 0; i < nkeys; i++)
-      if (!(cks[i] = PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(fast, i))))
-        goto out;
     a.keys = cks;
-    a.nkeys = (size_t)nkeys;
+    a.nkeys = n;
   }
   if (!h->cx->client->bridge || !h->cx->client->loop) {
-    state_raise(PROSODY_ERR_STATE, "keyed state: the client is not "
-                                   "subscribed (the handle's attempt is "
-                                   "over)");
+    pp_state_raise(PROSODY_ERR_STATE, "keyed state: the client is not "
+                                      "subscribed (the handle's attempt is "
+                                      "over)");
     goto out;
   }
   if (!(op = pp_op_new(h->cx->client, op_kind)))
     goto out;
   op->state = 1;
   rc = prosody_state_async(h->st, (prosody_state_op_t)op_kind, &a,
-                           state_done_cb, op, err, sizeof(err));
+                           pp_state_done_cb, op, err, sizeof(err));
   if (rc) {
     pp_op_free(op);
     op = NULL;
-    state_raise(rc, err);
+    pp_state_raise(rc, err);
     goto out;
   }
 out:

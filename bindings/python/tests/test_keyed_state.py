@@ -1002,11 +1002,6 @@ async def test_rejects_unknown_payload():
                   r"got 'avro'")
 
 
-async def test_published_state_not_implemented():
-    await refused([CART, state.map("p", published=True)],
-                  r"^state_collections\[1\]\.published: published state is not implemented")
-
-
 async def test_rejects_malformed_entries():
     await refused([RawDef([("name", "x")])], r"^state_collections\[0\]: to_config\(\) must "
                                              r"return a dict$")

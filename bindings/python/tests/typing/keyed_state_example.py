@@ -44,4 +44,16 @@ async def main() -> None:
     client = await ProsodyClient.create(mock=True, group_id="g", subscribed_topics="t",
                                         state_collections=[CART, TOTALS, BACKLOG])
     await client.subscribe(Counter())
+    # Published state, read by key from any client.
+    reader = await ProsodyClient.create(mock=True, source_system="reader",
+                                        state_read_cache=False)
+    totals = await reader.state("counting", TOTALS)
+    n: Optional[int] = await totals.get("customer", "a")
+    entries: List[Tuple[str, int]] = [kv async for kv in totals.items("customer")]
+    backlog = await reader.state("counting", BACKLOG)
+    last: Optional[Dict[str, str]] = await backlog.peek("customer")
+    empty: bool = await backlog.is_empty("customer")
+    cart = await reader.state("counting", state.value("cart", read_cache=timedelta(seconds=1)))
+    doc = await cart.get("customer")
+    print(n, entries, last, empty, doc)
     await client.shutdown()
