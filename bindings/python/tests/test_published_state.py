@@ -3,9 +3,9 @@ publishes a value, a map and a deque (subsystem set, ``published=True``; its
 handler writes on each message), and a second client in the same process,
 with no subscription, reads them through ``await client.state(subsystem,
 definition)``: every reader method of every kind, committed data only, the
-read cache, unknown keys and subsystems, and the errors. Mock mode (the
-memory store is one per process); the clients are shared by the module's
-tests, each of which uses keys of its own."""
+read cache, unknown keys and subsystems, and the errors. Both tiers: the
+memory store in mock mode, Cassandra in the real tier; the clients are
+shared by the module's tests, each of which uses keys of its own."""
 
 import asyncio
 import time
@@ -33,14 +33,10 @@ from prosody import (
 from prosody import prosody as native
 from prosody.state import Direction
 
-pytestmark = [
-    pytest.mark.asyncio(loop_scope="module"),
-    pytest.mark.skipif(REAL, reason="written for the mock tier (the process's memory store); "
-                                    "not yet run against Kafka and Cassandra (the C suite's "
-                                    "test_published is)"),
-]
+pytestmark = [pytest.mark.asyncio(loop_scope="module")]
 
-SUB = "py-published-owner"
+#: Unique per run: in Cassandra a publication's routes outlive the run.
+SUB = unique("py-published-owner")
 CART = state.value("cart", published=True)
 TOTALS = state.map("totals", published=True)
 LOG = state.deque("log", published=True)
