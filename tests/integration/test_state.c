@@ -1267,3 +1267,118 @@ T_SCENARIO(timer_handlers_write_state_too, T_BOTH, 120) {
           final_count[k]);
   return 0;
 }
+
+/* ---- a record Kafka no longer has --------------------------------------- */
+
+static prosody_err_t gone_err = PROSODY_OK; /* guarded by lock */
+static char gone_why[512];                  /* guarded by lock */
+static int gone_read;                       /* guarded by lock */
+
+/* {"keep":1}: the record goes into message value "kept"; {"read":1}: reads
+ * it back, recording the outcome; anything else: nothing. */
+static prosody_result_t gone_msg(prosody_context_t *ctx,
+                                 const prosody_message_t *msg, void *op) {
+  prosody_state_t *kept = open_state(ctx, "kept");
+  prosody_state_args_t a = PROSODY_STATE_ARGS_INIT;
+  prosody_state_result_t r;
+  const char *p = prosody_message_payload(msg);
+  char err[512] = "";
+  (void)op;
+  if (!kept)
+    return PROSODY_PERMANENT;
+  if (strstr(p, "keep")) {
+    a.message = msg;
+    free(call(kept, PROSODY_STATE_SET, &a, NULL));
+  } else if (strstr(p, "read")) {
+    prosody_err_t e =
+        prosody_state_call(kept, PROSODY_STATE_GET, NULL, &r, err, sizeof(err));
+    if (!e)
+      prosody_state_result_free(&r);
+    pthread_mutex_lock(&lock);
+    gone_err = e;
+    snprintf(gone_why, sizeof(gone_why), "%s", err);
+    gone_read = 1;
+    pthread_mutex_unlock(&lock);
+  }
+  prosody_state_free(kept);
+  ended();
+  return PROSODY_SUCCESS;
+}
+
+/* Deletes the records of partition 0 of `topic` before `offset` (Kafka's
+ * DeleteRecords, as retention does). */
+static void delete_before(const char *topic, int64_t offset) {
+  char err[512];
+  rd_kafka_conf_t *kc = rd_kafka_conf_new();
+  rd_kafka_t *rk;
+  rd_kafka_queue_t *q;
+  rd_kafka_topic_partition_list_t *parts = rd_kafka_topic_partition_list_new(1);
+  rd_kafka_DeleteRecords_t *del;
+  rd_kafka_event_t *ev = NULL;
+  rd_kafka_conf_set(kc, "bootstrap.servers", t_bootstrap(), err, sizeof(err));
+  rk = rd_kafka_new(RD_KAFKA_PRODUCER, kc, err, sizeof(err));
+  CHECK(rk, "admin: %s", err);
+  q = rd_kafka_queue_new(rk);
+  rd_kafka_topic_partition_list_add(parts, topic, 0)->offset = offset;
+  del = rd_kafka_DeleteRecords_new(parts);
+  rd_kafka_DeleteRecords(rk, &del, 1, NULL, q);
+  for (double until = t_now() + 30; !ev && t_now() < until;)
+    ev = rd_kafka_queue_poll(q, 1000);
+  CHECK(ev && !rd_kafka_event_error(ev), "DeleteRecords: %s",
+        ev ? rd_kafka_event_error_string(ev) : "no answer within 30 s");
+  {
+    const rd_kafka_topic_partition_list_t *res =
+        rd_kafka_DeleteRecords_result_offsets(
+            rd_kafka_event_DeleteRecords_result(ev));
+    CHECK(res && res->cnt == 1 && !res->elems[0].err,
+          "DeleteRecords of %s[0]: %s", topic,
+          res && res->cnt ? rd_kafka_err2str(res->elems[0].err) : "no result");
+  }
+  rd_kafka_event_destroy(ev);
+  rd_kafka_DeleteRecords_destroy(del);
+  rd_kafka_topic_partition_list_destroy(parts);
+  rd_kafka_queue_destroy(q);
+  rd_kafka_destroy(rk);
+}
+
+/* A message collection's record that retention removed: the read fails
+ * for good (PROSODY_ERR_PERMANENT), naming the record, instead of hanging
+ * or returning another record. */
+T_SCENARIO(a_record_kafka_no_longer_has_reads_as_a_permanent_error, T_REAL,
+           120) {
+  const char *topic = t_topic("state-gone");
+  char group[128], err[1024];
+  prosody_state_def_t def = PROSODY_STATE_DEF_INIT;
+  prosody_handler_t h = {gone_msg, NULL, NULL, 0};
+  prosody_client_t *producer, *client;
+  reset();
+  t_create_topic(topic, 1);
+  snprintf(group, sizeof(group), "%s-g", topic);
+  def.name = "kept";
+  def.payload = PROSODY_STATE_MESSAGE;
+  producer = producer_client();
+  CHECK_OK(prosody_send(producer, topic, "k", "{\"keep\":1}", NULL, err,
+                        sizeof(err)),
+           err);
+  CHECK_OK(prosody_send(producer, topic, "f", "{}", NULL, err, sizeof(err)),
+           err);
+  client =
+      prosody_client_new(state_config(group, topic, &def, 1), err, sizeof(err));
+  CHECK(client, "client: %s", err);
+  CHECK_OK(prosody_subscribe(client, &h, err, sizeof(err)), err);
+  CHECK(t_wait_locked(&lock, &events, 2, 60) >= 2, "the first two records");
+  delete_before(topic, 1); /* offset 0, the kept record, goes */
+  CHECK_OK(prosody_send(producer, topic, "k", "{\"read\":1}", NULL, err,
+                        sizeof(err)),
+           err);
+  CHECK(t_wait_locked(&lock, &gone_read, 1, 60) == 1, "the read ran");
+  CHECK_OK(prosody_unsubscribe(client), "unsubscribe");
+  prosody_client_destroy(client);
+  prosody_client_destroy(producer);
+  pthread_mutex_lock(&lock);
+  CHECK(gone_err == PROSODY_ERR_PERMANENT && strstr(gone_why, "no longer has"),
+        "reading a deleted record: %s (%s)", prosody_err_name(gone_err),
+        gone_why);
+  pthread_mutex_unlock(&lock);
+  return 0;
+}
