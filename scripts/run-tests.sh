@@ -53,6 +53,12 @@ if [ "$tier" = kafka4 ]; then
   echo "run-tests: kafka4 tier finished in $(( $(date +%s) - t0 )) s, $([ $rc = 0 ] && echo PASSED || echo FAILED)"
   exit $rc
 fi
+# The real tier's services boot while the mock tiers run (they mostly wait):
+# its `ensure` calls below then wait for these starts.
+if [ "$tier" = all ]; then
+  [ -n "${PROSODY_TEST_BOOTSTRAP:-}" ] || ensure_early kafka
+  [ -n "${PROSODY_TEST_CASSANDRA:-}" ] || ensure_early cassandra
+fi
 py=0 # the Python package is built (its suite runs in both tiers)
 if [ "$tier" = all ]; then
   ctest --test-dir "$build" --output-on-failure -j "$jobs" -L 'unit|mock' || rc=1
