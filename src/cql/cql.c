@@ -1048,12 +1048,28 @@ static int tls_read(conn_t *c, const char *data, size_t n) {
   return 0;
 }
 
+/* Bytes a plaintext connection got that open a TLS record (a handshake
+ * or an alert: type 0x15 or 0x16, version 3.x), where a CQL frame starts
+ * with its version byte (0x83 to 0x85 from a node). */
+static int looks_like_tls(const conn_t *c) {
+  return c->rlen >= 2 && (c->rbuf[0] == 0x15 || c->rbuf[0] == 0x16) &&
+         c->rbuf[1] == 0x03;
+}
+
+#define TLS_HINT                                                               \
+  " (a node that speaks only TLS does this: set cassandra_ssl=true, "          \
+  "PROSODY_CASSANDRA_SSL)"
+
 static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf) {
   conn_t *c = st->data;
   size_t off = 0;
   char err[256];
   if (n < 0) {
-    conn_fail(c, n == UV_EOF ? "closed by the server" : uv_strerror((int)n));
+    /* A plaintext connection closed before its first answer. */
+    conn_fail(c, n != UV_EOF ? uv_strerror((int)n)
+                 : !c->ssl && c->state == C_STARTING
+                     ? "closed by the server before answering" TLS_HINT
+                     : "closed by the server");
     return;
   }
   if (c->ssl) {
@@ -1061,6 +1077,10 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf) {
       return;
   } else {
     c->rlen += (size_t)n;
+    if (looks_like_tls(c)) {
+      conn_fail(c, "answered with TLS where a CQL frame was expected" TLS_HINT);
+      return;
+    }
   }
   for (;;) {
     pr__cql_header_t h, body_h;
