@@ -97,6 +97,8 @@ struct prosody_published {
   int have_routes;
   int64_t routes_ns;
   uint8_t checked[PR_SROUTES_MAX]; /* CK_* */
+  uint64_t gen; /* routes read so far: a read that began on earlier routes
+                   starts its choice again */
 };
 
 enum { CK_NOT, CK_ADMITTED, CK_MISSING }; /* a route's recorded kind */
@@ -114,6 +116,7 @@ typedef struct preq {
   prosody_state_cb cb;
   void *opaque;
   int stage;
+  uint64_t gen;        /* p->gen of the routes it chooses among */
   size_t src;          /* RQ_PROBE: the route probed */
   int section;         /* RQ_PROBE: its section probed */
   char *group, *topic; /* the source read (copies) */
@@ -380,8 +383,21 @@ static void routes_got(void *arg, prosody_err_t err, const char *errstr,
   memset(p->checked, 0, sizeof(p->checked));
   p->have_routes = 1;
   p->routes_ns = now_ns();
+  q->gen = ++p->gen;
   q->stage = RQ_CHECK;
   req_step(q);
+}
+
+/* Another read replaced the routes while this one waited on the store:
+ * its choice starts again among the new ones (what it learnt is dropped). */
+static int routes_moved(preq_t *q) {
+  if (q->gen == q->p->gen)
+    return 0;
+  q->gen = q->p->gen;
+  q->stage = RQ_CHECK;
+  q->section = 0;
+  req_step(q);
+  return 1;
 }
 
 static void checked(void *arg, prosody_err_t err, const char *errstr) {
@@ -390,6 +406,8 @@ static void checked(void *arg, prosody_err_t err, const char *errstr) {
     req_fail(q, err, errstr);
     return;
   }
+  if (routes_moved(q))
+    return;
   /* STATE: the group recorded no kind (yet): not a source. */
   q->p->checked[q->src] = err ? CK_MISSING : CK_ADMITTED;
   req_step(q);
@@ -411,6 +429,8 @@ static void probed(void *arg, prosody_err_t err, const char *errstr,
     req_fail(q, err, errstr);
     return;
   }
+  if (routes_moved(q))
+    return;
   if (n) {
     q->stage = RQ_RUN; /* this source has the key */
   } else if (q->section == 0) {
@@ -467,6 +487,7 @@ static void req_step(preq_t *q) {
   case RQ_ROUTES:
     if (p->have_routes && p->ttl_ns > 0 &&
         now_ns() - p->routes_ns < p->ttl_ns) {
+      q->gen = p->gen;
       q->stage = RQ_CHECK;
       req_step(q);
       return;
@@ -480,15 +501,15 @@ static void req_step(preq_t *q) {
         s->ops->identity(s, p->routes[q->src].group, p->name, &id, checked, q);
         return;
       }
+    /* Kept as the routes are (for the time to live): a reader of a
+     * collection nobody publishes does not ask the store each time. */
     if (!p->nroutes) {
-      p->have_routes = 0; /* asked again next time */
       req_fail(q, PROSODY_ERR_TRANSIENT,
                "no publication rows (no group publishes it, or not yet)");
       return;
     }
     q->src = admitted_from(p, 0);
     if (q->src == p->nroutes) {
-      p->have_routes = 0;
       req_fail(q, PROSODY_ERR_TRANSIENT,
                "no publishing group has recorded its kind (yet)");
       return;

@@ -9,6 +9,7 @@
  * unpublished, and the configuration errors.
  */
 #include <pthread.h>
+#include <stdatomic.h>
 
 #include "harness.h"
 
@@ -359,8 +360,34 @@ T_SCENARIO(published_reads_are_cached_for_their_ttl, T_BOTH, 120) {
   return 0;
 }
 
+/* Answers of concurrent reads: right, wrong (the first wrong one kept). */
+static atomic_int async_right, async_wrong, async_done;
+static char async_first_wrong[512]; /* guarded by lock */
+
+static void async_answer(prosody_err_t err, const char *errstr,
+                         const prosody_state_result_t *r, void *opaque) {
+  const char *want = opaque; /* NULL: absent */
+  int right =
+      !err && (want ? r->n == 1 && !strcmp(r->items[0].json, want) : r->n == 0);
+  if (right) {
+    atomic_fetch_add(&async_right, 1);
+  } else {
+    pthread_mutex_lock(&lock);
+    if (!async_first_wrong[0])
+      snprintf(async_first_wrong, sizeof(async_first_wrong), "%s / %s",
+               err    ? errstr
+               : r->n ? r->items[0].json
+                      : "(absent)",
+               want ? want : "(absent)");
+    pthread_mutex_unlock(&lock);
+    atomic_fetch_add(&async_wrong, 1);
+  }
+  atomic_fetch_add(&async_done, 1);
+}
+
 /* Two groups publish one collection, each from its own topic: a key's
- * read goes to the group that holds it. */
+ * read goes to the group that holds it, also with many reads in flight
+ * while the routes are read again (a 1 ms cache). */
 T_SCENARIO(published_read_finds_the_source_that_holds_the_key, T_BOTH, 120) {
   const char *t1 = t_topic("published-src1"), *t2 = t_topic("published-src2");
   char g1[128], g2[128], sub[128];
@@ -383,6 +410,27 @@ T_SCENARIO(published_read_finds_the_source_that_holds_the_key, T_BOTH, 120) {
   expect(pv, "x", PROSODY_STATE_GET, NULL, 0, "{\"n\":1}", -1, "x, of g1");
   expect(pv, "y", PROSODY_STATE_GET, NULL, 0, "{\"n\":2}", -1, "y, of g2");
   expect(pv, "z", PROSODY_STATE_GET, NULL, 0, "", -1, "z, of nobody");
+  {
+    static const char *const keys[] = {"x", "y", "z"};
+    static const char *const want[] = {"{\"n\":1}", "{\"n\":2}", NULL};
+    prosody_published_t *hot = reader(rc, sub, "pv", PROSODY_STATE_VALUE, 1);
+    char err[512];
+    atomic_store(&async_right, 0);
+    atomic_store(&async_wrong, 0);
+    atomic_store(&async_done, 0);
+    for (int i = 0; i < 300; i++)
+      CHECK_OK(prosody_published_async(hot, keys[i % 3], PROSODY_STATE_GET,
+                                       NULL, async_answer, (void *)want[i % 3],
+                                       err, sizeof(err)),
+               err);
+    CHECK(t_wait_at_least(&async_done, 300, 60), "%d of 300 reads answered",
+          atomic_load(&async_done));
+    pthread_mutex_lock(&lock);
+    CHECK(atomic_load(&async_right) == 300,
+          "%d of 300 concurrent reads right; the first wrong: %s",
+          atomic_load(&async_right), async_first_wrong);
+    pthread_mutex_unlock(&lock);
+  }
   prosody_client_destroy(rc);
   prosody_client_destroy(producer);
   return 0;
