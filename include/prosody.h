@@ -881,9 +881,9 @@ typedef struct prosody_published prosody_published_t;
  * (5 s by default), 0 to read the store every time. The reader belongs to
  * the client and lives as long as it (prosody_client_destroy frees it; a
  * read still running then ends with PROSODY_ERR_STATE). Opening the same
- * subsystem and name twice gives two readers sharing nothing but the
- * client's cache budget. Errors: PROSODY_ERR_INVALID_ARG (a bad subsystem,
- * name or kind), PROSODY_ERR_CONFIG (outside mock mode: no
+ * subsystem, name, kind and read_cache_ms again gives the same reader (a
+ * program may open one per request). Errors: PROSODY_ERR_INVALID_ARG (a bad
+ * subsystem, name or kind), PROSODY_ERR_CONFIG (outside mock mode: no
  * cassandra_nodes), PROSODY_ERR_TRANSIENT (Cassandra unreachable: the
  * first reader of a client connects and migrates the keyspace, blocking),
  * PROSODY_ERR_NOMEM.

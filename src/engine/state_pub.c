@@ -676,6 +676,13 @@ void pr__pubs_free(pr__pubs_t *pubs) {
 
 /* ---- the public functions ------------------------------------------------ */
 
+/* A reader's time to live: its own, else the client's (unset: none). */
+static int64_t ttl_of(const pr__settings_t *st, int64_t read_cache_ms) {
+  if (read_cache_ms >= 0)
+    return read_cache_ms * 1000000;
+  return PR_CFG_SET(st, STATE_READ_CACHE) ? PR_CFG_NS(st, STATE_READ_CACHE) : 0;
+}
+
 prosody_err_t pr__pubs_open(pr__pubs_t **pubs, const pr__settings_t *st,
                             const char *subsystem, const char *name, int kind,
                             int64_t read_cache_ms, prosody_published_t **out,
@@ -723,6 +730,15 @@ prosody_err_t pr__pubs_open(pr__pubs_t **pubs, const pr__settings_t *st,
     free(sub);
     return err;
   }
+  /* The same reader again: a program that opens one per request does not
+   * pile them up. */
+  for (p = (*pubs)->readers; p; p = p->next)
+    if (p->kind == kind && p->ttl_ns == ttl_of(st, read_cache_ms) &&
+        !strcmp(p->subsystem, sub) && !strcmp(p->name, name)) {
+      free(sub);
+      *out = p;
+      return PROSODY_OK;
+    }
   if (!(p = calloc(1, sizeof(*p))) || !(p->name = strdup(name))) {
     free(p);
     free(sub);
@@ -732,10 +748,7 @@ prosody_err_t pr__pubs_open(pr__pubs_t **pubs, const pr__settings_t *st,
   p->pubs = *pubs;
   p->subsystem = sub;
   p->kind = kind;
-  if (read_cache_ms >= 0)
-    p->ttl_ns = read_cache_ms * 1000000;
-  else if (PR_CFG_SET(st, STATE_READ_CACHE))
-    p->ttl_ns = PR_CFG_NS(st, STATE_READ_CACHE);
+  p->ttl_ns = ttl_of(st, read_cache_ms);
   p->next = (*pubs)->readers;
   (*pubs)->readers = p;
   *out = p;
