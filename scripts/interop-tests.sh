@@ -29,6 +29,11 @@
 #   keyed_state.py   keyed state moves with a group original -> ours ->
 #                    original: each member reads every write the earlier
 #                    ones committed (a value, a map, a deque per key);
+#   published_state.py  published keyed state owned by one and read by the
+#                    other, both ways: a client that subscribes to nothing
+#                    reads, with client.state(subsystem, definition), every
+#                    write the owning group committed and none it did not
+#                    (a held write, a failed one), by every reader method;
 #   wire_records.py  each side's telemetry topic, failure topic and sent
 #                    records, read back and compared field by field (run
 #                    with the original's venv, which also gets
@@ -132,6 +137,9 @@ migrations=$(find "$root/third_party/prosody-migrations" -name '*.cql' | wc -l)
 "$ours_venv/bin/python" "$root/tests/interop/keyed_state.py" \
   --python "$orig_venv/bin/python" --label original --python "$ours_venv/bin/python" --label ours \
   --python "$orig_venv/bin/python" --label original --log-dir "$root/build/interop" || rc=1
+"$ours_venv/bin/python" "$root/tests/interop/published_state.py" \
+  --original-python "$orig_venv/bin/python" --ours-python "$ours_venv/bin/python" \
+  --log-dir "$root/build/interop" || rc=1
 "$orig_venv/bin/python" "$root/tests/interop/wire_records.py" \
   --original-python "$orig_venv/bin/python" --ours-python "$ours_venv/bin/python" \
   --log-dir "$root/build/interop" || rc=1

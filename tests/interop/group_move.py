@@ -280,8 +280,9 @@ def members_main(doc: str, title: str,
     return 0
 
 
-async def cleanup(members: List[Member], keyspace: str, admin: Any, topic: str) -> None:
-    """Stops the members, drops the keyspace and deletes the topic."""
+async def cleanup(members: List[Member], keyspace: str, admin: Any,
+                  topic: Optional[str]) -> None:
+    """Stops the members, drops the keyspace and deletes the topic (if one)."""
     for m in members:
         try:
             await m.stop()
@@ -290,6 +291,8 @@ async def cleanup(members: List[Member], keyspace: str, admin: Any, topic: str) 
     cluster = Cluster([CASSANDRA.split(":")[0]], port=int(CASSANDRA.split(":")[1]))
     cluster.connect().execute(f"DROP KEYSPACE IF EXISTS {keyspace}")
     cluster.shutdown()
+    if topic is None:
+        return
     try:
         await admin.delete_topic(topic)
     except Exception as e:  # noqa: BLE001 - best effort cleanup

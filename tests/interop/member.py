@@ -9,9 +9,17 @@ implementations behave alike: {"key", "seq", "batch"} always; "timer_at"
 (epoch seconds): schedule a timer for the key then; "fail_until" (epoch
 seconds): raise (a transient error: deferred, then retried) until then;
 "state": "write" (with --state: the key's value "count" += 1, map "seqs"
-gets "s<seq>" = seq, deque "log" appends seq) or "report" (prints the
+gets "s<seq>" = seq, deque "log" appends seq; with "items": [N, ...], as
+many writes, one per N, in one record) or "report" (prints the
 key's three collections as {"event": "state", "key", "count", "seqs":
-[[k, v], ...] in key order, "log": [...] front to back}).
+[[k, v], ...] in key order, "log": [...] front to back}); with a write,
+"hold_file" (a path): after writing, report {"event": "holding", "key",
+"seq"} and return only once that file exists (so its writes are pending
+meanwhile), and "fail": "permanent": raise a PermanentError after writing
+(the attempt's writes are dropped, the record is not retried).
+--publish SUBSYSTEM is --state with the three collections published
+(published=True) and the client's subsystem set, for readers in other
+processes (published_state.py).
 
 It joins consumer group --group on --topic and writes one JSON object per
 line to standard output, flushed at once, for the test to wait on:
@@ -40,10 +48,9 @@ import signal
 import sys
 import threading
 import time
-import traceback
 from datetime import datetime, timezone
 
-from original_compat import call, make_client
+from original_compat import call, make_client, run_then_exit
 from prosody import EventHandler
 
 _out_lock = threading.Lock()
@@ -57,21 +64,45 @@ def emit(obj: dict) -> None:
         sys.stdout.flush()
 
 
-def state_definitions() -> list:
+def state_definitions(published: bool = False) -> list:
     """The collections --state registers (the same names and kinds in both
-    implementations, as a group moving between them needs)."""
+    implementations, as a group moving between them needs); published: those
+    --publish registers."""
     from prosody import deque, map, value  # both: keyed state, prosody-events >= 0.4
 
-    return [value("count"), map("seqs"), deque("log")]
+    opts = {"published": True} if published else {}  # published: >= 0.5
+    return [value("count", **opts), map("seqs", **opts), deque("log", **opts)]
+
+
+async def hold(key: str, seq: int, path: str) -> None:
+    """Reports that the record's writes are pending, then waits (bounded)
+    until the test creates `path`."""
+    emit({"event": "holding", "key": key, "seq": seq})
+    deadline = time.monotonic() + float(os.environ.get("PROSODY_INTEROP_WAIT", "120"))
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{path} did not appear")
+        await asyncio.sleep(0.05)
 
 
 async def on_state(context, message, defs: list) -> None:
     count, seqs, log = (context.state(d) for d in defs)
     key, p = message.key, message.payload
     if p["state"] == "write":
-        await count.set((await count.get() or 0) + 1)
-        await seqs.set(f"s{p['seq']:04d}", p["seq"])
-        await log.append(p["seq"])
+        items = p.get("items", [p["seq"]])
+        await count.set((await count.get() or 0) + len(items))
+        for item in items:
+            await seqs.set(f"s{item:04d}", item)
+            await log.append(item)
+        if p.get("hold_file"):
+            await hold(key, p["seq"], p["hold_file"])
+        if p.get("fail") == "permanent":
+            from prosody import PermanentError
+
+            emit({"event": "message", "key": key, "seq": p["seq"], "batch": p["batch"],
+                  "partition": message.partition, "offset": message.offset, "ok": False,
+                  "at": time.time()})
+            raise PermanentError(f"failing {key} {p['seq']} after writing")
         return
     emit({"event": "state", "key": key, "round": p.get("round"), "count": await count.get(),
           "seqs": [[k, v] async for k, v in seqs.items()],
@@ -131,7 +162,11 @@ async def main() -> int:
                     help="another client option, its value as JSON (repeatable)")
     ap.add_argument("--state", action="store_true",
                     help="register the keyed-state collections of state_definitions()")
+    ap.add_argument("--publish", metavar="SUBSYSTEM",
+                    help="--state, the collections published, the client's subsystem SUBSYSTEM")
     args = ap.parse_args()
+    args.state = args.state or args.publish is not None
+    defs = state_definitions(args.publish is not None) if args.state else []
     faulthandler.enable()  # a crash prints the Python stacks to the log
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -152,10 +187,11 @@ async def main() -> int:
         probe_port=None,
         telemetry_enabled=False,
         shutdown_timeout=10.0,
-        **({"state_collections": state_definitions()} if args.state else {}),
+        **({"state_collections": defs} if args.state else {}),
+        **({"subsystem": args.publish} if args.publish is not None else {}),
         **{k: json.loads(v) for k, v in (o.split("=", 1) for o in args.option)},
     )
-    await call(client, "subscribe", Reporting(state_definitions() if args.state else []))
+    await call(client, "subscribe", Reporting(defs))
     emit({"event": "subscribed"})
     watcher = asyncio.create_task(watch_partitions(client, stop))
     await stop.wait()
@@ -167,19 +203,4 @@ async def main() -> int:
 
 
 if __name__ == "__main__":
-    try:
-        rc = asyncio.run(main())
-    except BaseException:  # noqa: BLE001 - reported, then the same exit as below
-        traceback.print_exc()
-        rc = 1
-    # Ends the process without the interpreter's finalization, whatever
-    # happened: in about one exit of three, 0.6.1 aborts there (SIGABRT, also
-    # in a script that only subscribes, unsubscribes and shuts down, with no
-    # test around it): a tokio thread of its extension completes an asyncio
-    # future while Python finalizes, Python's take_gil ends that thread with
-    # pthread_exit, and the forced unwind through Rust frames aborts. Its
-    # unsubscribe and shutdown have returned by then (reported as
-    # "stopped"), so the test's subject is done.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(rc)
+    run_then_exit(main)  # no interpreter finalization (0.6.1 may abort there)

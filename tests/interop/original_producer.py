@@ -13,11 +13,9 @@ acknowledged and exits 0; any failure is printed to standard error, exit 1.
 import argparse
 import asyncio
 import json
-import os
 import sys
-import traceback
 
-from original_compat import call, make_client
+from original_compat import call, make_client, run_then_exit
 
 
 async def main() -> int:
@@ -54,13 +52,4 @@ async def main() -> int:
 
 
 if __name__ == "__main__":
-    try:
-        rc = asyncio.run(main())
-    except BaseException:  # noqa: BLE001 - reported, then exit 1
-        traceback.print_exc()
-        rc = 1
-    # As member.py: skip the interpreter's finalization, which
-    # 0.6.1 sometimes aborts in.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(rc)
+    run_then_exit(main)  # no interpreter finalization (0.6.1 may abort there)

@@ -21,12 +21,10 @@ import argparse
 import asyncio
 import faulthandler
 import logging
-import os
 import signal
 import sys
-import traceback
 
-from original_compat import call, make_client
+from original_compat import call, make_client, run_then_exit
 from member import emit
 from prosody import EventHandler
 
@@ -85,12 +83,4 @@ async def main() -> int:
 
 
 if __name__ == "__main__":
-    try:
-        rc = asyncio.run(main())
-    except BaseException:  # noqa: BLE001 - reported, then the same exit as below
-        traceback.print_exc()
-        rc = 1
-    # No interpreter finalization: see the end of member.py.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(rc)
+    run_then_exit(main)  # no interpreter finalization (0.6.1 may abort there)
