@@ -2,6 +2,17 @@
 
 export type JSONValue = null | boolean | number | string | JSONValue[] | { [key: string]: JSONValue };
 
+/** `T` itself when every part of it has a JSON form, so an interface with no index signature is
+ * accepted; a part without one (a function, `undefined`, a `bigint`, a `symbol`, a `Date`'s methods)
+ * becomes `never`, so `payload: P & JsonCompatible<P>` refuses it at compile time. Optional fields
+ * may be absent. Nothing is checked at run time. */
+export type JsonCompatible<T> =
+  T extends string | number | boolean | null ? T
+    : T extends undefined | bigint | symbol | ((...args: never[]) => unknown) ? never
+      : T extends readonly (infer E)[] ? readonly JsonCompatible<E>[]
+        : T extends object ? { readonly [K in keyof T]: JsonCompatible<T[K]> }
+          : never;
+
 export declare const Mode: {
   readonly Pipeline: 'pipeline';
   readonly LowLatency: 'low-latency';
@@ -122,9 +133,13 @@ export interface Configuration {
   stateOwnedCacheSize?: string | number | null;
   /** The original's local state cache directory: accepted and checked, nothing is written there. */
   stateCacheDir?: string | null;
-  /** Whole seconds, at least 1 (default 30): the original's repair delay; accepted and checked, not
-   * used. */
+  /** Whole seconds in 1..=31536000 (default 30): the original's repair delay; accepted and checked,
+   * not used. */
   stateRecoveryDelaySeconds?: number | string | null;
+  /** The keyed-state collections handlers may open with `context.state()` (README "Keyed state"):
+   * definitions made by `value()`, `map()`, `deque()`, or plain objects of the same shape. Names are
+   * unique; checked when the client is made. A client's option only (`AdminClient` refuses it). */
+  stateCollections?: readonly StateCollectionConfig[] | null;
 }
 
 /** Where a client's log lines go: any object with these four methods, such as `console`, pino or
@@ -143,17 +158,14 @@ export interface ClientConfiguration extends Configuration {
   /** The client's log lines go to this logger; unset or `null`: libprosody writes them to standard
    * error (`2026-01-01T00:00:00.000Z WARN  prosody::producer: ...`). */
   logger?: Logger | null;
-  /** The keyed-state collections handlers may open with `context.state()` (README "Keyed state"):
-   * definitions made by `value()`, `map()`, `deque()`, or plain objects of the same shape. Names are
-   * unique; checked when the client is made. */
-  stateCollections?: readonly StateCollectionConfig[] | null;
   /** Checked (host:port), not used yet: requests are not served. */
   peerBindAddress?: string | null;
 }
 
 /** `offset` is a `number` for a client made with `new ProsodyClient()` and a `bigint` for one
- * made with `await ProsodyClient.create()` (the package README: "Two contracts"). */
-export interface Message<P = any> {
+ * made with `await ProsodyClient.create()` (the package README: "Two contracts"). `P` types the
+ * parsed payload for the compiler only (nothing checks it at run time); unset, it is `JsonValue`. */
+export interface Message<P = JsonValue> {
   readonly topic: string;
   readonly partition: number;
   readonly offset: number | bigint;
@@ -252,7 +264,15 @@ export interface StateCollectionConfig {
   capacity?: number;
 }
 
+/** Keys of type-only fields of definitions; no definition object has them. */
+declare const madeByConstructor: unique symbol;
+declare const itemType: unique symbol;
+
+/** A definition made by `value()`, `map()`, ...: `context.state()` and `client.state()` take only
+ * these (a plain object is a compile error here and a `TransientStateError` / `TypeError` at run
+ * time), while `stateCollections` also takes plain objects of the same shape. */
 interface StateDefinitionBase<K extends 'value' | 'map' | 'deque', P extends 'json' | 'message'> {
+  readonly [madeByConstructor]: true;
   readonly name: string;
   readonly kind: K;
   readonly payload: P;
@@ -263,19 +283,19 @@ export interface ValueDefinition<T = JsonValue> extends StateDefinitionBase<'val
   readonly published?: boolean;
   readonly readCache?: ReadCacheOptions | false;
   /** Type only: the stored item's type. */
-  readonly __item?: T;
+  readonly [itemType]?: T;
 }
 export interface MapDefinition<V = JsonValue> extends StateDefinitionBase<'map', 'json'> {
   readonly published?: boolean;
   readonly readCache?: ReadCacheOptions | false;
   readonly keysetLimit?: number;
-  readonly __item?: V;
+  readonly [itemType]?: V;
 }
 export interface DequeDefinition<T = JsonValue> extends StateDefinitionBase<'deque', 'json'> {
   readonly published?: boolean;
   readonly readCache?: ReadCacheOptions | false;
   readonly capacity?: number;
-  readonly __item?: T;
+  readonly [itemType]?: T;
 }
 /** Message collections keep Kafka messages this package delivered to a handler (the current one, or
  * one read back from a message collection) by their topic, partition and offset, and give back
@@ -283,15 +303,15 @@ export interface DequeDefinition<T = JsonValue> extends StateDefinitionBase<'deq
  * object is refused with a `TransientStateError`, and so is a delivered message written to a JSON
  * collection. */
 export interface MessageValueDefinition<P = JsonValue> extends StateDefinitionBase<'value', 'message'> {
-  readonly __item?: P;
+  readonly [itemType]?: P;
 }
 export interface MessageMapDefinition<P = JsonValue> extends StateDefinitionBase<'map', 'message'> {
   readonly keysetLimit?: number;
-  readonly __item?: P;
+  readonly [itemType]?: P;
 }
 export interface MessageDequeDefinition<P = JsonValue> extends StateDefinitionBase<'deque', 'message'> {
   readonly capacity?: number;
-  readonly __item?: P;
+  readonly [itemType]?: P;
 }
 
 export declare function value<T = JsonValue>(name: string, options?: PublishedStateDefinitionOptions): ValueDefinition<T>;
@@ -386,8 +406,8 @@ export declare class PublishedDeque<T = JsonValue> {
 
 /** With `new ProsodyClient()` every method is optional (a missing `onExcise`: excise records are
  * committed past unhandled); with `await ProsodyClient.create()` all three are required. */
-export interface EventHandler {
-  onMessage?: (context: Context, message: Message, signal: AbortSignal) => Promise<unknown> | unknown;
+export interface EventHandler<P = JsonValue> {
+  onMessage?: (context: Context, message: Message<P>, signal: AbortSignal) => Promise<unknown> | unknown;
   onExcise?: (context: Context, message: ExciseMessage, signal: AbortSignal) => Promise<unknown> | unknown;
   onTimer?: (context: Context, timer: Timer, signal: AbortSignal) => Promise<void> | void;
 }
@@ -400,10 +420,12 @@ export declare class ProsodyClient {
   readonly sourceSystem: string;
   /** The probe server's port while subscribed, or null. */
   readonly probePort: number | null;
-  send(topic: string, key: string, payload: any, signal?: AbortSignal): Promise<void>;
+  /** `payload` is sent as its JSON text; its type must have a JSON form (`JsonCompatible`). */
+  send<P>(topic: string, key: string, payload: P & JsonCompatible<P>, signal?: AbortSignal): Promise<void>;
   /** Sends an excise record: `key` with no value (a tombstone). */
   excise(topic: string, key: string, signal?: AbortSignal): Promise<void>;
-  subscribe(eventHandler: EventHandler): Promise<void>;
+  /** `P` types the payloads `onMessage` receives (compile time only). */
+  subscribe<P = JsonValue>(eventHandler: EventHandler<P>): Promise<void>;
   unsubscribe(): Promise<void>;
   /** Stops consuming, waits for the records being sent, and refuses every later call; repeated
    * calls share one promise. */
@@ -429,7 +451,7 @@ export interface TopicOptions {
 }
 
 export declare class AdminClient {
-  constructor(config: string | Configuration);
+  constructor(config: string | Omit<Configuration, 'stateCollections'>);
   createTopic(name: string, partitionCount?: number, replicationFactor?: number): Promise<void>;
   createTopic(name: string, options: TopicOptions): Promise<void>;
   deleteTopic(name: string): Promise<void>;
@@ -439,8 +461,12 @@ export declare class EventHandlerError extends Error {
   constructor(message?: string, options?: { cause?: unknown });
   readonly isPermanent: boolean;
 }
-export declare class TransientError extends EventHandlerError {}
-export declare class PermanentError extends EventHandlerError {}
+export declare class TransientError extends EventHandlerError {
+  readonly isPermanent: false;
+}
+export declare class PermanentError extends EventHandlerError {
+  readonly isPermanent: true;
+}
 /** A keyed-state failure worth retrying: the store, a stale handle, a bad argument or write. */
 export declare class TransientStateError extends TransientError {
   readonly code?: string;

@@ -185,6 +185,10 @@ const SECONDS = {
   cassandra_retention: 'cassandraRetentionSeconds',
   state_recovery_delay: 'stateRecoveryDelaySeconds',
 };
+// Options libprosody takes in whole seconds only, with their bound: a number
+// given for one is checked here, so a fraction, NaN or Infinity is refused
+// as the original refuses it, not converted to microseconds first.
+const WHOLE_SECONDS = { state_recovery_delay: 365 * 86400 };
 const JS_NAMES = new Map(); // jsName -> [snake name, unit]
 for (const [name, info] of Object.entries(OPTION_TABLE)) {
   const camel = name.replace(/_([a-z])/g, (_, c) => c.toUpperCase());
@@ -240,6 +244,10 @@ function optionText(jsName, name, unit, value) {
   if (typeof value === 'string') return noNul(jsName, value); // the text form, as in the environment
   switch (info.type) {
     case 'duration':
+      if (WHOLE_SECONDS[name] && typeof value === 'number' &&
+          !(Number.isInteger(value) && value >= 1 && value <= WHOLE_SECONDS[name])) {
+        throw new RangeError(`option ${jsName}: must be a whole number in 1..=${WHOLE_SECONDS[name]}, got ${got()}`);
+      }
       if (typeof value !== 'number' || Number.isNaN(value)) throw bad(unit === 's' ? 'seconds (a number)' : 'milliseconds (a number)');
       if (!Number.isFinite(value)) throw new RangeError(`option ${jsName}: ${value} is not a duration`);
       return unit === 's'
@@ -467,6 +475,10 @@ const STATE_FIELDS = ['name', 'kind', 'payload', 'ttlSeconds', 'readUncommitted'
                       'keysetLimit', 'capacity'];
 const MAX_TTL_S = 630720000; // 20 years: libprosody's bound
 const DEFINITIONS = new WeakMap(); // the definitions made by the constructors below
+// Options of one kind each (keysetLimit: maps, capacity: deques) that every
+// constructor keeps, as the original's do: registration (convertStates)
+// refuses them on another kind, naming the field.
+const SHAPE_OPTIONS = ['keysetLimit', 'capacity'];
 
 function defineState(name, kind, payload, options, allowed) {
   if (options === undefined || options === null) options = {};
@@ -475,11 +487,11 @@ function defineState(name, kind, payload, options, allowed) {
                         'options must be an object');
   }
   const def = { name, kind, payload };
-  for (const field of allowed) {
+  for (const field of [...allowed, ...SHAPE_OPTIONS]) {
     if (options[field] !== undefined) def[field] = options[field];
   }
   for (const field of Object.keys(options)) {
-    if (!allowed.includes(field) && options[field] !== undefined) {
+    if (!allowed.includes(field) && !SHAPE_OPTIONS.includes(field) && options[field] !== undefined) {
       throw new TypeError(`state definition ${JSON.stringify(name)}: unknown option '${field}' for a ` +
                           `${payload === 'message' ? `message ${kind}` : kind} (options: ${allowed.join(', ')})`);
     }

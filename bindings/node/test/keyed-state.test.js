@@ -97,7 +97,11 @@ test('definitions are frozen objects carrying the options that were given', () =
                          { name: 'mm', kind: 'map', payload: 'message', keysetLimit: 5 });
   assert.deepStrictEqual(messageDeque('md', { capacity: 2 }),
                          { name: 'md', kind: 'deque', payload: 'message', capacity: 2 });
-  assert.throws(() => value('v', { capacity: 3 }), /unknown option 'capacity'/);
+  // keysetLimit and capacity are kept on every kind (as the original's constructors keep them):
+  // registration refuses them on the wrong one ('stateCollections is validated at construction').
+  assert.deepStrictEqual(value('v', { capacity: 3 }), { name: 'v', kind: 'value', payload: 'json', capacity: 3 });
+  assert.throws(() => value('v', { size: 3 }), /unknown option 'size' for a value/);
+  assert.throws(() => messageValue('mv', { published: true }), /unknown option 'published' for a message value/);
 });
 
 test('a value: absent, set, read back in the attempt and by the next message, cleared', async (t) => {
@@ -181,7 +185,8 @@ test('a deque: push, unshift, pop, shift, at, length, isEmpty, values', async (t
     async (ctx) => {
       const d = ctx.state(QUEUE);
       const r = {
-        at: [await d.at(0), await d.at(-1), await d.at(1), await d.at(-2), await d.at(4), await d.at(-5)],
+        at: [await d.at(0), await d.at(-1), await d.at(1), await d.at(-2), await d.at(4), await d.at(-5),
+             await d.at(2 ** 32), await d.at(-(2 ** 32))], // beyond 32 bits: out of range, never wrapped
         length: await d.length(),
         values: await collect(d.values()),
         backward: await collect(d.values('backward')),
@@ -199,7 +204,7 @@ test('a deque: push, unshift, pop, shift, at, length, isEmpty, values', async (t
     },
   ]);
   assert.deepStrictEqual(seen[0], [true, 0, null, null, null]);
-  assert.deepStrictEqual(seen[1].at, ['a', 'd', 'b', 'c', null, null]);
+  assert.deepStrictEqual(seen[1].at, ['a', 'd', 'b', 'c', null, null, null, null]);
   assert.strictEqual(seen[1].length, 4);
   assert.deepStrictEqual(seen[1].values, ['a', 'b', 'c', 'd']);
   assert.deepStrictEqual(seen[1].backward, ['d', 'c', 'b', 'a']);
@@ -349,15 +354,18 @@ test('a handle used after its handler finished is a TransientStateError', async 
       for (const call of [() => leaked.get(), () => leaked.set(2), () => leakedScan.next()]) {
         errors.push(await call().then(() => 'resolved', (e) => e));
       }
+      // A scan whose pull failed is over: later next() calls end it quietly.
+      const afterFailure = await leakedScan.next();
       try {
         leakedCtx.state(COUNTER);
       } catch (e) {
         errors.push(e);
       }
-      return [errors, await ctx.state(COUNTER).get()];
+      return [errors, await ctx.state(COUNTER).get(), afterFailure];
     },
   ]);
-  const [errors, current] = seen[1];
+  const [errors, current, afterFailure] = seen[1];
+  assert.deepStrictEqual(afterFailure, { value: undefined, done: true });
   assert.strictEqual(errors.length, 4);
   for (const e of errors) {
     assert.ok(e instanceof TransientStateError && e instanceof TransientError, String(e));
@@ -456,6 +464,9 @@ test('stateCollections is validated at construction', async () => {
     [[map('m', { keysetLimit: 0.5 })], 'stateCollections[0].keysetLimit: must be a whole number in 0..=4096, got 0.5'],
     [[{ name: 'd', kind: 'deque', payload: 'json', keysetLimit: 3 }], 'stateCollections[0].keysetLimit: only valid for map collections'],
     [[{ name: 'm', kind: 'map', payload: 'json', capacity: 3 }], 'stateCollections[0].capacity: only valid for deque collections'],
+    [[COUNTER, value('v', { keysetLimit: 5 })], 'stateCollections[1].keysetLimit: only valid for map collections'],
+    [[messageMap('mm', { capacity: 2 })], 'stateCollections[0].capacity: only valid for deque collections'],
+    [[deque('d', { keysetLimit: 2 })], 'stateCollections[0].keysetLimit: only valid for map collections'],
     [[deque('d', { capacity: 0 })], 'stateCollections[0].capacity: must be a whole number in 1..=9007199254740991, got 0'],
     [[COUNTER, value('counter')], 'stateCollections[1].name: collection "counter" is registered twice'],
     [[value('p', { published: true })], 'published: collection "p" is published, which needs the option subsystem ' +

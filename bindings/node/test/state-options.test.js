@@ -34,3 +34,17 @@ test('refuses a recovery delay that is not whole seconds of at least 1', () => {
       (e) => /stateRecoveryDelaySeconds|state_recovery_delay/.test(e.message), `${bad}`);
   }
 });
+
+test('a recovery delay given as a number is checked as whole seconds, as the original checks it', async () => {
+  // A fraction is not rounded or turned into microseconds, and NaN or
+  // Infinity is not a type error: each is the same RangeError, before any
+  // client exists, from the constructor and from create().
+  for (const bad of [2.5, 0.5, -1, 0, Number.NaN, Infinity, -Infinity, 365 * 86400 + 1]) {
+    const message = `option stateRecoveryDelaySeconds: must be a whole number in 1..=31536000, got ${bad}`;
+    assert.throws(() => make({ stateRecoveryDelaySeconds: bad }),
+      (e) => e instanceof RangeError && e.message === message, `${bad}`);
+    await assert.rejects(ProsodyClient.create({ mock: true, groupId: 'g', stateRecoveryDelaySeconds: bad }),
+      (e) => e instanceof RangeError && e.message === message, `${bad}`);
+  }
+  for (const good of [1, 365 * 86400]) await make({ stateRecoveryDelaySeconds: good }).shutdown();
+});

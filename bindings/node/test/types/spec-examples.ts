@@ -15,8 +15,10 @@ const client = new ProsodyClient({
   allowedEvents: ['user.', 'account.'],
 });
 
+// An unparameterized Message's payload is a JsonValue (as in the original's types): reading a
+// field of it takes the payload's type.
 const messageHandler = {
-  onMessage: async (context: Context, message: Message, signal: AbortSignal) => {
+  onMessage: async (context: Context, message: Message<{ scheduleFollowup?: boolean }>, signal: AbortSignal) => {
     console.log(`Received message: ${JSON.stringify(message)}`);
     if (message.payload.scheduleFollowup) {
       await context.schedule(new Date(Date.now() + 30000));
