@@ -465,10 +465,14 @@ static void publication(pr__engine_t *eng, struct ident_wait *w) {
   int *parts;
   if (!sub || !(parts = calloc(subs->list_n + 1, sizeof(*parts))))
     return;
-  for (size_t t = 0; t < subs->list_n; t++) {
+  for (size_t t = 0, down = 0; t < subs->list_n; t++) {
     if (PR_CFG_BOOL(st, MOCK))
       (void)pr__mock_ensure_topic(subs->list[t], NULL, 0);
-    parts[t] = rk ? pr__kafka_partition_count(rk, subs->list[t], 10000) : -1;
+    /* After a broker that did not answer, the others are not asked: the
+     * subscribe waits once, at most 10 s. */
+    parts[t] =
+        rk && !down ? pr__kafka_partition_count(rk, subs->list[t], 10000) : -2;
+    down |= parts[t] == -2;
   }
   for (size_t i = 0; i < st->states.n; i++) {
     const prosody_state_def_t *d = &st->states.d[i];
@@ -482,9 +486,11 @@ static void publication(pr__engine_t *eng, struct ident_wait *w) {
       if (parts[t] < 1) {
         PR_WARN("state",
                 "published collection \"%s\": no partition count for topic "
-                "\"%s\" (it does not exist yet?); its route is recorded "
-                "when the consumer next starts",
-                d->name, subs->list[t]);
+                "\"%s\" (%s); its route is recorded when the consumer next "
+                "starts",
+                d->name, subs->list[t],
+                parts[t] == -2 ? "no broker answered the metadata request"
+                               : "it does not exist yet?");
         continue;
       }
       w->pending++;

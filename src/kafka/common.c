@@ -711,11 +711,12 @@ int pr__kafka_partition_count(rd_kafka_t *rk, const char *topic,
                               int timeout_ms) {
   const struct rd_kafka_metadata *md = NULL;
   rd_kafka_topic_t *rkt = rd_kafka_topic_new(rk, topic, NULL);
-  int n = -1;
+  int n = -2;
   if (!rkt)
     return -1;
   if (rd_kafka_metadata(rk, 0, rkt, &md, timeout_ms) ==
       RD_KAFKA_RESP_ERR_NO_ERROR) {
+    n = -1;
     for (int i = 0; i < md->topic_cnt; i++)
       if (!strcmp(md->topics[i].topic, topic) && !md->topics[i].err &&
           md->topics[i].partition_cnt > 0)

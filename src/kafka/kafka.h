@@ -50,8 +50,8 @@ prosody_err_t pr__kafka_classify(rd_kafka_resp_err_t err);
  * abandoned. */
 int pr__kafka_destroy_bounded(rd_kafka_t *rk, int timeout_ms, const char *what);
 /* The partition count of `topic` from a metadata request through `rk`
- * (blocking, at most timeout_ms); -1 when the topic is unknown or the
- * broker did not answer. */
+ * (blocking, at most timeout_ms); -1 when the topic is unknown, -2 when no
+ * broker answered. */
 int pr__kafka_partition_count(rd_kafka_t *rk, const char *topic,
                               int timeout_ms);
 /* rd_kafka_new(), with librdkafka's lines about the handle going to the
