@@ -544,6 +544,29 @@ const char *pr__kafka_explain(const rd_kafka_t *rk, const char *reason,
     if (found)
       return out;
   }
+  /* librdkafka's OIDC refresh failed: it says what the endpoint answered
+   * (or the transport error), not where it asked nor what to check. */
+  if (rk && strstr(reason, "SASL OAUTHBEARER token")) {
+    char url[256];
+    const char *host = url, *scheme_end, *at;
+    size_t un = sizeof(url);
+    if (rd_kafka_conf_get(rd_kafka_conf((rd_kafka_t *)rk),
+                          "sasl.oauthbearer.token.endpoint.url", url,
+                          &un) != RD_KAFKA_CONF_OK)
+      snprintf(url, sizeof(url), "(unknown)");
+    /* Never the user information of https://user:password@host/... */
+    scheme_end = strstr(url, "://");
+    at = scheme_end ? strchr(scheme_end + 3, '@') : NULL;
+    if (at &&
+        (!strchr(scheme_end + 3, '/') || at < strchr(scheme_end + 3, '/')))
+      host = at + 1;
+    snprintf(out, n,
+             "%s (the token request to %.*s%s, kafka_sasl_oauthbearer_token_"
+             "endpoint_url, failed: check it, kafka_sasl_oauthbearer_client_id "
+             "and kafka_sasl_oauthbearer_client_secret)",
+             reason, host == url ? 0 : (int)(scheme_end + 3 - url), url, host);
+    return out;
+  }
   if (strstr(reason, "alert bad certificate") ||
       strstr(reason, "alert certificate required")) {
     snprintf(out, n,

@@ -64,7 +64,9 @@ rd_kafka_t *pr__kafka_new(rd_kafka_type_t type, rd_kafka_conf_t *conf,
  * no Kafka response ("increase receive.message.max.bytes") says the
  * address is not a Kafka broker; a refused broker certificate on handle
  * `rk` (NULL: none) says why OpenSSL refused it (expired, host name
- * mismatch, unknown CA); anything else is copied. */
+ * mismatch, unknown CA); a failed OAUTHBEARER token request on `rk`
+ * names the token endpoint and the options to check; anything else is
+ * copied. */
 const char *pr__kafka_explain(const rd_kafka_t *rk, const char *reason,
                               char *out, size_t n);
 /* What the first three addresses of `bootstrap` show within `budget_ms`

@@ -15,15 +15,32 @@
  *  - a Cassandra client certificate with an encrypted key: it opens with
  *    cassandra_ssl_key_password; without it, or with a wrong one, subscribe
  *    fails naming the key option (and never prompts on a terminal);
+ *  - OAUTHBEARER over SASL_PLAINTEXT (localhost:9100) with librdkafka's
+ *    OIDC client-credentials flow against a token endpoint this program
+ *    serves (libmicrohttpd on 127.0.0.1, an ephemeral port): the admin
+ *    client, a producer and a consumer work, and the endpoint saw our
+ *    client id and secret; with a wrong secret the send fails naming
+ *    OAUTHBEARER, the endpoint and its refusal, and the token requests in
+ *    those 10 s are counted. The broker runs Kafka's default, unsecured
+ *    OAUTHBEARER validator: it does NOT verify the token's signature (the
+ *    tokens here are unsigned, alg "none"). What this proves is our side:
+ *    the token request our options make (librdkafka sends the client id
+ *    and secret as HTTP Basic credentials), the token's use by the admin
+ *    client, the producer and the consumer, and the error when the
+ *    endpoint refuses; not a broker's validation;
  *  - failures: a wrong password, an unknown CA, an expired certificate, a
  *    host name mismatch, a plaintext client on the TLS port, no client
  *    certificate where one is required. Each send fails within
  *    send_timeout (10 s) with an error naming the broker and the cause;
  *    the connection attempts in those 10 s are counted (printed, and
  *    bounded: a tight reconnect loop would make thousands).
- * No secret value (passwords, key password) appears in any log line or
- * error of the whole run.
+ * No secret value (passwords, key password, OAUTHBEARER client secrets and
+ * their Basic credentials) appears in any log line or error of the whole
+ * run.
  */
+#include <arpa/inet.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <sys/stat.h>
@@ -35,6 +52,11 @@
 #define PLAIN_SECRET "plain-secret"
 #define KEY_SECRET "client-key-secret"
 #define WRONG_SECRET "Wrong-Secret-7731"
+#define OAUTH_ID "prosody-oauth-client"
+#define OAUTH_SECRET "oauth-client-secret"
+#define OAUTH_SCOPE "kafka-test"
+/* scripts/services/kafka's OAUTHBEARER listener (SASL_PLAINTEXT) */
+#define OAUTH_BOOTSTRAP "localhost:9100"
 
 static char tls_dir[512], sasl_bootstrap[128], cass_ca[600], cass_other[600];
 
@@ -68,8 +90,11 @@ static void log_cb(prosody_log_level_t level, const char *subsystem,
 }
 
 static void no_secret_in(const char *what, const char *text) {
-  static const char *const secrets[] = {SCRAM_SECRET, PLAIN_SECRET, KEY_SECRET,
-                                        WRONG_SECRET};
+  static const char *const secrets[] = {
+      SCRAM_SECRET, PLAIN_SECRET, KEY_SECRET, WRONG_SECRET, OAUTH_SECRET,
+      /* base64 of "client id:secret": the Basic credentials as sent */
+      "cHJvc29keS1vYXV0aC1jbGllbnQ6b2F1dGgtY2xpZW50LXNlY3JldA",
+      "cHJvc29keS1vYXV0aC1jbGllbnQ6V3JvbmctU2VjcmV0LTc3MzE"};
   for (size_t i = 0; i < sizeof(secrets) / sizeof(secrets[0]); i++)
     CHECK(!text || !strstr(text, secrets[i]), "%s shows the secret \"%s\"",
           what, secrets[i]);
@@ -308,6 +333,291 @@ static void mutual_tls(void) {
            err);
   prosody_client_destroy(c);
   printf("ok: mutual TLS with an encrypted client key\n");
+}
+
+/* ---- OAUTHBEARER: a token endpoint of our own --------------------------- */
+
+/* Base64 of `n` bytes of `in` into `out` (size 4 * (n + 2) / 3 + 1 at
+ * least): standard with padding, or URL-safe without (`url`). */
+static void b64(const char *in, size_t n, int url, char *out) {
+  const char *abc = url ? "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                          "0123456789-_"
+                        : "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                          "0123456789+/";
+  const unsigned char *u = (const unsigned char *)in;
+  size_t o = 0;
+  for (size_t i = 0; i < n; i += 3) {
+    unsigned v = (unsigned)u[i] << 16 | (i + 1 < n ? u[i + 1] << 8 : 0) |
+                 (i + 2 < n ? u[i + 2] : 0);
+    out[o++] = abc[v >> 18 & 63];
+    out[o++] = abc[v >> 12 & 63];
+    if (i + 1 < n || !url)
+      out[o++] = i + 1 < n ? abc[v >> 6 & 63] : '=';
+    if (i + 2 < n || !url)
+      out[o++] = i + 2 < n ? abc[v & 63] : '=';
+  }
+  out[o] = '\0';
+}
+
+/* 1 if the form `body` holds the field `item` ("name=value") whole. */
+static int form_has(const char *body, const char *item) {
+  size_t n = strlen(item);
+  for (const char *p = body; (p = strstr(p, item)); p += n)
+    if ((p == body || p[-1] == '&') && (p[n] == '&' || p[n] == '\0'))
+      return 1;
+  return 0;
+}
+
+typedef struct token_endpoint {
+  struct MHD_Daemon *daemon;
+  char url[96];
+  atomic_int requests; /* every POST */
+  atomic_int granted;  /* answered with a token */
+  atomic_int basic;    /* carrying HTTP Basic credentials */
+  atomic_int in_body;  /* carrying client_id / client_secret in the form */
+  atomic_int scoped;   /* asking for grant_type=client_credentials and our
+                          scope */
+} token_endpoint_t;
+
+typedef struct token_req {
+  size_t n;
+  char body[2048];
+} token_req_t;
+
+static enum MHD_Result token_reply(struct MHD_Connection *conn, unsigned status,
+                                   const char *json) {
+  struct MHD_Response *r = MHD_create_response_from_buffer(
+      strlen(json), (void *)json, MHD_RESPMEM_MUST_COPY);
+  enum MHD_Result ret;
+  MHD_add_response_header(r, "Content-Type", "application/json");
+  ret = MHD_queue_response(conn, status, r);
+  MHD_destroy_response(r);
+  return ret;
+}
+
+/* An OAuth 2.0 token endpoint (client credentials, RFC 6749 4.4): the
+ * client authenticates with HTTP Basic (or client_id and client_secret in
+ * the form); the token is an unsigned JWT (alg "none") with sub and exp,
+ * all the broker's unsecured validator asks for. */
+static enum MHD_Result on_token(void *cls, struct MHD_Connection *conn,
+                                const char *url, const char *method,
+                                const char *version, const char *upload,
+                                size_t *upload_size, void **req_cls) {
+  token_endpoint_t *ep = cls;
+  token_req_t *req = *req_cls;
+  const char *auth;
+  char want[160], header[64], claims[160], jwt[400], json[600];
+  int ok;
+  (void)url, (void)version;
+  if (!req) {
+    req = calloc(1, sizeof(*req));
+    *req_cls = req;
+    return req ? MHD_YES : MHD_NO;
+  }
+  if (*upload_size) {
+    size_t take = *upload_size < sizeof(req->body) - 1 - req->n
+                      ? *upload_size
+                      : sizeof(req->body) - 1 - req->n;
+    memcpy(req->body + req->n, upload, take);
+    req->n += take;
+    *upload_size = 0;
+    return MHD_YES;
+  }
+  if (strcmp(method, "POST"))
+    return token_reply(conn, 405, "{\"error\":\"invalid_request\"}");
+  atomic_fetch_add(&ep->requests, 1);
+  if (strstr(req->body, "grant_type=client_credentials") &&
+      strstr(req->body, "scope=" OAUTH_SCOPE))
+    atomic_fetch_add(&ep->scoped, 1);
+  auth = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
+                                     MHD_HTTP_HEADER_AUTHORIZATION);
+  if (auth) {
+    atomic_fetch_add(&ep->basic, 1);
+    strcpy(want, "Basic ");
+    b64(OAUTH_ID ":" OAUTH_SECRET, strlen(OAUTH_ID ":" OAUTH_SECRET), 0,
+        want + 6);
+    ok = !strcmp(auth, want);
+  } else {
+    atomic_fetch_add(&ep->in_body, 1);
+    ok = form_has(req->body, "client_id=" OAUTH_ID) &&
+         form_has(req->body, "client_secret=" OAUTH_SECRET);
+  }
+  if (!ok)
+    return token_reply(conn, 401,
+                       "{\"error\":\"invalid_client\",\"error_description\":"
+                       "\"client authentication failed\"}");
+  b64("{\"alg\":\"none\"}", 15, 1, header);
+  snprintf(json, sizeof(json), "{\"sub\":\"%s\",\"iat\":%lld,\"exp\":%lld}",
+           OAUTH_ID, (long long)(t_wall_ms() / 1000),
+           (long long)(t_wall_ms() / 1000 + 3600));
+  b64(json, strlen(json), 1, claims);
+  snprintf(jwt, sizeof(jwt), "%s.%s.", header, claims); /* no signature */
+  snprintf(json, sizeof(json),
+           "{\"access_token\":\"%s\",\"token_type\":\"bearer\","
+           "\"expires_in\":3600}",
+           jwt);
+  atomic_fetch_add(&ep->granted, 1);
+  return token_reply(conn, 200, json);
+}
+
+static void token_req_done(void *cls, struct MHD_Connection *conn,
+                           void **req_cls, enum MHD_RequestTerminationCode c) {
+  (void)cls, (void)conn, (void)c;
+  free(*req_cls);
+  *req_cls = NULL;
+}
+
+static void token_endpoint_start(token_endpoint_t *ep) {
+  struct sockaddr_in a = {0};
+  const union MHD_DaemonInfo *info;
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ep->daemon = MHD_start_daemon(
+      MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, 0, NULL, NULL,
+      on_token, ep, MHD_OPTION_SOCK_ADDR, (const struct sockaddr *)&a,
+      MHD_OPTION_NOTIFY_COMPLETED, token_req_done, NULL, MHD_OPTION_END);
+  CHECK(ep->daemon, "the token endpoint did not start");
+  info = MHD_get_daemon_info(ep->daemon, MHD_DAEMON_INFO_BIND_PORT);
+  CHECK(info && info->port, "the token endpoint has no port");
+  snprintf(ep->url, sizeof(ep->url), "http://127.0.0.1:%u/oauth2/token",
+           (unsigned)info->port);
+}
+
+#define OAUTH(ep, secret)                                                      \
+  "kafka_security_protocol", "SASL_PLAINTEXT", "kafka_sasl_mechanism",         \
+      "OAUTHBEARER", "kafka_sasl_oauthbearer_token_endpoint_url", (ep)->url,   \
+      "kafka_sasl_oauthbearer_client_id", OAUTH_ID,                            \
+      "kafka_sasl_oauthbearer_client_secret", secret,                          \
+      "kafka_sasl_oauthbearer_scope", OAUTH_SCOPE, "kafka_properties",         \
+      "debug=broker,security" /* librdkafka's SASL lines, for the secrets */
+
+static atomic_int oauth_handled;
+
+static prosody_result_t on_oauth_message(prosody_context_t *ctx,
+                                         const prosody_message_t *m, void *op) {
+  (void)ctx, (void)m, (void)op;
+  atomic_fetch_add(&oauth_handled, 1);
+  return PROSODY_SUCCESS;
+}
+
+/* The admin client, a producer and a consumer over OAUTHBEARER. */
+static void oauth_works(void) {
+  char err[1024], topic[128], group[160];
+  const char *nodes = getenv("PROSODY_TEST_CASSANDRA_NODES");
+  token_endpoint_t ep = {0};
+  prosody_topic_options_t o = PROSODY_TOPIC_OPTIONS_INIT;
+  prosody_handler_t h = {on_oauth_message, on_timer, NULL, 0};
+  prosody_admin_t *admin;
+  prosody_client_t *c;
+
+  token_endpoint_start(&ep);
+  snprintf(topic, sizeof(topic), "%s", t_topic("security-oauth"));
+  snprintf(group, sizeof(group), "%s-g", topic);
+  {
+    const char *pairs[] = {OAUTH(&ep, OAUTH_SECRET), NULL};
+    admin = prosody_admin_new(secure_config(OAUTH_BOOTSTRAP, NULL, pairs), err,
+                              sizeof(err));
+  }
+  CHECK(admin, "OAUTHBEARER admin: %s", err);
+  o.partitions = 1;
+  CHECK_OK(prosody_admin_create_topic(admin, topic, &o, err, sizeof(err)), err);
+  prosody_admin_destroy(admin);
+  {
+    const char *pairs[] = {OAUTH(&ep, OAUTH_SECRET),
+                           "group_id",
+                           group,
+                           "subscribed_topics",
+                           topic,
+                           "probe_port",
+                           "none",
+                           "commit_interval",
+                           "100ms",
+                           "send_timeout",
+                           "20s",
+                           "cassandra_nodes",
+                           nodes && *nodes ? nodes : "localhost:9042",
+                           "cassandra_keyspace",
+                           "prosody_test",
+                           "source_system",
+                           "security-producer",
+                           NULL};
+    c = prosody_client_new(secure_config(OAUTH_BOOTSTRAP, NULL, pairs), err,
+                           sizeof(err));
+  }
+  CHECK(c, "OAUTHBEARER client: %s", err);
+  for (int i = 0; i < N_RECORDS; i++)
+    CHECK_OK(prosody_send(c, topic, i % 2 ? "a" : "b", "{\"over\":\"oauth\"}",
+                          NULL, err, sizeof(err)),
+             err);
+  CHECK_OK(prosody_subscribe(c, &h, err, sizeof(err)), err);
+  CHECK(t_wait_at_least(&oauth_handled, N_RECORDS, 60),
+        "handled %d of %d records over OAUTHBEARER",
+        atomic_load(&oauth_handled), N_RECORDS);
+  CHECK_OK(prosody_unsubscribe(c), "unsubscribe");
+  prosody_client_destroy(c);
+  MHD_stop_daemon(ep.daemon);
+  printf("ok: OAUTHBEARER (SASL_PLAINTEXT, %s): admin created %s, %d records "
+         "sent and consumed; token endpoint: %d requests, %d granted, %d "
+         "with HTTP Basic credentials, %d with them in the form, %d asking "
+         "grant_type=client_credentials and scope %s\n",
+         OAUTH_BOOTSTRAP, topic, N_RECORDS, atomic_load(&ep.requests),
+         atomic_load(&ep.granted), atomic_load(&ep.basic),
+         atomic_load(&ep.in_body), atomic_load(&ep.scoped), OAUTH_SCOPE);
+  CHECK(atomic_load(&ep.granted) >= 1 &&
+            atomic_load(&ep.granted) == atomic_load(&ep.requests),
+        "the token endpoint granted %d of %d requests",
+        atomic_load(&ep.granted), atomic_load(&ep.requests));
+  CHECK(atomic_load(&ep.scoped) == atomic_load(&ep.requests),
+        "%d of %d token requests asked for client credentials with scope %s",
+        atomic_load(&ep.scoped), atomic_load(&ep.requests), OAUTH_SCOPE);
+}
+
+/* A wrong client secret: the endpoint answers 401. */
+static void oauth_refused(void) {
+  char err[2048], topic[128];
+  token_endpoint_t ep = {0};
+  const char *pairs[] = {OAUTH(&ep, WRONG_SECRET), NULL};
+  log_sink_t sink = {0};
+  prosody_config_t *conf;
+  prosody_client_t *c;
+  prosody_err_t rc;
+  double t0, took;
+  int in_10s;
+
+  token_endpoint_start(&ep);
+  conf = secure_config(OAUTH_BOOTSTRAP, &sink, pairs);
+  t_set(conf, "source_system", "security");
+  t_set(conf, "send_timeout", "10s");
+  t0 = t_now();
+  c = prosody_client_new(conf, err, sizeof(err));
+  CHECK(c, "client: %s", err);
+  snprintf(topic, sizeof(topic), "%s", t_topic("security-oauth-fail"));
+  rc = prosody_send(c, topic, "k", "{}", NULL, err, sizeof(err));
+  took = t_now() - t0;
+  in_10s = atomic_load(&ep.requests);
+  prosody_client_destroy(c);
+  MHD_stop_daemon(ep.daemon);
+  printf("case: OAUTHBEARER, wrong client secret: %s after %.1f s, %d token "
+         "requests (%d by the client's end), %d connections to the broker: "
+         "%s\n",
+         prosody_err_name(rc), took, in_10s, atomic_load(&ep.requests),
+         atomic_load(&sink.connects), err);
+  CHECK(rc != PROSODY_OK, "the send succeeded with a wrong client secret");
+  CHECK(atomic_load(&ep.granted) == 0, "a token for a wrong secret");
+  CHECK(strstr(err, "OAUTHBEARER") && strstr(err, ep.url) &&
+            strstr(err, "invalid_client") &&
+            strstr(err, "kafka_sasl_oauthbearer_client_secret"),
+        "the error does not name OAUTHBEARER, %s, the endpoint's answer and "
+        "the options to check: %s",
+        ep.url, err);
+  CHECK(took < 12, "the send took %.1f s", took);
+  /* librdkafka retries a failed token request on its refresh timer (every
+   * 10 s; 1 request in the test), not in a loop, whatever the handle asks
+   * meanwhile. */
+  CHECK(in_10s >= 1 && in_10s <= 3,
+        "%d token requests in %.1f s (at least 1, at most 3 expected)", in_10s,
+        took);
+  no_secret_in("the error", err);
 }
 
 /* ---- failures ----------------------------------------------------------- */
@@ -624,6 +934,21 @@ T_SCENARIO(cassandra_encrypted_client_key_opens_with_its_password, T_REAL,
   cassandra_client_key(KEY_SECRET, NULL);
   cassandra_client_key(NULL, "needs cassandra_ssl_key_password");
   cassandra_client_key(WRONG_SECRET, "with cassandra_ssl_key_password");
+  return no_secret_logged();
+}
+
+T_SCENARIO(oauthbearer_oidc_producer_consumer_and_admin, T_REAL, 150) {
+  if (setup())
+    return T_SKIP;
+  oauth_works();
+  return no_secret_logged();
+}
+
+T_SCENARIO(oauthbearer_wrong_client_secret_names_the_token_endpoint, T_REAL,
+           90) {
+  if (setup())
+    return T_SKIP;
+  oauth_refused();
   return no_secret_logged();
 }
 

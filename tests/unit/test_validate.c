@@ -1,6 +1,7 @@
 /*
  * test_validate.c - input checks applied before anything reaches Kafka:
- * UTF-8 keys, topic names and W3C traceparent headers.
+ * UTF-8 keys, topic names and W3C traceparent headers; and how Kafka's
+ * errors are classified and explained.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -130,12 +131,49 @@ static void test_classify(void **state) {
                    PROSODY_ERR_UNKNOWN_TOPIC);
 }
 
+/* A failed OAUTHBEARER token request names the endpoint, without the user
+ * information a URL may carry. */
+static void explain_oauth(const char *url, const char *want) {
+  rd_kafka_conf_t *conf = rd_kafka_conf_new();
+  char err[256], out[1024];
+  rd_kafka_t *rk;
+  assert_int_equal(rd_kafka_conf_set(conf, "log_level", "3", err, sizeof(err)),
+                   RD_KAFKA_CONF_OK);
+  assert_int_equal(rd_kafka_conf_set(conf,
+                                     "sasl.oauthbearer.token.endpoint.url", url,
+                                     err, sizeof(err)),
+                   RD_KAFKA_CONF_OK);
+  rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof(err));
+  assert_non_null(rk);
+  pr__kafka_explain(rk, "Failed to acquire SASL OAUTHBEARER token: refused",
+                    out, sizeof(out));
+  rd_kafka_destroy(rk);
+  assert_non_null(strstr(out, "Failed to acquire SASL OAUTHBEARER token: "
+                              "refused (the token request to "));
+  assert_non_null(strstr(out, want));
+  assert_non_null(strstr(out, "kafka_sasl_oauthbearer_client_secret"));
+  assert_null(strstr(out, "pw@"));
+}
+
+static void test_explain_oauthbearer(void **state) {
+  (void)state;
+  explain_oauth("http://127.0.0.1:8080/token",
+                "to http://127.0.0.1:8080/token, "
+                "kafka_sasl_oauthbearer_token_endpoint_url, failed");
+  explain_oauth("https://user:pw@idp.example/oauth2/token",
+                "to https://idp.example/oauth2/token, ");
+  explain_oauth("https://user:pw@idp.example", "to https://idp.example, ");
+  /* an @ in the path is no user information */
+  explain_oauth("https://idp.example/a@b", "to https://idp.example/a@b, ");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_utf8),
       cmocka_unit_test(test_topic_names),
       cmocka_unit_test(test_traceparent),
       cmocka_unit_test(test_classify),
+      cmocka_unit_test(test_explain_oauthbearer),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
