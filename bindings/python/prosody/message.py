@@ -2,15 +2,20 @@
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Dict, List, Optional, Union
+from typing import Dict, Generic, List, Optional, TypeVar, Union
 
 __all__ = ["ExciseMessage", "JSONValue", "Message"]
 
 JSONValue = Union[None, bool, int, float, str, List["JSONValue"], Dict[str, "JSONValue"]]
 
+#: The payload's type (``Message[dict]``); not checked at run time. For type
+#: checkers (message.pyi) it defaults to JSONValue, so a bare ``Message`` is
+#: ``Message[JSONValue]``.
+P = TypeVar("P")
+
 
 @dataclass(frozen=True)
-class Message:
+class Message(Generic[P]):
     """A Kafka record as Prosody delivers it to ``on_message``.
 
     ``payload`` is the record's JSON value decoded into Python objects
@@ -23,7 +28,7 @@ class Message:
     offset: int
     timestamp: Optional[datetime]
     key: str
-    payload: JSONValue
+    payload: P
 
 
 @dataclass(frozen=True)

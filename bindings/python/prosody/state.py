@@ -96,6 +96,8 @@ SCAN_CHUNK = 256
 #: libprosody's longest TTL (20 years).
 _MAX_TTL = 630720000
 _INT64_MAX = 2**63 - 1
+#: The largest deque capacity (the original's: an unsigned 32-bit count).
+_MAX_CAPACITY = 2**32 - 1
 
 
 class Direction(str, enum.Enum):
@@ -308,8 +310,8 @@ def _collection_configs(collections_: Any) -> List[Tuple[str, int, int, int, int
             ttl_s = 0
         else:
             ttl_s = _whole(ttl)  # type: ignore[assignment]
-            if ttl_s is None or ttl_s < 1:
-                raise ValueError(f"{where}.ttl: must be a whole number of seconds in "
+            if ttl_s is None or not 1 <= ttl_s <= _MAX_TTL:
+                raise ValueError(f"{where}.ttl_seconds: must be a whole number of seconds in "
                                  f"1..={_MAX_TTL}, got {ttl!r}")
         flags = []
         for field in ("read_uncommitted", "published"):
@@ -329,7 +331,7 @@ def _collection_configs(collections_: Any) -> List[Tuple[str, int, int, int, int
                                  f"seconds >= 0), False, or None, got {rc!r}")
         limits = []
         for field, lo, hi, unset in (("keyset_limit", 0, 4096, -1),
-                                     ("capacity", 1, _INT64_MAX, 0)):
+                                     ("capacity", 1, _MAX_CAPACITY, 0)):
             v = conf.get(field)
             if v is None:
                 limits.append(unset)
@@ -381,8 +383,11 @@ def _bind(context: Any, definition: Any) -> Any:
         raise PermanentStateError(
             f'state: collection "{name}" is registered as a {payloads.get(payload, payload)} '
             f"{kinds.get(kind, kind)}, not a {definition.payload} {definition.kind}")
-    cls = ValueState if want == 0 else MapState if want == 1 else DequeState
-    return cls(native, name, payload == _PAYLOADS["message"])
+    if want == 0:
+        return ValueState(_NativeValue(native, name, payload == _PAYLOADS["message"]))
+    if want == 1:
+        return MapState(_NativeMap(native, name, payload == _PAYLOADS["message"]))
+    return DequeState(_NativeDeque(native, name, payload == _PAYLOADS["message"]))
 
 
 def _delivered(value: Any) -> bool:
@@ -440,63 +445,16 @@ def _direction(direction: Any) -> bool:
             f'("backward"), got {direction!r}') from None
 
 
-class _Handle:
-    __slots__ = ("_native", "_name", "_message")
-
-    def __init__(self, native: Any, name: str, message: bool = False) -> None:
-        self._native = native
-        self._name = name
-        self._message = message  # a message collection: items are Messages
-
-    def _item(self, value: Any, what: str, instead: str) -> Dict[str, Any]:
-        """A write's arguments for ``value``: its JSON text, or in a message
-        collection the delivered message's coordinates."""
-        if self._message:
-            return _ref(value, what, self._name)
-        if _delivered(value):
-            raise TransientStateError(
-                f'{what}: a Kafka message cannot be stored in a JSON collection ("{self._name}"); '
-                "store its payload, or use a message collection (state.message_value, "
-                "message_map, message_deque)")
-        return {"json": _encode(value, what, instead)}
-
-    @property
-    def name(self) -> str:
-        """The collection's name."""
-        return self._name
-
-    async def clear(self) -> None:
-        """Removes everything the collection holds for this key."""
-        await self._native.call(_CLEAR)
-
-    async def commit(self) -> None:
-        """Makes this collection's buffered writes durable now: a later
-        failure of the handler does not undo them (a retry sees them)."""
-        await self._native.call(_COMMIT)
-
-    async def rollback(self) -> None:
-        """Drops this collection's writes buffered since the last commit()
-        (or since the attempt started)."""
-        await self._native.call(_ROLLBACK)
-
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self._name!r}>"
+def _token(direction: Any) -> Any:
+    """A scan direction as the native layer takes it: a Direction's token,
+    anything else as given (the native layer refuses what is neither
+    ``"forward"`` nor ``"backward"``)."""
+    return direction.value if isinstance(direction, Direction) else direction
 
 
-class ValueState(_Handle, Generic[T]):
-    """A value collection bound to the current event's key."""
-
-    __slots__ = ()
-
-    async def get(self) -> Optional[T]:
-        """The stored value, or None when absent."""
-        items, _ = await self._native.call(_GET)
-        return _decode(items[0][1]) if items else None
-
-    async def set(self, value: T) -> None:
-        """Stores ``value`` (JSON; not None: use clear()). In a message
-        collection: a Message a handler was given."""
-        await self._native.call(_SET, **self._item(value, "ValueState.set", "clear()"))
+def _first(items: List[Tuple[Any, Any]]) -> Any:
+    """The document of a one-item answer (None when absent)."""
+    return _decode(items[0][1]) if items and items[0][1] is not None else None
 
 
 #: A scan's source of pages: ``pull(after)`` reads up to SCAN_CHUNK items
@@ -556,6 +514,216 @@ class _Scan(Generic[T]):
         self._buf.clear()
 
 
+# The layer under the handles. As in the original package, a handle
+# (ValueState, MapState, DequeState) is a thin wrapper over a private
+# "native" handle, ``handle._native``, whose methods carry the original's
+# names (get, set, get_many, contains_key, remove, push_back, push_front,
+# pop_back, pop_front, peek_back, peek_front, len, is_empty, clear, commit,
+# rollback; scan(direction) and keys(direction) give async iterators at
+# once, reading nothing before their first step). Here that layer is the
+# classes below, over the C StateHandle's call(op, ...): they check and
+# encode what is written and decode what is read.
+
+class _Native:
+    __slots__ = ("_handle", "name", "_message")
+
+    def __init__(self, handle: Any, name: str, message: bool) -> None:
+        self._handle = handle
+        self.name = name
+        self._message = message  # a message collection: items are Messages
+
+    def _item(self, value: Any, what: str, instead: str) -> Dict[str, Any]:
+        """A write's arguments for ``value``: its JSON text, or in a message
+        collection the delivered message's coordinates."""
+        if self._message:
+            return _ref(value, what, self.name)
+        if _delivered(value):
+            raise TransientStateError(
+                f'{what}: a Kafka message cannot be stored in a JSON collection ("{self.name}"); '
+                "store its payload, or use a message collection (state.message_value, "
+                "message_map, message_deque)")
+        return {"json": _encode(value, what, instead)}
+
+    async def _one(self, op: int, **args: Any) -> Any:
+        items, _ = await self._handle.call(op, **args)
+        return _first(items)
+
+    def _scan(self, direction: Any, keys_only: bool, shape: str) -> "_Scan[Any]":
+        return _Scan(_handle_pages(self._handle, _direction(direction), keys_only), shape)
+
+    async def clear(self) -> None:
+        await self._handle.call(_CLEAR)
+
+    async def commit(self) -> None:
+        await self._handle.call(_COMMIT)
+
+    async def rollback(self) -> None:
+        await self._handle.call(_ROLLBACK)
+
+
+class _NativeValue(_Native):
+    __slots__ = ()
+
+    async def get(self) -> Any:
+        return await self._one(_GET)
+
+    async def set(self, value: Any) -> None:
+        await self._handle.call(_SET, **self._item(value, "ValueState.set", "clear()"))
+
+
+class _NativeMap(_Native):
+    __slots__ = ()
+
+    async def get(self, key: str) -> Any:
+        return await self._one(_GET, key=_map_key(key, "MapState.get"))
+
+    async def get_many(self, keys: Sequence[str]) -> List[Any]:
+        keys = [_map_key(k, "MapState.get_many") for k in keys]
+        items, _ = await self._handle.call(_GET_MANY, keys=keys)
+        return [_decode(doc) for _, doc in items]
+
+    async def contains_key(self, key: str) -> bool:
+        _, n = await self._handle.call(_CONTAINS, key=_map_key(key, "MapState.contains"))
+        return bool(n)
+
+    async def set(self, key: str, value: Any) -> None:
+        key = _map_key(key, "MapState.set")
+        await self._handle.call(_SET, key=key, **self._item(value, "MapState.set", "remove(key)"))
+
+    async def remove(self, key: str) -> None:
+        await self._handle.call(_REMOVE, key=_map_key(key, "MapState.remove"))
+
+    def scan(self, direction: Any) -> "_Scan[Tuple[str, Any]]":
+        """The (key, value) pairs."""
+        return self._scan(direction, False, "items")
+
+    def keys(self, direction: Any) -> "_Scan[str]":
+        """The keys (values are not read)."""
+        return self._scan(direction, True, "keys")
+
+
+class _NativeDeque(_Native):
+    __slots__ = ()
+
+    async def push_back(self, item: Any) -> None:
+        await self._handle.call(_PUSH_BACK,
+                                **self._item(item, "DequeState.append", "pop() or clear()"))
+
+    async def push_front(self, item: Any) -> None:
+        await self._handle.call(
+            _PUSH_FRONT, **self._item(item, "DequeState.appendleft", "popleft() or clear()"))
+
+    async def pop_back(self) -> Any:
+        return await self._one(_POP_BACK)
+
+    async def pop_front(self) -> Any:
+        return await self._one(_POP_FRONT)
+
+    async def peek_back(self) -> Any:
+        return await self._one(_PEEK_BACK)
+
+    async def peek_front(self) -> Any:
+        return await self._one(_PEEK_FRONT)
+
+    async def get(self, index: int) -> Any:
+        _check_index(index, "DequeState.get")
+        if not -_INT64_MAX <= index <= _INT64_MAX:
+            return None
+        return await self._one(_GET, index=operator.index(index))
+
+    async def len(self) -> int:
+        _, n = await self._handle.call(_LEN)
+        return int(n)
+
+    async def is_empty(self) -> bool:
+        return await self.len() == 0
+
+    def scan(self, direction: Any) -> "_Scan[Any]":
+        """The items."""
+        return self._scan(direction, False, "values")
+
+
+def _check_index(index: Any, what: str) -> None:
+    if isinstance(index, bool) or not isinstance(index, int):
+        raise TypeError(f"{what}: index must be an int, got {type(index).__name__}")
+
+
+class _StateScan(Generic[T]):
+    """What a handle's (or a published reader's) scan method returns: the
+    native scan's items, shaped (``"value"``: the value of each (key, value)
+    pair; None: as they come). The native scan is the iterator ``source``,
+    or the one ``await source()`` gives at the first step (a published
+    reader's, opened lazily). ``aclose()`` closes it."""
+
+    def __init__(self, source: Any, shape: Optional[str] = None) -> None:
+        self._it: Any = None if callable(source) else source
+        self._open: Any = source if callable(source) else None
+        self._shape = shape
+        self._closed = False
+
+    def __aiter__(self) -> "_StateScan[T]":
+        return self
+
+    async def __anext__(self) -> T:
+        if self._closed:
+            raise StopAsyncIteration
+        if self._it is None:
+            self._it = await self._open()
+        item = await self._it.__anext__()
+        return item[1] if self._shape == "value" else item  # type: ignore[no-any-return]
+
+    async def aclose(self) -> None:
+        """Ends the scan and closes the native one."""
+        self._closed = True
+        close = getattr(self._it, "aclose", None)
+        if close is not None:
+            await close()
+
+
+class _Handle:
+    __slots__ = ("_native",)
+
+    def __init__(self, native: Any) -> None:
+        self._native = native
+
+    @property
+    def name(self) -> str:
+        """The collection's name."""
+        return self._native.name  # type: ignore[no-any-return]
+
+    async def clear(self) -> None:
+        """Removes everything the collection holds for this key."""
+        await self._native.clear()
+
+    async def commit(self) -> None:
+        """Makes this collection's buffered writes durable now: a later
+        failure of the handler does not undo them (a retry sees them)."""
+        await self._native.commit()
+
+    async def rollback(self) -> None:
+        """Drops this collection's writes buffered since the last commit()
+        (or since the attempt started)."""
+        await self._native.rollback()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {getattr(self._native, 'name', None)!r}>"
+
+
+class ValueState(_Handle, Generic[T]):
+    """A value collection bound to the current event's key."""
+
+    __slots__ = ()
+
+    async def get(self) -> Optional[T]:
+        """The stored value, or None when absent."""
+        return await self._native.get()  # type: ignore[no-any-return]
+
+    async def set(self, value: T) -> None:
+        """Stores ``value`` (JSON; not None: use clear()). In a message
+        collection: a Message a handler was given."""
+        await self._native.set(value)
+
+
 class MapState(_Handle, Generic[V]):
     """A map collection (string keys) bound to the current event's key."""
 
@@ -568,43 +736,38 @@ class MapState(_Handle, Generic[V]):
 
     async def get(self, key: str, default: Any = None) -> Any:
         """The value at ``key``, or ``default`` when absent."""
-        items, _ = await self._native.call(_GET, key=_map_key(key, "MapState.get"))
-        return _decode(items[0][1]) if items and items[0][1] is not None else default
+        found = await self._native.get(key)
+        return default if found is None else found
 
     async def get_many(self, keys: Sequence[str]) -> List[Optional[V]]:
         """The values at ``keys``, in order (None where absent)."""
-        keys = [_map_key(k, "MapState.get_many") for k in keys]
-        items, _ = await self._native.call(_GET_MANY, keys=keys)
-        return [_decode(doc) for _, doc in items]
+        return await self._native.get_many(list(keys))  # type: ignore[no-any-return]
 
     async def contains(self, key: str) -> bool:
         """Whether ``key`` is present (its value is not decoded)."""
-        _, n = await self._native.call(_CONTAINS, key=_map_key(key, "MapState.contains"))
-        return bool(n)
+        return bool(await self._native.contains_key(key))
 
     async def set(self, key: str, value: V) -> None:
         """Stores ``value`` (JSON; not None: use remove()) at ``key``. In a
         message collection: a Message a handler was given."""
-        key = _map_key(key, "MapState.set")
-        await self._native.call(_SET, key=key,
-                                **self._item(value, "MapState.set", "remove(key)"))
+        await self._native.set(key, value)
 
     async def remove(self, key: str) -> None:
         """Removes ``key`` (absent: nothing happens)."""
-        await self._native.call(_REMOVE, key=_map_key(key, "MapState.remove"))
+        await self._native.remove(key)
 
     def items(self, direction: Union[Direction, str] = Direction.FORWARD
               ) -> AsyncIterator[Tuple[str, V]]:
         """The (key, value) pairs in key order."""
-        return _Scan(_handle_pages(self._native, _direction(direction), False), "items")
+        return _StateScan(self._native.scan(_token(direction)))
 
     def keys(self, direction: Union[Direction, str] = Direction.FORWARD) -> AsyncIterator[str]:
         """The keys in order (values are not decoded)."""
-        return _Scan(_handle_pages(self._native, _direction(direction), True), "keys")
+        return _StateScan(self._native.keys(_token(direction)))
 
     def values(self) -> AsyncIterator[V]:
         """The values in key order."""
-        return _Scan(_handle_pages(self._native, False, False), "values")
+        return _StateScan(self._native.scan(Direction.FORWARD.value), "value")
 
     def __aiter__(self) -> AsyncIterator[str]:
         return self.keys()
@@ -618,62 +781,49 @@ class DequeState(_Handle, Generic[T]):
     async def append(self, item: T) -> None:
         """Pushes ``item`` at the back (past the capacity, the front item
         is dropped)."""
-        await self._native.call(_PUSH_BACK,
-                                **self._item(item, "DequeState.append", "pop() or clear()"))
+        await self._native.push_back(item)
 
     async def appendleft(self, item: T) -> None:
         """Pushes ``item`` at the front (past the capacity, the back item
         is dropped)."""
-        await self._native.call(
-            _PUSH_FRONT, **self._item(item, "DequeState.appendleft", "popleft() or clear()"))
-
-    async def _one(self, op: int) -> Optional[T]:
-        items, _ = await self._native.call(op)
-        return _decode(items[0][1]) if items else None
+        await self._native.push_front(item)
 
     async def pop(self) -> Optional[T]:
         """Removes and returns the back item (None when empty)."""
-        return await self._one(_POP_BACK)
+        return await self._native.pop_back()  # type: ignore[no-any-return]
 
     async def popleft(self) -> Optional[T]:
         """Removes and returns the front item (None when empty)."""
-        return await self._one(_POP_FRONT)
+        return await self._native.pop_front()  # type: ignore[no-any-return]
 
     async def peek(self) -> Optional[T]:
         """The back item (None when empty)."""
-        return await self._one(_PEEK_BACK)
+        return await self._native.peek_back()  # type: ignore[no-any-return]
 
     async def peekleft(self) -> Optional[T]:
         """The front item (None when empty)."""
-        return await self._one(_PEEK_FRONT)
+        return await self._native.peek_front()  # type: ignore[no-any-return]
 
     async def get(self, index: int) -> Optional[T]:
         """The item at ``index`` (negative counts from the back), or None
         out of range."""
-        if isinstance(index, bool) or not isinstance(index, int):
-            raise TypeError(f"DequeState.get: index must be an int, got {type(index).__name__}")
-        index = operator.index(index)
-        if not -_INT64_MAX <= index <= _INT64_MAX:
-            return None
-        items, _ = await self._native.call(_GET, index=index)
-        return _decode(items[0][1]) if items else None
+        _check_index(index, "DequeState.get")
+        return await self._native.get(index)  # type: ignore[no-any-return]
 
     async def size(self) -> int:
         """The number of items."""
-        _, n = await self._native.call(_LEN)
-        return int(n)
+        return await self._native.len()  # type: ignore[no-any-return]
 
     async def is_empty(self) -> bool:
         """Whether the deque has no item."""
-        return await self.size() == 0
+        return bool(await self._native.is_empty())
 
     def values(self, direction: Union[Direction, str] = Direction.FORWARD) -> AsyncIterator[T]:
         """The items from the front (or from the back)."""
-        return _Scan(_handle_pages(self._native, _direction(direction), False), "values")
+        return _StateScan(self._native.scan(_token(direction)))
 
     def __aiter__(self) -> AsyncIterator[T]:
         return self.values()
-
 
 
 # The readers of published state live in prosody.published (which uses the

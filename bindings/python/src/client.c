@@ -826,12 +826,6 @@ static PyMethodDef client_methods[] = {
      "'configuration-failed')."},
     {"assigned_partition_count", client_assigned_partition_count, METH_NOARGS,
      "assigned_partition_count() -> awaitable of int."},
-    {"state", (PyCFunction)(void (*)(void))pp_client_state,
-     METH_VARARGS | METH_KEYWORDS,
-     "state(subsystem, definition) -> awaitable of PublishedValue, "
-     "PublishedMap or PublishedDeque: a reader of the collection "
-     "`definition` (a JSON value, map or deque definition) as published by "
-     "`subsystem`; reads take the Kafka key."},
     {"_published_value", (PyCFunction)(void (*)(void))pp_published_value,
      METH_VARARGS | METH_KEYWORDS,
      "_published_value(subsystem, name, read_cache=None) -> awaitable of a "

@@ -29,7 +29,7 @@ PyObject *S_create_future, *S_create_task, *S_add_done_callback, *S_set_result,
 
 PyObject *FnForwardLogs;
 PyObject *ErrTransientState, *ErrPermanentState;
-PyObject *FnStateBind, *FnStateConfigs, *FnStateMessageNames, *FnPublished;
+PyObject *FnStateBind, *FnStateConfigs, *FnStateMessageNames;
 
 /* ------------------------------------------------------------------------ */
 /* Errors                                                                   */
@@ -270,7 +270,6 @@ PyMODINIT_FUNC PyInit_prosody(void) {
       !(FnStateBind = pp_attr_of("prosody.state", "_bind")) ||
       !(FnStateConfigs = pp_attr_of("prosody.state", "_collection_configs")) ||
       !(FnStateMessageNames = pp_attr_of("prosody.state", "_message_names")) ||
-      !(FnPublished = pp_attr_of("prosody.published", "_published")) ||
       !(otel = pp_attr_of("prosody._support", "OTEL")) ||
       !(FnGetRunningLoop = pp_attr_of("asyncio", "get_running_loop")) ||
       !(FnJsonDumps = pp_attr_of("json", "dumps")) ||

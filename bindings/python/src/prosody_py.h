@@ -106,7 +106,6 @@ extern PyObject *FnForwardLogs; /* prosody._support.forward_logs */
 extern PyObject *ErrTransientState, *ErrPermanentState; /* prosody.errors */
 extern PyObject *FnStateBind, *FnStateConfigs;          /* prosody.state */
 extern PyObject *FnStateMessageNames;                   /* prosody.state */
-extern PyObject *FnPublished;                           /* prosody.published */
 
 /* ------------------------------------------------------------------------ */
 /* The mailbox (bridge.c)                                                   */
@@ -371,9 +370,8 @@ int pp_client_init(void);
 /* published.c: published keyed state                                      */
 /* ------------------------------------------------------------------------ */
 
-/* ProsodyClient.state(subsystem, definition) and
- * ._published_value/_map/_deque(subsystem, name, read_cache=None). */
-PyObject *pp_client_state(PyObject *self, PyObject *args, PyObject *kw);
+/* The native client's _published_value/_map/_deque(subsystem, name,
+ * read_cache=None). */
 PyObject *pp_published_value(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *pp_published_map(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *pp_published_deque(PyObject *self, PyObject *args, PyObject *kw);

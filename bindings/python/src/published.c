@@ -1,11 +1,11 @@
 /*
  * published.c - published keyed state (include/prosody.h, "Published keyed
- * state"): the native half of ProsodyClient.state(). prosody.published's
- * _published dispatches on the definition to the client's
- * _published_value/_map/_deque(subsystem, name, read_cache=...), which open
- * a reader (prosody_published_open: it may block, so on the loop's
- * executor) and give a PublishedHandle; prosody.published wraps it in a
- * PublishedValue, PublishedMap or PublishedDeque. A handle's methods start
+ * state"): the native half of ProsodyClient.state() (prosody/__init__.py).
+ * The native client's _published_value/_map/_deque(subsystem, name,
+ * read_cache=...) open a reader (prosody_published_open: it may block, so
+ * on the loop's executor) and give a PublishedHandle; prosody.published
+ * puts it under a PublishedValue, PublishedMap or PublishedDeque. A
+ * handle's methods start
  * prosody_published_async and return a future of (items, number), as a
  * StateHandle's call() does.
  *
@@ -303,16 +303,6 @@ PyObject *pp_published_map(PyObject *self, PyObject *args, PyObject *kw) {
 }
 PyObject *pp_published_deque(PyObject *self, PyObject *args, PyObject *kw) {
   return published_open(self, args, kw, PROSODY_STATE_DEQUE);
-}
-
-PyObject *pp_client_state(PyObject *self, PyObject *args, PyObject *kw) {
-  static char *names[] = {"subsystem", "definition", NULL};
-  PyObject *subsystem, *definition;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "OO:state", names, &subsystem,
-                                   &definition))
-    return NULL;
-  return PyObject_CallFunctionObjArgs(FnPublished, self, subsystem, definition,
-                                      NULL);
 }
 
 /* ------------------------------------------------------------------------ */

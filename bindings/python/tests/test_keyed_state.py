@@ -639,6 +639,9 @@ async def test_bad_direction_token_is_transient(harness):
             ctx.state(TOTALS).keys("sideways")
         with pytest.raises(TransientStateError, match="forward.*backward"):
             ctx.state(BACKLOG).values(1)  # type: ignore[arg-type]
+        # The layer under the handle checks the token itself.
+        with pytest.raises(TransientStateError, match="forward.*backward"):
+            ctx.state(TOTALS)._native.scan("sideways")
         return True
 
     await harness.start({"s": script})
@@ -937,20 +940,21 @@ async def accepted(collections_: List[Any]) -> None:
 
 async def test_rejects_ttl_negative():
     await refused([CART, state.value("t", ttl=-1)],
-                  r"^state_collections\[1\]\.ttl: must be a whole number of seconds")
-    await refused([state.value("t", ttl=timedelta(seconds=-5))], r"state_collections\[0\]\.ttl")
-    await refused([state.value("t", ttl=0)], r"state_collections\[0\]\.ttl")
+                  r"^state_collections\[1\]\.ttl_seconds: must be a whole number of seconds")
+    await refused([state.value("t", ttl=timedelta(seconds=-5))],
+                  r"state_collections\[0\]\.ttl_seconds")
+    await refused([state.value("t", ttl=0)], r"state_collections\[0\]\.ttl_seconds")
 
 
 @pytest.mark.parametrize("ttl", [1.5, timedelta(milliseconds=1500), math.nan, math.inf,
                                  -math.inf, True])
 async def test_rejects_ttl_fractional_or_nonfinite(ttl):
     await refused([raw(ttl_seconds=ttl.total_seconds() if isinstance(ttl, timedelta) else ttl)],
-                  r"state_collections\[0\]\.ttl: must be a whole number of seconds")
+                  r"state_collections\[0\]\.ttl_seconds: must be a whole number of seconds")
 
 
 async def test_rejects_ttl_beyond_twenty_years():
-    await refused([state.value("t", ttl=630720001)], r"state_collections\[0\]\.ttl")
+    await refused([state.value("t", ttl=630720001)], r"state_collections\[0\]\.ttl_seconds")
     await accepted([state.value("t", ttl=timedelta(days=30)), state.value("u", ttl=630720000)])
 
 
@@ -977,6 +981,14 @@ async def test_accepts_deque_capacity():
 async def test_rejects_capacity_zero():
     await refused([state.deque("d", capacity=0)],
                   r"^state_collections\[0\]\.capacity: must be a whole number in 1\.\.=")
+
+
+async def test_capacity_is_an_unsigned_32_bit_count():
+    # As in the original: a deque holds at most 2**32 - 1 items.
+    await accepted([state.deque("d", capacity=2**32 - 1)])
+    await refused([state.deque("d", capacity=2**32)],
+                  r"^state_collections\[0\]\.capacity: must be a whole number in "
+                  r"1\.\.=4294967295, got 4294967296")
 
 
 @pytest.mark.parametrize("capacity", [1.5, math.inf, "3", -3])

@@ -8,11 +8,13 @@ import pytest
 
 
 @pytest.mark.parametrize("example", ["spec_examples.py", "keyed_state_example.py",
+                                     "generic_types_example.py",
                                      "request_example.py"])
 def test_examples_pass_mypy_strict(example):
     # spec_examples.py: the spec's examples; keyed_state_example.py: keyed
-    # state as the original's current API types it; request_example.py:
-    # the request result types (prosody.request) in use.
+    # state as the original's current API types it; generic_types_example.py:
+    # payload and result types, and mistakes the stubs must catch;
+    # request_example.py: the request result types (prosody.request) in use.
     pytest.importorskip("mypy")
     here = Path(__file__).parent / "typing"
     r = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--no-incremental",
