@@ -693,7 +693,7 @@ typedef struct prosody_state_def {
                            prosody_published_open() (JSON payloads only;
                            the client needs the subsystem option) */
   int64_t keyset_limit; /* maps: 0 ..= 4096; -1: the default, 128 */
-  int64_t capacity;     /* deques: >= 1; 0: unbounded */
+  int64_t capacity;     /* deques: 1 ..= 4294967295; 0: unbounded */
 } prosody_state_def_t;
 
 #define PROSODY_STATE_DEF_INIT                                                 \

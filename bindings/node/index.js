@@ -572,7 +572,7 @@ function convertStates(list) {
     }
     const ttl = whole('ttlSeconds', 1, MAX_TTL_S);
     const keysetLimit = whole('keysetLimit', 0, 4096);
-    const capacity = whole('capacity', 1, Number.MAX_SAFE_INTEGER);
+    const capacity = whole('capacity', 1, 4294967295); // the original's bound
     const readUncommitted = bool('readUncommitted');
     const published = bool('published');
     readCacheMs(c.readCache, `${at}.readCache`); // used by readers (client.state()), checked here too

@@ -1042,6 +1042,7 @@ static int defs_copy(pr__state_defs_t *to, const pr__state_defs_t *from) {
 }
 
 #define STATE_MAX_TTL_S INT64_C(630720000)
+#define STATE_MAX_CAPACITY INT64_C(4294967295) /* the original's (u32) */
 
 PROSODY_EXPORT prosody_err_t
 prosody_config_add_state(prosody_config_t *conf, const prosody_state_def_t *def,
@@ -1101,11 +1102,11 @@ prosody_config_add_state(prosody_config_t *conf, const prosody_state_def_t *def,
     pr__errf(errstr, errstr_size, "capacity: only valid for deque collections");
     return PROSODY_ERR_CONFIG;
   }
-  if (def->capacity < 0) {
+  if (def->capacity < 0 || def->capacity > STATE_MAX_CAPACITY) {
     pr__errf(errstr, errstr_size,
              "capacity: must be a whole number in 1..=%" PRId64
              ", got %" PRId64,
-             INT64_MAX, def->capacity);
+             STATE_MAX_CAPACITY, def->capacity);
     return PROSODY_ERR_CONFIG;
   }
   for (size_t i = 0; i < conf->states.n; i++)

@@ -720,6 +720,10 @@ T_SCENARIO(bad_definitions_refused_naming_the_field, T_MOCK, 30) {
   d.kind = PROSODY_STATE_VALUE;
   d.capacity = 3;
   refused(d, "capacity: only valid for deque collections");
+  d.kind = PROSODY_STATE_DEQUE;
+  d.capacity = INT64_C(4294967296);
+  refused(d, "capacity: must be a whole number in 1..=4294967295");
+  d.kind = PROSODY_STATE_VALUE;
   d.capacity = 0;
   d.keyset_limit = 5;
   refused(d, "keyset_limit: only valid for map collections");

@@ -467,7 +467,7 @@ test('stateCollections is validated at construction', async () => {
     [[COUNTER, value('v', { keysetLimit: 5 })], 'stateCollections[1].keysetLimit: only valid for map collections'],
     [[messageMap('mm', { capacity: 2 })], 'stateCollections[0].capacity: only valid for deque collections'],
     [[deque('d', { keysetLimit: 2 })], 'stateCollections[0].keysetLimit: only valid for map collections'],
-    [[deque('d', { capacity: 0 })], 'stateCollections[0].capacity: must be a whole number in 1..=9007199254740991, got 0'],
+    [[deque('d', { capacity: 0 })], 'stateCollections[0].capacity: must be a whole number in 1..=4294967295, got 0'],
     [[COUNTER, value('counter')], 'stateCollections[1].name: collection "counter" is registered twice'],
     [[value('p', { published: true })], 'published: collection "p" is published, which needs the option subsystem ' +
      '(PROSODY_SUBSYSTEM): the name readers give to find it'],
