@@ -613,6 +613,14 @@ int pr__kafka_prop_secret(const char *name) {
          !strcmp(name, "sasl.oauthbearer.config") || strstr(name, "keystore");
 }
 
+int pr__kafka_props_has(const pr__value_t *props, const char *name) {
+  size_t len = strlen(name);
+  for (size_t i = 0; i < props->list_n; i++)
+    if (!strncmp(props->list[i], name, len) && props->list[i][len] == '=')
+      return 1;
+  return 0;
+}
+
 /* Why kafka_properties refuses property `name`, or NULL. */
 static const char *prop_refused(const char *name) {
   size_t len = strlen(name);
@@ -674,13 +682,10 @@ static int parse_props(const char *text, pr__value_t *out, char *why,
         free(item);
         return -1;
       }
-      for (size_t i = 0; i < out->list_n; i++) {
-        size_t l = strlen(item);
-        if (!strncmp(out->list[i], item, l) && out->list[i][l] == '=') {
-          pr__errf(why, n, "property %s is given twice", item);
-          free(item);
-          return -1;
-        }
+      if (pr__kafka_props_has(out, item)) {
+        pr__errf(why, n, "property %s is given twice", item);
+        free(item);
+        return -1;
       }
       /* "name=value" again, without blanks around the '='. */
       eq++;

@@ -217,6 +217,9 @@ void pr__duration_format(int64_t ns, char *buf, size_t buf_size);
 /* 1 if the librdkafka property `name` holds a secret (a password, a
  * private key, a client secret): its value is never printed. */
 int pr__kafka_prop_secret(const char *name);
+/* 1 if the kafka_properties value `props` (a PR_T_PROPS list of
+ * "name=value" items) sets librdkafka property `name`. */
+int pr__kafka_props_has(const pr__value_t *props, const char *name);
 
 /* Validates a Kafka topic name; 0 if valid, -1 with the reason. */
 int pr__topic_name_check(const char *name, char *why, size_t why_size);

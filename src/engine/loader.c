@@ -72,7 +72,9 @@ static int consumer_new(pr__loader_t *l, pr__load_t *r) {
                          sizeof(errstr)) ||
       /* One record is wanted at a time: keep the prefetch small. */
       pr__kafka_conf_set(kc, "queued.max.messages.kbytes", "1024", errstr,
-                         sizeof(errstr))) {
+                         sizeof(errstr)) ||
+      pr__kafka_conf_fetch_wait(kc, l->eng->st, l->mock, errstr,
+                                sizeof(errstr))) {
     if (kc)
       rd_kafka_conf_destroy(kc);
     fail(r, errstr);

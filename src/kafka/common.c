@@ -356,6 +356,17 @@ rd_kafka_conf_t *pr__kafka_conf_new(const pr__settings_t *st,
   return kconf;
 }
 
+int pr__kafka_conf_fetch_wait(rd_kafka_conf_t *kconf, const pr__settings_t *st,
+                              int mock, char *errstr, size_t errstr_size) {
+  char ms[16];
+  if (!mock ||
+      pr__kafka_props_has(&PR_CFG(st, KAFKA_PROPERTIES), "fetch.wait.max.ms"))
+    return 0;
+  snprintf(ms, sizeof(ms), "%d", PR_KAFKA_MOCK_FETCH_WAIT_MS);
+  return pr__kafka_conf_set(kconf, "fetch.wait.max.ms", ms, errstr,
+                            errstr_size);
+}
+
 prosody_err_t pr__kafka_classify(rd_kafka_resp_err_t err) {
   switch (err) {
   case RD_KAFKA_RESP_ERR_NO_ERROR:

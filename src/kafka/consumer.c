@@ -49,6 +49,7 @@ rd_kafka_conf_t *pr__kafka_consumer_conf(const pr__settings_t *st,
                          errstr_size) ||
       pr__kafka_conf_set(kconf, "enable.partition.eof", "false", errstr,
                          errstr_size) ||
+      pr__kafka_conf_fetch_wait(kconf, st, mock, errstr, errstr_size) ||
       /* Rule 1: cooperative-sticky by default (librdkafka >= 2.10.0 is
        * linked: its cooperative bugs are fixed); the engine is correct under
        * eager and incremental rebalancing alike (rebalance.c). */

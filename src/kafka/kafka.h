@@ -38,6 +38,16 @@
 rd_kafka_conf_t *pr__kafka_conf_new(const pr__settings_t *st,
                                     const char *bootstrap, int mock,
                                     char *errstr, size_t errstr_size);
+/* A consumer handle's fetch wait (fetch.wait.max.ms) on the embedded mock
+ * cluster (`mock`): PR_KAFKA_MOCK_FETCH_WAIT_MS, unless kafka_properties of
+ * `st` sets the property (the user's value wins; it is already on `kconf`).
+ * The mock answers a Fetch that finds nothing new only when its wait is
+ * over, even when a record arrives meanwhile; librdkafka's 500 ms default
+ * would make every record sent to a caught-up consumer wait up to half a
+ * second. Nothing outside mock mode. 0, or -1 on error (errstr). */
+#define PR_KAFKA_MOCK_FETCH_WAIT_MS 20
+int pr__kafka_conf_fetch_wait(rd_kafka_conf_t *kconf, const pr__settings_t *st,
+                              int mock, char *errstr, size_t errstr_size);
 /* rd_kafka_conf_set() that reports failures in our words (a secret's value
  * never appears in them). */
 int pr__kafka_conf_set(rd_kafka_conf_t *kconf, const char *name,

@@ -71,7 +71,7 @@ pid_t t_spawn_child(const char *const *args, int *out) {
 }
 
 static const char *tiers_name(unsigned tiers) {
-  switch (tiers) {
+  switch (tiers & ~T_GROUP_WAIT) {
   case T_MOCK:
     return "mock";
   case T_REAL:
@@ -85,8 +85,16 @@ static const char *tiers_name(unsigned tiers) {
 }
 
 static int run(const t_scenario_t *s) {
+  char err[512];
   int rc;
   fprintf(stderr, "scenario %s\n", s->name);
+  /* The mock tier: no wait before a new group's first assignment, as on
+   * the real tier's broker (T_GROUP_WAIT, harness.h). Children of the
+   * scenario join this process's cluster, so it holds for them too. */
+  if (!t_real_bootstrap() && !(s->tiers & T_GROUP_WAIT))
+    CHECK_OK(prosody_mock_set_group_initial_rebalance_delay(0, NULL, err,
+                                                            sizeof(err)),
+             err);
   rc = s->run();
   if (rc == 0)
     printf("ok: %s\n", s->name);

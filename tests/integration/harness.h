@@ -10,7 +10,9 @@
  *
  * Every scenario runs against the embedded mock cluster by default, or
  * against a real broker when PROSODY_TEST_REAL=1 (the `real` tier; the
- * broker is PROSODY_TEST_BOOTSTRAP, by default 127.0.0.1:9094). Records are
+ * broker is PROSODY_TEST_BOOTSTRAP, by default 127.0.0.1:9094). In the mock
+ * tier a new group is assigned at once, as on the real tier's broker
+ * (unless T_GROUP_WAIT). Records are
  * read back with a plain librdkafka consumer using assign() (no group), so no
  * test waits on a rebalance. Assertions run on the test's main thread only;
  * failures print what did not happen and exit 1.
@@ -40,6 +42,14 @@
 #define T_REAL 2u /* real Kafka (and Cassandra, Jaeger) */
 #define T_BOTH (T_MOCK | T_REAL)
 #define T_CLUSTER 4u /* the three-broker cluster (make test-cluster) */
+/* A flag beside the tiers: in the mock tier, keep the mock cluster's 3 s
+ * wait for more members before a new group's first assignment. Without it
+ * harness.c sets the wait to 0, as the real tier's broker has it
+ * (group.initial.rebalance.delay.ms=0): a lone member is assigned at once;
+ * a member joining a group already assigned waits for a rebalance, which
+ * the mock runs 5 s later. For scenarios about the wait itself, or whose
+ * members start together and gain from sharing the first assignment. */
+#define T_GROUP_WAIT 8u
 
 /* What a scenario returns when its tier lacks what it needs (ctest's
  * SKIP_RETURN_CODE). */
@@ -48,7 +58,8 @@
 typedef struct t_scenario {
   const char *name;        /* what it checks, as in the ctest name */
   int (*run)(void);        /* 0 passed, T_SKIP; a failed CHECK exits 1 */
-  unsigned tiers;          /* T_MOCK, T_REAL, T_BOTH or T_CLUSTER */
+  unsigned tiers;          /* T_MOCK, T_REAL, T_BOTH or T_CLUSTER, and
+                              T_GROUP_WAIT */
   int timeout;             /* seconds, ctest's TIMEOUT for the entry */
   struct t_scenario *next; /* harness.c's list, in definition order */
 } t_scenario_t;
@@ -320,6 +331,11 @@ static inline int t_read_back(const char *topic, int want, double timeout_s,
   rd_kafka_conf_set(kc, "group.id", "prosody-test-reader", err, sizeof(err));
   rd_kafka_conf_set(kc, "enable.auto.commit", "false", err, sizeof(err));
   rd_kafka_conf_set(kc, "broker.address.family", "v4", err, sizeof(err));
+  /* The mock answers a Fetch that finds nothing only when its wait is over,
+   * even when a record arrives meanwhile (libprosody's consumers in mock
+   * mode wait as little: PR_KAFKA_MOCK_FETCH_WAIT_MS). */
+  if (!t_real_bootstrap())
+    rd_kafka_conf_set(kc, "fetch.wait.max.ms", "20", err, sizeof(err));
   rk = rd_kafka_new(RD_KAFKA_CONSUMER, kc, err, sizeof(err));
   CHECK(rk, "reader: %s", err);
   np = t_partition_count(rk, topic);

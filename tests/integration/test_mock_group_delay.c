@@ -7,7 +7,8 @@
  *    is assigned in well under the default's 3 s, and with the default back
  *    a new group waits the 3 s again (this is the contrast that shows the
  *    first check can fail).
- * Mock tier only: it is about the embedded mock cluster.
+ * Mock tier only: it is about the embedded mock cluster, whose 3 s wait
+ * these scenarios keep at their start (T_GROUP_WAIT).
  */
 #include "harness.h"
 
@@ -42,7 +43,8 @@ static double seconds_to_assignment(const char *prefix) {
   return took;
 }
 
-T_SCENARIO(out_of_range_refused_and_previous_reported, T_MOCK, 30) {
+T_SCENARIO(out_of_range_refused_and_previous_reported, T_MOCK | T_GROUP_WAIT,
+           30) {
   char err[512] = "";
   int previous = -1;
 
@@ -70,7 +72,8 @@ T_SCENARIO(out_of_range_refused_and_previous_reported, T_MOCK, 30) {
   return 0;
 }
 
-T_SCENARIO(zero_assigns_a_lone_member_at_once_default_waits, T_MOCK, 90) {
+T_SCENARIO(zero_assigns_a_lone_member_at_once_default_waits,
+           T_MOCK | T_GROUP_WAIT, 90) {
   char err[512];
   double prompt, waited;
 

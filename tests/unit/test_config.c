@@ -15,6 +15,7 @@
 #include <cmocka.h>
 
 #include "config/config.h"
+#include "kafka/kafka.h"
 #include "prosody.h"
 
 static void contains(const char *haystack, const char *needle) {
@@ -881,6 +882,56 @@ static void test_kafka_properties_reach_librdkafka(void **state) {
   prosody_config_destroy(conf);
 }
 
+/* The fetch.wait.max.ms of a consumer handle built from the options given
+ * after `n` as name, value pairs ending with NULL, into `out`. */
+static const char *consumer_fetch_wait(char *out, size_t n, ...) {
+  char err[1024] = "";
+  prosody_config_t *conf = prosody_config_new();
+  pr__settings_t st;
+  rd_kafka_conf_t *kconf;
+  const char *name;
+  va_list ap;
+  for (int i = 0; i < PR_OPT__COUNT; i++)
+    unsetenv(pr__opt_defs[i].env);
+  va_start(ap, n);
+  while ((name = va_arg(ap, const char *)))
+    if (prosody_config_set(conf, name, va_arg(ap, const char *), err,
+                           sizeof(err)) != PROSODY_OK)
+      fail_msg("%s: %s", name, err);
+  va_end(ap);
+  if (pr__settings_resolve(conf, &st, err, sizeof(err)) != PROSODY_OK)
+    fail_msg("resolve: %s", err);
+  /* Builds the configuration only: no handle, no thread, no cluster. */
+  if (!(kconf = pr__kafka_consumer_conf(&st, "127.0.0.1:1", err, sizeof(err))))
+    fail_msg("consumer conf: %s", err);
+  assert_int_equal(rd_kafka_conf_get(kconf, "fetch.wait.max.ms", out, &n),
+                   RD_KAFKA_CONF_OK);
+  rd_kafka_conf_destroy(kconf);
+  pr__settings_fini(&st);
+  prosody_config_destroy(conf);
+  return out;
+}
+
+/* In mock mode a consumer has the broker hold an empty fetch 20 ms, not
+ * librdkafka's 500 (the mock answers only when that wait is over); a
+ * fetch.wait.max.ms in kafka_properties wins; outside mock mode
+ * librdkafka's default stays. */
+static void test_mock_consumer_fetch_wait(void **state) {
+  char v[32];
+  (void)state;
+  assert_string_equal(
+      consumer_fetch_wait(v, sizeof(v), "mock", "true", "group_id", "g", NULL),
+      "20");
+  assert_string_equal(consumer_fetch_wait(v, sizeof(v), "mock", "true",
+                                          "group_id", "g", "kafka_properties",
+                                          "client.id=x,fetch.wait.max.ms=250",
+                                          NULL),
+                      "250");
+  assert_string_equal(consumer_fetch_wait(v, sizeof(v), "bootstrap_servers",
+                                          "127.0.0.1:1", "group_id", "g", NULL),
+                      "500");
+}
+
 static void test_errors_table(void **state) {
   (void)state;
   for (int e = PROSODY_OK; e <= PROSODY_ERR_STATE; e++) {
@@ -960,6 +1011,7 @@ int main(void) {
       cmocka_unit_test(test_kafka_security_checks),
       cmocka_unit_test(test_kafka_properties),
       cmocka_unit_test(test_kafka_properties_reach_librdkafka),
+      cmocka_unit_test(test_mock_consumer_fetch_wait),
       cmocka_unit_test(test_errors_table),
       cmocka_unit_test(test_version),
       cmocka_unit_test(test_format_round_trip),

@@ -99,10 +99,12 @@ test('own source system is skipped', async (t) => {
   const c = make({ groupId: group, subscribedTopics: topic, sourceSystem: group });
   const other = make({ sourceSystem: 'someone-else' });
   await c.subscribe(recording(rec));
-  await c.send(topic, 'mine', {});
-  await other.send(topic, 'theirs', {});
+  // One key, so one partition: were 'mine' not skipped, it would be handled
+  // before 'theirs', which comes after it.
+  await c.send(topic, 'k', { from: 'mine' });
+  await other.send(topic, 'k', { from: 'theirs' });
   await rec.waitCount(1);
-  assert.deepStrictEqual(rec.events.map((m) => m.key), ['theirs']);
+  assert.deepStrictEqual(rec.events.map((m) => m.payload), [{ from: 'theirs' }]);
 });
 
 function flaky(rec, raiseFor) {

@@ -13,24 +13,8 @@ const {
 const { native } = require('../bindings');
 const { REAL, unique, Recorder, freshTopic, clientFactory, baseOptions, adminOptions } = require('./helpers');
 
-// Each consumer here is alone in a group of its own: in mock mode the
-// cluster assigns it at once instead of waiting 3 s for more members (the
-// real tier's broker has group.initial.rebalance.delay.ms=0 too). This file
-// runs in a process of its own; restored anyway when it ends.
-if (!REAL) {
-  const previous = native.mockSetGroupInitialRebalanceDelay(0);
-  test.after(() => native.mockSetGroupInitialRebalanceDelay(previous));
-}
-
-// The mock cluster answers a Fetch that finds nothing new only when its wait
-// (fetch.wait.max.ms, 500 ms by default) is over, even when a record arrives
-// meanwhile: a consumer (and its loader) would take half a second to see each
-// record a test sends after the last one was handled. A real broker answers
-// as soon as a record arrives, so only the mock tier needs it.
-const PROMPT_FETCH = REAL ? {} : { kafkaProperties: 'fetch.wait.max.ms=20' };
-
 test('the mock group delay helper checks its argument and returns the value it replaced', { skip: REAL }, () => {
-  assert.strictEqual(native.mockSetGroupInitialRebalanceDelay(250), 0); // 0 since the top of this file
+  assert.strictEqual(native.mockSetGroupInitialRebalanceDelay(250), 0); // 0 since helpers.js
   for (const bad of [-1, 300001, 1.5, NaN]) {
     assert.throws(() => native.mockSetGroupInitialRebalanceDelay(bad),
                   (e) => e instanceof RangeError && /whole milliseconds in 0\.\.=300000/.test(e.message), String(bad));
@@ -52,8 +36,7 @@ async function run(t, stateCollections, bodies, over = {}) {
   const make = clientFactory(t);
   const topic = await freshTopic(1);
   const rec = new Recorder();
-  const c = make({ ...PROMPT_FETCH, groupId: unique('g'), subscribedTopics: topic, stateCollections,
-                   retryBaseMs: 10,
+  const c = make({ groupId: unique('g'), subscribedTopics: topic, stateCollections, retryBaseMs: 10,
                    maxRetryDelayMs: 50, deferEnabled: false, ...over });
   await c.subscribe({
     onMessage: async (ctx, msg) => {
@@ -433,8 +416,7 @@ test('writes without a JSON form, and bad arguments, are TransientStateErrors; n
 
 test('ProsodyClient.create() registers collections; the constructor too', async (t) => {
   const topic = await freshTopic(1);
-  const c = await ProsodyClient.create({ ...baseOptions(), ...PROMPT_FETCH, groupId: unique('g'),
-                                         subscribedTopics: topic,
+  const c = await ProsodyClient.create({ ...baseOptions(), groupId: unique('g'), subscribedTopics: topic,
                                          stateCollections: [COUNTER, deque('recent', { capacity: 2 })] });
   t.after(() => c.shutdown());
   const rec = new Recorder();
@@ -563,8 +545,7 @@ test('message collections give back the handler\'s own message in a later event 
 
 test('under create() a message read back has a bigint offset, like the handler\'s', async (t) => {
   const topic = await freshTopic(1);
-  const c = await ProsodyClient.create({ ...baseOptions(), ...PROMPT_FETCH, groupId: unique('g'),
-                                         subscribedTopics: topic,
+  const c = await ProsodyClient.create({ ...baseOptions(), groupId: unique('g'), subscribedTopics: topic,
                                          stateCollections: [LAST] });
   t.after(() => c.shutdown());
   const rec = new Recorder();
@@ -589,7 +570,7 @@ test('under create() a message read back has a bigint offset, like the handler\'
 test('has() and keys() of a message map do not load the records; get() does', async (t) => {
   const topic = await freshTopic(1);
   const make = clientFactory(t);
-  const c = make({ ...PROMPT_FETCH, groupId: unique('g'), subscribedTopics: topic, stateCollections: [BY_NAME],
+  const c = make({ groupId: unique('g'), subscribedTopics: topic, stateCollections: [BY_NAME],
                    loaderSeekTimeoutMs: 500, deferEnabled: false, maxRetries: 0 });
   const rec = new Recorder();
   await c.subscribe({
@@ -659,7 +640,7 @@ test('a timer of the key sees the state its message committed', async (t) => {
   const make = clientFactory(t);
   const topic = await freshTopic(1);
   const rec = new Recorder();
-  const c = make({ ...PROMPT_FETCH, groupId: unique('g'), subscribedTopics: topic, stateCollections: [COUNTER] });
+  const c = make({ groupId: unique('g'), subscribedTopics: topic, stateCollections: [COUNTER] });
   await c.subscribe({
     onMessage: async (ctx) => {
       await ctx.state(COUNTER).set({ from: 'message' });
@@ -680,8 +661,7 @@ test('a rethrown PermanentStateError discards the event; a TransientStateError r
   const make = clientFactory(t);
   const topic = await freshTopic(1);
   const rec = new Recorder();
-  const c = make({ ...PROMPT_FETCH, groupId: unique('g'), subscribedTopics: topic, stateCollections: [COUNTER],
-                   retryBaseMs: 10,
+  const c = make({ groupId: unique('g'), subscribedTopics: topic, stateCollections: [COUNTER], retryBaseMs: 10,
                    maxRetryDelayMs: 50, deferEnabled: false });
   const attempts = { permanent: 0, transient: 0 };
   await c.subscribe({

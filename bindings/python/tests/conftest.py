@@ -16,6 +16,7 @@ from typing import Any, Callable, Dict, List
 import pytest
 
 from prosody import AdminClient, ProsodyClient
+from prosody import prosody as native
 
 TIER = os.environ.get("PROSODY_TEST_TIER", "mock")
 REAL = TIER == "real"
@@ -73,6 +74,22 @@ class Recorder:
 
     async def wait_count(self, n: int, timeout: float = WAIT) -> None:
         await self.wait_for(lambda ev: len(ev) >= n, timeout, f"{n} events")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _prompt_group_join() -> Any:
+    """No group in this suite has two members at once: in mock mode the
+    cluster assigns a new group at once instead of waiting 3 s for more
+    members (the real tier's broker has group.initial.rebalance.delay.ms=0
+    too). Process-wide, like the cluster; restored at the end of the session.
+    A test that starts members together must set the mock's 3 s back, or
+    each later member waits for a rebalance."""
+    if REAL:
+        yield
+        return
+    previous = native.mock_set_group_initial_rebalance_delay(0)
+    yield
+    native.mock_set_group_initial_rebalance_delay(previous)
 
 
 @pytest.fixture

@@ -79,14 +79,6 @@ class Scripted(EventHandler):
         pass
 
 
-#: The mock cluster answers a Fetch that finds nothing new only when its
-#: wait (fetch.wait.max.ms, 500 ms by default) is over, even when a record
-#: arrives meanwhile: a consumer (and its loader) would take half a second
-#: to see each record a test sends after the last one was handled. A real
-#: broker answers as soon as a record arrives, so only the mock tier needs it.
-PROMPT_FETCH: Dict[str, Any] = {} if REAL else {"kafka_properties": "fetch.wait.max.ms=20"}
-
-
 class Harness:
     """A topic, a producer and a consumer with ``state_collections``."""
 
@@ -104,7 +96,7 @@ class Harness:
         self.made.append(self.producer)
         consumer = await ProsodyClient.create(
             **base_options(), group_id=unique("g"), subscribed_topics=self.topic,
-            state_collections=DEFS if defs is None else defs, **PROMPT_FETCH, **options)
+            state_collections=DEFS if defs is None else defs, **options)
         self.made.append(consumer)
         await consumer.subscribe(Scripted(self.rec, scripts))
 
@@ -130,23 +122,9 @@ class Harness:
             await AdminClient(**admin_options()).delete_topic(self.topic)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _prompt_group_join() -> Any:
-    """Each consumer here is alone in a group of its own: in mock mode the
-    cluster assigns it at once instead of waiting 3 s for more members (the
-    real tier's broker has group.initial.rebalance.delay.ms=0 too). Restored
-    after this module: the mock cluster is shared by the whole process."""
-    if REAL:
-        yield
-        return
-    previous = native.mock_set_group_initial_rebalance_delay(0)
-    yield
-    native.mock_set_group_initial_rebalance_delay(previous)
-
-
 @pytest.mark.skipif(REAL, reason="about the embedded mock cluster")
 def test_mock_group_delay_helper_checks_and_reports_previous():
-    # Within this module the fixture above has set 0.
+    # conftest's _prompt_group_join has set 0.
     assert native.mock_set_group_initial_rebalance_delay(0.25) == 0.0
     for bad in (-0.001, 300.001, math.nan, True):
         with pytest.raises(ValueError, match=r"expected seconds in 0\.\.=300, got "):
