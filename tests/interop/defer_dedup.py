@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Tuple
 
 from cassandra.cluster import Cluster  # cassandra-driver, test-only
+from cleanup_util import drop_keyspace
 
 from prosody import AdminClient, EventHandler, ProsodyClient
 
@@ -254,7 +255,7 @@ async def run(args: argparse.Namespace) -> str:
         return (f"each way: 3 deferred + 2 later 'bad' records retried by the new side, in "
                 f"order, once each; 5 repeated ids skipped; wall {time.monotonic() - t0:.1f} s")
     finally:
-        session.execute(f"DROP KEYSPACE IF EXISTS {ks}")
+        drop_keyspace(session, ks)
         cluster.shutdown()
         for t in (t1, t2):
             try:

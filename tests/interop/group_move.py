@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from cassandra.cluster import Cluster  # cassandra-driver, test-only
+from cleanup_util import drop_keyspace
 
 from prosody import AdminClient, ProsodyClient
 
@@ -289,8 +290,10 @@ async def cleanup(members: List[Member], keyspace: str, admin: Any,
         except Failure as e:
             print(f"interop: {e}", file=sys.stderr)
     cluster = Cluster([CASSANDRA.split(":")[0]], port=int(CASSANDRA.split(":")[1]))
-    cluster.connect().execute(f"DROP KEYSPACE IF EXISTS {keyspace}")
-    cluster.shutdown()
+    try:
+        drop_keyspace(cluster.connect(), keyspace)
+    finally:
+        cluster.shutdown()
     if topic is None:
         return
     try:

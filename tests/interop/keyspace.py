@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
 from cassandra.cluster import Cluster  # cassandra-driver, test-only
+from cleanup_util import drop_keyspace
 
 from prosody import AdminClient, EventHandler, ProsodyClient
 
@@ -201,7 +202,7 @@ async def run(args: argparse.Namespace) -> str:
                 f"twice; wall {time.monotonic() - t0:.1f} s")
     finally:
         for ks in (ks1, ks2):
-            session.execute(f"DROP KEYSPACE IF EXISTS {ks}")
+            drop_keyspace(session, ks)
         cluster.shutdown()
         for t in (t1, t2):
             try:

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
 from cassandra.cluster import Cluster  # cassandra-driver, test-only
+from cleanup_util import drop_keyspace
 
 from group_move import Failure, Member, early_ok, successes, timers
 from prosody import AdminClient, ProsodyClient
@@ -128,8 +129,10 @@ async def run(args: argparse.Namespace) -> str:
             except Failure as e:
                 print(f"interop: {e}", file=sys.stderr)
         cluster = Cluster([CASSANDRA.split(":")[0]], port=int(CASSANDRA.split(":")[1]))
-        cluster.connect().execute(f"DROP KEYSPACE IF EXISTS {keyspace}")
-        cluster.shutdown()
+        try:
+            drop_keyspace(cluster.connect(), keyspace)
+        finally:
+            cluster.shutdown()
         try:
             await admin.delete_topic(topic)
         except Exception as e:  # noqa: BLE001 - best effort cleanup

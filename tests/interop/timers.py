@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Tuple
 
 from cassandra.cluster import Cluster  # cassandra-driver, test-only
+from cleanup_util import drop_keyspace
 
 from prosody import AdminClient, EventHandler, ProsodyClient
 
@@ -264,7 +265,7 @@ async def run(args: argparse.Namespace) -> str:
         second.kill()
         cluster = Cluster([CASSANDRA.split(":")[0]], port=int(CASSANDRA.split(":")[1]))
         try:
-            cluster.connect().execute(f"DROP KEYSPACE IF EXISTS {ks}")
+            drop_keyspace(cluster.connect(), ks)
         finally:
             cluster.shutdown()
         try:
