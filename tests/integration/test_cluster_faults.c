@@ -441,7 +441,10 @@ static void produce_only(void) {
   producer_t p;
   int l0, l1, other;
   double t_stop, t_kill;
-  n_values = KEYS * 150; /* 50 s at RATE: sending outlasts both faults */
+  /* 100 s at RATE: sending outlasts both faults, with room for the stopped
+   * node's start, which took over 19 s on a loaded CI machine (with 50 s,
+   * sending had passed 7/8 before the kill). */
+  n_values = KEYS * 300;
   t_create_topic_rf(topic, PARTS, 3);
   producer_start(&p, topic);
   wait_for(&acks, &acks.n, n_values / 4, 60, "acknowledged before the stop");
