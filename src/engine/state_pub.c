@@ -132,10 +132,6 @@ static int64_t now_ns(void) {
 
 /* ---- the answer cache ---------------------------------------------------- */
 
-static void result_copy_free(prosody_state_result_t *r) {
-  prosody_state_result_free(r);
-}
-
 /* A deep copy of a JSON collection's answer; -1 when out of memory. */
 static int result_copy(const prosody_state_result_t *in,
                        prosody_state_result_t *out, size_t *bytes) {
@@ -151,7 +147,7 @@ static int result_copy(const prosody_state_result_t *in,
         (a->json && !(b->json = pr__strndup(a->json, a->json_len)))) {
       free((char *)b->key);
       b->key = NULL;
-      result_copy_free(out);
+      prosody_state_result_free(out);
       return -1;
     }
     b->key_len = a->key_len;
