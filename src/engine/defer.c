@@ -154,6 +154,7 @@ static void timer_log_cb(void *arg, prosody_err_t err, const char *errstr) {
 typedef struct retry_put {
   pr__engine_t *eng;
   pr__timer_type_t type;
+  uint64_t gen; /* the partition's assignment */
   int64_t at_s;
   int32_t partition;
   pr__tstore_done_cb cb;
@@ -164,6 +165,7 @@ typedef struct retry_put {
 static void retry_put_done(void *arg, prosody_err_t err, const char *errstr) {
   retry_put_t *p = arg;
   pr__tstore_t *ts = p->eng->store;
+  pr__slabs_put_done(p->eng, p->topic, p->partition, p->gen, p->at_s);
   if (!err && p->eng->phase == PH_RUNNING) {
     pr__tseg_t seg = {p->topic, p->partition};
     ts->ops->del_key(ts, &seg, p->key, p->type, p->at_s, timer_log_cb, NULL);
@@ -207,6 +209,9 @@ static void retry_timer(part_t *part, const char *key, int kind, int64_t at_s,
     p->key = p->topic + tl;
     memcpy(p->topic, part->topic, tl);
     memcpy(p->key, key, kl);
+    p->gen = part->gen;
+    pr__slabs_put(part, at_s);
+    pr__slabs_pin(part, at_s, 1);
     ts->ops->put(ts, &seg, key, at_s, type, NULL, retry_put_done, p);
   }
 }
@@ -643,22 +648,25 @@ int pr__df_admit(inv_t *inv) {
   return PR_ADMIT_RUN;
 }
 
-void pr__df_timer_loaded(part_t *part, const char *key, int kind,
-                         int64_t time_s) {
+int pr__df_timer_loaded(part_t *part, const char *key, int kind,
+                        int64_t time_s) {
   PR_ENGINE_THREAD(part->eng);
   kq_t *kq;
   pr__dk_t *dk;
-  if (!part->eng->df_store[kind] || !(kq = pr__kq_get(part, key, 1)))
-    return;
+  if (!part->eng->df_store[kind])
+    return 0;
+  if (!(kq = pr__kq_get(part, key, 1)))
+    return 1; /* out of memory: read again at the next assignment */
   if ((dk = kq->dk[kind])) {
     if (!dk->busy && time_s * 1000 < dk->retry_at_ms)
       dk->retry_at_ms = time_s * 1000;
-    return;
+    return 1;
   }
   if ((dk = dk_found(part, kq, kind, time_s * 1000)))
     take_queued(part, kq, dk, kind);
   else
     pr__kq_trim(part, kq);
+  return 1;
 }
 
 /* Events waiting for a failed "is it deferred?" are asked about again. */

@@ -113,6 +113,8 @@ void pr__firing_finished(inv_t *inv, int commit) {
   pr__engine_t *eng = inv->eng;
   part_t *part = inv->part;
   pr__tseg_t seg = pr__firing_seg(part->topic, part->partition);
+  if (!commit && eng->store && !inv->dropped && !part->revoking)
+    pr__slabs_pin(part, inv->time_s, 0); /* still stored, not queued */
   if (!commit || !eng->store)
     return; /* aborted, or dropped (already deleted); or stopped: it fires
                again on the next load */
@@ -265,6 +267,7 @@ static void on_fire(uv_timer_t *t) { pr__firing_due(t->data); }
 typedef struct load_req {
   pr__engine_t *eng;
   uint64_t gen; /* the assignment it loads for */
+  int64_t slab; /* a load: its slab */
   int32_t partition;
   char topic[];
 } load_req_t;
@@ -275,6 +278,7 @@ static load_req_t *load_req(pr__engine_t *eng, const part_t *part) {
   if (r) {
     r->eng = eng;
     r->gen = part->gen;
+    r->slab = -1;
     r->partition = part->partition;
     memcpy(r->topic, part->topic, n);
   }
@@ -332,18 +336,22 @@ static void slab_loaded(void *arg, prosody_err_t err, const char *errstr,
        * times: the group's application timers and deferred timers (other
        * members' or another implementation's) are left in it untouched,
        * never fired into a handler that cannot take them (and deleted). */
+      /* What is left in the store untracked pins its slab (slabs.c). */
       if (!eng->handler.on_timer && recs[i].type != PR_TIMER_DEFER_MESSAGE)
-        continue;
-      if (recs[i].type == PR_TIMER_APPLICATION) {
+        pr__slabs_pin(part, recs[i].time_s, 0);
+      else if (recs[i].type == PR_TIMER_APPLICATION) {
         if (!deleted_meanwhile(part, recs[i].key, recs[i].time_s))
           timer_loaded(part, recs[i].key, recs[i].time_s, &recs[i].ctx);
       } else if (recs[i].type == PR_TIMER_DEFER_MESSAGE ||
                  recs[i].type == PR_TIMER_DEFER_TIMER) { /* a deferred key's */
-        pr__df_timer_loaded(part, recs[i].key,
-                            recs[i].type == PR_TIMER_DEFER_TIMER
-                                ? PR_DEFER_TIMERS
-                                : PR_DEFER_MESSAGES,
-                            recs[i].time_s);
+        pr__slabs_pin(part, recs[i].time_s,
+                      pr__df_timer_loaded(part, recs[i].key,
+                                          recs[i].type == PR_TIMER_DEFER_TIMER
+                                              ? PR_DEFER_TIMERS
+                                              : PR_DEFER_MESSAGES,
+                                          recs[i].time_s));
+      } else {
+        pr__slabs_pin(part, recs[i].time_s, 0); /* the original's type 3 */
       }
     }
   load_done(part);
@@ -361,6 +369,7 @@ static void load_slab(pr__engine_t *eng, part_t *part, int64_t slab) {
     return;
   }
   part->loads++;
+  r->slab = slab;
   eng->store->ops->load_slab(eng->store, &seg, eng->slab_s, slab, slab_loaded,
                              r);
 }
@@ -378,6 +387,7 @@ static void slabs_listed(void *arg, prosody_err_t err, const char *errstr,
             r->topic, r->partition, errstr ? errstr : prosody_err_name(err));
   else if (part && !part->revoking) {
     part->relists = 0;
+    pr__slabs_listed(part, slabs, n);
     for (size_t i = 0; i < n; i++) /* oldest first: overdue ones fire now */
       if (slabs[i] <= part->horizon)
         load_slab(eng, part, slabs[i]);
@@ -393,6 +403,7 @@ void pr__firing_assigned(pr__engine_t *eng, part_t *part) {
   pr__tseg_t seg = pr__firing_seg(part->topic, part->partition);
   load_req_t *r;
   part->gen = ++eng->part_gen;
+  part->wm_raised = -1;
   part->preload_s = eng->slab_s / 2 + (int64_t)(rand_r(&eng->seed) % jitter);
   part->horizon =
       pr__slab_of(pr__wall_ms() / 1000 + part->preload_s, eng->slab_s);
@@ -432,6 +443,7 @@ void pr__firing_advance(pr__engine_t *eng) {
     target = pr__slab_of(now_s + part->preload_s, eng->slab_s);
     while (part->horizon < target)
       load_slab(eng, part, ++part->horizon);
+    pr__slabs_tidy(eng, part, now_s);
   }
 }
 

@@ -323,12 +323,20 @@ struct part {
   int64_t preload_s;     /* how far ahead of now slabs are loaded */
   int64_t relist_ms;     /* a listing or load failed: list again then (0) */
   int relists;           /* ... how many failed in a row (the backoff) */
-  pr__dk_t *dks;         /* its deferred keys */
-  int df_listing[2];     /* its deferred keys (per kind) are being read:
-                            its queue is not read nor its timers fired
-                            meanwhile (2: read them again) */
-  int64_t df_ask_ms;     /* a key lookup failed: its keys are asked again
-                            from then (0: none) */
+  /* Its timer slabs with a listing row in the store (slabs.c), sorted. */
+  struct pr__slabrow *rows;
+  size_t nrows, caprows;
+  uint64_t rows_epoch; /* bumped by each put (a retire keeps newer rows) */
+  int64_t wm_raised;   /* the slab watermark as last raised; -1: unknown */
+  int64_t tidy_ms;     /* the next look for finished slabs */
+  int retiring;        /* a retire in flight */
+  int no_retire;       /* out of memory: finished slabs left to expire */
+  pr__dk_t *dks;       /* its deferred keys */
+  int df_listing[2];   /* its deferred keys (per kind) are being read:
+                          its queue is not read nor its timers fired
+                          meanwhile (2: read them again) */
+  int64_t df_ask_ms;   /* a key lookup failed: its keys are asked again
+                          from then (0: none) */
 };
 
 enum phase { PH_RUNNING, PH_DRAINING };
@@ -681,9 +689,10 @@ void pr__df_join(inv_t *inv);
  * kind when it is deferred: PR_ADMIT_TAKEN when it answers at once). */
 int pr__df_admit(inv_t *inv);
 /* The timer store loaded a retry timer (type deferred message or deferred
- * timer) of `key`: the key is deferred, retried at `time_s`. */
-void pr__df_timer_loaded(part_t *part, const char *key, int kind,
-                         int64_t time_s);
+ * timer) of `key`: the key is deferred, retried at `time_s`. 0 when the
+ * layer keeps no deferral of that kind (the timer is left alone). */
+int pr__df_timer_loaded(part_t *part, const char *key, int kind,
+                        int64_t time_s);
 /* Telemetry of an event whose handler ran: dispatched (at its start),
  * then succeeded or failed (message.c). Any thread holding the inv: the
  * worker that completes a synchronous handler's attempt, else the engine
@@ -808,6 +817,23 @@ inv_t *pr__firing_inv(part_t *part, const char *key, int64_t time_s);
 void pr__firing_assigned(pr__engine_t *eng, part_t *part);
 void pr__firing_advance(pr__engine_t *eng);
 void pr__firing_released(pr__engine_t *eng, part_t *part);
+
+/* Retiring finished timer slabs (slabs.c; engine thread). */
+typedef struct pr__slabrow pr__slabrow_t;
+/* The listing found these slabs' rows. */
+void pr__slabs_listed(part_t *part, const int64_t *slabs, size_t n);
+/* The slab of `time_s` holds a timer the engine does not track: kept for
+ * the assignment, or (`retry`, a deferred key's retry timer) while the
+ * partition has deferred keys. */
+void pr__slabs_pin(part_t *part, int64_t time_s, int retry);
+/* A put of a timer at `time_s` was posted; its answer came (for the
+ * assignment `gen` of the partition). */
+void pr__slabs_put(part_t *part, int64_t time_s);
+void pr__slabs_put_done(pr__engine_t *eng, const char *topic, int32_t partition,
+                        uint64_t gen, int64_t time_s);
+/* Retires the partition's finished slabs when it is time to look. */
+void pr__slabs_tidy(pr__engine_t *eng, part_t *part, int64_t now_s);
+void pr__slabs_free(part_t *part);
 
 /* --- drain.c ---------------------------------------------------------- */
 

@@ -174,6 +174,7 @@ void pr__part_free(part_t *part) {
   }
   free(part->buckets);
   pr__tq_free(part->tq);
+  pr__slabs_free(part);
   pr__tq_free(part->tombs);
   pr__tq_free(part->clears);
   pr__tracker_fini(&part->tracker);

@@ -42,6 +42,7 @@ typedef struct top {
   pr__engine_t *eng;
   char *key, *topic;
   int32_t partition;
+  uint64_t gen; /* the partition's assignment */
   char names[TOP_NAMES];
   /* The result, published under `lock`. */
   pthread_mutex_t lock;
@@ -112,6 +113,7 @@ static void top_written(void *arg, prosody_err_t err, const char *errstr) {
   top_t *op = arg;
   part_t *part = top_part(op);
   pr__tseg_t seg = pr__firing_seg(op->topic, op->partition);
+  pr__slabs_put_done(op->eng, op->topic, op->partition, op->gen, op->time_s);
   if (err) {
     top_done(op, err, errstr);
     return;
@@ -206,6 +208,8 @@ static void run_op(pr__engine_t *eng, top_t *op) {
   switch (op->kind) {
   case TOP_SCHEDULE:
   case TOP_CLEAR_AND_SCHEDULE:
+    op->gen = part->gen;
+    pr__slabs_put(part, op->time_s);
     st->ops->put(st, &seg, op->key, op->time_s, PR_TIMER_APPLICATION,
                  &op->trace, top_written, op);
     break;

@@ -18,8 +18,9 @@
  *    layout), anything else is refused with an error naming it. A non-null
  *    slab_watermark is below every slab row: slabs are listed above it, and
  *    a slab row written at or below it lowers it to slab - 1 in the same
- *    batch. The original deletes finished slab rows and raises the
- *    watermark; this store leaves both to it (its rows expire by TTL).
+ *    batch. Once every timer of a past slab was handled, its row is deleted
+ *    and the watermark raised below the lowest slab still holding timers,
+ *    as the original does (retire(), asked for by the engine: firing.c).
  *  - Times are whole seconds since the epoch as an unsigned 32-bit number,
  *    stored in `int` columns by bit pattern (after 2038 they read
  *    negative); slab id = time / slab_size, also an int by bit pattern.
@@ -188,9 +189,9 @@ typedef struct cqlstore {
   char *group;
   int64_t slab_s, retention_s;
   pr__cql_stmt_t *sel_seg, *ins_seg, *upd_seg_version, *ins_slab,
-      *set_watermark, *sel_slabs, *sel_slabs_above, *ins_trigger, *del_trigger,
-      *sel_slab, *sel_keys, *set_state, *del_state, *ins_row, *del_row,
-      *del_rows;
+      *set_watermark, *del_slab, *sel_slabs, *sel_slabs_above, *ins_trigger,
+      *del_trigger, *sel_slab, *sel_keys, *set_state, *del_state, *ins_row,
+      *del_row, *del_rows;
   /* Worker thread only: the send queue (see the top of the file). */
   op_t *q_head, *q_tail;
   size_t qlen;
@@ -404,6 +405,15 @@ static void known_clear(cqlstore_t *st, const seg_t *sg) {
       free(k);
       st->nknown--;
     }
+}
+
+static void known_forget(cqlstore_t *st, seg_t *sg, int64_t slab) {
+  known_t **at = known_at(st, sg, slab), *k = *at;
+  if (k) {
+    *at = k->next;
+    free(k);
+    st->nknown--;
+  }
 }
 
 static int known_has(cqlstore_t *st, seg_t *sg, int64_t slab, int64_t now_s) {
@@ -1913,6 +1923,87 @@ static void c_release(pr__tstore_t *s, const pr__tseg_t *seg) {
     post(o); /* out of memory: the model stays (as before any release) */
 }
 
+/* ---- retiring slabs (worker thread, alone) ----------------------------- */
+
+#define RETIRE_BATCH 100 /* slab row deletes per batch (one partition) */
+
+static void retire_next(op_t *o);
+
+static void retire_cb(void *arg, prosody_err_t err, const char *errstr,
+                      const pr__cql_result_t *res) {
+  op_t *o = arg;
+  (void)res;
+  if (err)
+    complete(o, err, errstr);
+  else if (o->slab < (int64_t)o->n || o->keep_s >= 0)
+    retire_next(o);
+  else
+    complete(o, PROSODY_OK, NULL);
+}
+
+/* The next batch: up to RETIRE_BATCH slab rows, the last one with the
+ * watermark (o->slab: the next slab's index; o->keep_s: the watermark
+ * still to write, or -1). Deletes come first: a watermark written before
+ * them would hide rows that are still to be deleted, never live ones. */
+static void retire_next(op_t *o) {
+  cqlstore_t *st = o->st;
+  pr__cql_val_t v[RETIRE_BATCH * 2 + 3];
+  pr__cql_bstmt_t b[RETIRE_BATCH + 1];
+  uint16_t nb = 0;
+  size_t nv = 0;
+  while (o->slab < (int64_t)o->n && nb < RETIRE_BATCH) {
+    v[nv] = pr__cv_uuid(o->seg->id);
+    v[nv + 1] = pr__cv_int(as_int(o->times[o->slab++]));
+    b[nb++] = (pr__cql_bstmt_t){st->del_slab, v + nv, 2};
+    nv += 2;
+  }
+  if (o->slab >= (int64_t)o->n && o->keep_s >= 0) {
+    v[nv] = pr__cv_int(ttl_for(st, slab_end(st, o->keep_s + 1)));
+    v[nv + 1] = pr__cv_int(as_int(o->keep_s));
+    v[nv + 2] = pr__cv_uuid(o->seg->id);
+    b[nb++] = (pr__cql_bstmt_t){st->set_watermark, v + nv, 3};
+    o->keep_s = -1;
+  }
+  pr__cql_batch_run(st->cql, PR_CQL_BATCH_UNLOGGED, b, nb, retire_cb, o);
+}
+
+/* Alone: every write before it is answered, and the puts after it see
+ * the slabs forgotten (they write the rows again) and the raised
+ * watermark (they lower it again) before they prepare. */
+static void retire_go(op_t *o) {
+  for (size_t i = 0; i < o->n; i++)
+    known_forget(o->st, o->seg, o->times[i]);
+  if (o->keep_s > o->seg->watermark)
+    o->seg->watermark = o->keep_s;
+  else
+    o->keep_s = -1; /* not a raise */
+  o->slab = 0;
+  if (!o->n && o->keep_s < 0)
+    complete(o, PROSODY_OK, NULL);
+  else
+    retire_next(o);
+}
+
+static void start_retire(op_t *o) { with_seg(o, retire_go); }
+
+static void c_retire(pr__tstore_t *s, const pr__tseg_t *seg,
+                     const int64_t *slabs, size_t n, int64_t watermark,
+                     pr__tstore_done_cb cb, void *arg) {
+  op_t *o = op_for(s, seg, NULL, R_DONE, start_retire, (void *)cb, arg);
+  if (!o)
+    return;
+  if (n && !(o->times = malloc(n * sizeof(*slabs)))) {
+    op_free(o);
+    cb(arg, PROSODY_ERR_NOMEM, "out of memory");
+    return;
+  }
+  if (n)
+    memcpy(o->times, slabs, n * sizeof(*slabs));
+  o->n = n;
+  o->keep_s = watermark;
+  post(o);
+}
+
 static void c_poll(pr__tstore_t *s) { pr__cqlw_poll(((cqlstore_t *)s)->w); }
 
 /* Stops the worker, then delivers what finished (engine thread). */
@@ -1938,9 +2029,9 @@ static void c_destroy(pr__tstore_t *s) {
   free(st);
 }
 
-static const pr__tstore_ops_t cqlstore_ops = {c_put,       c_del,   c_del_key,
-                                              c_key_times, c_slabs, c_load_slab,
-                                              c_release,   c_poll,  c_destroy};
+static const pr__tstore_ops_t cqlstore_ops = {
+    c_put,       c_del,     c_del_key, c_key_times, c_slabs,
+    c_load_slab, c_release, c_poll,    c_destroy,   c_retire};
 
 pr__tstore_t *pr__cqlstore_new(const pr__cql_conf_t *conf, const char *keyspace,
                                const char *group, int64_t slab_s,
@@ -1996,6 +2087,8 @@ pr__tstore_t *pr__cqlstore_new(const pr__cql_conf_t *conf, const char *keyspace,
   STMT(set_watermark,
        "UPDATE %s.timer_segments USING TTL ? SET slab_watermark = ? WHERE id "
        "= ?",
+       keyspace);
+  STMT(del_slab, "DELETE FROM %s.timer_segments WHERE id = ? AND slab_id = ?",
        keyspace);
   STMT(sel_slabs, "SELECT slab_id FROM %s.timer_segments WHERE id = ?",
        keyspace);

@@ -212,9 +212,10 @@ static void m_destroy(pr__tstore_t *s) {
   free(m);
 }
 
-static const pr__tstore_ops_t memstore_ops = {m_put,       m_del,   m_del_key,
-                                              m_key_times, m_slabs, m_load_slab,
-                                              m_release,   m_poll,  m_destroy};
+/* No listing rows: nothing to retire. */
+static const pr__tstore_ops_t memstore_ops = {
+    m_put,       m_del,     m_del_key, m_key_times, m_slabs,
+    m_load_slab, m_release, m_poll,    m_destroy,   NULL};
 
 pr__tstore_t *pr__memstore_new(void) {
   memstore_t *m = calloc(1, sizeof(*m));

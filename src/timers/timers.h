@@ -158,6 +158,16 @@ typedef struct pr__tstore_ops {
   void (*poll)(pr__tstore_t *s);
   /* Completes what is pending (with errors), then frees the store. */
   void (*destroy)(pr__tstore_t *s);
+  /* Retires finished slabs: deletes the listing rows of `slabs` (their
+   * timers were all handled; what remains in them is never loaded again)
+   * and raises the segment's slab watermark to `watermark` (-1: leave it)
+   * when it lies above the current one, so that listings skip what is
+   * below. Runs after every operation posted before it, and those posted
+   * after it see its result (a put into a retired slab writes its row
+   * again, lowering the watermark). NULL in a store without listing rows
+   * (the memory store). */
+  void (*retire)(pr__tstore_t *s, const pr__tseg_t *seg, const int64_t *slabs,
+                 size_t n, int64_t watermark, pr__tstore_done_cb cb, void *arg);
 } pr__tstore_ops_t;
 
 struct pr__tstore {

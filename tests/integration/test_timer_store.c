@@ -7,7 +7,8 @@
  * way round); many deletes at once; del_key keeps the one asked for; a
  * store with no model of the keys (another process: the partition's next
  * owner) reads what one wrote, as the original Prosody's tables hold it; a
- * segment of another slab size is refused; puts
+ * segment of another slab size is refused; finished slabs are retired (their
+ * rows deleted, the watermark raised) and a put into one lists it again; puts
  * against an unreachable node report their error, and a store destroyed
  * with operations queued or in flight answers every one of them.
  */
@@ -498,6 +499,72 @@ T_SCENARIO(segment_of_another_slab_size_refused, T_REAL, 90) {
   CHECK(!failed, "put: %s", last_errstr);
   s->ops->destroy(s);
   test_slab_size_refused(&conf, &segs[0], store_group);
+  return 0;
+}
+
+/* The slabs a store of another process (the partition's next owner)
+ * lists, as "a,b,c" relative to `s0`. */
+static void expect_listed(pr__cql_conf_t *conf, const pr__tseg_t *seg,
+                          int64_t s0, const char *want) {
+  char err[1024], out[256];
+  size_t at = 0;
+  got_t g = {0};
+  pr__tstore_t *o = pr__cqlstore_new(conf, T_KEYSPACE, store_group, SLAB_S,
+                                     3600, wake, NULL, err, sizeof(err));
+  CHECK(o, "%s", err);
+  o->ops->slabs(o, seg, SLAB_S, on_times, &g);
+  await_got(o, &g);
+  out[0] = '\0';
+  for (size_t i = 0; i < g.n && at < sizeof(out); i++)
+    at += (size_t)snprintf(out + at, sizeof(out) - at, "%s%lld", i ? "," : "",
+                           (long long)(g.times[i] - s0));
+  got_free(&g);
+  o->ops->destroy(o);
+  CHECK(!strcmp(out, want), "listed slabs %s, expected %s", out, want);
+}
+
+static void retire(pr__tstore_t *s, const pr__tseg_t *seg, const int64_t *slabs,
+                   size_t n, int64_t watermark) {
+  answered = failed = 0;
+  s->ops->retire(s, seg, slabs, n, watermark, on_done, NULL);
+  await_n(s, &answered, 1, 30);
+  CHECK(!failed, "retire: %s", last_errstr);
+}
+
+/* Retiring finished slabs, as the original does: their listing rows are
+ * deleted, and the watermark rises so that listings start above it; a put
+ * into a retired slab writes its row again and lowers the watermark below
+ * it (else no owner would load it); a watermark is never lowered by a
+ * retire. Each listing is another store's, reading what Cassandra holds. */
+T_SCENARIO(finished_slabs_retired_and_watermark_raised, T_REAL, 90) {
+  char *node;
+  pr__cql_conf_t conf;
+  pr__tseg_t segs[2], seg = {"retire", 0};
+  pr__tstore_t *s = store_new(&conf, &node, segs);
+  int64_t s0 = pr__slab_of(base_s, SLAB_S), one[1];
+  answered = failed = 0;
+  for (int i = 0; i < 4; i++)
+    s->ops->put(s, &seg, "k", (s0 + i) * SLAB_S + 5, PR_TIMER_APPLICATION, NULL,
+                on_done, NULL);
+  await_n(s, &answered, 4, 30);
+  CHECK(!failed, "puts: %s", last_errstr);
+  expect_listed(&conf, &seg, s0, "0,1,2,3");
+  one[0] = s0 + 1; /* a row alone, the watermark left as it is */
+  retire(s, &seg, one, 1, -1);
+  expect_listed(&conf, &seg, s0, "0,2,3");
+  one[0] = s0; /* the lowest row, and the watermark up to it */
+  retire(s, &seg, one, 1, s0 + 1);
+  expect_listed(&conf, &seg, s0, "2,3");
+  retire(s, &seg, NULL, 0, s0 - 10); /* lower: left as it is */
+  expect_listed(&conf, &seg, s0, "2,3");
+  /* A timer put into a retired slab below the watermark is listed again. */
+  answered = failed = 0;
+  s->ops->put(s, &seg, "k2", s0 * SLAB_S + 9, PR_TIMER_APPLICATION, NULL,
+              on_done, NULL);
+  await_n(s, &answered, 1, 30);
+  CHECK(!failed, "put: %s", last_errstr);
+  expect_listed(&conf, &seg, s0, "0,2,3");
+  s->ops->destroy(s);
   return 0;
 }
 
