@@ -1,6 +1,6 @@
 /*
  * bench_timer_store.c - Cassandra's CPU per timer written and deleted by
- * the Cassandra timer store alone (src/timers/cqlstore.c), without a
+ * the Cassandra timer store alone (src/stores/cqltimers.c), without a
  * consumer: what bench_timers cannot separate from the engine, the group
  * join and the machine's other work.
  *

@@ -1,5 +1,5 @@
 /*
- * test_timer_store.c - the Cassandra timer store (src/timers/cqlstore.c)
+ * test_timer_store.c - the Cassandra timer store (src/stores/cqltimers.c)
  * directly, against real Cassandra (real tier): thousands of puts issued
  * at once (coalesced into groups) are all acknowledged and all seen by
  * slabs(), load_slab() and key_times(); a put and a delete of the same

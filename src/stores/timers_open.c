@@ -1,6 +1,6 @@
 /*
- * open.c - picks and opens the timer store a consumer's settings ask for:
- * memory in mock mode (or when the handler cannot use timers), else
+ * timers_open.c - picks and opens the timer store a consumer's settings ask
+ * for: memory in mock mode (or when the handler cannot use timers), else
  * Cassandra, whose keyspace is migrated first.
  *
  * Threads: the subscribing thread (blocking: the migration runs on a
@@ -10,8 +10,8 @@
 
 #include "../config/config.h"
 #include "../cql/cql.h"
+#include "../timers/timers.h"
 #include "../util/util.h"
-#include "timers.h"
 
 pr__cql_conf_t pr__cql_conf_of(const pr__settings_t *st) {
   pr__cql_conf_t c;

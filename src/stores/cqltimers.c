@@ -1,5 +1,5 @@
 /*
- * cqlstore.c - the Cassandra timer store: the store interface of timers.h
+ * cqltimers.c - the Cassandra timer store: the store interface of tstore.h
  * over a CQL session, on the timer tables of the original Prosody (its
  * migrations are vendored in third_party/prosody-migrations), so that one
  * keyspace serves both implementations: a timer either one schedules fires
@@ -20,7 +20,7 @@
  *    a slab row written at or below it lowers it to slab - 1 in the same
  *    batch. Once every timer of a past slab was handled, its row is deleted
  *    and the watermark raised below the lowest slab still holding timers,
- *    as the original does (retire(), asked for by the engine: firing.c).
+ *    as the original does (retire(), asked for by engine/slabs.c).
  *  - Times are whole seconds since the epoch as an unsigned 32-bit number,
  *    stored in `int` columns by bit pattern (after 2038 they read
  *    negative); slab id = time / slab_size, also an int by bit pattern.
@@ -100,8 +100,8 @@
 #include <string.h>
 
 #include "../cql/worker.h"
+#include "../timers/timers.h"
 #include "../util/util.h"
-#include "timers.h"
 
 #define PAGE 5000
 #define MAX_TTL_S 630720000 /* Cassandra's limit: 20 years */

@@ -1,5 +1,5 @@
 /*
- * memstore.c - the in-memory timer store (mock mode): a time queue per
+ * memtimers.c - the in-memory timer store (mock mode): a time queue per
  * segment and timer type. Every operation completes before it returns.
  * Single owner (the engine thread); no locks. A released segment is
  * forgotten: mock-mode timers do not survive a rebalance.
@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../timers/timers.h"
 #include "../util/util.h"
-#include "timers.h"
 
 #define NTYPES 3
 
