@@ -358,6 +358,8 @@ static int64_t unwritten_low(const pr__dk_t *dk) {
  * (else 0): the key's row is written too, retrying then. */
 static void defer_inv(inv_t *inv, pr__dk_t *dk, int32_t retries,
                       int64_t key_at_ms) {
+  if (inv->is_timer && !inv->df_loaded) /* stored until it is written */
+    pr__slabs_pin(inv->part, inv->time_s, 0);
   pr__kq_unlink(inv);
   inv->state = INV_DEFERRING;
   inv->df_retries = retries;
@@ -656,7 +658,7 @@ int pr__df_timer_loaded(part_t *part, const char *key, int kind,
   if (!part->eng->df_store[kind])
     return 0;
   if (!(kq = pr__kq_get(part, key, 1)))
-    return 1; /* out of memory: read again at the next assignment */
+    return 0; /* out of memory: read again at the next assignment */
   if ((dk = kq->dk[kind])) {
     if (!dk->busy && time_s * 1000 < dk->retry_at_ms)
       dk->retry_at_ms = time_s * 1000;
@@ -741,9 +743,11 @@ void pr__df_finished(inv_t *inv, int commit) {
   if (!dk || !eng->df_store[dk->kind])
     return;
   if (commit && inv->is_timer && inv->rearmed && part->tq &&
-      pr__tq_add(part->tq, inv->msg.key, inv->time_s) < 0)
+      pr__tq_add(part->tq, inv->msg.key, inv->time_s) < 0) {
     PR_ERROR("timers", "out of memory re-queueing a timer of %s[%d]",
              part->topic, part->partition);
+    pr__slabs_untracked(part);
+  }
   if (commit)
     advance(part, dk);
   else

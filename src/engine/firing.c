@@ -52,9 +52,11 @@ static void timer_loaded(part_t *part, const char *key, int64_t time_s,
                          const pr_span_ctx_t *trace) {
   if (pr__firing_find(part, key, time_s))
     return;
-  if (pr__tq_add_ctx(part->tq, key, time_s, trace) < 0)
+  if (pr__tq_add_ctx(part->tq, key, time_s, trace) < 0) {
     PR_ERROR("timers", "out of memory loading a timer of %s[%d]", part->topic,
              part->partition);
+    pr__slabs_untracked(part);
+  }
 }
 
 /* A timer was written by a handler: queue it if its slab is loaded (or
@@ -122,9 +124,11 @@ void pr__firing_finished(inv_t *inv, int commit) {
     return;
   if (inv->rearmed) {
     if (!part->revoking && !part->zombie &&
-        pr__tq_add(part->tq, inv->msg.key, inv->time_s) < 0)
+        pr__tq_add(part->tq, inv->msg.key, inv->time_s) < 0) {
       PR_ERROR("timers", "out of memory re-queueing a timer of %s[%d]",
                part->topic, part->partition);
+      pr__slabs_untracked(part);
+    }
     return;
   }
   eng->store->ops->del(eng->store, &seg, inv->msg.key, inv->time_s,
@@ -250,8 +254,8 @@ void pr__firing_due(pr__engine_t *eng) {
       inv_t *inv = pr__firing_inv(part, key, t);
       if (inv && trace.valid && (inv->tr = calloc(1, sizeof(*inv->tr))))
         inv->tr->from = trace; /* its span links back to it */
-      if (!inv)
-        (void)pr__tq_add_ctx(part->tq, key, t, &trace); /* again later */
+      if (!inv && pr__tq_add_ctx(part->tq, key, t, &trace) < 0) /* later */
+        pr__slabs_untracked(part);
       free(key);
       if (!inv)
         break;
@@ -366,6 +370,7 @@ static void load_slab(pr__engine_t *eng, part_t *part, int64_t slab) {
   if (!r) {
     PR_ERROR("timers", "out of memory loading timers of %s[%d]", part->topic,
              part->partition);
+    pr__slabs_untracked(part);
     return;
   }
   part->loads++;
@@ -424,8 +429,10 @@ static void relist(pr__engine_t *eng, part_t *part) {
   pr__tseg_t seg = pr__firing_seg(part->topic, part->partition);
   load_req_t *r = load_req(eng, part);
   part->relist_ms = 0;
-  if (!r)
+  if (!r) {
+    pr__slabs_untracked(part); /* what the failed load held is unknown */
     return;
+  }
   part->loads++;
   eng->store->ops->slabs(eng->store, &seg, eng->slab_s, slabs_listed, r);
 }

@@ -831,6 +831,9 @@ void pr__slabs_pin(part_t *part, int64_t time_s, int retry);
 void pr__slabs_put(part_t *part, int64_t time_s);
 void pr__slabs_put_done(pr__engine_t *eng, const char *topic, int32_t partition,
                         uint64_t gen, int64_t time_s);
+/* The engine lost track of a stored timer (out of memory): no slab of the
+ * partition is retired for the rest of the assignment. */
+void pr__slabs_untracked(part_t *part);
 /* Retires the partition's finished slabs when it is time to look. */
 void pr__slabs_tidy(pr__engine_t *eng, part_t *part, int64_t now_s);
 void pr__slabs_free(part_t *part);

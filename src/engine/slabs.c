@@ -33,6 +33,10 @@
 
 #include "internal.h"
 
+/* Slab rows one retire deletes at most: one batch, so that the writes
+ * posted after it are all stamped after it (the rest go next time). */
+#define RETIRE_MAX 100
+
 /* A slab of the partition with a listing row (as far as the engine knows). */
 struct pr__slabrow {
   int64_t slab;
@@ -74,17 +78,22 @@ static pr__slabrow_t *row_at(part_t *part, int64_t slab, int add) {
   return &part->rows[lo];
 }
 
-/* Without memory for a row, the slab may hold timers the engine cannot
- * account for: retiring stops for this assignment. */
-static pr__slabrow_t *row_add(part_t *part, int64_t slab) {
-  pr__slabrow_t *r = row_at(part, slab, 1);
-  if (!r && !part->no_retire) {
-    part->no_retire = 1;
+void pr__slabs_untracked(part_t *part) {
+  PR_ENGINE_THREAD(part->eng);
+  if (!part->no_retire)
     PR_WARN("timers",
             "out of memory: finished timer slabs of %s[%d] are left to "
             "expire",
             part->topic, part->partition);
-  }
+  part->no_retire = 1;
+}
+
+/* Without memory for a row, the slab may hold timers the engine cannot
+ * account for: retiring stops for this assignment. */
+static pr__slabrow_t *row_add(part_t *part, int64_t slab) {
+  pr__slabrow_t *r = row_at(part, slab, 1);
+  if (!r)
+    pr__slabs_untracked(part);
   return r;
 }
 
@@ -180,7 +189,8 @@ static void retired(void *arg, prosody_err_t err, const char *errstr) {
         part->nrows--;
       }
     }
-    if (t->watermark > part->wm_raised)
+    /* (a put since then may have lowered it again: looked at next time) */
+    if (t->watermark > part->wm_raised && part->rows_epoch == t->epoch)
       part->wm_raised = t->watermark;
   }
   free(t->slabs);
@@ -207,14 +217,15 @@ static void tidy(pr__engine_t *eng, part_t *part, int64_t now_s) {
   for (size_t b = 0; part->buckets && b < part->nbuckets; b++)
     for (kq_t *kq = part->buckets[b]; kq; kq = kq->next)
       for (inv_t *i = kq->head; i; i = i->next)
-        if (i->is_timer)
+        if (i->is_timer && !i->df_loaded) /* (a re-made deferred timer:
+                                             its row went when deferred) */
           mark(part, i->time_s);
   if (part->no_retire)
     return; /* a mark ran out of memory */
   for (size_t i = 0; i < part->nrows && part->rows[i].slab <= end; i++)
-    if (part->rows[i].active && low < 0)
-      low = part->rows[i].slab;
-    else if (!part->rows[i].active)
+    if ((part->rows[i].active || n == RETIRE_MAX) && low < 0)
+      low = part->rows[i].slab; /* held, or left for the next retire */
+    else if (!part->rows[i].active && n < RETIRE_MAX)
       n++;
   wm = low >= 0 ? low - 1 : end;
   if (!n && wm <= part->wm_raised)
@@ -234,7 +245,8 @@ static void tidy(pr__engine_t *eng, part_t *part, int64_t now_s) {
   if (!n)
     t->slabs = NULL;
   memcpy(t->topic, part->topic, tl);
-  for (size_t i = 0; i < part->nrows && part->rows[i].slab <= end; i++)
+  for (size_t i = 0; i < part->nrows && part->rows[i].slab <= end && t->n < n;
+       i++)
     if (!part->rows[i].active)
       t->slabs[t->n++] = part->rows[i].slab;
   part->retiring = 1;

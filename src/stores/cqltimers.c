@@ -201,6 +201,7 @@ typedef struct cqlstore {
   int closing;     /* the session closes: fail what is queued */
   int dispatching; /* in dispatch() (re-entered from callbacks) */
   int again;       /* ... which must look at the queue again */
+  int retiring;    /* a retire's batches are out: nothing else starts */
   known_t *known[KNOWN_BUCKETS];
   size_t nknown;
   kent_t **keys; /* KEY_BUCKETS */
@@ -242,6 +243,7 @@ struct op {
   uint8_t *paging;
   int32_t paging_len;
   int64_t slab;
+  int wm_left; /* a retire: its watermark raise is not yet sent */
   /* Worker thread: the send queue and the op's group. */
   op_t *qnext;
   int send; /* S_* */
@@ -1629,7 +1631,7 @@ static void dispatch(cqlstore_t *st) {
         st->again = 1;
         break;
       }
-    while (st->q_head) {
+    while (st->q_head && !st->retiring) {
       op_t *o = st->q_head;
       if (st->closing) {
         complete(q_pop(st), PROSODY_ERR_STATE, "the Cassandra store is closed");
@@ -1929,22 +1931,33 @@ static void c_release(pr__tstore_t *s, const pr__tseg_t *seg) {
 
 static void retire_next(op_t *o);
 
+/* The retire is over: what queued behind it starts. */
+static void retire_end(op_t *o, prosody_err_t err, const char *errstr) {
+  cqlstore_t *st = o->st;
+  if (err && o->time_s >= 0 && o->seg->watermark == o->time_s)
+    o->seg->watermark = o->keep_s; /* (the raise may not have landed) */
+  st->retiring = 0;
+  complete(o, err, errstr);
+  dispatch(st);
+}
+
 static void retire_cb(void *arg, prosody_err_t err, const char *errstr,
                       const pr__cql_result_t *res) {
   op_t *o = arg;
   (void)res;
   if (err)
-    complete(o, err, errstr);
-  else if (o->slab < (int64_t)o->n || o->keep_s >= 0)
+    retire_end(o, err, errstr);
+  else if (o->slab < (int64_t)o->n || o->wm_left)
     retire_next(o);
   else
-    complete(o, PROSODY_OK, NULL);
+    retire_end(o, PROSODY_OK, NULL);
 }
 
 /* The next batch: up to RETIRE_BATCH slab rows, the last one with the
- * watermark (o->slab: the next slab's index; o->keep_s: the watermark
- * still to write, or -1). Deletes come first: a watermark written before
- * them would hide rows that are still to be deleted, never live ones. */
+ * watermark (o->slab: the next slab's index; o->time_s: the raised
+ * watermark, or -1; o->keep_s: the one before). Deletes come first:
+ * a watermark written before them would hide rows that are still to be
+ * deleted, never live ones. */
 static void retire_next(op_t *o) {
   cqlstore_t *st = o->st;
   pr__cql_val_t v[RETIRE_BATCH * 2 + 3];
@@ -1957,31 +1970,36 @@ static void retire_next(op_t *o) {
     b[nb++] = (pr__cql_bstmt_t){st->del_slab, v + nv, 2};
     nv += 2;
   }
-  if (o->slab >= (int64_t)o->n && o->keep_s >= 0) {
-    v[nv] = pr__cv_int(ttl_for(st, slab_end(st, o->keep_s + 1)));
-    v[nv + 1] = pr__cv_int(as_int(o->keep_s));
+  if (o->slab >= (int64_t)o->n && o->wm_left) {
+    v[nv] = pr__cv_int(ttl_for(st, slab_end(st, o->time_s + 1)));
+    v[nv + 1] = pr__cv_int(as_int(o->time_s));
     v[nv + 2] = pr__cv_uuid(o->seg->id);
     b[nb++] = (pr__cql_bstmt_t){st->set_watermark, v + nv, 3};
-    o->keep_s = -1;
+    o->wm_left = 0;
   }
   pr__cql_batch_run(st->cql, PR_CQL_BATCH_UNLOGGED, b, nb, retire_cb, o);
 }
 
-/* Alone: every write before it is answered, and the puts after it see
- * the slabs forgotten (they write the rows again) and the raised
- * watermark (they lower it again) before they prepare. */
+/* Alone: every write before it is answered, nothing after it starts
+ * until it is (st->retiring), and the puts after it see the slabs
+ * forgotten (they write the rows again) and the raised watermark (they
+ * lower it again). */
 static void retire_go(op_t *o) {
   for (size_t i = 0; i < o->n; i++)
     known_forget(o->st, o->seg, o->times[i]);
-  if (o->keep_s > o->seg->watermark)
-    o->seg->watermark = o->keep_s;
+  o->keep_s = o->seg->watermark;
+  if (o->time_s > o->seg->watermark)
+    o->seg->watermark = o->time_s;
   else
-    o->keep_s = -1; /* not a raise */
+    o->time_s = -1; /* not a raise */
+  o->wm_left = o->time_s >= 0;
   o->slab = 0;
-  if (!o->n && o->keep_s < 0)
+  if (!o->n && o->time_s < 0) {
     complete(o, PROSODY_OK, NULL);
-  else
-    retire_next(o);
+    return;
+  }
+  o->st->retiring = 1;
+  retire_next(o);
 }
 
 static void start_retire(op_t *o) { with_seg(o, retire_go); }
@@ -2000,7 +2018,7 @@ static void c_retire(pr__tstore_t *s, const pr__tseg_t *seg,
   if (n)
     memcpy(o->times, slabs, n * sizeof(*slabs));
   o->n = n;
-  o->keep_s = watermark;
+  o->time_s = watermark;
   post(o);
 }
 
