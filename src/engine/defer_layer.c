@@ -212,7 +212,7 @@ prosody_err_t pr__df_open(pr__engine_t *eng, const char *bootstrap,
   }
   /* The timer store or the dedup layer migrated the keyspace already when
    * they use Cassandra. */
-  if (!eng->handler.on_timer && !eng->dd_store &&
+  if (!eng->handler.on_timer && !pr__dd_on(eng) &&
       (err = pr__cql_keyspace_ready(st, errstr, errstr_size)))
     return err;
   c = pr__cql_conf_of(st);

@@ -227,7 +227,7 @@ static void claim_followers(inv_t *head) {
     return;
   for (f = head->next; f && n < RUN_MAX; f = f->next, n++) {
     if (f->is_timer || f->state != INV_QUEUED ||
-        (f->eng->dd_on && !pr__dd_claimable(head, f)))
+        (pr__dd_on(f->eng) && !pr__dd_claimable(head, f)))
       break;
     if (!(f->ctx = pr__ctx_acquire(&f->eng->ctx_stash, f, &f->cslot))) {
       f->cslot = NULL;

@@ -194,8 +194,7 @@ static void store_mail(pr__mail_t *mail, void *owner) {
   atomic_store(&eng->store_posted, 0);
   if (eng->store)
     eng->store->ops->poll(eng->store);
-  if (eng->dd_store)
-    pr__dedup_poll(eng->dd_store);
+  pr__dd_poll(eng);
   pr__state_poll(eng);
   for (int kind = 0; kind < 2; kind++)
     if (eng->df_store[kind])

@@ -408,10 +408,8 @@ struct pr__engine {
   double mono_threshold; /* monopolization: the share that is rejected;
                             0: the layer is off */
   const pr__layer_t *const *layers; /* the mode's (mode.c), NULL-ended */
-  int dd_on;             /* deduplication: pipeline mode, cache size > 0 */
-  int dd_late;           /* ... with the memory store: ids are read and
-                            looked up by the handler's thread (DD_LATE) */
-  pr__dedup_t *dd_store; /* its store (dd_on): memory (sync) or Cassandra */
+  struct pr__dd_state *dd; /* deduplication (dedup.c: its fields' threads
+                              there); NULL: the layer is off */
   /* Keyed state (state.c): the store (NULL when no collection is
    * registered), and, while the layer opens, the opening thread's wait for
    * the store's answers (st_lock guards st_woken). */
@@ -421,10 +419,8 @@ struct pr__engine {
   pthread_cond_t st_cond;
   int st_woken;
   int st_inited;
-  int st_settles;   /* engine thread: events whose state was stored */
-  int st_refused;   /* engine thread: settles refused (test option) */
-  int64_t dd_ttl_s; /* idempotence_ttl */
-  int dd_recording; /* ids being written to the store */
+  int st_settles; /* engine thread: events whose state was stored */
+  int st_refused; /* engine thread: settles refused (test option) */
   /* Deferral (defer.c). */
   pr__defer_t *df_store[2]; /* per pr__defer_kind_t; NULL: not deferred */
   pr__loader_t *loader;     /* started on the first load */
@@ -661,6 +657,18 @@ int pr__dd_claimable(inv_t *head, inv_t *f);
 void pr__dd_record(inv_t *inv);
 /* The inv goes: a lookup in flight must not reach it. */
 void pr__dd_forget(inv_t *inv);
+/* Is deduplication on (pipeline mode, idempotence_cache_size > 0)? Any
+ * thread once the layer is open. */
+int pr__dd_on(const pr__engine_t *eng);
+/* How long a handled id is remembered (idempotence_ttl; 0: the layer is
+ * off). */
+int64_t pr__dd_ttl_s(const pr__engine_t *eng);
+/* The id that keyed state stores with a successful event's state, in the
+ * same batch (the layer on Cassandra and the event not a known duplicate),
+ * else NULL (engine thread). */
+const pr__did_t *pr__dd_stored_id(const inv_t *inv);
+/* Delivers the store's finished lookups and records (the stores' letter). */
+void pr__dd_poll(pr__engine_t *eng);
 
 /* --- defer.c (deferral, pipeline mode: messages) ----------------------- */
 

@@ -367,15 +367,14 @@ static void settle_apply(pr__stx_t *t) {
       goto nomem;
   }
   t->nw = n;
-  if (eng->dd_on && !eng->dd_late && inv->dd == DD_UNSEEN)
-    dedup = &inv->did;
+  dedup = pr__dd_stored_id(inv);
   t->busy++;
   if (eng->st_refused < eng->st->test.state_refuse_settles) {
     eng->st_refused++;
     settled(t, PROSODY_ERR_PERMANENT, "refused by the test option");
     return;
   }
-  eng->st_store->ops->apply(eng->st_store, t->w, n, dedup, eng->dd_ttl_s,
+  eng->st_store->ops->apply(eng->st_store, t->w, n, dedup, pr__dd_ttl_s(eng),
                             settled, t);
   return;
 nomem:
