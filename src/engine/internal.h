@@ -408,19 +408,11 @@ struct pr__engine {
   double mono_threshold; /* monopolization: the share that is rejected;
                             0: the layer is off */
   const pr__layer_t *const *layers; /* the mode's (mode.c), NULL-ended */
-  struct pr__dd_state *dd; /* deduplication (dedup.c: its fields' threads
-                              there); NULL: the layer is off */
-  /* Keyed state (state.c): the store (NULL when no collection is
-   * registered), and, while the layer opens, the opening thread's wait for
-   * the store's answers (st_lock guards st_woken). */
-  struct pr__sstore *st_store;
-  void (*st_engine_wake)(void *);
-  pthread_mutex_t st_lock;
-  pthread_cond_t st_cond;
-  int st_woken;
-  int st_inited;
-  int st_settles; /* engine thread: events whose state was stored */
-  int st_refused; /* engine thread: settles refused (test option) */
+  struct pr__dd_state *dd;   /* deduplication (dedup.c: its fields' threads
+                                there); NULL: the layer is off */
+  struct pr__kst_state *kst; /* keyed state (state.c: its fields' threads
+                                and lock there); NULL: no collection is
+                                registered */
   /* Deferral (defer.c). */
   pr__defer_t *df_store[2]; /* per pr__defer_kind_t; NULL: not deferred */
   pr__loader_t *loader;     /* started on the first load */
@@ -793,6 +785,8 @@ void pr__state_drop(inv_t *inv);
 int pr__state_settle(inv_t *inv);
 /* Delivers the store's finished operations (engine thread). */
 void pr__state_poll(pr__engine_t *eng);
+/* Is keyed state in use (collections registered, the store open)? */
+int pr__state_on(const pr__engine_t *eng);
 /* Fails a queued event transiently without running its handler (a layer
  * on the way in refused it): the mode's layers decide, as for a handler's
  * transient failure. */
