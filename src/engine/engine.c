@@ -313,17 +313,11 @@ prosody_err_t pr__engine_start(const pr__settings_t *st, const char *bootstrap,
     size_t keys = (size_t)PR_CFG_INT(st, SCHEDULER_CACHE_SIZE);
     /* Monopolization (pipeline mode) keeps its per-key handler time in
      * the scheduler's key states: the table holds the larger count. */
-    if (eng->mode == PR_MODE_PIPELINE &&
-        PR_CFG_BOOL(st, MONOPOLIZATION_ENABLED)) {
-      eng->mono_threshold = PR_CFG_FLOAT(st, MONOPOLIZATION_THRESHOLD);
-      if ((size_t)PR_CFG_INT(st, MONOPOLIZATION_CACHE_SIZE) > keys)
-        keys = (size_t)PR_CFG_INT(st, MONOPOLIZATION_CACHE_SIZE);
-    }
+    if (pr__mono_keys(st, eng->mode) > keys)
+      keys = pr__mono_keys(st, eng->mode);
     pr__sched_init(&eng->sched, PR_CFG_FLOAT(st, SCHEDULER_FAILURE_WEIGHT),
                    (double)PR_CFG_NS(st, SCHEDULER_MAX_WAIT) / 1e9,
                    PR_CFG_FLOAT(st, SCHEDULER_WAIT_WEIGHT), keys);
-    if (eng->mono_threshold > 0)
-      eng->sched.window_ns = PR_CFG_NS(st, MONOPOLIZATION_WINDOW);
   }
   eng->sched.fifo = st->test.sched_fifo;
   eng->sched.urgent = pr__dispatch_urgent;

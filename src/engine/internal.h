@@ -405,8 +405,8 @@ struct pr__engine {
   int dlq_inflight;  /* failure-topic sends and fired-timer deletes in flight */
   pr__sched_t sched; /* events waiting for a handler slot */
   pr__metrics_t metrics;
-  double mono_threshold; /* monopolization: the share that is rejected;
-                            0: the layer is off */
+  struct pr__mono_state *mono;      /* monopolization (monopoly.c); NULL: the
+                                       layer is off */
   const pr__layer_t *const *layers; /* the mode's (mode.c), NULL-ended */
   struct pr__dd_state *dd;   /* deduplication (dedup.c: its fields' threads
                                 there); NULL: the layer is off */
@@ -796,6 +796,13 @@ void pr__outcome_reject(inv_t *inv, const char *why);
 void pr__outcome_arm_retry(inv_t *inv, uint64_t ms);
 /* Full jitter: uniform in [0, min(2^n * retry_base, max_retry_delay)). */
 uint64_t pr__outcome_backoff_ms(pr__engine_t *eng, int n);
+
+/* --- monopoly.c ------------------------------------------------------- */
+
+/* How many scheduler key states the monopolization layer keeps its handler
+ * time in (monopolization_cache_size; 0 when the layer is off): the engine
+ * sizes the scheduler's key table before the layer opens. */
+size_t pr__mono_keys(const pr__settings_t *st, int mode);
 
 /* --- deadletter.c ----------------------------------------------------- */
 
