@@ -196,9 +196,7 @@ static void store_mail(pr__mail_t *mail, void *owner) {
     eng->store->ops->poll(eng->store);
   pr__dd_poll(eng);
   pr__state_poll(eng);
-  for (int kind = 0; kind < 2; kind++)
-    if (eng->df_store[kind])
-      pr__defer_poll(eng->df_store[kind]);
+  pr__df_poll(eng);
 }
 
 /* A store's thread finished operations (any thread): the engine delivers

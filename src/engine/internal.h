@@ -341,9 +341,6 @@ struct part {
 
 enum phase { PH_RUNNING, PH_DRAINING };
 
-/* The failure-rate window of the defer layer, in buckets. */
-#define PR_DF_BUCKETS 60
-
 struct pr__engine {
   /* Immutable after start. */
   const pr__settings_t *st;
@@ -413,16 +410,11 @@ struct pr__engine {
   struct pr__kst_state *kst; /* keyed state (state.c: its fields' threads
                                 and lock there); NULL: no collection is
                                 registered */
-  /* Deferral (defer.c). */
-  pr__defer_t *df_store[2]; /* per pr__defer_kind_t; NULL: not deferred */
-  pr__loader_t *loader;     /* started on the first load */
-  char *bootstrap;          /* for the loader (owned) */
-  int64_t df_bucket_ns;     /* the failure window's bucket width */
-  int64_t df_epoch;         /* the bucket `df_ok/df_fail[0]` counts */
-  uint32_t df_ok[PR_DF_BUCKETS], df_fail[PR_DF_BUCKETS]; /* ring */
-  int64_t df_warned_ns;          /* last "deferral paused" warning */
-  pr__dmsg_t *dm_head, *dm_tail; /* the deferred messages kept */
-  size_t dm_n, dm_cap;           /* how many; defer_cache_size */
+  struct pr__df_state *df;   /* deferral (defer_layer.c); NULL: the layer
+                                is off */
+  pr__loader_t *loader;      /* started on the first load (the defer layer
+                                and keyed state's message collections) */
+  char *bootstrap;           /* for the loader (owned) */
   int phase;
   int stop_asked; /* the stop letter arrived: shut down after this batch */
   int stopping;   /* shutdown has begun */
@@ -436,10 +428,9 @@ struct pr__engine {
    * the group in flight on this queue, and when it was last reported. */
   rd_kafka_queue_t *mismatch_q;
   int64_t mismatch_ns;
-  int fail_part_new;  /* test option: partitions that fail to allocate */
-  int df_refuse_rows; /* test option: key-row writes that fail */
-  int64_t slab_s;     /* slab_size in seconds */
-  uv_timer_t tfire;   /* wakes the loop when the next timer is due */
+  int fail_part_new; /* test option: partitions that fail to allocate */
+  int64_t slab_s;    /* slab_size in seconds */
+  uv_timer_t tfire;  /* wakes the loop when the next timer is due */
   /* Running handlers with a timeout, in start order; all have the same
    * timeout, so that is deadline order too, and one loop timer (tmo,
    * armed for the head) serves them all. */
@@ -721,6 +712,14 @@ void pr__df_assigned(pr__engine_t *eng, part_t *part);
 void pr__df_part_free(part_t *part);
 /* Starts the retries that are due (loop tick). */
 void pr__df_tick(pr__engine_t *eng);
+/* The layer's store of deferred events of `kind` (pr__defer_kind_t), or
+ * NULL: that kind is not deferred (the layer is off or closed). */
+pr__defer_t *pr__df_store(const pr__engine_t *eng, int kind);
+/* Test option defer_refuse_rows: is this key-row write to fail? Each yes
+ * counts one down. */
+int pr__df_refuse_row(pr__engine_t *eng);
+/* Delivers the stores' finished operations (the stores' letter). */
+void pr__df_poll(pr__engine_t *eng);
 /* Are `part`'s deferred keys being read (its records and timers wait)? */
 static inline int pr__df_listing(const part_t *part) {
   return part->df_listing[0] || part->df_listing[1];
