@@ -35,7 +35,8 @@
  *
  * Threads: the engine thread, except pr__dd_prepare() and pr__dd_ran() (the
  * thread running the event, see above). The process-wide cache is shared
- * by every client, guarded by g_lock.
+ * by every client, guarded by g_lock. The layer's engine-wide state is
+ * struct pr__dd_state (eng->dd), which no other file reads.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -51,6 +52,21 @@
 /* The cache in front of an asynchronous (Cassandra) store. */
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static pr__idset_t *g_cache; /* guarded by g_lock; never freed */
+
+/* The layer's state (eng->dd): made by its open hook when the layer is on
+ * (pipeline mode, idempotence_cache_size > 0) and its store opened, freed
+ * by its close(final 1); eng->dd NULL: the layer is off. Written only while
+ * the engine's owner opens the layer, except as said. */
+struct pr__dd_state {
+  int late;           /* the memory store: ids are read and looked up by
+                         the thread about to run the event (DD_LATE) */
+  int64_t ttl_s;      /* idempotence_ttl */
+  pr__dedup_t *store; /* memory (answers at once on any thread: read by
+                         the threads running events while `late`, kept
+                         until close(final 1)) or Cassandra (engine thread;
+                         closed, NULL, at close(final 0)) */
+  int recording;      /* engine thread: ids being written to the store */
+};
 
 /* A store lookup in flight: `inv` is cleared when the event goes first. */
 struct pr__dd_req {
@@ -123,8 +139,8 @@ static void got_seen(void *arg, prosody_err_t err, const char *errstr,
  * cache, at the cost of a cache lookup, so it replaces it. Any thread. */
 static int known(pr__engine_t *eng, pr__did_t d) {
   int hit;
-  if (eng->dd_late) {
-    pr__dedup_seen(eng->dd_store, eng->group_id, d, got_seen, &hit);
+  if (eng->dd->late) {
+    pr__dedup_seen(eng->dd->store, eng->group_id, d, got_seen, &hit);
     return hit;
   }
   pthread_mutex_lock(&g_lock);
@@ -135,13 +151,13 @@ static int known(pr__engine_t *eng, pr__did_t d) {
 
 /* Records a handled id in the cache or the memory store. Any thread. */
 static void remember(pr__engine_t *eng, pr__did_t d) {
-  if (eng->dd_late) {
-    pr__dedup_record(eng->dd_store, eng->group_id, d, eng->dd_ttl_s, NULL,
+  if (eng->dd->late) {
+    pr__dedup_record(eng->dd->store, eng->group_id, d, eng->dd->ttl_s, NULL,
                      NULL);
     return;
   }
   pthread_mutex_lock(&g_lock);
-  pr__idset_add(g_cache, d, now_s() + eng->dd_ttl_s);
+  pr__idset_add(g_cache, d, now_s() + eng->dd->ttl_s);
   pthread_mutex_unlock(&g_lock);
 }
 
@@ -151,19 +167,25 @@ prosody_err_t pr__dd_open(pr__engine_t *eng, void (*wake)(void *), char *errstr,
   size_t cap = (size_t)PR_CFG_INT(st, IDEMPOTENCE_CACHE_SIZE);
   int memory = PR_CFG_BOOL(st, MOCK) || st->test.memory_timers ||
                !PR_CFG_SET(st, CASSANDRA_NODES);
+  struct pr__dd_state *dd;
   pr__cql_conf_t c;
   prosody_err_t err;
 
   if (eng->mode != PR_MODE_PIPELINE || cap == 0)
     return PROSODY_OK; /* the layer is not in the list */
-  eng->dd_ttl_s = PR_CFG_NS(st, IDEMPOTENCE_TTL) / 1000000000;
+  if (!(dd = calloc(1, sizeof(*dd)))) {
+    pr__errf(errstr, errstr_size, "out of memory");
+    return PROSODY_ERR_NOMEM;
+  }
+  dd->ttl_s = PR_CFG_NS(st, IDEMPOTENCE_TTL) / 1000000000;
   if (memory) {
-    if (!(eng->dd_store = pr__dedup_memory())) {
+    if (!(dd->store = pr__dedup_memory())) {
       pr__errf(errstr, errstr_size, "out of memory");
-      return PROSODY_ERR_NOMEM;
+      err = PROSODY_ERR_NOMEM;
+      goto fail;
     }
-    eng->dd_on = 1;
-    eng->dd_late = 1;
+    dd->late = 1;
+    eng->dd = dd;
     return PROSODY_OK;
   }
   pthread_mutex_lock(&g_lock);
@@ -175,27 +197,35 @@ prosody_err_t pr__dd_open(pr__engine_t *eng, void (*wake)(void *), char *errstr,
   pthread_mutex_unlock(&g_lock);
   if (err) {
     pr__errf(errstr, errstr_size, "out of memory");
-    return err;
+    goto fail;
   }
   /* The timer store migrated the keyspace when it uses Cassandra. */
   if (!eng->handler.on_timer &&
       (err = pr__cql_keyspace_ready(st, errstr, errstr_size)))
-    return err;
+    goto fail;
   c = pr__cql_conf_of(st);
-  eng->dd_store = pr__dedup_new(&c, PR_CFG_STR(st, CASSANDRA_KEYSPACE), wake,
-                                eng, errstr, errstr_size);
-  if (!eng->dd_store)
-    return PROSODY_ERR_TRANSIENT;
-  eng->dd_on = 1;
+  dd->store = pr__dedup_new(&c, PR_CFG_STR(st, CASSANDRA_KEYSPACE), wake, eng,
+                            errstr, errstr_size);
+  if (!dd->store) {
+    err = PROSODY_ERR_TRANSIENT;
+    goto fail;
+  }
+  eng->dd = dd;
   return PROSODY_OK;
+fail:
+  free(dd);
+  return err;
 }
 
 void pr__dd_close(pr__engine_t *eng, int final) {
   PR_ENGINE_THREAD(eng);
+  struct pr__dd_state *dd = eng->dd;
   /* Records still being written are waited for (a little): a handled id
    * that never reaches the store would be handled again when resent. */
   int64_t give_up = pr__now_ns() + INT64_C(2000000000);
-  while (eng->dd_store && eng->dd_recording > 0 && pr__now_ns() < give_up) {
+  if (!dd)
+    return;
+  while (dd->store && dd->recording > 0 && pr__now_ns() < give_up) {
     struct timespec ts;
     pr__deadline_after(CLOCK_REALTIME, 50000000, &ts);
     pr__mailbox_wait(&eng->mb, &ts);
@@ -203,11 +233,35 @@ void pr__dd_close(pr__engine_t *eng, int final) {
   }
   /* The memory store stays until the engine is freed: a handler that
    * outlived the shutdown records its success in it (pr__dd_ran), and an
-   * abandoned engine is never freed. */
-  if (eng->dd_late && !final)
+   * abandoned engine is never freed. The state stays too (pr__dd_ran reads
+   * it). */
+  if (dd->late && !final)
     return;
-  pr__dedup_free(eng->dd_store);
-  eng->dd_store = NULL;
+  pr__dedup_free(dd->store);
+  dd->store = NULL;
+  if (final) {
+    free(dd);
+    eng->dd = NULL;
+  }
+}
+
+int pr__dd_on(const pr__engine_t *eng) { return eng->dd != NULL; }
+
+int64_t pr__dd_ttl_s(const pr__engine_t *eng) {
+  return eng->dd ? eng->dd->ttl_s : 0;
+}
+
+const pr__did_t *pr__dd_stored_id(const inv_t *inv) {
+  PR_ENGINE_THREAD(inv->eng);
+  if (!inv->eng->dd || inv->eng->dd->late || inv->dd != DD_UNSEEN)
+    return NULL;
+  return &inv->did;
+}
+
+void pr__dd_poll(pr__engine_t *eng) {
+  PR_ENGINE_THREAD(eng);
+  if (eng->dd && eng->dd->store)
+    pr__dedup_poll(eng->dd->store);
 }
 
 static void on_seen(void *arg, prosody_err_t err, const char *errstr, int seen);
@@ -222,7 +276,7 @@ static void lookup(inv_t *inv) {
   }
   req->inv = inv;
   inv->dd_req = req;
-  pr__dedup_seen(eng->dd_store, eng->group_id, inv->did, on_seen, req);
+  pr__dedup_seen(eng->dd->store, eng->group_id, inv->did, on_seen, req);
 }
 
 static void on_seen(void *arg, prosody_err_t err, const char *errstr,
@@ -288,7 +342,7 @@ static void read_id(inv_t *inv) {
 void pr__dd_intake(inv_t *inv) {
   PR_ENGINE_THREAD(inv->eng);
   pr__engine_t *eng = inv->eng;
-  if (eng->dd_late) {
+  if (eng->dd->late) {
     inv->dd = DD_LATE; /* read and looked up by the thread that runs it */
     return;
   }
@@ -306,8 +360,8 @@ int pr__dd_prepare(inv_t *inv) {
 }
 
 void pr__dd_ran(inv_t *inv, prosody_result_t result) {
-  if (inv->dd != DD_UNSEEN || !inv->eng->dd_late || result != PROSODY_SUCCESS ||
-      inv->skip)
+  if (inv->dd != DD_UNSEEN || !inv->eng->dd->late ||
+      result != PROSODY_SUCCESS || inv->skip)
     return; /* a permanent failure: pr__dd_record, on the engine thread */
   remember(inv->eng, inv->did);
   inv->dd = DD_RECORDED;
@@ -358,7 +412,7 @@ int pr__dd_claimable(inv_t *head, inv_t *f) {
 
 static void on_recorded(void *arg, prosody_err_t err, const char *errstr) {
   pr__engine_t *eng = arg;
-  eng->dd_recording--;
+  eng->dd->recording--;
   if (err)
     PR_WARN("engine",
             "deduplication: recording a handled id failed: %s (the "
@@ -377,9 +431,9 @@ void pr__dd_record(inv_t *inv) {
     if (i->state == INV_QUEUED && i->dd != DD_OFF && i->dd != DD_LATE &&
         i->did.hi == inv->did.hi && i->did.lo == inv->did.lo)
       i->dd = DD_SEEN;
-  if (!eng->dd_late) {
-    eng->dd_recording++;
-    pr__dedup_record(eng->dd_store, eng->group_id, inv->did, eng->dd_ttl_s,
+  if (!eng->dd->late) {
+    eng->dd->recording++;
+    pr__dedup_record(eng->dd->store, eng->group_id, inv->did, eng->dd->ttl_s,
                      on_recorded, eng);
   }
 }
@@ -401,7 +455,7 @@ static prosody_err_t open_layer(pr__engine_t *eng, const char *bootstrap,
 }
 
 static void intake(inv_t *inv) {
-  if (inv->eng->dd_on && !inv->is_timer)
+  if (inv->eng->dd && !inv->is_timer)
     pr__dd_intake(inv);
 }
 

@@ -296,7 +296,7 @@ void pr__df_write(inv_t *inv) {
   char seg[SEG_MAX];
   int64_t key_at = inv->df_key_at;
   int kind = PR_DF_KIND(inv);
-  pr__defer_t *store = eng->df_store[kind];
+  pr__defer_t *store = pr__df_store(eng, kind);
   kq_t *kq = pr__kq_get(part, inv->msg.key, 0);
   int64_t position = inv->is_timer ? inv->time_s : inv->msg.offset;
   if (!store || part->revoking || part->zombie || eng->phase != PH_RUNNING) {
@@ -314,8 +314,7 @@ void pr__df_write(inv_t *inv) {
      * were handled since (redelivered uncommitted). */
     inv->df_writes++;
     pr__defer_trim(store, seg, inv->msg.key, position, written, inv);
-    if (eng->df_refuse_rows > 0) { /* test option */
-      eng->df_refuse_rows--;
+    if (pr__df_refuse_row(eng)) { /* test option */
       written(inv, PROSODY_ERR_TRANSIENT, "refused (test option)");
     } else {
       inv->df_writes++; /* the retry timer too */
@@ -416,7 +415,8 @@ static void retry_later(inv_t *inv) {
   int64_t at_ms = pr__wall_ms() + delay * 1000;
   char seg[SEG_MAX], ev[160];
   pr__load_t *r;
-  if (!eng->df_store[kind]) { /* closed: the entry stays for the next owner */
+  if (!pr__df_store(eng, kind)) { /* closed: the entry stays for the next
+                                     owner */
     pr__outcome_finish(inv, 0);
     return;
   }
@@ -445,10 +445,10 @@ static void retry_later(inv_t *inv) {
     segment_of(inv->part, seg, sizeof(seg));
     r->pending = 3;
     retry_timer(inv->part, kq->key, kind, (at_ms + 999) / 1000, rescheduled, r);
-    pr__defer_set_retries(eng->df_store[kind], seg, kq->key, dk->position, n,
-                          rescheduled, r);
-    pr__defer_set_key(eng->df_store[kind], seg, kq->key, (at_ms + 999) / 1000,
-                      rescheduled, r);
+    pr__defer_set_retries(pr__df_store(eng, kind), seg, kq->key, dk->position,
+                          n, rescheduled, r);
+    pr__defer_set_key(pr__df_store(eng, kind), seg, kq->key,
+                      (at_ms + 999) / 1000, rescheduled, r);
   } else if (dk) {
     dk->busy = 0; /* out of memory: retried as stored */
   }
@@ -618,7 +618,7 @@ int pr__df_admit(inv_t *inv) {
   int kind = PR_DF_KIND(inv);
   pr__load_t *r;
   char seg[SEG_MAX];
-  if (!eng->df_store[kind] || inv->df_loaded || !kq)
+  if (!pr__df_store(eng, kind) || inv->df_loaded || !kq)
     return PR_ADMIT_RUN;
   if (kq->dk[kind]) { /* found deferred since it was queued */
     take_queued(part, kq, kq->dk[kind], kind);
@@ -635,7 +635,7 @@ int pr__df_admit(inv_t *inv) {
   kq->df_known[kind] = PR_DF_ASKING;
   r->pending = 1;
   segment_of(part, seg, sizeof(seg));
-  pr__defer_head(eng->df_store[kind], seg, kq->key, asked, r);
+  pr__defer_head(pr__df_store(eng, kind), seg, kq->key, asked, r);
   if (r->pending == 1) { /* the answer comes later */
     r->pending = 0;
     return PR_ADMIT_WAIT;
@@ -655,7 +655,7 @@ int pr__df_timer_loaded(part_t *part, const char *key, int kind,
   PR_ENGINE_THREAD(part->eng);
   kq_t *kq;
   pr__dk_t *dk;
-  if (!part->eng->df_store[kind])
+  if (!pr__df_store(part->eng, kind))
     return 0;
   if (!(kq = pr__kq_get(part, key, 1)))
     return 0; /* out of memory: read again at the next assignment */
@@ -726,7 +726,7 @@ static void advance(part_t *part, pr__dk_t *dk) {
   }
   r->offset = dk->position;
   segment_of(part, seg, sizeof(seg));
-  pr__defer_advance(part->eng->df_store[dk->kind], seg, r->key, r->offset,
+  pr__defer_advance(pr__df_store(part->eng, dk->kind), seg, r->key, r->offset,
                     advanced, r);
 }
 
@@ -740,7 +740,7 @@ void pr__df_finished(inv_t *inv, int commit) {
    * head of the queue for the partition's next owner (handled again: at
    * least once). While the partition drains, the removal is still sent:
    * the drain delivers its answer. */
-  if (!dk || !eng->df_store[dk->kind])
+  if (!dk || !pr__df_store(eng, dk->kind))
     return;
   if (commit && inv->is_timer && inv->rearmed && part->tq &&
       pr__tq_add(part->tq, inv->msg.key, inv->time_s) < 0) {
@@ -757,7 +757,7 @@ void pr__df_finished(inv_t *inv, int commit) {
 void pr__df_unscheduled(part_t *part, const char *key, int64_t time_s) {
   PR_ENGINE_THREAD(part->eng);
   pr__engine_t *eng = part->eng;
-  pr__defer_t *store = eng->df_store[PR_DEFER_TIMERS];
+  pr__defer_t *store = pr__df_store(eng, PR_DEFER_TIMERS);
   kq_t *kq = pr__kq_get(part, key, 0);
   pr__load_t *r;
   char seg[SEG_MAX];
@@ -828,7 +828,7 @@ static void head_read(void *arg, prosody_err_t err, const char *errstr,
     r->error = strdup("forgetting the deferred key");
     retry_timer(part, r->key, r->kind, -1, timer_log_cb, NULL);
     dk_free(part, dk);
-    pr__defer_del_key(eng->df_store[r->kind], seg, r->key, log_cb, r);
+    pr__defer_del_key(pr__df_store(eng, r->kind), seg, r->key, log_cb, r);
     return;
   }
   if (position >= r->offset) { /* an entry below it may not be written yet */
@@ -887,7 +887,7 @@ static void read_head(part_t *part, pr__dk_t *dk) {
   dk->appended = 0;
   r->offset = unwritten_low(dk);
   segment_of(part, seg, sizeof(seg));
-  pr__defer_head(part->eng->df_store[dk->kind], seg, r->key, head_read, r);
+  pr__defer_head(pr__df_store(part->eng, dk->kind), seg, r->key, head_read, r);
 }
 
 static void loaded(pr__load_t *r) {
@@ -1005,13 +1005,13 @@ static void read_keys(part_t *part, int kind) {
     return;
   }
   segment_of(part, seg, sizeof(seg));
-  pr__defer_keys(part->eng->df_store[kind], seg, keys_read, r);
+  pr__defer_keys(pr__df_store(part->eng, kind), seg, keys_read, r);
 }
 
 void pr__df_assigned(pr__engine_t *eng, part_t *part) {
   PR_ENGINE_THREAD(eng);
   for (int kind = 0; kind < 2; kind++)
-    if (eng->df_store[kind])
+    if (pr__df_store(eng, kind))
       read_keys(part, kind);
 }
 

@@ -12,40 +12,83 @@
 
 #include "internal.h"
 
+/* The failure-rate window, in buckets. */
+#define PR_DF_BUCKETS 60
+
+/* The layer's state (eng->df): made by its open hook when the layer is on
+ * (pipeline mode, defer_enabled), freed by its close(final 1); eng->df
+ * NULL: the layer is off. The engine thread's (written by the engine's
+ * owner while the layer opens). */
+struct pr__df_state {
+  pr__defer_t *store[2]; /* per pr__defer_kind_t; NULL: that kind is not
+                            deferred (no store, or closed) */
+  int refuse_rows;       /* test option: key-row writes that fail */
+  int64_t bucket_ns;     /* the failure window's bucket width */
+  int64_t epoch;         /* the current bucket (now / bucket_ns), which
+                            counts in ok/fail[epoch % PR_DF_BUCKETS] */
+  uint32_t ok[PR_DF_BUCKETS], fail[PR_DF_BUCKETS]; /* ring */
+  int64_t warned_ns;             /* last "deferral paused" warning */
+  pr__dmsg_t *dm_head, *dm_tail; /* the deferred messages kept */
+  size_t dm_n, dm_cap;           /* how many; defer_cache_size */
+};
+
+pr__defer_t *pr__df_store(const pr__engine_t *eng, int kind) {
+  return eng->df ? eng->df->store[kind] : NULL;
+}
+
+int pr__df_refuse_row(pr__engine_t *eng) {
+  PR_ENGINE_THREAD(eng);
+  if (!eng->df || eng->df->refuse_rows <= 0)
+    return 0;
+  eng->df->refuse_rows--;
+  return 1;
+}
+
+void pr__df_poll(pr__engine_t *eng) {
+  PR_ENGINE_THREAD(eng);
+  for (int kind = 0; eng->df && kind < 2; kind++)
+    if (eng->df->store[kind])
+      pr__defer_poll(eng->df->store[kind]);
+}
+
 /* ---- the failure rate ---------------------------------------------------- */
 
-static void gate_roll(pr__engine_t *eng, int64_t now_ns) {
-  int64_t idx = now_ns / eng->df_bucket_ns;
-  int64_t gap = idx - eng->df_epoch;
+static void gate_roll(struct pr__df_state *df, int64_t now_ns) {
+  int64_t idx = now_ns / df->bucket_ns;
+  int64_t gap = idx - df->epoch;
   if (gap <= 0)
     return;
   for (int64_t i = 1; i <= gap && i <= PR_DF_BUCKETS; i++) {
-    size_t b = (size_t)((eng->df_epoch + i) % PR_DF_BUCKETS);
-    eng->df_ok[b] = eng->df_fail[b] = 0;
+    size_t b = (size_t)((df->epoch + i) % PR_DF_BUCKETS);
+    df->ok[b] = df->fail[b] = 0;
   }
-  eng->df_epoch = idx;
+  df->epoch = idx;
 }
 
 void pr__df_count(pr__engine_t *eng, prosody_result_t result, int64_t now_ns) {
   PR_ENGINE_THREAD(eng);
+  struct pr__df_state *df = eng->df;
   size_t b;
-  if (!eng->df_store[PR_DEFER_MESSAGES] && !eng->df_store[PR_DEFER_TIMERS])
+  if (!df || (!df->store[PR_DEFER_MESSAGES] && !df->store[PR_DEFER_TIMERS]))
     return;
-  gate_roll(eng, now_ns);
-  b = (size_t)(eng->df_epoch % PR_DF_BUCKETS);
+  gate_roll(df, now_ns);
+  b = (size_t)(df->epoch % PR_DF_BUCKETS);
   if (result == PROSODY_TRANSIENT)
-    eng->df_fail[b]++;
+    df->fail[b]++;
   else
-    eng->df_ok[b]++;
+    df->ok[b]++;
 }
 
 int pr__df_gate(pr__engine_t *eng, int64_t now_ns) {
   PR_ENGINE_THREAD(eng);
+  struct pr__df_state *df = eng->df;
   uint64_t ok = 0, fail = 0;
-  gate_roll(eng, now_ns);
+  if (!df)
+    return 1; /* nothing counted */
+  gate_roll(df, now_ns);
   for (size_t b = 0; b < PR_DF_BUCKETS; b++) {
-    ok += eng->df_ok[b];
-    fail += eng->df_fail[b];
+    ok += df->ok[b];
+    fail += df->fail[b];
   }
   return ok + fail == 0 || (double)fail / (double)(ok + fail) <=
                                PR_CFG_FLOAT(eng->st, DEFER_FAILURE_THRESHOLD);
@@ -67,28 +110,28 @@ int64_t pr__df_delay_s(pr__engine_t *eng, int32_t n) {
 
 /* ---- the deferred messages kept (defer_cache_size) ----------------------- */
 
-static void dm_unlink(pr__engine_t *eng, pr__dmsg_t *d) {
+static void dm_unlink(struct pr__df_state *df, pr__dmsg_t *d) {
   if (d->prev)
     d->prev->next = d->next;
   else
-    eng->dm_head = d->next;
+    df->dm_head = d->next;
   if (d->next)
     d->next->prev = d->prev;
   else
-    eng->dm_tail = d->prev;
+    df->dm_tail = d->prev;
   d->prev = d->next = NULL;
-  eng->dm_n--;
+  df->dm_n--;
 }
 
-static void dm_push(pr__engine_t *eng, pr__dmsg_t *d) {
+static void dm_push(struct pr__df_state *df, pr__dmsg_t *d) {
   d->prev = NULL;
-  d->next = eng->dm_head;
-  if (eng->dm_head)
-    eng->dm_head->prev = d;
+  d->next = df->dm_head;
+  if (df->dm_head)
+    df->dm_head->prev = d;
   else
-    eng->dm_tail = d;
-  eng->dm_head = d;
-  eng->dm_n++;
+    df->dm_tail = d;
+  df->dm_head = d;
+  df->dm_n++;
 }
 
 static void dm_free(pr__dmsg_t *d) {
@@ -101,7 +144,7 @@ static void dm_free(pr__dmsg_t *d) {
  * message is found by its offset, a timer by its key and time. */
 pr__dmsg_t *pr__dm_find(pr__engine_t *eng, int is_timer, const char *topic,
                         int32_t partition, const char *key, int64_t offset) {
-  for (pr__dmsg_t *d = eng->dm_head; d; d = d->next)
+  for (pr__dmsg_t *d = eng->df ? eng->df->dm_head : NULL; d; d = d->next)
     if (d->offset == offset && d->partition == partition &&
         d->is_timer == is_timer && !strcmp(d->topic, topic) &&
         (!is_timer || !strcmp(d->key, key)))
@@ -117,7 +160,8 @@ void pr__dm_put(inv_t *inv) {
   pr__dmsg_t *d;
   if (inv->is_timer && !(inv->tr && inv->tr->from.valid))
     return; /* a timer without a context: nothing to keep */
-  if (eng->dm_cap == 0 || !(d = calloc(1, sizeof(*d) + tl + kl + pl + 2)))
+  if (!eng->df || eng->df->dm_cap == 0 ||
+      !(d = calloc(1, sizeof(*d) + tl + kl + pl + 2)))
     return;
   d->partition = inv->msg.partition;
   d->is_timer = inv->is_timer;
@@ -140,10 +184,10 @@ void pr__dm_put(inv_t *inv) {
     free(d);
     return;
   }
-  dm_push(eng, d);
-  while (eng->dm_n > eng->dm_cap) {
-    pr__dmsg_t *old = eng->dm_tail;
-    dm_unlink(eng, old);
+  dm_push(eng->df, d);
+  while (eng->df->dm_n > eng->df->dm_cap) {
+    pr__dmsg_t *old = eng->df->dm_tail;
+    dm_unlink(eng->df, old);
     dm_free(old);
   }
 }
@@ -153,7 +197,7 @@ void pr__dm_drop(pr__engine_t *eng, int is_timer, const char *topic,
                  int32_t partition, const char *key, int64_t offset) {
   pr__dmsg_t *d = pr__dm_find(eng, is_timer, topic, partition, key, offset);
   if (d) {
-    dm_unlink(eng, d);
+    dm_unlink(eng->df, d);
     dm_free(d);
   }
 }
@@ -166,8 +210,8 @@ inv_t *pr__dm_inv(part_t *part, const char *key, int64_t offset) {
   inv_t *inv;
   if (!d || strcmp(d->key, key))
     return NULL;
-  dm_unlink(eng, d); /* the most recently used now */
-  dm_push(eng, d);
+  dm_unlink(eng->df, d); /* the most recently used now */
+  dm_push(eng->df, d);
   inv = pr__inv_message(part, d->key, d->key_len, d->excise ? NULL : d->payload,
                         d->len, d->offset, d->timestamp);
   if (inv && d->headers &&
@@ -183,22 +227,28 @@ prosody_err_t pr__df_open(pr__engine_t *eng, const char *bootstrap,
                           size_t errstr_size) {
   const pr__settings_t *st = eng->st;
   int kinds = eng->handler.on_timer ? 2 : 1; /* timers only with on_timer */
+  struct pr__df_state *df;
   prosody_err_t err;
   pr__cql_conf_t c;
   if (eng->mode != PR_MODE_PIPELINE || !PR_CFG_BOOL(st, DEFER_ENABLED))
     return PROSODY_OK; /* the layer is not in the list */
-  eng->dm_cap = (size_t)PR_CFG_INT(st, DEFER_CACHE_SIZE);
-  eng->df_refuse_rows = st->test.defer_refuse_rows;
-  eng->df_bucket_ns = PR_CFG_NS(st, DEFER_FAILURE_WINDOW) / PR_DF_BUCKETS;
-  if (eng->df_bucket_ns < 1000000)
-    eng->df_bucket_ns = 1000000;
+  /* Made here, freed by close(final 1) also when opening fails. */
+  if (!(df = eng->df = calloc(1, sizeof(*df)))) {
+    pr__errf(errstr, errstr_size, "out of memory");
+    return PROSODY_ERR_NOMEM;
+  }
+  df->dm_cap = (size_t)PR_CFG_INT(st, DEFER_CACHE_SIZE);
+  df->refuse_rows = st->test.defer_refuse_rows;
+  df->bucket_ns = PR_CFG_NS(st, DEFER_FAILURE_WINDOW) / PR_DF_BUCKETS;
+  if (df->bucket_ns < 1000000)
+    df->bucket_ns = 1000000;
   if (!(eng->bootstrap = strdup(bootstrap))) {
     pr__errf(errstr, errstr_size, "out of memory");
     return PROSODY_ERR_NOMEM;
   }
   if (PR_CFG_BOOL(st, MOCK) || st->test.memory_timers) {
     for (int kind = 0; kind < kinds; kind++)
-      if (!(eng->df_store[kind] = pr__defer_memory((pr__defer_kind_t)kind))) {
+      if (!(df->store[kind] = pr__defer_memory((pr__defer_kind_t)kind))) {
         pr__errf(errstr, errstr_size, "out of memory");
         return PROSODY_ERR_NOMEM;
       }
@@ -212,7 +262,7 @@ prosody_err_t pr__df_open(pr__engine_t *eng, const char *bootstrap,
   }
   /* The timer store or the dedup layer migrated the keyspace already when
    * they use Cassandra. */
-  if (!eng->handler.on_timer && !eng->dd_store &&
+  if (!eng->handler.on_timer && !pr__dd_on(eng) &&
       (err = pr__cql_keyspace_ready(st, errstr, errstr_size)))
     return err;
   c = pr__cql_conf_of(st);
@@ -229,23 +279,24 @@ prosody_err_t pr__df_open(pr__engine_t *eng, const char *bootstrap,
       pr__errf(errstr, errstr_size, "out of memory");
       return PROSODY_ERR_NOMEM;
     }
-    eng->df_store[kind] = cache ? cached : d;
+    df->store[kind] = cache ? cached : d;
   }
   return PROSODY_OK;
 }
 
 void pr__df_close(pr__engine_t *eng) {
   PR_ENGINE_THREAD(eng);
+  struct pr__df_state *df = eng->df;
   pr__loader_free(eng->loader);
   eng->loader = NULL;
-  while (eng->dm_head) {
-    pr__dmsg_t *d = eng->dm_head;
-    dm_unlink(eng, d);
+  while (df && df->dm_head) {
+    pr__dmsg_t *d = df->dm_head;
+    dm_unlink(df, d);
     dm_free(d);
   }
-  for (int kind = 0; kind < 2; kind++) { /* delivers what is pending */
-    pr__defer_free(eng->df_store[kind]);
-    eng->df_store[kind] = NULL;
+  for (int kind = 0; df && kind < 2; kind++) { /* delivers what is pending */
+    pr__defer_free(df->store[kind]);
+    df->store[kind] = NULL;
   }
   free(eng->bootstrap);
   eng->bootstrap = NULL;
@@ -259,12 +310,12 @@ void pr__df_close(pr__engine_t *eng) {
 static pr__verdict_t decide(inv_t *inv) {
   pr__engine_t *eng = inv->eng;
   int64_t now;
-  if (inv->result != PROSODY_TRANSIENT || !eng->df_store[PR_DF_KIND(inv)])
+  if (inv->result != PROSODY_TRANSIENT || !pr__df_store(eng, PR_DF_KIND(inv)))
     return V_NEXT;
   if (inv->df_loaded || pr__df_gate(eng, now = pr__now_ns()))
     return V_DEFER;
-  if (now - eng->df_warned_ns > INT64_C(10000000000)) {
-    eng->df_warned_ns = now;
+  if (now - eng->df->warned_ns > INT64_C(10000000000)) {
+    eng->df->warned_ns = now;
     PR_WARN("defer",
             "more than defer_failure_threshold of recent results are "
             "failures: deferral pauses and failures are retried in place "
@@ -278,9 +329,13 @@ static void ran(inv_t *inv) {
   pr__df_count(inv->eng, inv->result, pr__now_ns());
 }
 
+/* At shutdown (0) the stores close; the state goes with the engine (1). */
 static void close_layer(pr__engine_t *eng, int final) {
-  (void) final;
   pr__df_close(eng);
+  if (final) {
+    free(eng->df);
+    eng->df = NULL;
+  }
 }
 
 const pr__layer_t pr__layer_defer = {.name = "defer",

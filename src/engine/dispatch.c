@@ -222,12 +222,12 @@ static void claim_followers(inv_t *head) {
   inv_t *prev = head, *f;
   int n = 1;
   head->chain_next = NULL;
-  if (!head->eng->pool || head->is_timer || head->eng->st_store ||
+  if (!head->eng->pool || head->is_timer || pr__state_on(head->eng) ||
       pr__sched_waiting(&head->eng->sched))
     return;
   for (f = head->next; f && n < RUN_MAX; f = f->next, n++) {
     if (f->is_timer || f->state != INV_QUEUED ||
-        (f->eng->dd_on && !pr__dd_claimable(head, f)))
+        (pr__dd_on(f->eng) && !pr__dd_claimable(head, f)))
       break;
     if (!(f->ctx = pr__ctx_acquire(&f->eng->ctx_stash, f, &f->cslot))) {
       f->cslot = NULL;

@@ -194,12 +194,9 @@ static void store_mail(pr__mail_t *mail, void *owner) {
   atomic_store(&eng->store_posted, 0);
   if (eng->store)
     eng->store->ops->poll(eng->store);
-  if (eng->dd_store)
-    pr__dedup_poll(eng->dd_store);
+  pr__dd_poll(eng);
   pr__state_poll(eng);
-  for (int kind = 0; kind < 2; kind++)
-    if (eng->df_store[kind])
-      pr__defer_poll(eng->df_store[kind]);
+  pr__df_poll(eng);
 }
 
 /* A store's thread finished operations (any thread): the engine delivers
@@ -314,17 +311,11 @@ prosody_err_t pr__engine_start(const pr__settings_t *st, const char *bootstrap,
     size_t keys = (size_t)PR_CFG_INT(st, SCHEDULER_CACHE_SIZE);
     /* Monopolization (pipeline mode) keeps its per-key handler time in
      * the scheduler's key states: the table holds the larger count. */
-    if (eng->mode == PR_MODE_PIPELINE &&
-        PR_CFG_BOOL(st, MONOPOLIZATION_ENABLED)) {
-      eng->mono_threshold = PR_CFG_FLOAT(st, MONOPOLIZATION_THRESHOLD);
-      if ((size_t)PR_CFG_INT(st, MONOPOLIZATION_CACHE_SIZE) > keys)
-        keys = (size_t)PR_CFG_INT(st, MONOPOLIZATION_CACHE_SIZE);
-    }
+    if (pr__mono_keys(st, eng->mode) > keys)
+      keys = pr__mono_keys(st, eng->mode);
     pr__sched_init(&eng->sched, PR_CFG_FLOAT(st, SCHEDULER_FAILURE_WEIGHT),
                    (double)PR_CFG_NS(st, SCHEDULER_MAX_WAIT) / 1e9,
                    PR_CFG_FLOAT(st, SCHEDULER_WAIT_WEIGHT), keys);
-    if (eng->mono_threshold > 0)
-      eng->sched.window_ns = PR_CFG_NS(st, MONOPOLIZATION_WINDOW);
   }
   eng->sched.fifo = st->test.sched_fifo;
   eng->sched.urgent = pr__dispatch_urgent;

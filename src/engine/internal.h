@@ -341,9 +341,6 @@ struct part {
 
 enum phase { PH_RUNNING, PH_DRAINING };
 
-/* The failure-rate window of the defer layer, in buckets. */
-#define PR_DF_BUCKETS 60
-
 struct pr__engine {
   /* Immutable after start. */
   const pr__settings_t *st;
@@ -405,36 +402,19 @@ struct pr__engine {
   int dlq_inflight;  /* failure-topic sends and fired-timer deletes in flight */
   pr__sched_t sched; /* events waiting for a handler slot */
   pr__metrics_t metrics;
-  double mono_threshold; /* monopolization: the share that is rejected;
-                            0: the layer is off */
+  struct pr__mono_state *mono;      /* monopolization (monopoly.c); NULL: the
+                                       layer is off */
   const pr__layer_t *const *layers; /* the mode's (mode.c), NULL-ended */
-  int dd_on;             /* deduplication: pipeline mode, cache size > 0 */
-  int dd_late;           /* ... with the memory store: ids are read and
-                            looked up by the handler's thread (DD_LATE) */
-  pr__dedup_t *dd_store; /* its store (dd_on): memory (sync) or Cassandra */
-  /* Keyed state (state.c): the store (NULL when no collection is
-   * registered), and, while the layer opens, the opening thread's wait for
-   * the store's answers (st_lock guards st_woken). */
-  struct pr__sstore *st_store;
-  void (*st_engine_wake)(void *);
-  pthread_mutex_t st_lock;
-  pthread_cond_t st_cond;
-  int st_woken;
-  int st_inited;
-  int st_settles;   /* engine thread: events whose state was stored */
-  int st_refused;   /* engine thread: settles refused (test option) */
-  int64_t dd_ttl_s; /* idempotence_ttl */
-  int dd_recording; /* ids being written to the store */
-  /* Deferral (defer.c). */
-  pr__defer_t *df_store[2]; /* per pr__defer_kind_t; NULL: not deferred */
-  pr__loader_t *loader;     /* started on the first load */
-  char *bootstrap;          /* for the loader (owned) */
-  int64_t df_bucket_ns;     /* the failure window's bucket width */
-  int64_t df_epoch;         /* the bucket `df_ok/df_fail[0]` counts */
-  uint32_t df_ok[PR_DF_BUCKETS], df_fail[PR_DF_BUCKETS]; /* ring */
-  int64_t df_warned_ns;          /* last "deferral paused" warning */
-  pr__dmsg_t *dm_head, *dm_tail; /* the deferred messages kept */
-  size_t dm_n, dm_cap;           /* how many; defer_cache_size */
+  struct pr__dd_state *dd;   /* deduplication (dedup.c: its fields' threads
+                                there); NULL: the layer is off */
+  struct pr__kst_state *kst; /* keyed state (state.c: its fields' threads
+                                and lock there); NULL: no collection is
+                                registered */
+  struct pr__df_state *df;   /* deferral (defer_layer.c); NULL: the layer
+                                is off */
+  pr__loader_t *loader;      /* started on the first load (the defer layer
+                                and keyed state's message collections) */
+  char *bootstrap;           /* for the loader (owned) */
   int phase;
   int stop_asked; /* the stop letter arrived: shut down after this batch */
   int stopping;   /* shutdown has begun */
@@ -448,10 +428,9 @@ struct pr__engine {
    * the group in flight on this queue, and when it was last reported. */
   rd_kafka_queue_t *mismatch_q;
   int64_t mismatch_ns;
-  int fail_part_new;  /* test option: partitions that fail to allocate */
-  int df_refuse_rows; /* test option: key-row writes that fail */
-  int64_t slab_s;     /* slab_size in seconds */
-  uv_timer_t tfire;   /* wakes the loop when the next timer is due */
+  int fail_part_new; /* test option: partitions that fail to allocate */
+  int64_t slab_s;    /* slab_size in seconds */
+  uv_timer_t tfire;  /* wakes the loop when the next timer is due */
   /* Running handlers with a timeout, in start order; all have the same
    * timeout, so that is deadline order too, and one loop timer (tmo,
    * armed for the head) serves them all. */
@@ -661,6 +640,18 @@ int pr__dd_claimable(inv_t *head, inv_t *f);
 void pr__dd_record(inv_t *inv);
 /* The inv goes: a lookup in flight must not reach it. */
 void pr__dd_forget(inv_t *inv);
+/* Is deduplication on (pipeline mode, idempotence_cache_size > 0)? Any
+ * thread once the layer is open. */
+int pr__dd_on(const pr__engine_t *eng);
+/* How long a handled id is remembered (idempotence_ttl; 0: the layer is
+ * off). */
+int64_t pr__dd_ttl_s(const pr__engine_t *eng);
+/* The id that keyed state stores with a successful event's state, in the
+ * same batch (the layer on Cassandra and the event not a known duplicate),
+ * else NULL (engine thread). */
+const pr__did_t *pr__dd_stored_id(const inv_t *inv);
+/* Delivers the store's finished lookups and records (the stores' letter). */
+void pr__dd_poll(pr__engine_t *eng);
 
 /* --- defer.c (deferral, pipeline mode: messages) ----------------------- */
 
@@ -721,6 +712,14 @@ void pr__df_assigned(pr__engine_t *eng, part_t *part);
 void pr__df_part_free(part_t *part);
 /* Starts the retries that are due (loop tick). */
 void pr__df_tick(pr__engine_t *eng);
+/* The layer's store of deferred events of `kind` (pr__defer_kind_t), or
+ * NULL: that kind is not deferred (the layer is off or closed). */
+pr__defer_t *pr__df_store(const pr__engine_t *eng, int kind);
+/* Test option defer_refuse_rows: is this key-row write to fail? Each yes
+ * counts one down. */
+int pr__df_refuse_row(pr__engine_t *eng);
+/* Delivers the stores' finished operations (the stores' letter). */
+void pr__df_poll(pr__engine_t *eng);
 /* Are `part`'s deferred keys being read (its records and timers wait)? */
 static inline int pr__df_listing(const part_t *part) {
   return part->df_listing[0] || part->df_listing[1];
@@ -785,6 +784,8 @@ void pr__state_drop(inv_t *inv);
 int pr__state_settle(inv_t *inv);
 /* Delivers the store's finished operations (engine thread). */
 void pr__state_poll(pr__engine_t *eng);
+/* Is keyed state in use (collections registered, the store open)? */
+int pr__state_on(const pr__engine_t *eng);
 /* Fails a queued event transiently without running its handler (a layer
  * on the way in refused it): the mode's layers decide, as for a handler's
  * transient failure. */
@@ -794,6 +795,13 @@ void pr__outcome_reject(inv_t *inv, const char *why);
 void pr__outcome_arm_retry(inv_t *inv, uint64_t ms);
 /* Full jitter: uniform in [0, min(2^n * retry_base, max_retry_delay)). */
 uint64_t pr__outcome_backoff_ms(pr__engine_t *eng, int n);
+
+/* --- monopoly.c ------------------------------------------------------- */
+
+/* How many scheduler key states the monopolization layer keeps its handler
+ * time in (monopolization_cache_size; 0 when the layer is off): the engine
+ * sizes the scheduler's key table before the layer opens. */
+size_t pr__mono_keys(const pr__settings_t *st, int mode);
 
 /* --- deadletter.c ----------------------------------------------------- */
 

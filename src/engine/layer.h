@@ -20,10 +20,16 @@
  *   on_tick   every poll_interval
  *   close     at shutdown (`final` 0) and when the engine is freed (1)
  *
+ * A layer's engine-wide state is a struct its own file defines, behind one
+ * pointer of struct pr__engine (eng->dd, eng->kst, eng->mono, eng->df):
+ * made by its `open` (left NULL when its settings turn it off), freed by
+ * its `close` with `final` 1; other files ask the layer's functions.
+ *
  * Hooks left NULL are skipped. A layer that its settings turn off stays in
  * the table and passes (its hooks check its own state). Which layers
  * exist: success, terminal and the result layers of each mode (mode.c),
- * dedup (dedup.c), monopolization (monopoly.c) and defer (defer.c).
+ * dedup (dedup.c), monopolization (monopoly.c), defer (defer.c,
+ * defer_layer.c) and keyed state (state.c).
  *
  * Threads: every hook runs on the engine thread (open: on the thread that
  * owns the engine before it starts).

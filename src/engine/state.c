@@ -50,6 +50,26 @@
 
 #include "state.h"
 
+/* The layer's state (eng->kst): made by its open hook when collections are
+ * registered, freed by its close(final 1); eng->kst NULL: no keyed state.
+ * Written only while the engine's owner opens the layer, except as said. */
+struct pr__kst_state {
+  pr__engine_t *eng;           /* its engine (for engine_wake) */
+  pr__sstore_t *store;         /* memory or Cassandra; its operations and
+                                  answers on the engine thread (the
+                                  opening thread while the layer opens) */
+  void (*engine_wake)(void *); /* the engine's wake-up, called by st_wake
+                                  (Cassandra: the store's thread) */
+  pthread_mutex_t lock;        /* guards `woken` */
+  pthread_cond_t cond;         /* signalled when `woken` is set */
+  int woken;                   /* under `lock`: the store finished
+                                  operations (the opening thread's wait) */
+  int settles;                 /* engine thread: events whose state was
+                                  stored */
+  int refused;                 /* engine thread: settles refused (test
+                                  option) */
+};
+
 /* ---- the overlay ---------------------------------------------------- */
 
 static size_t ov_lower(const scoll_t *c, int section, const uint8_t *coord,
@@ -342,7 +362,7 @@ static void settled(void *arg, prosody_err_t err, const char *errstr) {
     return;
   }
   if (eng->st->test.state_exit_after > 0 &&
-      ++eng->st_settles == eng->st->test.state_exit_after)
+      ++eng->kst->settles == eng->st->test.state_exit_after)
     _exit(42); /* a crash between the state and the commit (tests) */
   pr__outcome_committed(inv);
 }
@@ -367,16 +387,15 @@ static void settle_apply(pr__stx_t *t) {
       goto nomem;
   }
   t->nw = n;
-  if (eng->dd_on && !eng->dd_late && inv->dd == DD_UNSEEN)
-    dedup = &inv->did;
+  dedup = pr__dd_stored_id(inv);
   t->busy++;
-  if (eng->st_refused < eng->st->test.state_refuse_settles) {
-    eng->st_refused++;
+  if (eng->kst->refused < eng->st->test.state_refuse_settles) {
+    eng->kst->refused++;
     settled(t, PROSODY_ERR_PERMANENT, "refused by the test option");
     return;
   }
-  eng->st_store->ops->apply(eng->st_store, t->w, n, dedup, eng->dd_ttl_s,
-                            settled, t);
+  eng->kst->store->ops->apply(eng->kst->store, t->w, n, dedup,
+                              pr__dd_ttl_s(eng), settled, t);
   return;
 nomem:
   t->busy++;
@@ -409,13 +428,13 @@ int pr__state_settle(inv_t *inv) {
 /* The store finished operations (its thread): the engine delivers them;
  * while the layer opens, the opening thread does. */
 static void st_wake(void *arg) {
-  pr__engine_t *eng = arg;
-  pthread_mutex_lock(&eng->st_lock);
-  eng->st_woken = 1;
-  pthread_cond_broadcast(&eng->st_cond);
-  pthread_mutex_unlock(&eng->st_lock);
-  if (eng->st_engine_wake)
-    eng->st_engine_wake(eng);
+  struct pr__kst_state *k = arg;
+  pthread_mutex_lock(&k->lock);
+  k->woken = 1;
+  pthread_cond_broadcast(&k->cond);
+  pthread_mutex_unlock(&k->lock);
+  if (k->engine_wake)
+    k->engine_wake(k->eng);
 }
 
 struct ident_wait {
@@ -436,13 +455,14 @@ static void ident_done(void *arg, prosody_err_t err, const char *errstr) {
 
 /* Waits for the store's answers of `w` (the opening thread); w->err. */
 static prosody_err_t ident_wait(pr__engine_t *eng, struct ident_wait *w) {
+  struct pr__kst_state *k = eng->kst;
   while (w->pending > 0) {
-    pthread_mutex_lock(&eng->st_lock);
-    while (!eng->st_woken)
-      pthread_cond_wait(&eng->st_cond, &eng->st_lock);
-    eng->st_woken = 0;
-    pthread_mutex_unlock(&eng->st_lock);
-    eng->st_store->ops->poll(eng->st_store);
+    pthread_mutex_lock(&k->lock);
+    while (!k->woken)
+      pthread_cond_wait(&k->cond, &k->lock);
+    k->woken = 0;
+    pthread_mutex_unlock(&k->lock);
+    k->store->ops->poll(k->store);
   }
   return w->err;
 }
@@ -460,7 +480,7 @@ static void publication(pr__engine_t *eng, struct ident_wait *w) {
   const pr__value_t *subs = &PR_CFG(st, SUBSCRIBED_TOPICS);
   const char *sub =
       PR_CFG_SET(st, SUBSYSTEM) ? PR_CFG_STR(st, SUBSYSTEM) : NULL;
-  pr__sstore_t *s = eng->st_store;
+  pr__sstore_t *s = eng->kst->store;
   rd_kafka_t *rk = eng->producer ? pr__producer_handle(eng->producer) : NULL;
   int *parts;
   if (!sub || !(parts = calloc(subs->list_n + 1, sizeof(*parts))))
@@ -507,6 +527,7 @@ static prosody_err_t open_layer(pr__engine_t *eng, const char *bootstrap,
   const pr__settings_t *st = eng->st;
   int memory = PR_CFG_BOOL(st, MOCK) || st->test.memory_timers;
   struct ident_wait w = {0, PROSODY_OK, ""};
+  struct pr__kst_state *k;
   prosody_err_t err;
   (void)bootstrap;
   if (!st->states.n)
@@ -520,28 +541,34 @@ static prosody_err_t open_layer(pr__engine_t *eng, const char *bootstrap,
         st->states.n, st->states.n == 1 ? "" : "s", st->states.d[0].name);
     return PROSODY_ERR_CONFIG;
   }
-  pthread_mutex_init(&eng->st_lock, NULL);
-  pthread_cond_init(&eng->st_cond, NULL);
-  eng->st_inited = 1;
+  /* Made here, freed by close_layer(final 1) also when opening fails. */
+  if (!(k = calloc(1, sizeof(*k)))) {
+    pr__errf(errstr, errstr_size, "out of memory");
+    return PROSODY_ERR_NOMEM;
+  }
+  k->eng = eng;
+  pthread_mutex_init(&k->lock, NULL);
+  pthread_cond_init(&k->cond, NULL);
+  eng->kst = k;
   if (memory) {
-    eng->st_store = pr__memstate();
+    k->store = pr__memstate();
   } else {
     pr__cql_conf_t c;
     if ((err = pr__cql_keyspace_ready(st, errstr, errstr_size)))
       return err;
     c = pr__cql_conf_of(st);
-    eng->st_engine_wake = wake;
-    eng->st_store = pr__cqlstate_new(&c, PR_CFG_STR(st, CASSANDRA_KEYSPACE),
-                                     st_wake, eng, errstr, errstr_size);
-    if (!eng->st_store)
+    k->engine_wake = wake;
+    k->store = pr__cqlstate_new(&c, PR_CFG_STR(st, CASSANDRA_KEYSPACE), st_wake,
+                                k, errstr, errstr_size);
+    if (!k->store)
       return PROSODY_ERR_TRANSIENT;
   }
   /* Each collection's kind, recorded for the group (or compared). */
   w.pending = (int)st->states.n;
   for (size_t i = 0; i < st->states.n; i++) {
     pr__sident_t id = {st->states.d[i].kind, st->states.d[i].payload, 0};
-    eng->st_store->ops->identity(eng->st_store, eng->group_id,
-                                 st->states.d[i].name, &id, ident_done, &w);
+    k->store->ops->identity(k->store, eng->group_id, st->states.d[i].name, &id,
+                            ident_done, &w);
   }
   if (!ident_wait(eng, &w))
     publication(eng, &w);
@@ -553,19 +580,28 @@ static prosody_err_t open_layer(pr__engine_t *eng, const char *bootstrap,
 }
 
 static void close_layer(pr__engine_t *eng, int final) {
-  if (!final || !eng->st_inited)
+  struct pr__kst_state *k = eng->kst;
+  if (!final || !k)
     return;
-  if (eng->st_store)
-    eng->st_store->ops->destroy(eng->st_store);
-  eng->st_store = NULL;
-  pthread_mutex_destroy(&eng->st_lock);
-  pthread_cond_destroy(&eng->st_cond);
-  eng->st_inited = 0;
+  if (k->store)
+    k->store->ops->destroy(k->store);
+  pthread_mutex_destroy(&k->lock);
+  pthread_cond_destroy(&k->cond);
+  free(k);
+  eng->kst = NULL;
 }
 
 void pr__state_poll(pr__engine_t *eng) {
-  if (eng->st_store)
-    eng->st_store->ops->poll(eng->st_store);
+  if (eng->kst && eng->kst->store)
+    eng->kst->store->ops->poll(eng->kst->store);
+}
+
+int pr__state_on(const pr__engine_t *eng) {
+  return eng->kst && eng->kst->store;
+}
+
+pr__sstore_t *pr__st_store(const pr__engine_t *eng) {
+  return eng->kst ? eng->kst->store : NULL;
 }
 
 const pr__layer_t pr__layer_state = {

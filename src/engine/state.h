@@ -164,6 +164,8 @@ void pr__st_ov_reset(scoll_t *c);
 void pr__st_ov_written(scoll_t *c);
 void pr__st_stx_free(pr__stx_t *t);
 pr__stx_t *pr__st_stx_of(inv_t *inv);
+/* The keyed-state store of a consumer with collections (state.c). */
+pr__sstore_t *pr__st_store(const pr__engine_t *eng);
 scoll_t *pr__st_coll_of(pr__stx_t *t, int def);
 pr__scoll_t pr__st_addr_of(pr__stx_t *t, scoll_t *c);
 int pr__st_writes_of(pr__stx_t *t, scoll_t *c, const pr__scoll_t *addr,

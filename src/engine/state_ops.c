@@ -398,7 +398,7 @@ static void flushed(void *arg, prosody_err_t err, const char *errstr) {
 /* Writes the collection's buffered cells now (commit, read_uncommitted),
  * then answers. */
 static void flush(sop_t *op) {
-  pr__sstore_t *s = op->eng->st_store;
+  pr__sstore_t *s = pr__st_store(op->eng);
   size_t n = 0, cap = 0;
   if (!op->coll->dirty) {
     pr__st_sop_done(op, PROSODY_OK, NULL);
@@ -470,7 +470,7 @@ static void run_op(pr__engine_t *eng, sop_t *op) {
     return;
   }
   op->eng = eng;
-  op->store = eng->st_store;
+  op->store = pr__st_store(eng);
   op->capacity = eng->st->states.d[op->def].capacity;
   op->stx = t;
   t->busy++;
@@ -496,7 +496,7 @@ static prosody_err_t submit(sop_t *op, char *errstr, size_t errstr_size) {
   eng = ((inv_t *)slot->owner)->eng;
   if (pr__engine_current() == eng) {
     pthread_mutex_unlock(&slot->lock);
-    if (!op->cb && !eng->st_store->sync) {
+    if (!op->cb && !pr__st_store(eng)->sync) {
       pr__errf(errstr, errstr_size,
                "keyed state: a blocking call from the engine thread needs a "
                "store that answers at once; use prosody_state_async");

@@ -347,9 +347,19 @@ static void test_defer_gate(void **state) {
   fixture_t *f = fixture("pipeline", "3");
   /* the engine's clock (the layers read it): 60 buckets of 1 s */
   int64_t t = pr__now_ns();
+  char err[256];
   (void)state;
-  f->eng.df_store[0] = pr__defer_memory(PR_DEFER_MESSAGES);
-  f->eng.df_bucket_ns = 1000000000;
+  assert_int_equal(prosody_config_set(f->conf, "defer_failure_window", "60s",
+                                      err, sizeof(err)),
+                   PROSODY_OK);
+  pr__settings_fini(&f->st);
+  assert_int_equal(pr__settings_resolve(f->conf, &f->st, err, sizeof(err)),
+                   PROSODY_OK);
+  f->st.test.memory_timers = 1; /* the layer's stores in memory */
+  /* no on_timer: a message store only */
+  assert_int_equal(
+      pr__df_open(&f->eng, "localhost:9092", NULL, err, sizeof(err)),
+      PROSODY_OK);
   assert_true(pr__df_gate(&f->eng, t)); /* nothing yet: open */
   pr__df_count(&f->eng, PROSODY_TRANSIENT, t);
   assert_false(pr__df_gate(&f->eng, t)); /* 1 of 1 > 0.9 */
@@ -380,14 +390,13 @@ static void test_defer_gate(void **state) {
   f->inv.df_loaded = 0;
   for (int i = 0; i < 20; i++)
     pr__df_count(&f->eng, PROSODY_SUCCESS, t + INT64_C(121000000000));
-  f->eng.df_bucket_ns = 1000000000;
   assert_int_equal(pr__layers_decide(&f->inv, NULL), V_DEFER);
   f->inv.result = PROSODY_PERMANENT;
   assert_int_equal(pr__layers_decide(&f->inv, NULL), V_COMMIT);
   f->inv.is_timer = 1; /* timers: only with a timer defer store */
   f->inv.result = PROSODY_TRANSIENT;
   assert_int_equal(pr__layers_decide(&f->inv, NULL), V_RETRY);
-  pr__defer_free(f->eng.df_store[0]);
+  pr__layers_close(&f->eng, 1);
   fixture_free(f);
 }
 
