@@ -258,7 +258,8 @@ const pr__did_t *pr__dd_stored_id(const inv_t *inv) {
   return &inv->did;
 }
 
-void pr__dd_poll(pr__engine_t *eng) {
+/* The poll hook: the store's finished lookups and records. */
+static void poll_store(pr__engine_t *eng) {
   PR_ENGINE_THREAD(eng);
   if (eng->dd && eng->dd->store)
     pr__dedup_poll(eng->dd->store);
@@ -486,4 +487,5 @@ const pr__layer_t pr__layer_dedup = {.name = "dedup",
                                      .intake = intake,
                                      .admit = admit,
                                      .done = done,
+                                     .poll = poll_store,
                                      .close = pr__dd_close};

@@ -44,7 +44,8 @@ int pr__df_refuse_row(pr__engine_t *eng) {
   return 1;
 }
 
-void pr__df_poll(pr__engine_t *eng) {
+/* The poll hook: the stores' finished operations. */
+static void poll_stores(pr__engine_t *eng) {
   PR_ENGINE_THREAD(eng);
   for (int kind = 0; eng->df && kind < 2; kind++)
     if (eng->df->store[kind])
@@ -346,4 +347,5 @@ const pr__layer_t pr__layer_defer = {.name = "defer",
                                      .take = pr__df_defer,
                                      .on_assign = pr__df_assigned,
                                      .on_tick = pr__df_tick,
+                                     .poll = poll_stores,
                                      .close = close_layer};

@@ -194,9 +194,7 @@ static void store_mail(pr__mail_t *mail, void *owner) {
   atomic_store(&eng->store_posted, 0);
   if (eng->store)
     eng->store->ops->poll(eng->store);
-  pr__dd_poll(eng);
-  pr__state_poll(eng);
-  pr__df_poll(eng);
+  pr__layers_poll(eng);
 }
 
 /* A store's thread finished operations (any thread): the engine delivers

@@ -650,8 +650,6 @@ int64_t pr__dd_ttl_s(const pr__engine_t *eng);
  * same batch (the layer on Cassandra and the event not a known duplicate),
  * else NULL (engine thread). */
 const pr__did_t *pr__dd_stored_id(const inv_t *inv);
-/* Delivers the store's finished lookups and records (the stores' letter). */
-void pr__dd_poll(pr__engine_t *eng);
 
 /* --- defer.c (deferral, pipeline mode: messages) ----------------------- */
 
@@ -718,8 +716,6 @@ pr__defer_t *pr__df_store(const pr__engine_t *eng, int kind);
 /* Test option defer_refuse_rows: is this key-row write to fail? Each yes
  * counts one down. */
 int pr__df_refuse_row(pr__engine_t *eng);
-/* Delivers the stores' finished operations (the stores' letter). */
-void pr__df_poll(pr__engine_t *eng);
 /* Are `part`'s deferred keys being read (its records and timers wait)? */
 static inline int pr__df_listing(const part_t *part) {
   return part->df_listing[0] || part->df_listing[1];
@@ -782,8 +778,6 @@ void pr__state_drop(inv_t *inv);
  * record) and returns 1, then pr__outcome_committed() once stored; 0 when
  * there is nothing to store (the caller goes on). */
 int pr__state_settle(inv_t *inv);
-/* Delivers the store's finished operations (engine thread). */
-void pr__state_poll(pr__engine_t *eng);
 /* Is keyed state in use (collections registered, the store open)? */
 int pr__state_on(const pr__engine_t *eng);
 /* Fails a queued event transiently without running its handler (a layer

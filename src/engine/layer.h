@@ -18,6 +18,8 @@
  *   done      the event is committed past after its handler ran
  *   on_assign a partition was assigned (after its timers were loaded)
  *   on_tick   every poll_interval
+ *   poll      the layer's store finished operations: deliver their
+ *             results (the engine's stores' letter)
  *   close     at shutdown (`final` 0) and when the engine is freed (1)
  *
  * A layer's engine-wide state is a struct its own file defines, behind one
@@ -76,6 +78,7 @@ typedef struct pr__layer {
   void (*done)(inv_t *inv);
   void (*on_assign)(pr__engine_t *eng, part_t *part);
   void (*on_tick)(pr__engine_t *eng);
+  void (*poll)(pr__engine_t *eng);
   void (*close)(pr__engine_t *eng, int final);
 } pr__layer_t;
 
@@ -101,6 +104,7 @@ pr__verdict_t pr__layers_decide(inv_t *inv, const pr__layer_t **by);
 void pr__layers_done(inv_t *inv);
 void pr__layers_assign(pr__engine_t *eng, part_t *part);
 void pr__layers_tick(pr__engine_t *eng);
+void pr__layers_poll(pr__engine_t *eng);
 void pr__layers_close(pr__engine_t *eng, int final);
 
 #endif /* PR_ENGINE_LAYER_H */

@@ -251,7 +251,7 @@ static void tidy(pr__engine_t *eng, part_t *part, int64_t now_s) {
       t->slabs[t->n++] = part->rows[i].slab;
   part->retiring = 1;
   {
-    pr__tseg_t seg = pr__firing_seg(part->topic, part->partition);
+    pr__tseg_t seg = {part->topic, part->partition};
     eng->store->ops->retire(eng->store, &seg, t->slabs, t->n, t->watermark,
                             retired, t);
   }

@@ -591,7 +591,9 @@ static void close_layer(pr__engine_t *eng, int final) {
   eng->kst = NULL;
 }
 
-void pr__state_poll(pr__engine_t *eng) {
+/* The poll hook: the store's finished operations. */
+static void poll_store(pr__engine_t *eng) {
+  PR_ENGINE_THREAD(eng);
   if (eng->kst && eng->kst->store)
     eng->kst->store->ops->poll(eng->kst->store);
 }
@@ -604,5 +606,7 @@ pr__sstore_t *pr__st_store(const pr__engine_t *eng) {
   return eng->kst ? eng->kst->store : NULL;
 }
 
-const pr__layer_t pr__layer_state = {
-    .name = "keyed state", .open = open_layer, .close = close_layer};
+const pr__layer_t pr__layer_state = {.name = "keyed state",
+                                     .open = open_layer,
+                                     .poll = poll_store,
+                                     .close = close_layer};
