@@ -15,16 +15,20 @@
  *  - puts in flight (posted, not yet answered: not in the queue yet);
  *  - what the engine does not track: records a load skipped (the types a
  *    handler without on_timer leaves, the original's state recovery type,
- *    retry timers with deferral off) and timer events ended uncommitted:
- *    those pin the slab for the rest of the assignment;
+ *    retry timers with deferral off), timer events being deferred (out of
+ *    their key queue, still stored until the deferral is written) and
+ *    timer events ended uncommitted: those pin the slab for the rest of
+ *    the assignment;
  *  - retry timers of deferred keys (types 1 and 2): a slab that held one
  *    stays until the partition has no deferred key left (the defer layer's
  *    retry time moves while a retry runs, so it does not say which slab its
  *    stored timer is in).
- * The store runs a retire alone, after every write posted before it, so a
- * put the engine had not heard back from is counted by the in-flight
- * count; a put posted after it writes the row again (the store forgot the
- * slab) and lowers the watermark again.
+ * Having lost track of a stored timer (out of memory), the engine retires
+ * nothing more in the assignment. The store runs a retire (at most
+ * RETIRE_MAX rows, one batch) alone: after every write posted before it,
+ * so a put the engine had not heard back from is counted by the in-flight
+ * count, and before any posted after it, so such a put writes the row
+ * again (the store forgot the slab) and lowers the watermark again.
  *
  * Threads: the engine thread only.
  */
