@@ -161,8 +161,10 @@ static void remember(pr__engine_t *eng, pr__did_t d) {
   pthread_mutex_unlock(&g_lock);
 }
 
-prosody_err_t pr__dd_open(pr__engine_t *eng, void (*wake)(void *), char *errstr,
-                          size_t errstr_size) {
+/* Puts the layer in place (pipeline mode, idempotence_cache_size > 0) with
+ * its store; `wake` is the stores' wake-up (subscribing thread). */
+static prosody_err_t dd_open(pr__engine_t *eng, void (*wake)(void *),
+                             char *errstr, size_t errstr_size) {
   const pr__settings_t *st = eng->st;
   size_t cap = (size_t)PR_CFG_INT(st, IDEMPOTENCE_CACHE_SIZE);
   int memory = PR_CFG_BOOL(st, MOCK) || st->test.memory_timers ||
@@ -217,7 +219,9 @@ fail:
   return err;
 }
 
-void pr__dd_close(pr__engine_t *eng, int final) {
+/* Closes the store: at shutdown (`final` 0) an asynchronous one, whose
+ * thread wakes the engine; when the engine is freed (1), any. */
+static void dd_close(pr__engine_t *eng, int final) {
   PR_ENGINE_THREAD(eng);
   struct pr__dd_state *dd = eng->dd;
   /* Records still being written are waited for (a little): a handled id
@@ -290,7 +294,7 @@ static void on_seen(void *arg, prosody_err_t err, const char *errstr,
     return; /* the event went first (released) */
   inv->dd_req = NULL;
   /* Recorded since the lookup was sent (by the event ahead of this one on
-   * its key, pr__dd_record): the store's answer is older than that. */
+   * its key, dd_record): the store's answer is older than that. */
   if (inv->dd == DD_SEEN || known(inv->eng, inv->did)) {
     err = PROSODY_OK;
     seen = 1;
@@ -340,7 +344,9 @@ static void read_id(inv_t *inv) {
     free(id);
 }
 
-void pr__dd_intake(inv_t *inv) {
+/* A message taken: its id, looked up in the cache and the store; without
+ * a store only marked DD_LATE. */
+static void dd_intake(inv_t *inv) {
   PR_ENGINE_THREAD(inv->eng);
   pr__engine_t *eng = inv->eng;
   if (eng->dd->late) {
@@ -363,7 +369,7 @@ int pr__dd_prepare(inv_t *inv) {
 void pr__dd_ran(inv_t *inv, prosody_result_t result) {
   if (inv->dd != DD_UNSEEN || !inv->eng->dd->late ||
       result != PROSODY_SUCCESS || inv->skip)
-    return; /* a permanent failure: pr__dd_record, on the engine thread */
+    return; /* a permanent failure: dd_record, on the engine thread */
   remember(inv->eng, inv->did);
   inv->dd = DD_RECORDED;
 }
@@ -376,7 +382,9 @@ void pr__dd_skipped(inv_t *inv) {
            pr__inv_describe(inv, ev, sizeof(ev)));
 }
 
-int pr__dd_gate(inv_t *inv) {
+/* At the head of its key: run it, skip it (a duplicate: commit past it),
+ * or wait (pr__dispatch_schedule() is called again once known). */
+static int dd_gate(inv_t *inv) {
   PR_ENGINE_THREAD(inv->eng);
   switch (inv->dd) {
   case DD_OFF:
@@ -394,7 +402,7 @@ int pr__dd_gate(inv_t *inv) {
   case DD_PENDING:
     inv->dd_waiting = 1;
     return DD_WAIT;
-  default: /* DD_UNSEEN (pr__dd_record marks later duplicates) */
+  default: /* DD_UNSEEN (dd_record marks later duplicates) */
     return DD_RUN;
   }
 }
@@ -421,7 +429,8 @@ static void on_recorded(void *arg, prosody_err_t err, const char *errstr) {
             errstr ? errstr : "error");
 }
 
-void pr__dd_record(inv_t *inv) {
+/* Its handler succeeded or failed permanently: remember its id. */
+static void dd_record(inv_t *inv) {
   PR_ENGINE_THREAD(inv->eng);
   pr__engine_t *eng = inv->eng;
   /* A miss in the cache costs a store lookup; the memory store is its own
@@ -452,18 +461,18 @@ static prosody_err_t open_layer(pr__engine_t *eng, const char *bootstrap,
                                 void (*wake)(void *), char *errstr,
                                 size_t errstr_size) {
   (void)bootstrap;
-  return pr__dd_open(eng, wake, errstr, errstr_size);
+  return dd_open(eng, wake, errstr, errstr_size);
 }
 
 static void intake(inv_t *inv) {
   if (inv->eng->dd && !inv->is_timer)
-    pr__dd_intake(inv);
+    dd_intake(inv);
 }
 
 static int admit(inv_t *inv) {
   if (inv->dd == DD_OFF)
     return PR_ADMIT_RUN;
-  switch (pr__dd_gate(inv)) {
+  switch (dd_gate(inv)) {
   case DD_RUN:
     return PR_ADMIT_RUN;
   case DD_SKIP:
@@ -479,7 +488,7 @@ static int admit(inv_t *inv) {
  * its worker already). */
 static void done(inv_t *inv) {
   if (inv->dd == DD_UNSEEN)
-    pr__dd_record(inv);
+    dd_record(inv);
 }
 
 const pr__layer_t pr__layer_dedup = {.name = "dedup",
@@ -488,4 +497,4 @@ const pr__layer_t pr__layer_dedup = {.name = "dedup",
                                      .admit = admit,
                                      .done = done,
                                      .poll = poll_store,
-                                     .close = pr__dd_close};
+                                     .close = dd_close};

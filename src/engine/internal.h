@@ -613,16 +613,6 @@ enum dd_gate { DD_RUN, DD_SKIP, DD_WAIT };
 pr__did_t pr__dd_id(const char *version, const char *group, const char *topic,
                     int32_t partition, const char *key, const char *id,
                     size_t id_len, int64_t offset);
-/* Puts the layer in place (pipeline mode, idempotence_cache_size > 0) with
- * its store; `wake` is the stores' wake-up (subscribing thread). */
-prosody_err_t pr__dd_open(pr__engine_t *eng, void (*wake)(void *), char *errstr,
-                          size_t errstr_size);
-/* Closes the store: at shutdown (`final` 0) an asynchronous one, whose
- * thread wakes the engine; when the engine is freed (1), any. */
-void pr__dd_close(pr__engine_t *eng, int final);
-/* A message taken: its id, looked up in the cache and the store; without
- * a store only marked DD_LATE. */
-void pr__dd_intake(inv_t *inv);
 /* DD_LATE, right before its first attempt (the thread about to run it):
  * reads its id and looks it up; 1 when it is a duplicate (DD_SEEN). */
 int pr__dd_prepare(inv_t *inv);
@@ -631,13 +621,8 @@ int pr__dd_prepare(inv_t *inv);
 void pr__dd_ran(inv_t *inv, prosody_result_t result);
 /* Counts and logs a skipped duplicate (engine thread). */
 void pr__dd_skipped(inv_t *inv);
-/* At the head of its key: run it, skip it (a duplicate: commit past it),
- * or wait (pr__dispatch_schedule() is called again once known). */
-int pr__dd_gate(inv_t *inv);
 /* May the run that `head` starts take follower `f` (not a duplicate)? */
 int pr__dd_claimable(inv_t *head, inv_t *f);
-/* Its handler succeeded or failed permanently: remember its id. */
-void pr__dd_record(inv_t *inv);
 /* The inv goes: a lookup in flight must not reach it. */
 void pr__dd_forget(inv_t *inv);
 /* Is deduplication on (pipeline mode, idempotence_cache_size > 0)? Any
