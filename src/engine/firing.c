@@ -271,7 +271,6 @@ static void on_fire(uv_timer_t *t) { pr__firing_due(t->data); }
 typedef struct load_req {
   pr__engine_t *eng;
   uint64_t gen; /* the assignment it loads for */
-  int64_t slab; /* a load: its slab */
   int32_t partition;
   char topic[];
 } load_req_t;
@@ -282,7 +281,6 @@ static load_req_t *load_req(pr__engine_t *eng, const part_t *part) {
   if (r) {
     r->eng = eng;
     r->gen = part->gen;
-    r->slab = -1;
     r->partition = part->partition;
     memcpy(r->topic, part->topic, n);
   }
@@ -374,7 +372,6 @@ static void load_slab(pr__engine_t *eng, part_t *part, int64_t slab) {
     return;
   }
   part->loads++;
-  r->slab = slab;
   eng->store->ops->load_slab(eng->store, &seg, eng->slab_s, slab, slab_loaded,
                              r);
 }
