@@ -165,7 +165,8 @@ typedef struct retry_put {
 static void retry_put_done(void *arg, prosody_err_t err, const char *errstr) {
   retry_put_t *p = arg;
   pr__tstore_t *ts = p->eng->store;
-  pr__slabs_put_done(p->eng, p->topic, p->partition, p->gen, p->at_s);
+  pr__slabs_put_done(pr__part_find(p->eng, p->topic, p->partition), p->gen,
+                     p->at_s);
   if (!err && p->eng->phase == PH_RUNNING) {
     pr__tseg_t seg = {p->topic, p->partition};
     ts->ops->del_key(ts, &seg, p->key, p->type, p->at_s, timer_log_cb, NULL);

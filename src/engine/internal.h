@@ -813,11 +813,12 @@ void pr__slabs_listed(part_t *part, const int64_t *slabs, size_t n);
  * the assignment, or (`retry`, a deferred key's retry timer) while the
  * partition has deferred keys. */
 void pr__slabs_pin(part_t *part, int64_t time_s, int retry);
-/* A put of a timer at `time_s` was posted; its answer came (for the
- * assignment `gen` of the partition). */
+/* A put of a timer at `time_s` was posted; its answer came (`part`: the
+ * partition the caller found, or NULL; `gen`: the assignment the put was
+ * posted in). A partition revoking or without timers never retires
+ * again, so a caller that finds only those passes NULL. */
 void pr__slabs_put(part_t *part, int64_t time_s);
-void pr__slabs_put_done(pr__engine_t *eng, const char *topic, int32_t partition,
-                        uint64_t gen, int64_t time_s);
+void pr__slabs_put_done(part_t *part, uint64_t gen, int64_t time_s);
 /* The engine lost track of a stored timer (out of memory): no slab of the
  * partition is retired for the rest of the assignment. */
 void pr__slabs_untracked(part_t *part);

@@ -126,14 +126,13 @@ void pr__slabs_put(part_t *part, int64_t time_s) {
     part->wm_raised = slab - 1;
 }
 
-void pr__slabs_put_done(pr__engine_t *eng, const char *topic, int32_t partition,
-                        uint64_t gen, int64_t time_s) {
-  PR_ENGINE_THREAD(eng);
-  part_t *part = pr__part_find(eng, topic, partition);
+void pr__slabs_put_done(part_t *part, uint64_t gen, int64_t time_s) {
   pr__slabrow_t *r;
   if (!part || part->gen != gen)
     return; /* an earlier assignment's: its rows went with it */
-  if ((r = row_at(part, pr__slab_of(time_s, eng->slab_s), 0)) && r->puts > 0)
+  PR_ENGINE_THREAD(part->eng);
+  if ((r = row_at(part, pr__slab_of(time_s, part->eng->slab_s), 0)) &&
+      r->puts > 0)
     r->puts--;
 }
 

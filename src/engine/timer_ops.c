@@ -113,7 +113,7 @@ static void top_written(void *arg, prosody_err_t err, const char *errstr) {
   top_t *op = arg;
   part_t *part = top_part(op);
   pr__tseg_t seg = pr__firing_seg(op->topic, op->partition);
-  pr__slabs_put_done(op->eng, op->topic, op->partition, op->gen, op->time_s);
+  pr__slabs_put_done(part, op->gen, op->time_s);
   if (err) {
     top_done(op, err, errstr);
     return;

@@ -123,6 +123,16 @@ static inline int64_t t_wall_ms(void) {
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* `v[0..n)` minus `base`, comma-separated ("0,1,6"), into out[size]. */
+static inline void t_offsets_text(const int64_t *v, size_t n, int64_t base,
+                                  char *out, size_t size) {
+  size_t at = 0;
+  out[0] = '\0';
+  for (size_t i = 0; i < n && at < size; i++)
+    at += (size_t)snprintf(out + at, size - at, "%s%lld", i ? "," : "",
+                           (long long)(v[i] - base));
+}
+
 /* The monotonic clock in nanoseconds. */
 static inline int64_t t_mono_ns(void) {
   struct timespec ts;

@@ -96,12 +96,9 @@ typedef struct listing {
 static void on_slabs(void *arg, prosody_err_t err, const char *errstr,
                      const int64_t *slabs, size_t n) {
   listing_t *l = arg;
-  size_t at = 0;
   l->err = err;
   snprintf(l->errstr, sizeof(l->errstr), "%s", errstr ? errstr : "");
-  for (size_t i = 0; i < n && at < sizeof(l->text); i++)
-    at += (size_t)snprintf(l->text + at, sizeof(l->text) - at, "%s%lld",
-                           i ? "," : "", (long long)(slabs[i] - l->a));
+  t_offsets_text(slabs, n, l->a, l->text, sizeof(l->text));
   l->done = 1;
 }
 

@@ -302,13 +302,9 @@ static void expect_times(pr__tstore_t *s, const pr__tseg_t *seg,
                          const char *key, int64_t t0, const char *want) {
   got_t g = {0};
   char out[256];
-  size_t at = 0;
   s->ops->key_times(s, seg, key, PR_TIMER_APPLICATION, on_times, &g);
   await_got(s, &g);
-  out[0] = '\0';
-  for (size_t i = 0; i < g.n && at < sizeof(out); i++)
-    at += (size_t)snprintf(out + at, sizeof(out) - at, "%s%lld", i ? "," : "",
-                           (long long)(g.times[i] - t0));
+  t_offsets_text(g.times, g.n, t0, out, sizeof(out));
   got_free(&g);
   CHECK(!strcmp(out, want), "%s: times %s, expected %s", key, out, want);
 }
@@ -507,17 +503,13 @@ T_SCENARIO(segment_of_another_slab_size_refused, T_REAL, 90) {
 static void expect_listed(pr__cql_conf_t *conf, const pr__tseg_t *seg,
                           int64_t s0, const char *want) {
   char err[1024], out[256];
-  size_t at = 0;
   got_t g = {0};
   pr__tstore_t *o = pr__cqlstore_new(conf, T_KEYSPACE, store_group, SLAB_S,
                                      3600, wake, NULL, err, sizeof(err));
   CHECK(o, "%s", err);
   o->ops->slabs(o, seg, SLAB_S, on_times, &g);
   await_got(o, &g);
-  out[0] = '\0';
-  for (size_t i = 0; i < g.n && at < sizeof(out); i++)
-    at += (size_t)snprintf(out + at, sizeof(out) - at, "%s%lld", i ? "," : "",
-                           (long long)(g.times[i] - s0));
+  t_offsets_text(g.times, g.n, s0, out, sizeof(out));
   got_free(&g);
   o->ops->destroy(o);
   CHECK(!strcmp(out, want), "listed slabs %s, expected %s", out, want);
