@@ -390,6 +390,9 @@ fail:
   if (eng->store)
     eng->store->ops->destroy(eng->store);
   eng->store = NULL;
+  /* The layers' stores stop waking the engine before its wake handle
+   * closes (a store's thread may still be answering). */
+  pr__layers_close(eng, 0);
   loop_abandon(eng);
   if (eng->rk) {
     pr__rebalance_mismatch_free(eng);

@@ -58,9 +58,12 @@ struct pr__kst_state {
   pr__sstore_t *store;         /* memory or Cassandra; its operations and
                                   answers on the engine thread (the
                                   opening thread while the layer opens) */
-  void (*engine_wake)(void *); /* the engine's wake-up, called by st_wake
-                                  (Cassandra: the store's thread) */
-  pthread_mutex_t lock;        /* guards `woken` */
+  void (*engine_wake)(void *); /* under `lock`: the engine's wake-up,
+                                  called by st_wake (Cassandra: the store's
+                                  thread) with `lock` held; NULL once the
+                                  layer closes, before the engine's wake
+                                  handle does */
+  pthread_mutex_t lock;        /* guards `woken` and `engine_wake` */
   pthread_cond_t cond;         /* signalled when `woken` is set */
   int woken;                   /* under `lock`: the store finished
                                   operations (the opening thread's wait) */
@@ -432,9 +435,11 @@ static void st_wake(void *arg) {
   pthread_mutex_lock(&k->lock);
   k->woken = 1;
   pthread_cond_broadcast(&k->cond);
-  pthread_mutex_unlock(&k->lock);
+  /* Under the lock: once close_layer has cleared it, no thread is still
+   * inside the engine's wake-up, whose handle may then close. */
   if (k->engine_wake)
     k->engine_wake(k->eng);
+  pthread_mutex_unlock(&k->lock);
 }
 
 struct ident_wait {
@@ -557,7 +562,9 @@ static prosody_err_t open_layer(pr__engine_t *eng, const char *bootstrap,
     if ((err = pr__cql_keyspace_ready(st, errstr, errstr_size)))
       return err;
     c = pr__cql_conf_of(st);
+    pthread_mutex_lock(&k->lock);
     k->engine_wake = wake;
+    pthread_mutex_unlock(&k->lock);
     k->store = pr__cqlstate_new(&c, PR_CFG_STR(st, CASSANDRA_KEYSPACE), st_wake,
                                 k, errstr, errstr_size);
     if (!k->store)
@@ -581,7 +588,14 @@ static prosody_err_t open_layer(pr__engine_t *eng, const char *bootstrap,
 
 static void close_layer(pr__engine_t *eng, int final) {
   struct pr__kst_state *k = eng->kst;
-  if (!final || !k)
+  if (!k)
+    return;
+  /* The engine's wake handle closes after this (also when the engine
+   * failed to start): late answers of the store stop waking it. */
+  pthread_mutex_lock(&k->lock);
+  k->engine_wake = NULL;
+  pthread_mutex_unlock(&k->lock);
+  if (!final)
     return;
   if (k->store)
     k->store->ops->destroy(k->store);
