@@ -34,6 +34,9 @@
 /* The original's lock row lives 10 minutes (its MIGRATION_LOCK_TIMEOUT). */
 #define LOCK_TTL_S 600
 #define LOCK_NAME "migration"
+/* How long a table just created elsewhere may take to be served. */
+#define SCHEMA_SETTLE_TRIES 30
+#define SCHEMA_SETTLE_MS 100
 
 /* The table names behind the files' placeholders (the original's). */
 static const struct {
@@ -107,9 +110,21 @@ static prosody_err_t run(pr__cql_sync_t *y, const char *q,
                          pr__cql_result_t *res, char *errstr,
                          size_t errstr_size) {
   pr__cql_opts_t o;
+  prosody_err_t err;
   memset(&o, 0, sizeof(o));
   o.serial_consistency = serial;
-  return pr__cql_sync_run(y, q, v, n, &o, 0, res, errstr, errstr_size);
+  /* A table another instance has just created can be listed in
+   * system_schema (or exist for CREATE ... IF NOT EXISTS) a moment before
+   * the node serves it ("table ... does not exist"): instances starting
+   * together on a new keyspace meet that window, so it is waited out for
+   * a few seconds. */
+  for (int tries = 0;; tries++) {
+    err = pr__cql_sync_run(y, q, v, n, &o, 0, res, errstr, errstr_size);
+    if (!err || tries >= SCHEMA_SETTLE_TRIES ||
+        !strstr(errstr, "does not exist"))
+      return err;
+    usleep(SCHEMA_SETTLE_MS * 1000);
+  }
 }
 
 /* Runs the filled-in file's statements one by one. */

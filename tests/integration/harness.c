@@ -13,6 +13,7 @@
  *
  * Threads: main() only, before and after the scenario.
  */
+#include <execinfo.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -128,7 +129,34 @@ static int run_all(void) {
   return failed;
 }
 
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+/* A crash prints the crashing thread's stack before the process dies, so
+ * a crash seen once (in CI) says where: frames as offsets into the program
+ * or libprosody.so (`addr2line -f -e FILE OFFSET` on the same build). The
+ * sanitizers print their own. */
+static void crashed(int sig) {
+  void *frames[64];
+  int n = backtrace(frames, 64);
+  static const char head[] = "harness: crashed; the crashing thread's stack:\n";
+  (void)!write(2, head, sizeof(head) - 1);
+  backtrace_symbols_fd(frames, n, 2);
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+static void crash_stacks(void) {
+  static const int sigs[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
+  void *warm[1];
+  backtrace(warm, 1); /* loads libgcc now, not in the handler */
+  for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++)
+    signal(sigs[i], crashed);
+}
+#else
+static void crash_stacks(void) {}
+#endif
+
 int main(int argc, char **argv) {
+  crash_stacks();
   if (argc >= 2 && !strcmp(argv[1], "--child")) {
     CHECK(child_main, "%s has no --child", argv[0]);
     return child_main(argc, argv);
