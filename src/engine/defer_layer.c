@@ -1,7 +1,7 @@
 /*
- * defer_layer.c - the defer layer's frame (defer.c holds its state
- * machine): the failure rate that gates deferral, the deferred messages
- * kept in memory for their retries (defer_cache_size), opening and
+ * defer_layer.c - the defer layer's frame (defer.c and defer_retry.c hold
+ * its state machine): the failure rate that gates deferral, the deferred
+ * messages kept in memory for their retries (defer_cache_size), opening and
  * closing the layer's stores, and its hooks (layer.h).
  *
  * Threads: the engine thread only (open: the thread that owns the engine

@@ -167,7 +167,7 @@ struct inv {
   struct pr__dd_req *dd_req; /* the store lookup in flight, or NULL */
   /* Keyed state (state.c): the running attempt's transaction, or NULL. */
   struct pr__stx *stx;
-  /* Deferral (defer.c). */
+  /* Deferral (defer.c, defer_retry.c). */
   int32_t df_retries; /* df_loaded: its deferred retries so far */
   int df_writes;      /* INV_DEFERRING: store writes not yet acknowledged */
   int df_failed;      /* ... of which failed (written again later) */
@@ -636,7 +636,7 @@ int64_t pr__dd_ttl_s(const pr__engine_t *eng);
  * else NULL (engine thread). */
 const pr__did_t *pr__dd_stored_id(const inv_t *inv);
 
-/* --- defer.c (deferral, pipeline mode: messages) ----------------------- */
+/* --- defer.c, defer_retry.c (deferral, pipeline mode: messages) -------- */
 
 /* Puts the layer in place when defer_enabled (pipeline mode) with its
  * store: memory in mock mode, Cassandra when cassandra_nodes is set, else

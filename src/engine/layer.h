@@ -31,7 +31,7 @@
  * the table and passes (its hooks check its own state). Which layers
  * exist: success, terminal and the result layers of each mode (mode.c),
  * dedup (dedup.c), monopolization (monopoly.c), defer (defer.c,
- * defer_layer.c) and keyed state (state.c).
+ * defer_retry.c, defer_layer.c) and keyed state (state.c).
  *
  * Threads: every hook runs on the engine thread (open: on the thread that
  * owns the engine before it starts).

@@ -1,7 +1,7 @@
 /*
  * loader.c - the Kafka loader of deferred messages: its own consumer (no
  * group membership: partitions are assigned explicitly) on its own thread,
- * fetching records again by offset for the defer layer (defer.c).
+ * fetching records again by offset for the defer layer (defer_retry.c).
  *
  * Requests queue under `lock`; the thread takes them all at once, serves
  * them in (topic, partition, offset) order, so that requests for one
