@@ -533,7 +533,11 @@ PROSODY_EXPORT prosody_err_t prosody_complete(prosody_context_t *ctx,
  * context: its handler finished; the consumer is shutting down or the
  * partition is being revoked; or an asynchronous handler called from the
  * engine thread while the store would have to wait), PROSODY_ERR_NOMEM,
- * PROSODY_ERR_TRANSIENT / PROSODY_ERR_PERMANENT (the store failed).
+ * PROSODY_ERR_TRANSIENT / PROSODY_ERR_PERMANENT (the store failed). A
+ * schedule that failed transiently (or timed out) may still have been
+ * stored, and then fires once its partition is loaded again: fail the
+ * event and let it schedule again (a second already scheduled keeps one
+ * timer).
  */
 /* Schedules a timer at `time_ms`. */
 PROSODY_EXPORT prosody_err_t prosody_schedule(prosody_context_t *ctx,

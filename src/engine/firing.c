@@ -120,8 +120,8 @@ void pr__firing_finished(inv_t *inv, int commit) {
   if (!commit || !eng->store)
     return; /* aborted, or dropped (already deleted); or stopped: it fires
                again on the next load */
-  if (inv->deleted)
-    return;
+  /* Rearmed: scheduled again while it fired, also once its delete was
+   * posted (the put lands after the delete): it stays queued. */
   if (inv->rearmed) {
     if (!part->revoking && !part->zombie &&
         pr__tq_add(part->tq, inv->msg.key, inv->time_s) < 0) {
@@ -131,6 +131,8 @@ void pr__firing_finished(inv_t *inv, int commit) {
     }
     return;
   }
+  if (inv->deleted)
+    return;
   eng->store->ops->del(eng->store, &seg, inv->msg.key, inv->time_s,
                        PR_TIMER_APPLICATION, store_log_cb,
                        "could not delete a fired timer (it may fire again)");
@@ -177,6 +179,11 @@ void pr__firing_delete(inv_t *inv) {
   PR_ENGINE_THREAD(inv->eng);
   pr__engine_t *eng = inv->eng;
   pr__tseg_t seg = pr__firing_seg(inv->part->topic, inv->part->partition);
+  if (inv->rearmed) { /* a retry, and scheduled again since: a delete now
+                         would land after that put */
+    pr__outcome_finish(inv, 1);
+    return;
+  }
   inv->state = INV_DLQ;
   inv->part->active++;
   eng->dlq_inflight++;
