@@ -32,9 +32,9 @@ int pr__engine_assigned(const pr__engine_t *engine);
 char *pr__engine_metrics(pr__engine_t *engine);
 int pr__engine_stalled(const pr__engine_t *engine);
 
-/* Published keyed state's readers (state_pub.c): the client's, created by
- * its first prosody_published_open() and freed with the client (both under
- * the client's lock). */
+/* Published keyed state's readers (state_pub_open.c; their reads:
+ * state_pub.c): the client's, created by its first prosody_published_open()
+ * and freed with the client (both under the client's lock). */
 typedef struct pr__pubs pr__pubs_t;
 prosody_err_t pr__pubs_open(pr__pubs_t **pubs, const pr__settings_t *st,
                             const char *subsystem, const char *name, int kind,

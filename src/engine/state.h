@@ -1,8 +1,12 @@
 /*
  * state.h - keyed state's pieces (private to src/engine/state*.c): the
  * transaction's overlay of cells (state.c), an operation in flight
- * (state_ops.c) and the kinds' steps (state_kinds.c). See state.c for the
- * design. Everything here is the engine thread's.
+ * (state_ops.c, its arguments checked in state_args.c), the kinds' steps
+ * (state_kinds.c), and published state's readers (state_pub.c,
+ * state_pub_open.c). See state.c for the design. Everything here is the
+ * engine thread's, except an operation's arguments (the caller's until
+ * posted), a published read's (the reader thread's) and the readers'
+ * structures, whose owners are written at their definitions.
  */
 #ifndef PR_ENGINE_STATE_H
 #define PR_ENGINE_STATE_H
@@ -178,7 +182,8 @@ void pr__st_read_cell(sop_t *op, int section, const uint8_t *coord, size_t len);
 void pr__st_read_range(sop_t *op);
 void pr__st_clear_sections(scoll_t *c, int upto);
 void pr__st_wrote(sop_t *op);
-/* Checks and copies an operation's arguments into `op` (any thread). */
+/* Checks and copies an operation's arguments into `op` (any thread;
+ * state_args.c). */
 prosody_err_t pr__st_prepare(sop_t *op, prosody_state_t *st, int kind_op,
                              const prosody_state_args_t *a, char *errstr,
                              size_t errstr_size);
@@ -190,6 +195,55 @@ void pr__st_run_read(sop_t *op);
 void pr__st_value_step(sop_t *op);
 void pr__st_map_step(sop_t *op);
 void pr__st_deque_step(sop_t *op);
+
+/* ---- published state's readers (state_pub.c, state_pub_open.c) ---------- */
+
+#define PR_PUBS_BUCKETS 1024 /* the answer cache's hash buckets */
+
+/* A client's published-state readers, their reader thread and their answer
+ * cache: created by the first pr__pubs_open and freed by pr__pubs_free,
+ * both under the client's lock (client.c). Each field names its owner. */
+struct pr__pubs {
+  const pr__settings_t *st;     /* the client's (outlives us) */
+  pr__sstore_t *store;          /* reader thread's (a sync store: any) */
+  prosody_published_t *readers; /* the client's lock */
+  /* The reader thread. */
+  pthread_t thread;
+  uv_loop_t loop;
+  uv_async_t mail_wake, store_wake, stop;
+  pr__mailbox_t mb;
+  int stopping; /* reader thread: answer everything with STATE */
+  /* The answer cache (its entries: state_pub.c's centry_t). */
+  pthread_mutex_t cache_lock;
+  struct centry *buckets[PR_PUBS_BUCKETS]; /* cache_lock */
+  struct centry *oldest, *newest;          /* cache_lock */
+  size_t cache_bytes;                      /* cache_lock */
+  size_t cache_max; /* state_read_cache_size (immutable) */
+};
+
+/* A reader (prosody_published_open): its settings are immutable once open
+ * (its place in the list: the client's lock); its routes are the reader
+ * thread's. */
+struct prosody_published {
+  prosody_published_t *next; /* pubs->readers */
+  pr__pubs_t *pubs;
+  char *subsystem, *name;
+  int kind;
+  int64_t ttl_ns; /* 0: no cache */
+  /* Reader thread: the routes, while fresh. */
+  pr__sroute_t routes[PR_SROUTES_MAX]; /* strings owned */
+  size_t nroutes;
+  int have_routes;
+  int64_t routes_ns;
+  uint8_t checked[PR_SROUTES_MAX]; /* CK_* (state_pub.c) */
+  uint64_t gen; /* routes read so far: a read that began on earlier routes
+                   starts its choice again */
+};
+
+/* Frees a reader's routes (reader thread; or pr__pubs_free, once it ended). */
+void pr__pubs_routes_free(prosody_published_t *p);
+/* Empties the answer cache (pr__pubs_free, once the reader thread ended). */
+void pr__pubs_cache_clear(pr__pubs_t *pubs);
 
 /* state_msg.c: MESSAGE collections. */
 int pr__st_ref_encode(const prosody_message_t *m, char **out, size_t *len);

@@ -1,11 +1,10 @@
 /*
- * state_pub.c - published keyed state's readers (prosody_published_*): a
- * client's reads of collections other groups publish, outside handlers.
+ * state_pub.c - published keyed state's reads (prosody_published_async,
+ * _call): a client's reads of collections other groups publish, outside
+ * handlers. The readers, and the reader thread their reads run on, are
+ * opened and freed in state_pub_open.c.
  *
- * A client's readers share one reader thread (started by the first
- * prosody_published_open), which owns a keyed-state store of its own (the
- * memory store in mock mode, else a Cassandra store on the client's
- * keyspace) and runs every read: the routes of the collection
+ * The reader thread runs every read: the routes of the collection
  * (keyed_state_publication), a check of each route's recorded kind
  * (keyed_state_identity), the choice of the source, and then the
  * operation itself through the same steps a handler's read takes
@@ -28,15 +27,12 @@
  * (else state_owned_cache_size, else 1 MiB; oldest out first), each for its
  * reader's time to live; a hit is answered on the calling thread.
  *
- * Threads and ownership:
- *   pr__pubs_t        created and freed under the client's lock
- *                     (client.c); `readers` too.
- *   reader thread     the loop, the store, each reader's routes, every
- *                     request while it runs.
+ * Threads and ownership (the structures: state.h):
+ *   public functions  any thread; a request is the calling thread's until
+ *                     posted, then the reader thread's until answered.
+ *   reader thread     each reader's routes, every request while it runs.
  *   cache             `cache_lock` (callers look up, the reader thread
  *                     inserts).
- *   a request         the calling thread until posted, then the reader
- *                     thread until answered.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -44,18 +40,14 @@
 #include <string.h>
 #include <time.h>
 
-#include <uv.h>
 #include <zlib.h>
 
-#include "../timers/timers.h"
 #include "mailbox.h"
 #include "state.h"
 
-#define CACHE_BYTES_DEFAULT ((size_t)1 << 20) /* the answer cache's budget */
-#define CACHE_BUCKETS 1024
 #define ENTRY_OVERHEAD 96 /* an entry's bytes beyond its strings */
 
-/* An answer kept. */
+/* An answer kept (in struct pr__pubs's cache: state.h). */
 typedef struct centry {
   struct centry *hnext;         /* hash chain */
   struct centry *older, *newer; /* age list */
@@ -66,40 +58,6 @@ typedef struct centry {
   size_t bytes;
   int64_t expires_ns;
 } centry_t;
-
-struct pr__pubs {
-  const pr__settings_t *st;     /* the client's (outlives us) */
-  pr__sstore_t *store;          /* reader thread's (a sync store: any) */
-  prosody_published_t *readers; /* the client's lock */
-  /* The reader thread. */
-  pthread_t thread;
-  uv_loop_t loop;
-  uv_async_t mail_wake, store_wake, stop;
-  pr__mailbox_t mb;
-  int stopping; /* reader thread: answer everything with STATE */
-  /* The answer cache. */
-  pthread_mutex_t cache_lock;
-  centry_t *buckets[CACHE_BUCKETS]; /* cache_lock */
-  centry_t *oldest, *newest;        /* cache_lock */
-  size_t cache_bytes;               /* cache_lock */
-  size_t cache_max;                 /* state_read_cache_size (immutable) */
-};
-
-struct prosody_published {
-  prosody_published_t *next; /* pubs->readers */
-  pr__pubs_t *pubs;
-  char *subsystem, *name;
-  int kind;
-  int64_t ttl_ns; /* 0: no cache */
-  /* Reader thread: the routes, while fresh. */
-  pr__sroute_t routes[PR_SROUTES_MAX]; /* strings owned */
-  size_t nroutes;
-  int have_routes;
-  int64_t routes_ns;
-  uint8_t checked[PR_SROUTES_MAX]; /* CK_* */
-  uint64_t gen; /* routes read so far: a read that began on earlier routes
-                   starts its choice again */
-};
 
 enum { CK_NOT, CK_ADMITTED, CK_MISSING }; /* a route's recorded kind */
 
@@ -158,7 +116,7 @@ static int result_copy(const prosody_state_result_t *in,
 }
 
 static void entry_unlink(pr__pubs_t *pubs, centry_t *e) {
-  centry_t **at = &pubs->buckets[e->hash % CACHE_BUCKETS];
+  centry_t **at = &pubs->buckets[e->hash % PR_PUBS_BUCKETS];
   while (*at != e)
     at = &(*at)->hnext;
   *at = e->hnext;
@@ -179,7 +137,7 @@ static void entry_unlink(pr__pubs_t *pubs, centry_t *e) {
 /* The live entry of `key` (cache_lock held); an expired one goes. */
 static centry_t *entry_find(pr__pubs_t *pubs, const char *key, size_t len,
                             uint64_t h) {
-  centry_t *e = pubs->buckets[h % CACHE_BUCKETS];
+  centry_t *e = pubs->buckets[h % PR_PUBS_BUCKETS];
   while (e && !(e->hash == h && e->key_len == len && !memcmp(e->key, key, len)))
     e = e->hnext;
   if (e && e->expires_ns <= now_ns()) {
@@ -230,8 +188,8 @@ static void cache_put(pr__pubs_t *pubs, const char *key, size_t len,
     free(e);
     return;
   }
-  e->hnext = pubs->buckets[e->hash % CACHE_BUCKETS];
-  pubs->buckets[e->hash % CACHE_BUCKETS] = e;
+  e->hnext = pubs->buckets[e->hash % PR_PUBS_BUCKETS];
+  pubs->buckets[e->hash % PR_PUBS_BUCKETS] = e;
   e->older = pubs->newest;
   if (pubs->newest)
     pubs->newest->newer = e;
@@ -239,6 +197,13 @@ static void cache_put(pr__pubs_t *pubs, const char *key, size_t len,
     pubs->oldest = e;
   pubs->newest = e;
   pubs->cache_bytes += e->bytes;
+  pthread_mutex_unlock(&pubs->cache_lock);
+}
+
+void pr__pubs_cache_clear(pr__pubs_t *pubs) {
+  pthread_mutex_lock(&pubs->cache_lock);
+  while (pubs->oldest)
+    entry_unlink(pubs, pubs->oldest);
   pthread_mutex_unlock(&pubs->cache_lock);
 }
 
@@ -341,7 +306,7 @@ static void req_fail(preq_t *q, prosody_err_t err, const char *errstr) {
                   errstr ? errstr : prosody_err_name(err));
 }
 
-static void routes_free(prosody_published_t *p) {
+void pr__pubs_routes_free(prosody_published_t *p) {
   for (size_t i = 0; i < p->nroutes; i++) {
     free((char *)p->routes[i].group);
     free((char *)p->routes[i].topic);
@@ -358,7 +323,7 @@ static void routes_got(void *arg, prosody_err_t err, const char *errstr,
     req_fail(q, err, errstr);
     return;
   }
-  routes_free(p);
+  pr__pubs_routes_free(p);
   if (n > PR_SROUTES_MAX) {
     req_fail(q, PROSODY_ERR_PERMANENT,
              "more than 16 publication sources (consumer groups and topics) "
@@ -370,7 +335,7 @@ static void routes_got(void *arg, prosody_err_t err, const char *errstr,
     if (!g || !t) {
       free(g);
       free(t);
-      routes_free(p);
+      pr__pubs_routes_free(p);
       req_fail(q, PROSODY_ERR_NOMEM, "out of memory");
       return;
     }
@@ -548,208 +513,7 @@ static void req_mail(pr__mail_t *mail, void *owner) {
   req_step(q);
 }
 
-/* ---- the reader thread --------------------------------------------------- */
-
-static void on_mail(uv_async_t *h) {
-  pr__pubs_t *pubs = h->data;
-  pr__mailbox_deliver(&pubs->mb);
-}
-
-static void on_store(uv_async_t *h) {
-  pr__pubs_t *pubs = h->data;
-  pubs->store->ops->poll(pubs->store);
-}
-
-static void store_wake(void *arg) {
-  pr__pubs_t *pubs = arg;
-  uv_async_send(&pubs->store_wake);
-}
-
-static void on_stop(uv_async_t *h) {
-  pr__pubs_t *pubs = h->data;
-  pubs->stopping = 1;
-  pr__mailbox_close(&pubs->mb); /* what was posted: answered STATE */
-  /* What runs: the store completes it with errors. */
-  pubs->store->ops->destroy(pubs->store);
-  pubs->store = NULL;
-  pr__mailbox_quiesce(&pubs->mb);
-  uv_close((uv_handle_t *)&pubs->mail_wake, NULL);
-  uv_close((uv_handle_t *)&pubs->store_wake, NULL);
-  uv_close((uv_handle_t *)&pubs->stop, NULL);
-}
-
-static void *reader_main(void *arg) {
-  pr__pubs_t *pubs = arg;
-  pthread_setname_np(pthread_self(), "prosody-pubread");
-  uv_run(&pubs->loop, UV_RUN_DEFAULT);
-  return NULL;
-}
-
-static prosody_err_t pubs_new(const pr__settings_t *st, pr__pubs_t **out,
-                              char *errstr, size_t errstr_size) {
-  pr__pubs_t *pubs = calloc(1, sizeof(*pubs));
-  int memory = PR_CFG_BOOL(st, MOCK) || st->test.memory_timers;
-  prosody_err_t err;
-  if (!pubs) {
-    pr__errf(errstr, errstr_size, "out of memory");
-    return PROSODY_ERR_NOMEM;
-  }
-  pubs->st = st;
-  pubs->cache_max = PR_CFG_SET(st, STATE_READ_CACHE_SIZE)
-                        ? (size_t)PR_CFG(st, STATE_READ_CACHE_SIZE).u.i
-                    : PR_CFG_SET(st, STATE_OWNED_CACHE_SIZE)
-                        ? (size_t)PR_CFG(st, STATE_OWNED_CACHE_SIZE).u.i
-                        : CACHE_BYTES_DEFAULT;
-  if (!memory && !PR_CFG_SET(st, CASSANDRA_NODES)) {
-    free(pubs);
-    pr__errf(errstr, errstr_size,
-             "published keyed state is read from Cassandra: set "
-             "cassandra_nodes (PROSODY_CASSANDRA_NODES), or mock for the "
-             "store in memory");
-    return PROSODY_ERR_CONFIG;
-  }
-  uv_loop_init(&pubs->loop);
-  uv_async_init(&pubs->loop, &pubs->mail_wake, on_mail);
-  uv_async_init(&pubs->loop, &pubs->store_wake, on_store);
-  uv_async_init(&pubs->loop, &pubs->stop, on_stop);
-  pubs->mail_wake.data = pubs->store_wake.data = pubs->stop.data = pubs;
-  pr__mailbox_init(&pubs->mb, pubs, &pubs->mail_wake);
-  pthread_mutex_init(&pubs->cache_lock, NULL);
-  if (memory) {
-    pubs->store = pr__memstate();
-  } else {
-    pr__cql_conf_t c = pr__cql_conf_of(st);
-    if ((err = pr__cql_keyspace_ready(st, errstr, errstr_size)))
-      goto fail;
-    if (!(pubs->store =
-              pr__cqlstate_new(&c, PR_CFG_STR(st, CASSANDRA_KEYSPACE),
-                               store_wake, pubs, errstr, errstr_size))) {
-      err = PROSODY_ERR_TRANSIENT;
-      goto fail;
-    }
-  }
-  if (pthread_create(&pubs->thread, NULL, reader_main, pubs)) {
-    pr__errf(errstr, errstr_size, "could not start the reader thread");
-    err = PROSODY_ERR_NOMEM;
-    goto fail;
-  }
-  *out = pubs;
-  return PROSODY_OK;
-fail:
-  if (pubs->store)
-    pubs->store->ops->destroy(pubs->store);
-  uv_close((uv_handle_t *)&pubs->mail_wake, NULL);
-  uv_close((uv_handle_t *)&pubs->store_wake, NULL);
-  uv_close((uv_handle_t *)&pubs->stop, NULL);
-  uv_run(&pubs->loop, UV_RUN_DEFAULT);
-  uv_loop_close(&pubs->loop);
-  pr__mailbox_fini(&pubs->mb);
-  pthread_mutex_destroy(&pubs->cache_lock);
-  free(pubs);
-  return err;
-}
-
-void pr__pubs_free(pr__pubs_t *pubs) {
-  if (!pubs)
-    return;
-  uv_async_send(&pubs->stop);
-  pthread_join(pubs->thread, NULL);
-  uv_loop_close(&pubs->loop);
-  pr__mailbox_fini(&pubs->mb);
-  while (pubs->readers) {
-    prosody_published_t *p = pubs->readers;
-    pubs->readers = p->next;
-    routes_free(p);
-    free(p->subsystem);
-    free(p->name);
-    free(p);
-  }
-  while (pubs->oldest)
-    entry_unlink(pubs, pubs->oldest);
-  pthread_mutex_destroy(&pubs->cache_lock);
-  free(pubs);
-}
-
 /* ---- the public functions ------------------------------------------------ */
-
-/* A reader's time to live: its own, else the client's (unset: none). */
-static int64_t ttl_of(const pr__settings_t *st, int64_t read_cache_ms) {
-  if (read_cache_ms >= 0)
-    return read_cache_ms * 1000000;
-  return PR_CFG_SET(st, STATE_READ_CACHE) ? PR_CFG_NS(st, STATE_READ_CACHE) : 0;
-}
-
-prosody_err_t pr__pubs_open(pr__pubs_t **pubs, const pr__settings_t *st,
-                            const char *subsystem, const char *name, int kind,
-                            int64_t read_cache_ms, prosody_published_t **out,
-                            char *errstr, size_t errstr_size) {
-  prosody_published_t *p;
-  char *sub;
-  prosody_err_t err;
-  if (!subsystem || !name || !out) {
-    pr__errf(errstr, errstr_size, "published state: %s is NULL",
-             !subsystem ? "subsystem"
-             : !name    ? "name"
-                        : "out");
-    return PROSODY_ERR_INVALID_ARG;
-  }
-  *out = NULL;
-  while (*subsystem == ' ' || *subsystem == '\t')
-    subsystem++;
-  if (!(sub = strdup(subsystem))) {
-    pr__errf(errstr, errstr_size, "out of memory");
-    return PROSODY_ERR_NOMEM;
-  }
-  for (size_t n = strlen(sub); n && (sub[n - 1] == ' ' || sub[n - 1] == '\t');)
-    sub[--n] = 0;
-  if (!sub[0] || strlen(sub) > 64) {
-    pr__errf(errstr, errstr_size,
-             "published state: subsystem \"%.80s\" is %zu bytes (trimmed); "
-             "expected a name of 1 to 64 bytes",
-             subsystem, strlen(sub));
-    free(sub);
-    return PROSODY_ERR_INVALID_ARG;
-  }
-  if (!name[0] || strlen(name) > 256 || kind < PROSODY_STATE_VALUE ||
-      kind > PROSODY_STATE_DEQUE || read_cache_ms < -1) {
-    pr__errf(errstr, errstr_size,
-             !name[0] || strlen(name) > 256
-                 ? "published state: name must be 1 to 256 bytes"
-             : read_cache_ms < -1
-                 ? "published state: read_cache_ms is -1 (the client's "
-                   "state_read_cache), 0 (none) or a number of milliseconds"
-                 : "published state: kind must be value, map or deque");
-    free(sub);
-    return PROSODY_ERR_INVALID_ARG;
-  }
-  if (!*pubs && (err = pubs_new(st, pubs, errstr, errstr_size))) {
-    free(sub);
-    return err;
-  }
-  /* The same reader again: a program that opens one per request does not
-   * pile them up. */
-  for (p = (*pubs)->readers; p; p = p->next)
-    if (p->kind == kind && p->ttl_ns == ttl_of(st, read_cache_ms) &&
-        !strcmp(p->subsystem, sub) && !strcmp(p->name, name)) {
-      free(sub);
-      *out = p;
-      return PROSODY_OK;
-    }
-  if (!(p = calloc(1, sizeof(*p))) || !(p->name = strdup(name))) {
-    free(p);
-    free(sub);
-    pr__errf(errstr, errstr_size, "out of memory");
-    return PROSODY_ERR_NOMEM;
-  }
-  p->pubs = *pubs;
-  p->subsystem = sub;
-  p->kind = kind;
-  p->ttl_ns = ttl_of(st, read_cache_ms);
-  p->next = (*pubs)->readers;
-  (*pubs)->readers = p;
-  *out = p;
-  return PROSODY_OK;
-}
 
 static int read_only(int op) {
   return op == PROSODY_STATE_GET || op == PROSODY_STATE_GET_MANY ||
