@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "bench.h"
+#include "engine/dedup.h"
 #include "engine/internal.h"
 #include "stores/stores.h"
 #include "util/util.h"

@@ -8,6 +8,7 @@
  */
 #include <string.h>
 
+#include "dedup.h"
 #include "internal.h"
 
 /* Decodes the payload and applies the filters, on the thread about to run

@@ -44,6 +44,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "dedup.h"
 #include "internal.h"
 
 #define XXH_INLINE_ALL

@@ -1,8 +1,10 @@
 /*
- * defer.h - what the defer layer's two state-machine files share (private
- * to defer.c, which defers events and keeps the deferred keys, and
- * defer_retry.c, which retries them). Everything here is the engine
- * thread's.
+ * defer.h - the defer layer (pipeline mode: deferred messages and timers).
+ * Its first part is what the engine's other files call (the data path,
+ * the partitions, the timers); the second what only its own files share
+ * (defer.c, which defers events and keeps the deferred keys, and
+ * defer_retry.c, which retries them; defer_layer.c is the layer's hooks and
+ * the kept messages). Everything here is the engine thread's unless said.
  */
 #ifndef PR_ENGINE_DEFER_H
 #define PR_ENGINE_DEFER_H
@@ -11,6 +13,81 @@
 #include <stdint.h>
 
 #include "internal.h"
+
+/* ---- the layer, for the engine ------------------------------------------ */
+
+/* Puts the layer in place when defer_enabled (pipeline mode) with its
+ * store: memory in mock mode, Cassandra when cassandra_nodes is set, else
+ * the layer stays off (a deferred message must outlive the process). */
+prosody_err_t pr__df_open(pr__engine_t *eng, const char *bootstrap,
+                          void (*wake)(void *), char *errstr,
+                          size_t errstr_size);
+void pr__df_close(pr__engine_t *eng);
+/* A handler result, for the failure rate. */
+void pr__df_count(pr__engine_t *eng, prosody_result_t result, int64_t now_ns);
+/* May a transient failure be deferred (the failure rate is at most
+ * defer_failure_threshold)? */
+int pr__df_gate(pr__engine_t *eng, int64_t now_ns);
+/* The whole-second delay before deferred retry `n` (0: at once). */
+int64_t pr__df_delay_s(pr__engine_t *eng, int32_t n);
+/* A message's transient failure is deferred, with the queued messages of
+ * its key behind it; a loaded one is retried later. */
+void pr__df_defer(inv_t *inv);
+/* A new message of a deferred key: it joins the key's defer queue. */
+void pr__df_join(inv_t *inv);
+/* Admission of an event at the head of its key: unless the key is known
+ * (deferred or not), the store is asked first (PR_ADMIT_WAIT; the answer
+ * schedules the head again, or defers the key's queued events of the
+ * kind when it is deferred: PR_ADMIT_TAKEN when it answers at once). */
+int pr__df_admit(inv_t *inv);
+/* The timer store loaded a retry timer (type deferred message or deferred
+ * timer) of `key`: the key is deferred, retried at `time_s`. 0 when the
+ * layer keeps no deferral of that kind (the timer is left alone). */
+int pr__df_timer_loaded(part_t *part, const char *key, int kind,
+                        int64_t time_s);
+/* A handler unscheduled the key's timer at `time_s` (-1: all its timers):
+ * a deferred one leaves its defer queue too (a failed removal is logged:
+ * that timer may still fire). */
+void pr__df_unscheduled(part_t *part, const char *key, int64_t time_s);
+/* A loaded message is done (`commit`: handled; else aborted). */
+void pr__df_finished(inv_t *inv, int commit);
+/* An INV_DEFERRING message's retry timer: write again. */
+void pr__df_write(inv_t *inv);
+/* Releases `part`'s INV_DEFERRING events that wait for their retry timer
+ * (not committed: the next owner gets them again); those with writes in
+ * flight finish when the store answers. */
+void pr__df_release_waiting(part_t *part);
+void pr__df_assigned(pr__engine_t *eng, part_t *part);
+/* Frees a partition's deferred keys (it is being freed). */
+void pr__df_part_free(part_t *part);
+/* Starts the retries that are due (loop tick). */
+void pr__df_tick(pr__engine_t *eng);
+/* The layer's store of deferred events of `kind` (pr__defer_kind_t), or
+ * NULL: that kind is not deferred (the layer is off or closed). */
+pr__defer_t *pr__df_store(const pr__engine_t *eng, int kind);
+/* Test option defer_refuse_rows: is this key-row write to fail? Each yes
+ * counts one down. */
+int pr__df_refuse_row(pr__engine_t *eng);
+/* Are `part`'s deferred keys being read (its records and timers wait)? */
+static inline int pr__df_listing(const part_t *part) {
+  return part->df_listing[0] || part->df_listing[1];
+}
+/* The deferred messages kept for their retries (defer_layer.c). */
+/* Keeps a copy of a message being deferred (out of memory: not kept). */
+void pr__dm_put(inv_t *inv);
+/* The kept message (a timer: its key and time) of this partition, or
+ * NULL. */
+pr__dmsg_t *pr__dm_find(pr__engine_t *eng, int is_timer, const char *topic,
+                        int32_t partition, const char *key, int64_t offset);
+/* Handled (or gone): not kept any more. */
+void pr__dm_drop(pr__engine_t *eng, int is_timer, const char *topic,
+                 int32_t partition, const char *key, int64_t offset);
+/* The retry of a kept message: a new event of it, or NULL. */
+inv_t *pr__dm_inv(part_t *part, const char *key, int64_t offset);
+/* The deferral kind of an event. */
+#define PR_DF_KIND(inv) ((inv)->is_timer ? PR_DEFER_TIMERS : PR_DEFER_MESSAGES)
+
+/* ---- shared by defer.c and defer_retry.c -------------------------------- */
 
 /* The room a segment's name is given (pr__df_segment). */
 #define PR_DF_SEG_MAX 1024

@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dedup.h"
+#include "defer.h"
 #include "internal.h"
 
 /* The failure-rate window, in buckets. */

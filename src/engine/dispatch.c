@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dedup.h"
+#include "defer.h"
 #include "internal.h"
 
 /* The most events of one key a run takes, and how long it may go on. */

@@ -7,6 +7,7 @@
  */
 #include <time.h>
 
+#include "defer.h"
 #include "internal.h"
 
 /* Releases every event of `part` (NULL: all partitions) that is not

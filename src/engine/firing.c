@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "defer.h"
 #include "internal.h"
 
 pr__tseg_t pr__firing_seg(const char *topic, int32_t partition) {

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "defer.h"
 #include "internal.h"
 
 /* Takes the offset and finishes it at once (filtered or undecodable). */

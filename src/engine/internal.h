@@ -481,6 +481,18 @@ const char *pr__inv_describe(const inv_t *inv, char *buf, size_t n);
 void pr__inv_release_rkm(inv_t *inv);
 void pr__inv_timer_close(uv_timer_t **t);
 
+/* Telemetry of an event whose handler ran: dispatched (at its start),
+ * then succeeded or failed (message.c). Any thread holding the inv: the
+ * worker that completes a synchronous handler's attempt, else the engine
+ * thread. */
+void pr__inv_emit_ran(inv_t *inv);
+/* Telemetry of a timer operation: scheduled or cancelled (message.c), in
+ * the calling handler's trace context (`trace`: NULL or invalid for none;
+ * `tracestate`: its record's, NULL or "" for none). */
+void pr__emit_timer_op(pr__engine_t *eng, pr__tm_type_t type, const char *topic,
+                       int32_t partition, const char *key, int64_t time_s,
+                       const pr_span_ctx_t *trace, const char *tracestate);
+
 /* --- partition.c ------------------------------------------------------ */
 
 part_t *pr__part_find(pr__engine_t *eng, const char *topic, int32_t p);
@@ -595,130 +607,6 @@ void pr__dispatch_time(inv_t *inv);
 /* The run that ended with `inv` gives its unrun claimed events back to
  * their key queue (freed instead when the partition is released). */
 void pr__dispatch_run_ended(inv_t *inv);
-
-/* --- dedup.c ---------------------------------------------------------- */
-
-enum dd_state {
-  DD_OFF,     /* not deduplicated (layer off, or a timer) */
-  DD_PENDING, /* the store lookup is in flight */
-  DD_UNSEEN,  /* not handled before (as of intake, or of pr__dd_prepare) */
-  DD_SEEN,    /* handled before: skip it */
-  DD_ERROR,   /* the lookup failed: ask again */
-  DD_LATE,    /* no store: its id is read and looked up by the thread about
-                 to run its first attempt (pr__dd_prepare) */
-  DD_RECORDED /* recorded by the thread that gave its success (pr__dd_ran) */
-};
-enum dd_gate { DD_RUN, DD_SKIP, DD_WAIT };
-
-pr__did_t pr__dd_id(const char *version, const char *group, const char *topic,
-                    int32_t partition, const char *key, const char *id,
-                    size_t id_len, int64_t offset);
-/* DD_LATE, right before its first attempt (the thread about to run it):
- * reads its id and looks it up; 1 when it is a duplicate (DD_SEEN). */
-int pr__dd_prepare(inv_t *inv);
-/* The attempt gave `result` (the completing thread, before the post):
- * without a store a success is recorded here (DD_RECORDED). */
-void pr__dd_ran(inv_t *inv, prosody_result_t result);
-/* Counts and logs a skipped duplicate (engine thread). */
-void pr__dd_skipped(inv_t *inv);
-/* May the run that `head` starts take follower `f` (not a duplicate)? */
-int pr__dd_claimable(inv_t *head, inv_t *f);
-/* The inv goes: a lookup in flight must not reach it. */
-void pr__dd_forget(inv_t *inv);
-/* Is deduplication on (pipeline mode, idempotence_cache_size > 0)? Any
- * thread once the layer is open. */
-int pr__dd_on(const pr__engine_t *eng);
-/* How long a handled id is remembered (idempotence_ttl; 0: the layer is
- * off). */
-int64_t pr__dd_ttl_s(const pr__engine_t *eng);
-/* The id that keyed state stores with a successful event's state, in the
- * same batch (the layer on Cassandra and the event not a known duplicate),
- * else NULL (engine thread). */
-const pr__did_t *pr__dd_stored_id(const inv_t *inv);
-
-/* --- defer.c, defer_retry.c (deferral, pipeline mode: messages) -------- */
-
-/* Puts the layer in place when defer_enabled (pipeline mode) with its
- * store: memory in mock mode, Cassandra when cassandra_nodes is set, else
- * the layer stays off (a deferred message must outlive the process). */
-prosody_err_t pr__df_open(pr__engine_t *eng, const char *bootstrap,
-                          void (*wake)(void *), char *errstr,
-                          size_t errstr_size);
-void pr__df_close(pr__engine_t *eng);
-/* A handler result, for the failure rate. */
-void pr__df_count(pr__engine_t *eng, prosody_result_t result, int64_t now_ns);
-/* May a transient failure be deferred (the failure rate is at most
- * defer_failure_threshold)? */
-int pr__df_gate(pr__engine_t *eng, int64_t now_ns);
-/* The whole-second delay before deferred retry `n` (0: at once). */
-int64_t pr__df_delay_s(pr__engine_t *eng, int32_t n);
-/* A message's transient failure is deferred, with the queued messages of
- * its key behind it; a loaded one is retried later. */
-void pr__df_defer(inv_t *inv);
-/* A new message of a deferred key: it joins the key's defer queue. */
-void pr__df_join(inv_t *inv);
-/* Admission of an event at the head of its key: unless the key is known
- * (deferred or not), the store is asked first (PR_ADMIT_WAIT; the answer
- * schedules the head again, or defers the key's queued events of the
- * kind when it is deferred: PR_ADMIT_TAKEN when it answers at once). */
-int pr__df_admit(inv_t *inv);
-/* The timer store loaded a retry timer (type deferred message or deferred
- * timer) of `key`: the key is deferred, retried at `time_s`. 0 when the
- * layer keeps no deferral of that kind (the timer is left alone). */
-int pr__df_timer_loaded(part_t *part, const char *key, int kind,
-                        int64_t time_s);
-/* Telemetry of an event whose handler ran: dispatched (at its start),
- * then succeeded or failed (message.c). Any thread holding the inv: the
- * worker that completes a synchronous handler's attempt, else the engine
- * thread. */
-void pr__inv_emit_ran(inv_t *inv);
-/* Telemetry of a timer operation: scheduled or cancelled (message.c), in
- * the calling handler's trace context (`trace`: NULL or invalid for none;
- * `tracestate`: its record's, NULL or "" for none). */
-void pr__emit_timer_op(pr__engine_t *eng, pr__tm_type_t type, const char *topic,
-                       int32_t partition, const char *key, int64_t time_s,
-                       const pr_span_ctx_t *trace, const char *tracestate);
-/* A handler unscheduled the key's timer at `time_s` (-1: all its timers):
- * a deferred one leaves its defer queue too (a failed removal is logged:
- * that timer may still fire). */
-void pr__df_unscheduled(part_t *part, const char *key, int64_t time_s);
-/* A loaded message is done (`commit`: handled; else aborted). */
-void pr__df_finished(inv_t *inv, int commit);
-/* An INV_DEFERRING message's retry timer: write again. */
-void pr__df_write(inv_t *inv);
-/* Releases `part`'s INV_DEFERRING events that wait for their retry timer
- * (not committed: the next owner gets them again); those with writes in
- * flight finish when the store answers. */
-void pr__df_release_waiting(part_t *part);
-void pr__df_assigned(pr__engine_t *eng, part_t *part);
-/* Frees a partition's deferred keys (it is being freed). */
-void pr__df_part_free(part_t *part);
-/* Starts the retries that are due (loop tick). */
-void pr__df_tick(pr__engine_t *eng);
-/* The layer's store of deferred events of `kind` (pr__defer_kind_t), or
- * NULL: that kind is not deferred (the layer is off or closed). */
-pr__defer_t *pr__df_store(const pr__engine_t *eng, int kind);
-/* Test option defer_refuse_rows: is this key-row write to fail? Each yes
- * counts one down. */
-int pr__df_refuse_row(pr__engine_t *eng);
-/* Are `part`'s deferred keys being read (its records and timers wait)? */
-static inline int pr__df_listing(const part_t *part) {
-  return part->df_listing[0] || part->df_listing[1];
-}
-/* The deferred messages kept for their retries (defer_layer.c). */
-/* Keeps a copy of a message being deferred (out of memory: not kept). */
-void pr__dm_put(inv_t *inv);
-/* The kept message (a timer: its key and time) of this partition, or
- * NULL. */
-pr__dmsg_t *pr__dm_find(pr__engine_t *eng, int is_timer, const char *topic,
-                        int32_t partition, const char *key, int64_t offset);
-/* Handled (or gone): not kept any more. */
-void pr__dm_drop(pr__engine_t *eng, int is_timer, const char *topic,
-                 int32_t partition, const char *key, int64_t offset);
-/* The retry of a kept message: a new event of it, or NULL. */
-inv_t *pr__dm_inv(part_t *part, const char *key, int64_t offset);
-/* The deferral kind of an event. */
-#define PR_DF_KIND(inv) ((inv)->is_timer ? PR_DEFER_TIMERS : PR_DEFER_MESSAGES)
 
 /* --- loader.c --------------------------------------------------------- */
 

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dedup.h"
 #include "internal.h"
 
 static void timer_free_cb(uv_handle_t *h) { free(h); }

@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dedup.h"
+#include "defer.h"
 #include "internal.h"
 
 /* The event is done: commit its offset when `commit`, free it; returns the

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "defer.h"
 #include "internal.h"
 
 part_t *pr__part_find(pr__engine_t *eng, const char *topic, int32_t p) {

@@ -48,6 +48,7 @@
 
 #include <jansson.h>
 
+#include "dedup.h"
 #include "state.h"
 
 /* The layer's state (eng->kst): made by its open hook when collections are

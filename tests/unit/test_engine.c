@@ -20,6 +20,8 @@
 
 #include <cmocka.h>
 
+#include "engine/dedup.h"
+#include "engine/defer.h"
 #include "engine/internal.h"
 
 /* --- backpressure.c ---------------------------------------------------- */

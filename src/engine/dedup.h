@@ -1,0 +1,50 @@
+/*
+ * dedup.h - the deduplication layer (dedup.c) as the rest of the engine
+ * sees it: the states of an event's lookup and the calls of the files on
+ * its data path (decode, dispatch, outcome, message, keyed state, the
+ * defer layer). Each declaration names its thread.
+ */
+#ifndef PR_ENGINE_DEDUP_H
+#define PR_ENGINE_DEDUP_H
+
+#include "internal.h"
+
+enum dd_state {
+  DD_OFF,     /* not deduplicated (layer off, or a timer) */
+  DD_PENDING, /* the store lookup is in flight */
+  DD_UNSEEN,  /* not handled before (as of intake, or of pr__dd_prepare) */
+  DD_SEEN,    /* handled before: skip it */
+  DD_ERROR,   /* the lookup failed: ask again */
+  DD_LATE,    /* no store: its id is read and looked up by the thread about
+                 to run its first attempt (pr__dd_prepare) */
+  DD_RECORDED /* recorded by the thread that gave its success (pr__dd_ran) */
+};
+enum dd_gate { DD_RUN, DD_SKIP, DD_WAIT };
+
+pr__did_t pr__dd_id(const char *version, const char *group, const char *topic,
+                    int32_t partition, const char *key, const char *id,
+                    size_t id_len, int64_t offset);
+/* DD_LATE, right before its first attempt (the thread about to run it):
+ * reads its id and looks it up; 1 when it is a duplicate (DD_SEEN). */
+int pr__dd_prepare(inv_t *inv);
+/* The attempt gave `result` (the completing thread, before the post):
+ * without a store a success is recorded here (DD_RECORDED). */
+void pr__dd_ran(inv_t *inv, prosody_result_t result);
+/* Counts and logs a skipped duplicate (engine thread). */
+void pr__dd_skipped(inv_t *inv);
+/* May the run that `head` starts take follower `f` (not a duplicate)? */
+int pr__dd_claimable(inv_t *head, inv_t *f);
+/* The inv goes: a lookup in flight must not reach it. */
+void pr__dd_forget(inv_t *inv);
+/* Is deduplication on (pipeline mode, idempotence_cache_size > 0)? Any
+ * thread once the layer is open. */
+int pr__dd_on(const pr__engine_t *eng);
+/* How long a handled id is remembered (idempotence_ttl; 0: the layer is
+ * off). */
+int64_t pr__dd_ttl_s(const pr__engine_t *eng);
+/* The id that keyed state stores with a successful event's state, in the
+ * same batch (the layer on Cassandra and the event not a known duplicate),
+ * else NULL (engine thread). */
+const pr__did_t *pr__dd_stored_id(const inv_t *inv);
+
+#endif /* PR_ENGINE_DEDUP_H */
