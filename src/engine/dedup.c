@@ -449,7 +449,8 @@ static void dd_record(inv_t *inv) {
   }
 }
 
-void pr__dd_forget(inv_t *inv) {
+/* The forget hook: a lookup in flight must not reach the freed inv. */
+static void forget(inv_t *inv) {
   PR_ENGINE_THREAD(inv->eng);
   if (inv->dd_req)
     inv->dd_req->inv = NULL;
@@ -497,5 +498,6 @@ const pr__layer_t pr__layer_dedup = {.name = "dedup",
                                      .intake = intake,
                                      .admit = admit,
                                      .done = done,
+                                     .forget = forget,
                                      .poll = poll_store,
                                      .close = dd_close};

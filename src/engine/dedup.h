@@ -34,8 +34,6 @@ void pr__dd_ran(inv_t *inv, prosody_result_t result);
 void pr__dd_skipped(inv_t *inv);
 /* May the run that `head` starts take follower `f` (not a duplicate)? */
 int pr__dd_claimable(inv_t *head, inv_t *f);
-/* The inv goes: a lookup in flight must not reach it. */
-void pr__dd_forget(inv_t *inv);
 /* Is deduplication on (pipeline mode, idempotence_cache_size > 0)? Any
  * thread once the layer is open. */
 int pr__dd_on(const pr__engine_t *eng);

@@ -666,12 +666,14 @@ int pr__df_admit(inv_t *inv) {
   return PR_ADMIT_RUN;
 }
 
-int pr__df_timer_loaded(part_t *part, const char *key, int kind,
+int pr__df_timer_loaded(part_t *part, const char *key, int type,
                         int64_t time_s) {
   PR_ENGINE_THREAD(part->eng);
+  int kind = type == PR_TIMER_DEFER_TIMER ? PR_DEFER_TIMERS : PR_DEFER_MESSAGES;
   kq_t *kq;
   pr__dk_t *dk;
-  if (!pr__df_store(part->eng, kind))
+  if ((type != PR_TIMER_DEFER_MESSAGE && type != PR_TIMER_DEFER_TIMER) ||
+      !pr__df_store(part->eng, kind))
     return 0;
   if (!(kq = pr__kq_get(part, key, 1)))
     return 0; /* out of memory: read again at the next assignment */

@@ -40,15 +40,6 @@ void pr__df_join(inv_t *inv);
  * schedules the head again, or defers the key's queued events of the
  * kind when it is deferred: PR_ADMIT_TAKEN when it answers at once). */
 int pr__df_admit(inv_t *inv);
-/* The timer store loaded a retry timer (type deferred message or deferred
- * timer) of `key`: the key is deferred, retried at `time_s`. 0 when the
- * layer keeps no deferral of that kind (the timer is left alone). */
-int pr__df_timer_loaded(part_t *part, const char *key, int kind,
-                        int64_t time_s);
-/* A handler unscheduled the key's timer at `time_s` (-1: all its timers):
- * a deferred one leaves its defer queue too (a failed removal is logged:
- * that timer may still fire). */
-void pr__df_unscheduled(part_t *part, const char *key, int64_t time_s);
 /* A loaded message is done (`commit`: handled; else aborted). */
 void pr__df_finished(inv_t *inv, int commit);
 /* An INV_DEFERRING message's retry timer: write again. */
@@ -58,8 +49,6 @@ void pr__df_write(inv_t *inv);
  * flight finish when the store answers. */
 void pr__df_release_waiting(part_t *part);
 void pr__df_assigned(pr__engine_t *eng, part_t *part);
-/* Frees a partition's deferred keys (it is being freed). */
-void pr__df_part_free(part_t *part);
 /* Starts the retries that are due (loop tick). */
 void pr__df_tick(pr__engine_t *eng);
 /* The layer's store of deferred events of `kind` (pr__defer_kind_t), or
@@ -87,7 +76,20 @@ inv_t *pr__dm_inv(part_t *part, const char *key, int64_t offset);
 /* The deferral kind of an event. */
 #define PR_DF_KIND(inv) ((inv)->is_timer ? PR_DEFER_TIMERS : PR_DEFER_MESSAGES)
 
-/* ---- shared by defer.c and defer_retry.c -------------------------------- */
+/* ---- the layer's hooks (defer_layer.c's table) and what its files share - */
+
+/* The timer_loaded hook: the timer store loaded a timer of `type` (as
+ * stored) of `key`; a retry timer (deferred message or deferred timer)
+ * means the key is deferred, retried at `time_s`. 0 for another type, or
+ * when the layer keeps no deferral of that kind (left alone). */
+int pr__df_timer_loaded(part_t *part, const char *key, int type,
+                        int64_t time_s);
+/* A handler unscheduled the key's timer at `time_s` (-1: all its timers):
+ * a deferred one leaves its defer queue too (a failed removal is logged:
+ * that timer may still fire). */
+void pr__df_unscheduled(part_t *part, const char *key, int64_t time_s);
+/* Frees a partition's deferred keys (it is being freed). */
+void pr__df_part_free(part_t *part);
 
 /* The room a segment's name is given (pr__df_segment). */
 #define PR_DF_SEG_MAX 1024

@@ -95,7 +95,7 @@ void pr__firing_deleted(part_t *part, const char *key, int64_t time_s,
     pr__tq_remove(part->tq, key, time_s);
   else
     pr__tq_remove_key(part->tq, key, keep_s);
-  pr__df_unscheduled(part, key, time_s);
+  pr__layers_unscheduled(part, key, time_s); /* defer's queue */
   kq = pr__kq_get(part, key, 0);
   for (inv_t *i = kq ? kq->head : NULL; i; i = i->next) {
     if (!i->is_timer ||
@@ -352,16 +352,10 @@ static void slab_loaded(void *arg, prosody_err_t err, const char *errstr,
       else if (recs[i].type == PR_TIMER_APPLICATION) {
         if (!deleted_meanwhile(part, recs[i].key, recs[i].time_s))
           timer_loaded(part, recs[i].key, recs[i].time_s, &recs[i].ctx);
-      } else if (recs[i].type == PR_TIMER_DEFER_MESSAGE ||
-                 recs[i].type == PR_TIMER_DEFER_TIMER) { /* a deferred key's */
+      } else { /* a deferred key's (defer), or the original's type 3 */
         pr__slabs_pin(part, recs[i].time_s,
-                      pr__df_timer_loaded(part, recs[i].key,
-                                          recs[i].type == PR_TIMER_DEFER_TIMER
-                                              ? PR_DEFER_TIMERS
-                                              : PR_DEFER_MESSAGES,
-                                          recs[i].time_s));
-      } else {
-        pr__slabs_pin(part, recs[i].time_s, 0); /* the original's type 3 */
+                      pr__layers_timer_loaded(part, recs[i].key, recs[i].type,
+                                              recs[i].time_s));
       }
     }
   load_done(part);

@@ -16,7 +16,17 @@
  *   decide    on the way out: pass (V_NEXT) or decide the attempt's fate;
  *             a layer that decides V_DEFER carries it out in `take`
  *   done      the event is committed past after its handler ran
+ *   forget    the event is freed: let go of what the layer keeps of it
  *   on_assign a partition was assigned (after its timers were loaded)
+ *   on_free   a partition is freed (released, or the engine stops)
+ *   timer_loaded
+ *             a slab load found a timer of a type other than the
+ *             application's (type, as stored): 1 when the layer took it
+ *             (it pins its slab), 0 to leave it alone; the first layer
+ *             that takes it ends the walk
+ *   unscheduled
+ *             a handler deleted the key's application timer at `time_s`
+ *             (-1: all of the key's timers)
  *   on_tick   every poll_interval
  *   poll      the layer's store finished operations: deliver their
  *             results (the engine's stores' letter)
@@ -76,7 +86,11 @@ typedef struct pr__layer {
   pr__verdict_t (*decide)(inv_t *inv);
   void (*take)(inv_t *inv);
   void (*done)(inv_t *inv);
+  void (*forget)(inv_t *inv);
   void (*on_assign)(pr__engine_t *eng, part_t *part);
+  void (*on_free)(part_t *part);
+  int (*timer_loaded)(part_t *part, const char *key, int type, int64_t time_s);
+  void (*unscheduled)(part_t *part, const char *key, int64_t time_s);
   void (*on_tick)(pr__engine_t *eng);
   void (*poll)(pr__engine_t *eng);
   void (*close)(pr__engine_t *eng, int final);
@@ -102,7 +116,13 @@ void pr__layers_ran(inv_t *inv);
  * decided (may be NULL). Changes nothing but a layer's logs. */
 pr__verdict_t pr__layers_decide(inv_t *inv, const pr__layer_t **by);
 void pr__layers_done(inv_t *inv);
+/* Also for an event of no engine (inv->eng NULL): nothing to forget. */
+void pr__layers_forget(inv_t *inv);
 void pr__layers_assign(pr__engine_t *eng, part_t *part);
+void pr__layers_part_free(part_t *part);
+int pr__layers_timer_loaded(part_t *part, const char *key, int type,
+                            int64_t time_s);
+void pr__layers_unscheduled(part_t *part, const char *key, int64_t time_s);
 void pr__layers_tick(pr__engine_t *eng);
 void pr__layers_poll(pr__engine_t *eng);
 void pr__layers_close(pr__engine_t *eng, int final);

@@ -10,7 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dedup.h"
 #include "internal.h"
 
 static void timer_free_cb(uv_handle_t *h) { free(h); }
@@ -25,8 +24,7 @@ void pr__inv_timer_close(uv_timer_t **t) {
 
 void pr__inv_free(inv_t *inv) {
   pr__dispatch_untime(inv);
-  pr__dd_forget(inv);
-  pr__state_drop(inv);
+  pr__layers_forget(inv); /* dedup's lookup, keyed state's transaction */
   pr__inv_timer_close(&inv->timer);
   if (!inv->inline_strings) {
     free(inv->msg.key);
@@ -50,14 +48,6 @@ void pr__inv_free(inv_t *inv) {
 }
 
 /* "topic[p] offset N key "k"" or "topic[p] timer T key "k"", for logs. */
-const char *pr__inv_describe(const inv_t *inv, char *buf, size_t n) {
-  snprintf(buf, n, "%s[%d] %s %lld key \"%.64s\"", inv->msg.topic,
-           inv->msg.partition, inv->is_timer ? "timer" : "offset",
-           (long long)(inv->is_timer ? inv->time_s : inv->msg.offset),
-           inv->msg.key ? inv->msg.key : "");
-  return buf;
-}
-
 /* Detaches a message's headers and frees its librdkafka message. A
  * message from librdkafka pins the fetch buffer it came in (a whole fetch
  * response). An event that starts is released by pr__decode_prepare() on

@@ -171,6 +171,40 @@ void pr__layers_done(inv_t *inv) {
     (*l)->done(inv);
 }
 
+void pr__layers_forget(inv_t *inv) {
+  if (!inv->eng || !inv->eng->layers)
+    return;
+  PR_ENGINE_THREAD(inv->eng);
+  EACH(inv->eng, l)
+  if ((*l)->forget)
+    (*l)->forget(inv);
+}
+
+void pr__layers_part_free(part_t *part) {
+  PR_ENGINE_THREAD(part->eng);
+  if (!part->eng->layers)
+    return;
+  EACH(part->eng, l)
+  if ((*l)->on_free)
+    (*l)->on_free(part);
+}
+
+int pr__layers_timer_loaded(part_t *part, const char *key, int type,
+                            int64_t time_s) {
+  PR_ENGINE_THREAD(part->eng);
+  EACH(part->eng, l)
+  if ((*l)->timer_loaded && (*l)->timer_loaded(part, key, type, time_s))
+    return 1;
+  return 0;
+}
+
+void pr__layers_unscheduled(part_t *part, const char *key, int64_t time_s) {
+  PR_ENGINE_THREAD(part->eng);
+  EACH(part->eng, l)
+  if ((*l)->unscheduled)
+    (*l)->unscheduled(part, key, time_s);
+}
+
 void pr__layers_assign(pr__engine_t *eng, part_t *part) {
   PR_ENGINE_THREAD(eng);
   EACH(eng, l)

@@ -7,7 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "defer.h"
 #include "internal.h"
 
 part_t *pr__part_find(pr__engine_t *eng, const char *topic, int32_t p) {
@@ -164,7 +163,7 @@ part_t *pr__part_new(pr__engine_t *eng, const char *topic, int32_t p) {
 
 void pr__part_free(part_t *part) {
   PR_ENGINE_THREAD(part->eng);
-  pr__df_part_free(part);
+  pr__layers_part_free(part); /* defer's keys */
   for (size_t i = 0; part->buckets && i < part->nbuckets; i++) {
     kq_t *k = part->buckets[i], *next;
     for (; k; k = next) {

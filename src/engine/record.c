@@ -2,8 +2,8 @@
  * record.c - a record's bytes as the engine takes them, with no engine
  * state: the key check at intake, the copy into an invocation, the
  * payload's verdict at decode, and what the handler reads of it (the
- * prosody_message_* accessors). The libFuzzer target
- * tests/fuzz/fuzz_record.c drives these functions with hostile records.
+ * prosody_message_* accessors), and its description for logs. The libFuzzer
+ * target tests/fuzz/fuzz_record.c drives these functions with hostile records.
  *
  * Threads: the key check and the copy on the engine thread; the verdict
  * and the accessors on the handler's thread.
@@ -244,4 +244,13 @@ PROSODY_EXPORT const char *prosody_message_header(const prosody_message_t *m,
   }
   pthread_mutex_unlock(hdr_lock_of(m));
   return out;
+}
+
+/* For logs (any thread holding the inv). */
+const char *pr__inv_describe(const inv_t *inv, char *buf, size_t n) {
+  snprintf(buf, n, "%s[%d] %s %lld key \"%.64s\"", inv->msg.topic,
+           inv->msg.partition, inv->is_timer ? "timer" : "offset",
+           (long long)(inv->is_timer ? inv->time_s : inv->msg.offset),
+           inv->msg.key ? inv->msg.key : "");
+  return buf;
 }

@@ -623,5 +623,6 @@ pr__sstore_t *pr__st_store(const pr__engine_t *eng) {
 
 const pr__layer_t pr__layer_state = {.name = "keyed state",
                                      .open = open_layer,
+                                     .forget = pr__state_drop,
                                      .poll = poll_store,
                                      .close = close_layer};
