@@ -476,7 +476,8 @@ void pr__inv_free(inv_t *inv);
  * (record.c). `keep_trace`: headers with a traceparent stay while
  * telemetry is on (its events report the context). */
 void pr__inv_shed(inv_t *inv, int keep_trace);
-/* "topic[p] offset N key "k"" or "topic[p] timer T key "k"", for logs. */
+/* "topic[p] offset N key "k"" or "topic[p] timer T key "k"", for logs
+ * (record.c). */
 const char *pr__inv_describe(const inv_t *inv, char *buf, size_t n);
 void pr__inv_release_rkm(inv_t *inv);
 void pr__inv_timer_close(uv_timer_t **t);

@@ -47,7 +47,6 @@ void pr__inv_free(inv_t *inv) {
   free(inv);
 }
 
-/* "topic[p] offset N key "k"" or "topic[p] timer T key "k"", for logs. */
 /* Detaches a message's headers and frees its librdkafka message. A
  * message from librdkafka pins the fetch buffer it came in (a whole fetch
  * response). An event that starts is released by pr__decode_prepare() on
