@@ -157,6 +157,7 @@ T_SCENARIO(fresh_client_first_send_within_default_timeout, T_BOTH, 60) {
   prosody_config_t *conf;
   prosody_client_t *client;
   t_record_t recs[FRESH + 1];
+  int64_t total_ms = 0;
 
   t_create_topic(topic, 3);
   /* A broker that has just started answers the first idempotent producer's
@@ -171,16 +172,19 @@ T_SCENARIO(fresh_client_first_send_within_default_timeout, T_BOTH, 60) {
                         sizeof(err)),
            err);
   prosody_client_destroy(client);
-  /* Fresh clients, default send budget: every first send is delivered,
-   * also when the client sat idle (connected, no topic known) first. Such a
-   * send used to wait for librdkafka's 1 s topic scan: the bound below is
-   * half of that, ten times what the send takes. */
+  /* Fresh clients: every first send is delivered, also when the client
+   * sat idle (connected, no topic known) first. Such a send used to wait
+   * for librdkafka's 1 s topic scan, up to a second each: FRESH of them
+   * then took about FRESH / 2 s together, against tens of milliseconds
+   * now. The bound is on their sum, with room for a loaded machine (a
+   * single slow send does not fail it; the old wait would, nearly
+   * always). */
   for (int i = 0; i < FRESH; i++) {
     struct timespec t0, t1;
     int64_t ms;
     conf = t_config();
     t_set(conf, "source_system", "fresh");
-    t_set(conf, "send_timeout", "1s");
+    t_set(conf, "send_timeout", "10s");
     client = prosody_client_new(conf, err, sizeof(err));
     CHECK(client, "client: %s", err);
     if (i % 2)
@@ -191,10 +195,12 @@ T_SCENARIO(fresh_client_first_send_within_default_timeout, T_BOTH, 60) {
              err);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     ms = (t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000;
-    CHECK(ms < 500, "fresh client %d: first send took %lld ms", i,
-          (long long)ms);
+    total_ms += ms;
     prosody_client_destroy(client);
   }
+  CHECK(total_ms < FRESH * 1000 / 3,
+        "%d fresh clients' first sends took %lld ms together", FRESH,
+        (long long)total_ms);
 
   CHECK(t_read_back(topic, FRESH + 1, 30, recs) == FRESH + 1,
         "fresh clients' records missing");
