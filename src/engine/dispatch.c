@@ -160,32 +160,13 @@ static void run_handler(void *arg) {
   }
 }
 
-/* Leaves the deadline list (engine thread). The loop timer stays armed for
- * the old head: on_timeout re-arms it for the new one. */
-void pr__dispatch_untime(inv_t *inv) {
-  PR_ENGINE_THREAD(inv->eng);
-  pr__engine_t *eng = inv->eng;
-  if (!inv->timed)
-    return;
-  if (inv->tprev)
-    inv->tprev->tnext = inv->tnext;
-  else
-    eng->tmo_head = inv->tnext;
-  if (inv->tnext)
-    inv->tnext->tprev = inv->tprev;
-  else
-    eng->tmo_tail = inv->tprev;
-  inv->tprev = inv->tnext = NULL;
-  inv->timed = 0;
-}
-
 static void on_timeout(uv_timer_t *t) {
   pr__engine_t *eng = t->data;
   int64_t now = pr__now_ns();
   inv_t *inv;
   char what[160];
   while ((inv = eng->tmo_head) && inv->deadline_ns <= now) {
-    pr__dispatch_untime(inv);
+    pr__inv_untime(inv);
     PR_WARN("engine", "handler for %s exceeded its timeout; cancelling it",
             pr__inv_describe(inv, what, sizeof(what)));
     pr__dispatch_cancel(inv);

@@ -471,6 +471,8 @@ inv_t *pr__inv_alloc(pr__engine_t *eng, size_t room);
 #define PR_INV_ROOM_STEP 64
 /* Frees an inv (back to the free list when it came from pr__inv_alloc). */
 void pr__inv_free(inv_t *inv);
+/* Leaves the running events' deadline list (pr__dispatch_time joins it). */
+void pr__inv_untime(inv_t *inv);
 /* Frees what only the handler needed (JSON tree, headers, header copies):
  * on success, by the worker that ran it, so the engine thread does not
  * (record.c). `keep_trace`: headers with a traceparent stay while
@@ -602,7 +604,6 @@ void pr__dispatch_ready_remove(pr__engine_t *eng, part_t *part);
 void pr__dispatch_cancel(inv_t *inv);
 /* The scheduler's `urgent` callback. */
 int pr__dispatch_urgent(const pr__sched_task_t *t);
-void pr__dispatch_untime(inv_t *inv);
 /* Joins the deadline list (a claimed event that has just started). */
 void pr__dispatch_time(inv_t *inv);
 /* The run that ended with `inv` gives its unrun claimed events back to

@@ -22,8 +22,28 @@ void pr__inv_timer_close(uv_timer_t **t) {
   }
 }
 
+/* Leaves the running events' deadline list (eng->tmo_head, which dispatch.c
+ * joins and times out; engine thread). The loop timer stays armed for the
+ * old head: dispatch.c's on_timeout re-arms it for the new one. */
+void pr__inv_untime(inv_t *inv) {
+  PR_ENGINE_THREAD(inv->eng);
+  pr__engine_t *eng = inv->eng;
+  if (!inv->timed)
+    return;
+  if (inv->tprev)
+    inv->tprev->tnext = inv->tnext;
+  else
+    eng->tmo_head = inv->tnext;
+  if (inv->tnext)
+    inv->tnext->tprev = inv->tprev;
+  else
+    eng->tmo_tail = inv->tprev;
+  inv->tprev = inv->tnext = NULL;
+  inv->timed = 0;
+}
+
 void pr__inv_free(inv_t *inv) {
-  pr__dispatch_untime(inv);
+  pr__inv_untime(inv);
   pr__layers_forget(inv); /* dedup's lookup, keyed state's transaction */
   pr__inv_timer_close(&inv->timer);
   if (!inv->inline_strings) {

@@ -153,7 +153,7 @@ void pr__outcome_handler_done(inv_t *inv) {
   pr__engine_t *eng = inv->eng;
 
   inv->part->active--;
-  pr__dispatch_untime(inv);
+  pr__inv_untime(inv);
   if (inv->kq) { /* its handler time counts against its key and class */
     int64_t now = pr__now_ns();
     pr__sched_charge(&eng->sched, inv->kq->sk,
