@@ -647,12 +647,6 @@ void pr__outcome_fail(inv_t *inv, prosody_result_t result, const char *why);
 /* --- state.c: keyed state ------------------------------------------------- */
 
 typedef struct pr__stx pr__stx_t;
-/* Drops the event's transaction (its writes are not stored). */
-void pr__state_drop(inv_t *inv);
-/* A success: stores the transaction's writes (with the event's dedup
- * record) and returns 1, then pr__outcome_committed() once stored; 0 when
- * there is nothing to store (the caller goes on). */
-int pr__state_settle(inv_t *inv);
 /* Is keyed state in use (collections registered, the store open)? */
 int pr__state_on(const pr__engine_t *eng);
 /* Fails a queued event transiently without running its handler (a layer

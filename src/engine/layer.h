@@ -15,6 +15,13 @@
  *   ran       an attempt completed (engine thread, before decide)
  *   decide    on the way out: pass (V_NEXT) or decide the attempt's fate;
  *             a layer that decides V_DEFER carries it out in `take`
+ *   settle    the attempt succeeded and is to be committed: 1 when the
+ *             layer stores its effects first (it calls
+ *             pr__outcome_committed once they are stored; the walk ends),
+ *             0 to go on
+ *   drop      the attempt is over and its effects are not stored (it
+ *             failed, is retried, deferred or dead-lettered, or a settle
+ *             found nothing to store)
  *   done      the event is committed past after its handler ran
  *   forget    the event is freed: let go of what the layer keeps of it
  *   on_assign a partition was assigned (after its timers were loaded)
@@ -85,6 +92,8 @@ typedef struct pr__layer {
   void (*ran)(inv_t *inv);
   pr__verdict_t (*decide)(inv_t *inv);
   void (*take)(inv_t *inv);
+  int (*settle)(inv_t *inv);
+  void (*drop)(inv_t *inv);
   void (*done)(inv_t *inv);
   void (*forget)(inv_t *inv);
   void (*on_assign)(pr__engine_t *eng, part_t *part);
@@ -115,6 +124,9 @@ void pr__layers_ran(inv_t *inv);
 /* What the layers decide (V_COMMIT when none does); `*by` the layer that
  * decided (may be NULL). Changes nothing but a layer's logs. */
 pr__verdict_t pr__layers_decide(inv_t *inv, const pr__layer_t **by);
+/* 1 when a layer took the commit (pr__outcome_committed follows). */
+int pr__layers_settle(inv_t *inv);
+void pr__layers_drop(inv_t *inv);
 void pr__layers_done(inv_t *inv);
 /* Also for an event of no engine (inv->eng NULL): nothing to forget. */
 void pr__layers_forget(inv_t *inv);

@@ -164,6 +164,21 @@ pr__verdict_t pr__layers_decide(inv_t *inv, const pr__layer_t **by) {
   return V_COMMIT;
 }
 
+int pr__layers_settle(inv_t *inv) {
+  PR_ENGINE_THREAD(inv->eng);
+  EACH(inv->eng, l)
+  if ((*l)->settle && (*l)->settle(inv))
+    return 1;
+  return 0;
+}
+
+void pr__layers_drop(inv_t *inv) {
+  PR_ENGINE_THREAD(inv->eng);
+  EACH(inv->eng, l)
+  if ((*l)->drop)
+    (*l)->drop(inv);
+}
+
 void pr__layers_done(inv_t *inv) {
   PR_ENGINE_THREAD(inv->eng);
   EACH(inv->eng, l)

@@ -208,7 +208,7 @@ void pr__outcome_handler_done(inv_t *inv) {
 static void decided(inv_t *inv, pr__verdict_t v, const pr__layer_t *by) {
   pr__engine_t *eng = inv->eng;
   if (v != V_COMMIT)
-    pr__state_drop(inv); /* a failed attempt's writes vanish */
+    pr__layers_drop(inv); /* a failed attempt's writes vanish */
   switch (v) {
   case V_RETRY:
     PR_BUMP(eng->metrics.retries, 1);
@@ -225,9 +225,9 @@ static void decided(inv_t *inv, pr__verdict_t v, const pr__layer_t *by) {
     pr__outcome_finish(inv, 0);
     return;
   default:
-    if (inv->result == PROSODY_SUCCESS && pr__state_settle(inv))
+    if (inv->result == PROSODY_SUCCESS && pr__layers_settle(inv))
       return; /* pr__outcome_committed once its keyed state is stored */
-    pr__state_drop(inv);
+    pr__layers_drop(inv);
     pr__outcome_committed(inv);
     return;
   }

@@ -20,7 +20,7 @@
  * there is of it (`complete`: reads need not ask the store). Reads look in
  * the overlay first. PROSODY_STATE_COMMIT and a read_uncommitted write
  * apply the collection's dirty cells at once; PROSODY_STATE_ROLLBACK drops
- * the overlay. When the handler succeeds, pr__state_settle() applies every
+ * the overlay. When the handler succeeds, the `settle` hook applies every
  * collection's dirty cells in one store call, with the event's
  * deduplication record when the dedup layer runs on Cassandra (one logged
  * batch: a redelivered event whose state landed is a duplicate), and the
@@ -220,7 +220,9 @@ static void stx_detach(pr__stx_t *t) {
     pr__st_stx_free(t);
 }
 
-void pr__state_drop(inv_t *inv) {
+/* The `drop` and `forget` hooks: drops the event's transaction (its writes
+ * are not stored). */
+static void state_drop(inv_t *inv) {
   if (!inv->stx)
     return;
   stx_detach(inv->stx);
@@ -336,7 +338,7 @@ static void settled(void *arg, prosody_err_t err, const char *errstr) {
              errstr ? errstr : prosody_err_name(err));
     inv->part->active--;
     eng->dlq_inflight--;
-    pr__state_drop(inv);
+    state_drop(inv);
     inv->state = INV_RUNNING; /* deciding again, as after its attempt */
     pr__outcome_fail(inv, PROSODY_PERMANENT, why);
     return;
@@ -355,7 +357,7 @@ static void settled(void *arg, prosody_err_t err, const char *errstr) {
   }
   inv->part->active--;
   eng->dlq_inflight--;
-  pr__state_drop(inv);
+  state_drop(inv);
   if (err) {
     PR_WARN("state",
             "%s: storing its keyed state failed: %s; it is not committed "
@@ -406,7 +408,10 @@ nomem:
   settled(t, PROSODY_ERR_NOMEM, "out of memory");
 }
 
-int pr__state_settle(inv_t *inv) {
+/* The `settle` hook: a success stores the transaction's writes (with the
+ * event's dedup record) and returns 1, then pr__outcome_committed() once
+ * stored; 0 when there is nothing to store (the caller goes on). */
+static int state_settle(inv_t *inv) {
   PR_ENGINE_THREAD(inv->eng);
   pr__stx_t *t = inv->stx;
   int dirty = 0;
@@ -417,7 +422,7 @@ int pr__state_settle(inv_t *inv) {
     if (c->dirty && !inv->eng->st->states.d[c->def].read_uncommitted)
       dirty = 1;
   if (!dirty) {
-    pr__state_drop(inv);
+    state_drop(inv);
     return 0;
   }
   inv->state = INV_DLQ; /* in flight: a drain waits for it */
@@ -623,6 +628,8 @@ pr__sstore_t *pr__st_store(const pr__engine_t *eng) {
 
 const pr__layer_t pr__layer_state = {.name = "keyed state",
                                      .open = open_layer,
-                                     .forget = pr__state_drop,
+                                     .settle = state_settle,
+                                     .drop = state_drop,
+                                     .forget = state_drop,
                                      .poll = poll_store,
                                      .close = close_layer};
