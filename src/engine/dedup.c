@@ -375,14 +375,6 @@ void pr__dd_ran(inv_t *inv, prosody_result_t result) {
   inv->dd = DD_RECORDED;
 }
 
-void pr__dd_skipped(inv_t *inv) {
-  PR_ENGINE_THREAD(inv->eng);
-  char ev[160];
-  PR_BUMP(inv->eng->metrics.skipped_duplicate, 1);
-  PR_DEBUG("engine", "%s: a duplicate of one already handled; skipping it",
-           pr__inv_describe(inv, ev, sizeof(ev)));
-}
-
 /* At the head of its key: run it, skip it (a duplicate: commit past it),
  * or wait (pr__dispatch_schedule() is called again once known). */
 static int dd_gate(inv_t *inv) {
@@ -478,7 +470,7 @@ static int admit(inv_t *inv) {
   case DD_RUN:
     return PR_ADMIT_RUN;
   case DD_SKIP:
-    pr__dd_skipped(inv);
+    pr__outcome_count_duplicate(inv);
     return PR_ADMIT_SKIP;
   default:
     return PR_ADMIT_WAIT;

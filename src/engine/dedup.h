@@ -30,8 +30,6 @@ int pr__dd_prepare(inv_t *inv);
 /* The attempt gave `result` (the completing thread, before the post):
  * without a store a success is recorded here (DD_RECORDED). */
 void pr__dd_ran(inv_t *inv, prosody_result_t result);
-/* Counts and logs a skipped duplicate (engine thread). */
-void pr__dd_skipped(inv_t *inv);
 /* May the run that `head` starts take follower `f` (not a duplicate)? */
 int pr__dd_claimable(inv_t *head, inv_t *f);
 /* Is deduplication on (pipeline mode, idempotence_cache_size > 0)? Any

@@ -635,6 +635,10 @@ void pr__outcome_handler_done(inv_t *inv);
 void pr__outcome_mail(pr__mail_t *mail, void *owner);
 inv_t *pr__outcome_finish_detach(inv_t *inv, int commit);
 void pr__outcome_finish(inv_t *inv, int commit);
+/* Counts and logs a duplicate about to be committed past (the dedup layer
+ * found it at its key's head, or its worker did), as the other skips are
+ * counted here. */
+void pr__outcome_count_duplicate(inv_t *inv);
 /* A handled event (success or permanent failure) whose keyed state is
  * stored: done with it (the layers' `done`, a fired timer's delete, the
  * offset). */

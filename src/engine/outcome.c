@@ -8,7 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dedup.h"
 #include "defer.h"
 #include "internal.h"
 
@@ -36,6 +35,14 @@ inv_t *pr__outcome_finish_detach(inv_t *inv, int commit) {
   return next && !part->revoking && !part->held && eng->phase == PH_RUNNING
              ? next
              : NULL;
+}
+
+void pr__outcome_count_duplicate(inv_t *inv) {
+  PR_ENGINE_THREAD(inv->eng);
+  char ev[160];
+  PR_BUMP(inv->eng->metrics.skipped_duplicate, 1);
+  PR_DEBUG("engine", "%s: a duplicate of one already handled; skipping it",
+           pr__inv_describe(inv, ev, sizeof(ev)));
 }
 
 void pr__outcome_finish(inv_t *inv, int commit) {
@@ -172,7 +179,7 @@ void pr__outcome_handler_done(inv_t *inv) {
   }
 
   if (inv->skip_dup) {
-    pr__dd_skipped(inv);
+    pr__outcome_count_duplicate(inv);
     pr__outcome_finish(inv, 1);
     return;
   }
