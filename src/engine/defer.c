@@ -265,6 +265,8 @@ static void leave_all(inv_t *inv, int commit) {
   leave(inv, commit); /* frees inv */
 }
 
+static void write_again(uv_timer_t *t);
+
 static void written(void *arg, prosody_err_t err, const char *errstr) {
   inv_t *inv = arg;
   char ev[160];
@@ -294,7 +296,15 @@ static void written(void *arg, prosody_err_t err, const char *errstr) {
     leave_all(inv, 0); /* not committed: redelivered to the next owner */
     return;
   }
-  pr__outcome_arm_retry(inv, pr__outcome_backoff_ms(inv->eng, 1) + 100);
+  if (pr__inv_timer_start(inv, pr__outcome_backoff_ms(inv->eng, 1) + 100,
+                          write_again))
+    pr__df_write(inv); /* no timer: at once */
+}
+
+static void write_again(uv_timer_t *t) {
+  inv_t *inv = t->data;
+  pr__inv_timer_close(&inv->timer); /* a timer means a retry is pending */
+  pr__df_write(inv);                /* gives up itself when released */
 }
 
 void pr__df_write(inv_t *inv) {

@@ -483,6 +483,9 @@ void pr__inv_shed(inv_t *inv, int keep_trace);
 const char *pr__inv_describe(const inv_t *inv, char *buf, size_t n);
 void pr__inv_release_rkm(inv_t *inv);
 void pr__inv_timer_close(uv_timer_t **t);
+/* Arms the event's one timer (inv->timer, closing the one before) to call
+ * `cb` (data: the inv) after `ms`; -1 without memory (no timer). */
+int pr__inv_timer_start(inv_t *inv, uint64_t ms, uv_timer_cb cb);
 
 /* Telemetry of an event whose handler ran: dispatched (at its start),
  * then succeeded or failed (message.c). Any thread holding the inv: the

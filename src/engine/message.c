@@ -22,6 +22,17 @@ void pr__inv_timer_close(uv_timer_t **t) {
   }
 }
 
+int pr__inv_timer_start(inv_t *inv, uint64_t ms, uv_timer_cb cb) {
+  PR_ENGINE_THREAD(inv->eng);
+  pr__inv_timer_close(&inv->timer);
+  if (!(inv->timer = malloc(sizeof(uv_timer_t))))
+    return -1;
+  uv_timer_init(&inv->eng->loop, inv->timer);
+  inv->timer->data = inv;
+  uv_timer_start(inv->timer, cb, ms, 0);
+  return 0;
+}
+
 /* Leaves the running events' deadline list (eng->tmo_head, which dispatch.c
  * joins and times out; engine thread). The loop timer stays armed for the
  * old head: dispatch.c's on_timeout re-arms it for the new one. */

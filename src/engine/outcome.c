@@ -78,22 +78,15 @@ static void on_retry(uv_timer_t *t);
 
 void pr__outcome_arm_retry(inv_t *inv, uint64_t ms) {
   PR_ENGINE_THREAD(inv->eng);
-  pr__inv_timer_close(&inv->timer);
-  inv->timer = malloc(sizeof(uv_timer_t));
-  if (!inv->timer) { /* no timer: try again at once */
-    if (inv->state == INV_DLQ && inv->is_timer)
-      pr__firing_delete(inv);
-    else if (inv->state == INV_DLQ)
-      pr__dlq_send(inv);
-    else if (inv->state == INV_DEFERRING)
-      pr__df_write(inv);
-    else
-      pr__dispatch_schedule(inv);
+  if (pr__inv_timer_start(inv, ms, on_retry) == 0)
     return;
-  }
-  uv_timer_init(&inv->eng->loop, inv->timer);
-  inv->timer->data = inv;
-  uv_timer_start(inv->timer, on_retry, ms, 0);
+  /* no timer: try again at once */
+  if (inv->state == INV_DLQ && inv->is_timer)
+    pr__firing_delete(inv);
+  else if (inv->state == INV_DLQ)
+    pr__dlq_send(inv);
+  else
+    pr__dispatch_schedule(inv);
 }
 
 static void on_retry(uv_timer_t *t) {
@@ -102,10 +95,6 @@ static void on_retry(uv_timer_t *t) {
    * a failure-topic send or timer delete in flight, and releases one that
    * waits for its retry). */
   pr__inv_timer_close(&inv->timer);
-  if (inv->state == INV_DEFERRING) {
-    pr__df_write(inv); /* gives up itself when released */
-    return;
-  }
   if (inv->eng->phase != PH_RUNNING || inv->part->revoking) {
     pr__outcome_finish(inv, 0); /* released: redelivered later */
     return;
