@@ -105,6 +105,8 @@ typedef struct pr__test_opts {
   int state_exit_after;       /* the process exits (status 42) once this
                                  many events' keyed state is stored,
                                  before their commit: a crash there */
+  int dlq_refuse_sends;       /* the next N sends to failure_topic fail
+                                 transiently, as when the broker refuses */
 } pr__test_opts_t;
 
 /* A prosody_config_t: only what was set in code, as validated text. */

@@ -78,9 +78,14 @@ void pr__dlq_send(inv_t *inv) {
     if (tp && pr__traceparent_check(tp, err, sizeof(err)))
       trace.traceparent = NULL; /* never fail a dead letter on a bad header */
   }
-  e = pr__producer_send_async_ex(
-      eng->producer, PR_CFG_STR(eng->st, FAILURE_TOPIC), inv->msg.key,
-      inv->msg.payload, &trace, h, dlq_cb, inv, err, sizeof(err));
+  if (eng->dlq_refuse > 0) { /* test option: as if the broker refused */
+    eng->dlq_refuse--;
+    e = PROSODY_ERR_TRANSIENT;
+    snprintf(err, sizeof(err), "refused (test option)");
+  } else
+    e = pr__producer_send_async_ex(
+        eng->producer, PR_CFG_STR(eng->st, FAILURE_TOPIC), inv->msg.key,
+        inv->msg.payload, &trace, h, dlq_cb, inv, err, sizeof(err));
   rd_kafka_headers_destroy(h);
   free(tp);
   free(ts);
@@ -88,6 +93,8 @@ void pr__dlq_send(inv_t *inv) {
   if (e) /* not queued: report like a failed delivery */
     dlq_cb(e, err, NULL, inv);
 }
+
+static void send_again(uv_timer_t *t);
 
 void pr__dlq_done(inv_t *inv) {
   PR_ENGINE_THREAD(inv->eng);
@@ -110,7 +117,20 @@ void pr__dlq_done(inv_t *inv) {
            inv->msg.topic, inv->msg.partition, (long long)inv->msg.offset,
            PR_CFG_STR(eng->st, FAILURE_TOPIC),
            inv->dlq_errstr ? inv->dlq_errstr : "");
-  /* Stay in the DLQ state: on_retry sends again. */
-  pr__outcome_arm_retry(inv, pr__outcome_backoff_ms(eng, ++inv->attempt));
+  /* Stay in the DLQ state: send_again sends again. */
   inv->state = INV_DLQ;
+  if (pr__inv_timer_start(inv, pr__outcome_backoff_ms(eng, ++inv->attempt),
+                          send_again))
+    pr__dlq_send(inv); /* no timer: at once */
+}
+
+static void send_again(uv_timer_t *t) {
+  inv_t *inv = t->data;
+  /* It fired: from now on a timer means a retry is pending (the drain
+   * keeps a send in flight, and releases one that waits for its retry). */
+  pr__inv_timer_close(&inv->timer);
+  if (inv->eng->phase != PH_RUNNING || inv->part->revoking)
+    pr__outcome_finish(inv, 0); /* released: redelivered later */
+  else
+    pr__dlq_send(inv);
 }

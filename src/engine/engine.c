@@ -318,6 +318,7 @@ prosody_err_t pr__engine_start(const pr__settings_t *st, const char *bootstrap,
   eng->sched.fifo = st->test.sched_fifo;
   eng->sched.urgent = pr__dispatch_urgent;
   eng->fail_part_new = st->test.fail_part_new;
+  eng->dlq_refuse = st->test.dlq_refuse_sends;
   eng->may_wake = 1;
   eng->slab_s = PR_CFG_NS(st, SLAB_SIZE) / 1000000000;
   if (eng->slab_s < 1)

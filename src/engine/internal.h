@@ -429,6 +429,7 @@ struct pr__engine {
   rd_kafka_queue_t *mismatch_q;
   int64_t mismatch_ns;
   int fail_part_new; /* test option: partitions that fail to allocate */
+  int dlq_refuse;    /* test option: failure-topic sends that fail */
   int64_t slab_s;    /* slab_size in seconds */
   uv_timer_t tfire;  /* wakes the loop when the next timer is due */
   /* Running handlers with a timeout, in start order; all have the same

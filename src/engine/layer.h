@@ -14,7 +14,8 @@
  *             again), or the layer took it (refused, retried later)
  *   ran       an attempt completed (engine thread, before decide)
  *   decide    on the way out: pass (V_NEXT) or decide the attempt's fate;
- *             a layer that decides V_DEFER carries it out in `take`
+ *             a layer that decides V_DEAD or V_DEFER carries it out in
+ *             `take`
  *   settle    the attempt succeeded and is to be committed: 1 when the
  *             layer stores its effects first (it calls
  *             pr__outcome_committed once they are stored; the walk ends),
@@ -70,7 +71,8 @@ typedef enum pr__verdict {
   V_COMMIT, /* done: complete the offset */
   V_ABORT,  /* done without commit: redelivered later */
   V_RETRY,  /* run the handler again after a backoff */
-  V_DEAD,   /* send to failure_topic, commit once written */
+  V_DEAD,   /* the deciding layer takes it: send it to failure_topic
+               (deadletter.c), commit once written */
   V_DEFER   /* the deciding layer takes it (defer.c: commit once its
                offset is stored) */
 } pr__verdict_t;

@@ -91,8 +91,8 @@ static const pr__layer_t layer_terminal = {.name = "terminal",
                                            .decide = l_terminal};
 static const pr__layer_t layer_retry_capped = {.name = "retry",
                                                .decide = l_retry_capped};
-static const pr__layer_t layer_failure_topic = {.name = "failure topic",
-                                                .decide = l_failure_topic};
+static const pr__layer_t layer_failure_topic = {
+    .name = "failure topic", .decide = l_failure_topic, .take = pr__dlq_send};
 static const pr__layer_t layer_retry_unbounded = {.name = "retry",
                                                   .decide = l_retry_unbounded};
 static const pr__layer_t layer_log_skip = {.name = "log and skip",

@@ -83,8 +83,6 @@ void pr__outcome_arm_retry(inv_t *inv, uint64_t ms) {
   /* no timer: try again at once */
   if (inv->state == INV_DLQ && inv->is_timer)
     pr__firing_delete(inv);
-  else if (inv->state == INV_DLQ)
-    pr__dlq_send(inv);
   else
     pr__dispatch_schedule(inv);
 }
@@ -101,8 +99,6 @@ static void on_retry(uv_timer_t *t) {
   }
   if (inv->state == INV_DLQ && inv->is_timer)
     pr__firing_delete(inv); /* a fired timer's delete failed */
-  else if (inv->state == INV_DLQ)
-    pr__dlq_send(inv);
   else
     pr__dispatch_schedule(inv);
 }
@@ -212,10 +208,8 @@ static void decided(inv_t *inv, pr__verdict_t v, const pr__layer_t *by) {
     pr__outcome_arm_retry(inv, pr__outcome_backoff_ms(eng, inv->attempt));
     return;
   case V_DEAD:
-    pr__dlq_send(inv);
-    return;
   case V_DEFER:
-    by->take(inv);
+    by->take(inv); /* the failure topic's send, the deferral */
     return;
   case V_ABORT:
     pr__outcome_finish(inv, 0);

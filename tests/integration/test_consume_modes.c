@@ -4,12 +4,15 @@
  *  - pipeline, transient: retried until success (here: 4th attempt);
  *  - pipeline, permanent: never retried, committed past;
  *  - low-latency: max_retries, then the record goes to failure_topic with
- *    the source-* headers, and only then is it committed;
+ *    the source-* headers, and only then is it committed; a send the
+ *    broker refuses is sent again (not the handler run again) until it is
+ *    written, once;
  *  - best-effort: a failure is logged and committed past, never retried.
  */
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "config/config.h"
 #include "harness.h"
 
 #define N 200
@@ -26,6 +29,7 @@ typedef struct scenario {
   int fail_until;       /* pipeline-transient: attempts that fail */
   int fail_every;       /* others: seq % fail_every == 0 always fails */
   prosody_result_t failure;
+  pr__test_opts_t *test; /* test options, or NULL */
 } scenario_t;
 
 static prosody_result_t on_message(prosody_context_t *ctx,
@@ -74,6 +78,8 @@ static void start(scenario_t *s, const char *failure_topic) {
   t_set(conf, "defer_enabled", "false");
   if (failure_topic)
     t_set(conf, "failure_topic", failure_topic);
+  if (s->test)
+    pr__config_set_test(conf, s->test);
   s->client = prosody_client_new(conf, err, sizeof(err));
   CHECK(s->client, "%s: %s", s->name, err);
   CHECK_OK(prosody_subscribe(s->client, &h, err, sizeof(err)), err);
@@ -220,6 +226,47 @@ T_SCENARIO(low_latency_dead_letters_after_max_retries_with_headers, T_BOTH,
       }
       CHECK(i == 8, "dead letter has %zu headers, want 8", i);
     }
+  }
+  t_records_free(recs, got);
+  free(recs);
+  return 0;
+}
+
+/* The failure topic's first sends are refused (a test option, as when the
+ * broker refuses them): each refused dead letter is sent again after a
+ * backoff, without running the handler again, and its record is committed
+ * only once it is written; each failing record is on the failure topic
+ * exactly once. */
+T_SCENARIO(low_latency_refused_dead_letters_sent_again_then_committed, T_BOTH,
+           90) {
+  static pr__test_opts_t refuse = {.dlq_refuse_sends = 9};
+  static scenario_t low = {.name = "modes-dlq-refused",
+                           .mode = "low-latency",
+                           .fail_every = 40,
+                           .failure = PROSODY_TRANSIENT,
+                           .test = &refuse};
+  char dlq[128];
+  int want_dlq = (N + 39) / 40, got, seen[N] = {0};
+  t_record_t *recs = calloc((size_t)want_dlq + 8, sizeof(*recs));
+  CHECK(recs, "memory");
+  snprintf(dlq, sizeof(dlq), "%s", t_topic("modes-dlq-refused-dlq"));
+  t_create_topic(dlq, 1);
+  start(&low, dlq);
+  failures_settle(&low, 40, 3);
+  finish(&low, N); /* the committed offsets reach the end */
+  for (int i = 0; i < N; i++)
+    CHECK(low.attempts[i] == (i % 40 == 0 ? 3 : 1),
+          "record %d ran %d times (a refused dead letter must not run its "
+          "handler again)",
+          i, low.attempts[i]);
+  /* Read one more than expected: a second copy would show. */
+  got = t_read_back(dlq, want_dlq + 1, 5, recs);
+  CHECK(got == want_dlq, "%d dead letters, want %d", got, want_dlq);
+  for (int r = 0; r < got; r++) {
+    int k, seq;
+    CHECK(sscanf(recs[r].value, "{\"k\":%d,\"seq\":%d}", &k, &seq) == 2 &&
+              seq >= 0 && seq < N && seq % 40 == 0 && !seen[seq]++,
+          "dead letter %s: not a failing record, or twice", recs[r].value);
   }
   t_records_free(recs, got);
   free(recs);
