@@ -105,6 +105,14 @@ typedef struct pr__test_opts {
   int state_exit_after;       /* the process exits (status 42) once this
                                  many events' keyed state is stored,
                                  before their commit: a crash there */
+  int hold_rebalances;        /* the engine does not serve its consumer
+                                 queue until it stops (an assignment is
+                                 served inside the consumer's close, as
+                                 when the stop arrives with it); it logs
+                                 "holding" once an event waits there; in
+                                 the close each rebalance callback first
+                                 waits 50 ms (the group's leave goes
+                                 through meanwhile) */
 } pr__test_opts_t;
 
 /* A prosody_config_t: only what was set in code, as validated text. */
