@@ -107,6 +107,14 @@ typedef struct pr__test_opts {
                                  before their commit: a crash there */
   int dlq_refuse_sends;       /* the next N sends to failure_topic fail
                                  transiently, as when the broker refuses */
+  int hold_rebalances;        /* the engine does not serve its consumer
+                                 queue until it stops (an assignment is
+                                 served inside the consumer's close, as
+                                 when the stop arrives with it); it logs
+                                 "holding" once an event waits there; in
+                                 the close each rebalance callback first
+                                 waits 50 ms (the group's leave goes
+                                 through meanwhile) */
 } pr__test_opts_t;
 
 /* A prosody_config_t: only what was set in code, as validated text. */

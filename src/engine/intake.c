@@ -96,8 +96,13 @@ void pr__intake_poll(pr__engine_t *eng) {
   while (read(eng->pipefd[0], buf, sizeof(buf)) > 0)
     ;
   eng->resumed = 0;
-  while ((rkm = rd_kafka_consumer_poll(eng->rk, 0)))
-    take(eng, rkm);
+  if (eng->st->test.hold_rebalances) { /* served by the close (tests) */
+    if (!eng->held && rd_kafka_queue_length(eng->cq) > 0 && (eng->held = 1))
+      PR_INFO("engine", "test option: holding the consumer queue's events");
+  } else {
+    while ((rkm = rd_kafka_consumer_poll(eng->rk, 0)))
+      take(eng, rkm);
+  }
   for (part_t *part = eng->parts; part; part = part->next) {
     if (!part->rkq || part->revoking || pr__df_listing(part))
       continue;

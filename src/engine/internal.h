@@ -416,8 +416,12 @@ struct pr__engine {
                                 and keyed state's message collections) */
   char *bootstrap;           /* for the loader (owned) */
   int phase;
-  int stop_asked; /* the stop letter arrived: shut down after this batch */
-  int stopping;   /* shutdown has begun */
+  int stop_asked;     /* the stop letter arrived: shut down after this batch */
+  int stopping;       /* shutdown has begun */
+  int close_answered; /* the consumer's close made an (un)assign call: the
+                         group's later rebalance events are stale
+                         (rebalance.c) */
+  int held;           /* test option hold_rebalances: said an event waits */
   unsigned seed;
   pr__tstore_t *store; /* the timer store */
   uint64_t part_gen;   /* last partition assignment generation */

@@ -90,6 +90,7 @@ static void on_assign(pr__engine_t *eng, rd_kafka_topic_partition_list_t *list,
              rd_kafka_error_string(error));
     rd_kafka_error_destroy(error);
   }
+  eng->close_answered |= eng->stopping;
   pr__part_count(eng);
   pr__firing_arm(eng);
   PR_INFO("engine", "assigned %d partition(s); %d in total", list->cnt,
@@ -121,8 +122,10 @@ static void forget_retry(pr__engine_t *eng,
   }
 }
 
+/* Partitions revoked: drained, stored and released; then handed back to
+ * librdkafka unless `stale` (pr__rebalance_cb). */
 static void on_revoke(pr__engine_t *eng, rd_kafka_topic_partition_list_t *list,
-                      int coop) {
+                      int coop, int stale) {
   rd_kafka_error_t *error = NULL;
   forget_retry(eng, list, coop);
   for (int i = 0; i < list->cnt; i++) {
@@ -143,10 +146,12 @@ static void on_revoke(pr__engine_t *eng, rd_kafka_topic_partition_list_t *list,
     if (part)
       pr__part_release(eng, part);
   }
-  if (coop)
+  /* Stale: the group has left, there is nothing to hand back. */
+  if (!stale && coop)
     error = rd_kafka_incremental_unassign(eng->rk, list);
-  else
+  else if (!stale)
     rd_kafka_assign(eng->rk, NULL);
+  eng->close_answered |= eng->stopping;
   if (error) {
     PR_ERROR("engine", "incremental unassign failed: %s",
              rd_kafka_error_string(error));
@@ -157,17 +162,43 @@ static void on_revoke(pr__engine_t *eng, rd_kafka_topic_partition_list_t *list,
           atomic_load(&eng->assigned));
 }
 
+/*
+ * Stale events. Once the consumer's close has begun, librdkafka (2.14.2)
+ * takes the engine's first assign or unassign call, whatever it asks, as
+ * the full unassign it waits for, then leaves the group and ends its group
+ * handling. An event still queued behind that call is stale: typically an
+ * assignment that arrived as the close began was served first (inside
+ * rd_kafka_consumer_close), then the revoke librdkafka queued for it. Asking
+ * the group anything then races its end: rd_kafka_rebalance_protocol()
+ * returns NULL once it has ended, and an (un)assign call whose request it
+ * drops unanswered waits for ever. So a stale revoke releases our
+ * partitions without calling librdkafka, and a stale assignment is not
+ * taken.
+ */
 void pr__rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
                       rd_kafka_topic_partition_list_t *list, void *opaque) {
   pr__engine_t *eng = opaque;
-  int coop = !strcmp(rd_kafka_rebalance_protocol(rk), "COOPERATIVE");
+  const char *protocol = NULL;
+  int stale, coop;
+  if (eng->stopping && eng->st->test.hold_rebalances)
+    usleep(50000); /* tests: the group's leave has gone through */
+  stale = eng->stopping && eng->close_answered;
+  if (!stale && !(protocol = rd_kafka_rebalance_protocol(rk)))
+    stale = 1; /* NULL: the group has ended */
+  coop = protocol && !strcmp(protocol, "COOPERATIVE");
   if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
-    on_assign(eng, list, coop);
+    if (stale)
+      PR_DEBUG("engine",
+               "ignoring an assignment of %d partition(s): the group has "
+               "left",
+               list->cnt);
+    else
+      on_assign(eng, list, coop);
   } else if (err == RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS) {
-    on_revoke(eng, list, coop);
+    on_revoke(eng, list, coop, stale);
   } else {
     PR_ERROR("engine", "rebalance error: %s", rd_kafka_err2str(err));
-    on_revoke(eng, list, coop);
+    on_revoke(eng, list, coop, stale);
   }
 }
 
