@@ -97,8 +97,10 @@ void pr__intake_poll(pr__engine_t *eng) {
     ;
   eng->resumed = 0;
   if (eng->st->test.hold_rebalances) { /* served by the close (tests) */
-    if (!eng->held && rd_kafka_queue_length(eng->cq) > 0 && (eng->held = 1))
+    if (!eng->held && rd_kafka_queue_length(eng->cq) > 0) {
+      eng->held = 1;
       PR_INFO("engine", "test option: holding the consumer queue's events");
+    }
   } else {
     while ((rkm = rd_kafka_consumer_poll(eng->rk, 0)))
       take(eng, rkm);

@@ -13,12 +13,17 @@
 
 #include "internal.h"
 
-part_t *pr__part_find(pr__engine_t *eng, const char *topic, int32_t p) {
-  PR_ENGINE_THREAD(eng);
-  for (part_t *part = eng->parts; part; part = part->next)
+/* `topic`[p] in a list of partitions (the live ones, or the zombies). */
+static part_t *find_in(part_t *list, const char *topic, int32_t p) {
+  for (part_t *part = list; part; part = part->next)
     if (part->partition == p && !strcmp(part->topic, topic))
       return part;
   return NULL;
+}
+
+part_t *pr__part_find(pr__engine_t *eng, const char *topic, int32_t p) {
+  PR_ENGINE_THREAD(eng);
+  return find_in(eng->parts, topic, p);
 }
 
 kq_t *pr__kq_get(part_t *part, const char *key, int create) {
@@ -166,8 +171,5 @@ inv_t *pr__kq_detach(inv_t *inv) {
 
 part_t *pr__part_zombie_find(pr__engine_t *eng, const char *topic, int32_t p) {
   PR_ENGINE_THREAD(eng);
-  for (part_t *z = eng->zombies; z; z = z->next)
-    if (z->partition == p && !strcmp(z->topic, topic))
-      return z;
-  return NULL;
+  return find_in(eng->zombies, topic, p);
 }
