@@ -107,6 +107,8 @@ typedef struct pr__test_opts {
                                  before their commit: a crash there */
   int dlq_refuse_sends;       /* the next N sends to failure_topic fail
                                  transiently, as when the broker refuses */
+  int timer_refuse_deletes;   /* the next N deletes of fired timers fail
+                                 transiently, as when the store refuses */
   int hold_rebalances;        /* the engine does not serve its consumer
                                  queue until it stops (an assignment is
                                  served inside the consumer's close, as

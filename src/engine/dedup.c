@@ -28,13 +28,13 @@
  * neither reads the id nor looks it up (DD_LATE): the thread about to run
  * the event's first attempt does both (pr__dd_prepare, before decode),
  * and the thread giving a success records it before posting the result
- * (pr__dd_ran). A key's events start one after another, each once the one
- * before it has been recorded, so a duplicate queued behind its original,
+ * (its completed hook). A key's events start one after another, each once the
+ * one before it has been recorded, so a duplicate queued behind its original,
  * or claimed by the same run, is still found; it is skipped like a
  * filtered record and committed in order.
  *
- * Threads: the engine thread, except pr__dd_prepare() and pr__dd_ran() (the
- * thread running the event, see above). The process-wide cache is shared
+ * Threads: the engine thread, except pr__dd_prepare() and the completed hook
+ * (the thread running the event, see above). The process-wide cache is shared
  * by every client, guarded by g_lock. The layer's engine-wide state is
  * struct pr__dd_state (eng->dd), which no other file reads.
  */
@@ -237,9 +237,9 @@ static void dd_close(pr__engine_t *eng, int final) {
     pr__mailbox_deliver(&eng->mb);
   }
   /* The memory store stays until the engine is freed: a handler that
-   * outlived the shutdown records its success in it (pr__dd_ran), and an
-   * abandoned engine is never freed. The state stays too (pr__dd_ran reads
-   * it). */
+   * outlived the shutdown records its success in it (the completed hook), and
+   * an abandoned engine is never freed. The state stays too (the completed hook
+   * reads it). */
   if (dd->late && !final)
     return;
   pr__dedup_free(dd->store);
@@ -367,7 +367,9 @@ int pr__dd_prepare(inv_t *inv) {
   return inv->dd == DD_SEEN;
 }
 
-void pr__dd_ran(inv_t *inv, prosody_result_t result) {
+/* The completed hook (the completing thread, before the post): without a
+ * store a success is recorded here (DD_RECORDED). */
+static void completed(inv_t *inv, prosody_result_t result) {
   if (inv->dd != DD_UNSEEN || !inv->eng->dd->late ||
       result != PROSODY_SUCCESS || inv->skip)
     return; /* a permanent failure: dd_record, on the engine thread */
@@ -400,9 +402,10 @@ static int dd_gate(inv_t *inv) {
   }
 }
 
-int pr__dd_claimable(inv_t *head, inv_t *f) {
+/* The claimable hook: not a duplicate of one the run handles first. */
+static int claimable(inv_t *head, inv_t *f) {
   PR_ENGINE_THREAD(head->eng);
-  if (f->dd == DD_OFF || f->dd == DD_LATE)
+  if (!head->eng->dd || f->dd == DD_OFF || f->dd == DD_LATE)
     return 1; /* DD_LATE: looked up once the run's earlier ones recorded */
   if (f->dd != DD_UNSEEN)
     return 0;
@@ -489,6 +492,8 @@ const pr__layer_t pr__layer_dedup = {.name = "dedup",
                                      .open = open_layer,
                                      .intake = intake,
                                      .admit = admit,
+                                     .claimable = claimable,
+                                     .completed = completed,
                                      .done = done,
                                      .forget = forget,
                                      .poll = poll_store,

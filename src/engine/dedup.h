@@ -17,7 +17,8 @@ enum dd_state {
   DD_ERROR,   /* the lookup failed: ask again */
   DD_LATE,    /* no store: its id is read and looked up by the thread about
                  to run its first attempt (pr__dd_prepare) */
-  DD_RECORDED /* recorded by the thread that gave its success (pr__dd_ran) */
+  DD_RECORDED /* recorded by the thread that gave its success (its completed
+                 hook) */
 };
 enum dd_gate { DD_RUN, DD_SKIP, DD_WAIT };
 
@@ -27,11 +28,6 @@ pr__did_t pr__dd_id(const char *version, const char *group, const char *topic,
 /* DD_LATE, right before its first attempt (the thread about to run it):
  * reads its id and looks it up; 1 when it is a duplicate (DD_SEEN). */
 int pr__dd_prepare(inv_t *inv);
-/* The attempt gave `result` (the completing thread, before the post):
- * without a store a success is recorded here (DD_RECORDED). */
-void pr__dd_ran(inv_t *inv, prosody_result_t result);
-/* May the run that `head` starts take follower `f` (not a duplicate)? */
-int pr__dd_claimable(inv_t *head, inv_t *f);
 /* Is deduplication on (pipeline mode, idempotence_cache_size > 0)? Any
  * thread once the layer is open. */
 int pr__dd_on(const pr__engine_t *eng);

@@ -402,11 +402,14 @@ static void defer_inv(inv_t *inv, pr__dk_t *dk, int32_t retries,
   pr__df_write(inv);
 }
 
-void pr__df_join(inv_t *inv) {
+int pr__df_hold(inv_t *inv) {
   PR_ENGINE_THREAD(inv->eng);
   pr__dk_t *dk = inv->kq->dk[PR_DF_KIND(inv)];
+  if (!dk || inv->df_loaded)
+    return 0;
   inv->kq = NULL; /* never in the key queue */
   defer_inv(inv, dk, 0, 0);
+  return 1;
 }
 
 /* A loaded message failed again: its retry count and the key's retry time

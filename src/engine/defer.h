@@ -33,15 +33,17 @@ int64_t pr__df_delay_s(pr__engine_t *eng, int32_t n);
 /* A message's transient failure is deferred, with the queued messages of
  * its key behind it; a loaded one is retried later. */
 void pr__df_defer(inv_t *inv);
-/* A new message of a deferred key: it joins the key's defer queue. */
-void pr__df_join(inv_t *inv);
+/* The hold hook: a new message of a key with deferred events of its kind
+ * joins the key's defer queue (1); a loaded one is their retry (0). */
+int pr__df_hold(inv_t *inv);
 /* Admission of an event at the head of its key: unless the key is known
  * (deferred or not), the store is asked first (PR_ADMIT_WAIT; the answer
  * schedules the head again, or defers the key's queued events of the
  * kind when it is deferred: PR_ADMIT_TAKEN when it answers at once). */
 int pr__df_admit(inv_t *inv);
-/* A loaded message is done (`commit`: handled; else aborted). */
-void pr__df_finished(inv_t *inv, int commit);
+/* The end hook: a loaded deferred event is done (`commit`: handled; else
+ * aborted): its entry goes from the key's queue (1); 0 for any other. */
+int pr__df_end(inv_t *inv, int commit);
 /* An INV_DEFERRING message's retry timer: write again. */
 void pr__df_write(inv_t *inv);
 /* Releases `part`'s INV_DEFERRING events that wait for their retry timer

@@ -343,10 +343,12 @@ static void close_layer(pr__engine_t *eng, int final) {
 
 const pr__layer_t pr__layer_defer = {.name = "defer",
                                      .open = pr__df_open,
+                                     .hold = pr__df_hold,
                                      .admit = pr__df_admit,
                                      .ran = ran,
                                      .decide = decide,
                                      .take = pr__df_defer,
+                                     .end = pr__df_end,
                                      .on_assign = pr__df_assigned,
                                      .on_free = pr__df_part_free,
                                      .timer_loaded = pr__df_timer_loaded,

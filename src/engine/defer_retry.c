@@ -86,18 +86,20 @@ static void advance(part_t *part, pr__dk_t *dk) {
                     advanced, r);
 }
 
-void pr__df_finished(inv_t *inv, int commit) {
+int pr__df_end(inv_t *inv, int commit) {
   PR_ENGINE_THREAD(inv->eng);
   pr__engine_t *eng = inv->eng;
   part_t *part = inv->part;
   pr__dk_t *dk = inv->kq ? inv->kq->dk[PR_DF_KIND(inv)] : NULL;
+  if (!inv->df_loaded)
+    return 0;
   inv->df_loaded = 0;
   /* The store closed (it finished after shutdown): its entry stays at the
    * head of the queue for the partition's next owner (handled again: at
    * least once). While the partition drains, the removal is still sent:
    * the drain delivers its answer. */
   if (!dk || !pr__df_store(eng, dk->kind))
-    return;
+    return 1;
   if (commit && inv->is_timer && inv->rearmed && part->tq &&
       pr__tq_add(part->tq, inv->msg.key, inv->time_s) < 0) {
     PR_ERROR("timers", "out of memory re-queueing a timer of %s[%d]",
@@ -108,6 +110,7 @@ void pr__df_finished(inv_t *inv, int commit) {
     advance(part, dk);
   else
     dk_idle(dk, pr__wall_ms() + 1000);
+  return 1;
 }
 
 /* A deferred timer's retry: its event, made again from (key, time), with

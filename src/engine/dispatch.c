@@ -10,8 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dedup.h"
-#include "defer.h"
 #include "internal.h"
 
 /* The most events of one key a run takes, and how long it may go on. */
@@ -86,7 +84,8 @@ static int complete_attempt(prosody_context_t *ctx, prosody_result_t result,
                  !(inv->eng->handler.flags & PROSODY_HANDLER_ASYNC);
   pthread_mutex_unlock(&slot->lock);
   /* Both use the inv only: it lives until the post. */
-  pr__dd_ran(inv, result); /* before the post: the key's next looks it up */
+  pr__layers_completed(inv, result); /* before the post: dedup records a
+                                       success the key's next looks up */
   if (inv->emitted)
     pr__inv_emit_ran(inv);
   pr__mailbox_post(&inv->eng->mb, &inv->mail, pr__outcome_mail);
@@ -196,21 +195,22 @@ void pr__dispatch_time(inv_t *inv) {
 /* Claims the key's queued messages behind `head` for the same run: each
  * is started (context, attempt, active) but runs on head's worker after
  * head succeeds. Only with a worker pool, only messages (a timer's event
- * must be deleted from the store before the key's next event starts), not
- * with keyed state (the key's next event must read what this one wrote,
- * which the engine stores only once it has this one's result), and only
- * while no other event waits for a slot: under contention the scheduler,
- * not the run, decides what runs next. */
+ * must be deleted from the store before the key's next event starts), only
+ * those the mode's layers let follow (their `claimable` hook: keyed state
+ * lets none, as the key's next event must read what this one wrote, which
+ * the engine stores only once it has this one's result; dedup stops at a
+ * duplicate of one in the run), and only while no other event waits for
+ * a slot: under contention the scheduler, not the run, decides what runs
+ * next. */
 static void claim_followers(inv_t *head) {
   inv_t *prev = head, *f;
   int n = 1;
   head->chain_next = NULL;
-  if (!head->eng->pool || head->is_timer || pr__state_on(head->eng) ||
+  if (!head->eng->pool || head->is_timer ||
       pr__sched_waiting(&head->eng->sched))
     return;
   for (f = head->next; f && n < RUN_MAX; f = f->next, n++) {
-    if (f->is_timer || f->state != INV_QUEUED ||
-        (pr__dd_on(f->eng) && !pr__dd_claimable(head, f)))
+    if (f->is_timer || f->state != INV_QUEUED || !pr__layers_claimable(head, f))
       break;
     if (!(f->ctx = pr__ctx_acquire(&f->eng->ctx_stash, f, &f->cslot))) {
       f->cslot = NULL;
@@ -391,8 +391,7 @@ void pr__dispatch_enqueue(inv_t *inv) {
   }
   inv->kq = kq;
   inv->state = INV_QUEUED;
-  if (kq->dk[PR_DF_KIND(inv)] && !inv->df_loaded) {
-    pr__df_join(inv); /* behind the key's deferred events of its kind */
+  if (pr__layers_hold(inv)) { /* defer: behind the key's deferred events */
     pr__bp_check(eng, part);
     return;
   }

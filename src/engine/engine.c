@@ -319,6 +319,7 @@ prosody_err_t pr__engine_start(const pr__settings_t *st, const char *bootstrap,
   eng->sched.urgent = pr__dispatch_urgent;
   eng->fail_part_new = st->test.fail_part_new;
   eng->dlq_refuse = st->test.dlq_refuse_sends;
+  eng->timer_refuse = st->test.timer_refuse_deletes;
   eng->may_wake = 1;
   eng->slab_s = PR_CFG_NS(st, SLAB_SIZE) / 1000000000;
   if (eng->slab_s < 1)

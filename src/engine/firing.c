@@ -110,17 +110,21 @@ void pr__firing_deleted(part_t *part, const char *key, int64_t time_s,
   }
 }
 
-/* A timer event ends (from pr__outcome_finish()). */
-void pr__firing_finished(inv_t *inv, int commit) {
+/* The end hook: a timer event ends (pr__outcome_finish). A deferred
+ * timer (df_loaded) is the defer layer's, which comes first. */
+static int end(inv_t *inv, int commit) {
   PR_ENGINE_THREAD(inv->eng);
   pr__engine_t *eng = inv->eng;
   part_t *part = inv->part;
-  pr__tseg_t seg = pr__firing_seg(part->topic, part->partition);
+  pr__tseg_t seg;
+  if (!inv->is_timer)
+    return 0;
+  seg = pr__firing_seg(part->topic, part->partition);
   if (!commit && eng->store && !inv->dropped && !part->revoking)
     pr__slabs_pin(part, inv->time_s, 0); /* still stored, not queued */
   if (!commit || !eng->store)
-    return; /* aborted, or dropped (already deleted); or stopped: it fires
-               again on the next load */
+    return 1; /* aborted, or dropped (already deleted); or stopped: it
+                 fires again on the next load */
   /* Rearmed: scheduled again while it fired, also once its delete was
    * posted (the put lands after the delete): it stays queued. */
   if (inv->rearmed) {
@@ -130,14 +134,17 @@ void pr__firing_finished(inv_t *inv, int commit) {
                part->topic, part->partition);
       pr__slabs_untracked(part);
     }
-    return;
+    return 1;
   }
-  if (inv->deleted)
-    return;
-  eng->store->ops->del(eng->store, &seg, inv->msg.key, inv->time_s,
-                       PR_TIMER_APPLICATION, store_log_cb,
-                       "could not delete a fired timer (it may fire again)");
+  if (!inv->deleted)
+    eng->store->ops->del(eng->store, &seg, inv->msg.key, inv->time_s,
+                         PR_TIMER_APPLICATION, store_log_cb,
+                         "could not delete a fired timer (it may fire again)");
+  return 1;
 }
+
+static void firing_delete(inv_t *inv);
+static void delete_again(uv_timer_t *t);
 
 static void timer_deleted_cb(void *arg, prosody_err_t err, const char *errstr) {
   inv_t *inv = arg;
@@ -156,11 +163,13 @@ static void timer_deleted_cb(void *arg, prosody_err_t err, const char *errstr) {
       PR_WARN("timers", "%s: could not delete the fired timer: %s; retrying",
               pr__inv_describe(inv, ev, sizeof(ev)),
               errstr ? errstr : prosody_err_name(err));
-    /* Still INV_DLQ (pr__firing_delete set it): on_retry deletes again.
+    /* Still INV_DLQ (firing_delete set it): delete_again deletes again.
      * Nothing after this call: with no memory for the timer it deletes at
      * once, and a store answering at once may finish (free) the event. */
-    pr__outcome_arm_retry(inv,
-                          pr__outcome_backoff_ms(eng, inv->delete_failures));
+    if (pr__inv_timer_start(inv,
+                            pr__outcome_backoff_ms(eng, inv->delete_failures),
+                            delete_again))
+      firing_delete(inv);
     return;
   }
   if (err)
@@ -173,10 +182,21 @@ static void timer_deleted_cb(void *arg, prosody_err_t err, const char *errstr) {
   pr__outcome_finish(inv, 1);
 }
 
+static void delete_again(uv_timer_t *t) {
+  inv_t *inv = t->data;
+  /* It fired: from now on a timer means a retry is pending (the drain
+   * keeps a delete in flight, and releases one that waits for its retry). */
+  pr__inv_timer_close(&inv->timer);
+  if (inv->eng->phase != PH_RUNNING || inv->part->revoking)
+    pr__outcome_finish(inv, 0); /* released: it fires again on a load */
+  else
+    firing_delete(inv);
+}
+
 /* A timer event is done: delete it from the store, then finish it, so the
  * key's next event sees it gone. Counted as active (a drain waits for it)
  * and as in flight (the engine is not freed under it). */
-void pr__firing_delete(inv_t *inv) {
+static void firing_delete(inv_t *inv) {
   PR_ENGINE_THREAD(inv->eng);
   pr__engine_t *eng = inv->eng;
   pr__tseg_t seg = pr__firing_seg(inv->part->topic, inv->part->partition);
@@ -188,6 +208,12 @@ void pr__firing_delete(inv_t *inv) {
   inv->state = INV_DLQ;
   inv->part->active++;
   eng->dlq_inflight++;
+  if (eng->timer_refuse > 0) { /* test option: as if the store refused */
+    eng->timer_refuse--;
+    timer_deleted_cb(inv, PROSODY_ERR_TRANSIENT,
+                     "refused (test option timer_refuse_deletes)");
+    return;
+  }
   eng->store->ops->del(eng->store, &seg, inv->msg.key, inv->time_s,
                        PR_TIMER_APPLICATION, timer_deleted_cb, inv);
 }
@@ -462,3 +488,18 @@ void pr__firing_released(pr__engine_t *eng, part_t *part) {
   part->tq = NULL;
   eng->store->ops->release(eng->store, &seg);
 }
+
+/* The commit hook: a fired timer (not a deferred one, which is defer's;
+ * not one scheduled again while it ran, which stays stored) is committed
+ * by deleting it from the store; it finishes once the store has. */
+static int commit(inv_t *inv) {
+  if (!inv->is_timer || inv->rearmed || !inv->eng->store || inv->df_loaded)
+    return 0;
+  firing_delete(inv);
+  return 1;
+}
+
+/* Durable timers' side of the engine as a layer, in every mode's table
+ * (after defer, whose deferred timers are its own). */
+const pr__layer_t pr__layer_timers = {
+    .name = "timers", .commit = commit, .end = end};

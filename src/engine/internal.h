@@ -198,7 +198,7 @@ struct inv {
                              0 unchecked (decode checks it) */
   uint8_t dd;             /* enum dd_state; with `did`, written by the
                              thread running it while it runs (DD_LATE,
-                             pr__dd_prepare and pr__dd_ran) */
+                             pr__dd_prepare and dedup's completed hook) */
   uint8_t dd_waiting;     /* dedup: at its key's head, waiting for the
                              lookup */
   uint8_t df_loaded;      /* a deferred message loaded again: its offset
@@ -434,6 +434,7 @@ struct pr__engine {
   int64_t mismatch_ns;
   int fail_part_new; /* test option: partitions that fail to allocate */
   int dlq_refuse;    /* test option: failure-topic sends that fail */
+  int timer_refuse;  /* test option: fired timers' deletes that fail */
   int64_t slab_s;    /* slab_size in seconds */
   uv_timer_t tfire;  /* wakes the loop when the next timer is due */
   /* Running handlers with a timeout, in start order; all have the same
@@ -659,8 +660,6 @@ void pr__outcome_fail(inv_t *inv, prosody_result_t result, const char *why);
 /* --- state.c: keyed state ------------------------------------------------- */
 
 typedef struct pr__stx pr__stx_t;
-/* Is keyed state in use (collections registered, the store open)? */
-int pr__state_on(const pr__engine_t *eng);
 /* Fails a queued event transiently without running its handler (a layer
  * on the way in refused it): the mode's layers decide, as for a handler's
  * transient failure. */
@@ -691,8 +690,6 @@ void pr__firing_written(pr__engine_t *eng, part_t *part, const char *key,
                         int64_t time_s, const pr_span_ctx_t *trace);
 void pr__firing_deleted(part_t *part, const char *key, int64_t time_s,
                         int64_t keep_s);
-void pr__firing_finished(inv_t *inv, int commit);
-void pr__firing_delete(inv_t *inv);
 void pr__firing_arm(pr__engine_t *eng);
 void pr__firing_due(pr__engine_t *eng);
 /* A new firing event of (key, time) in `part`; NULL when out of memory. */

@@ -13,6 +13,10 @@
  *   low-latency  success, terminal, retry up to max_retries, failure topic
  *   best-effort  success, terminal, log and skip
  *
+ * Keyed state comes first in each (its settle stores the attempt's
+ * writes), and durable timers last (they decide nothing; a fired timer is
+ * committed by its delete).
+ *
  * Threads: the engine thread only.
  */
 #include "internal.h"
@@ -98,16 +102,22 @@ static const pr__layer_t layer_retry_unbounded = {.name = "retry",
 static const pr__layer_t layer_log_skip = {.name = "log and skip",
                                            .decide = l_log_skip};
 
+/* The timers layer comes last: it decides nothing, and a deferred timer
+ * is defer's (its `end` and `commit` come first). */
 static const pr__layer_t *const pipeline[] = {
-    &pr__layer_state,       &layer_success,
-    &layer_terminal,        &pr__layer_dedup,
-    &pr__layer_monopoly,    &pr__layer_defer,
-    &layer_retry_unbounded, NULL};
-static const pr__layer_t *const low_latency[] = {
-    &pr__layer_state,    &layer_success,       &layer_terminal,
-    &layer_retry_capped, &layer_failure_topic, NULL};
+    &pr__layer_state,       &layer_success,      &layer_terminal,
+    &pr__layer_dedup,       &pr__layer_monopoly, &pr__layer_defer,
+    &layer_retry_unbounded, &pr__layer_timers,   NULL};
+static const pr__layer_t *const low_latency[] = {&pr__layer_state,
+                                                 &layer_success,
+                                                 &layer_terminal,
+                                                 &layer_retry_capped,
+                                                 &layer_failure_topic,
+                                                 &pr__layer_timers,
+                                                 NULL};
 static const pr__layer_t *const best_effort[] = {
-    &pr__layer_state, &layer_success, &layer_terminal, &layer_log_skip, NULL};
+    &pr__layer_state, &layer_success,    &layer_terminal,
+    &layer_log_skip,  &pr__layer_timers, NULL};
 
 const pr__layer_t *const *pr__mode_layers(int mode) {
   return mode == PR_MODE_LOW_LATENCY   ? low_latency
@@ -129,6 +139,14 @@ prosody_err_t pr__layers_open(pr__engine_t *eng, const char *bootstrap,
   return PROSODY_OK;
 }
 
+int pr__layers_hold(inv_t *inv) {
+  PR_ENGINE_THREAD(inv->eng);
+  EACH(inv->eng, l)
+  if ((*l)->hold && (*l)->hold(inv))
+    return 1;
+  return 0;
+}
+
 void pr__layers_intake(inv_t *inv) {
   PR_ENGINE_THREAD(inv->eng);
   EACH(inv->eng, l)
@@ -143,6 +161,21 @@ int pr__layers_admit(inv_t *inv) {
   if ((*l)->admit && (a = (*l)->admit(inv)) != PR_ADMIT_RUN)
     return a;
   return PR_ADMIT_RUN;
+}
+
+int pr__layers_claimable(inv_t *head, inv_t *f) {
+  PR_ENGINE_THREAD(head->eng);
+  EACH(head->eng, l)
+  if ((*l)->claimable && !(*l)->claimable(head, f))
+    return 0;
+  return 1;
+}
+
+void pr__layers_completed(inv_t *inv, prosody_result_t result) {
+  /* Any thread: the table is immutable while the engine runs. */
+  EACH(inv->eng, l)
+  if ((*l)->completed)
+    (*l)->completed(inv, result);
 }
 
 void pr__layers_ran(inv_t *inv) {
@@ -184,6 +217,22 @@ void pr__layers_done(inv_t *inv) {
   EACH(inv->eng, l)
   if ((*l)->done)
     (*l)->done(inv);
+}
+
+int pr__layers_commit(inv_t *inv) {
+  PR_ENGINE_THREAD(inv->eng);
+  EACH(inv->eng, l)
+  if ((*l)->commit && (*l)->commit(inv))
+    return 1;
+  return 0;
+}
+
+int pr__layers_end(inv_t *inv, int commit) {
+  PR_ENGINE_THREAD(inv->eng);
+  EACH(inv->eng, l)
+  if ((*l)->end && (*l)->end(inv, commit))
+    return 1;
+  return 0;
 }
 
 void pr__layers_forget(inv_t *inv) {

@@ -8,7 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "defer.h"
 #include "internal.h"
 
 /* The event is done: commit its offset when `commit`, free it; returns the
@@ -18,11 +17,10 @@ inv_t *pr__outcome_finish_detach(inv_t *inv, int commit) {
   pr__engine_t *eng = inv->eng;
   part_t *part = inv->part;
   inv_t *next;
-  if (inv->df_loaded) /* committed (or deleted) when it was deferred */
-    pr__df_finished(inv, commit);
-  else if (inv->is_timer)
-    pr__firing_finished(inv, commit);
-  else if (commit && pr__tracker_complete(&part->tracker, inv->msg.offset) > 0)
+  /* A deferred event's entry (defer), a timer's store row (timers): the
+   * layer's; else a message, whose offset is complete. */
+  if (!pr__layers_end(inv, commit) && !inv->is_timer && commit &&
+      pr__tracker_complete(&part->tracker, inv->msg.offset) > 0)
     part->dirty = 1;
   next = pr__kq_detach(inv);
   pr__inv_free(inv);
@@ -78,13 +76,8 @@ static void on_retry(uv_timer_t *t);
 
 void pr__outcome_arm_retry(inv_t *inv, uint64_t ms) {
   PR_ENGINE_THREAD(inv->eng);
-  if (pr__inv_timer_start(inv, ms, on_retry) == 0)
-    return;
-  /* no timer: try again at once */
-  if (inv->state == INV_DLQ && inv->is_timer)
-    pr__firing_delete(inv);
-  else
-    pr__dispatch_schedule(inv);
+  if (pr__inv_timer_start(inv, ms, on_retry))
+    pr__dispatch_schedule(inv); /* no timer: try again at once */
 }
 
 static void on_retry(uv_timer_t *t) {
@@ -97,10 +90,7 @@ static void on_retry(uv_timer_t *t) {
     pr__outcome_finish(inv, 0); /* released: redelivered later */
     return;
   }
-  if (inv->state == INV_DLQ && inv->is_timer)
-    pr__firing_delete(inv); /* a fired timer's delete failed */
-  else
-    pr__dispatch_schedule(inv);
+  pr__dispatch_schedule(inv);
 }
 
 static void decided(inv_t *inv, pr__verdict_t v, const pr__layer_t *by);
@@ -228,9 +218,7 @@ void pr__outcome_committed(inv_t *inv) {
   if (inv->result == PROSODY_SUCCESS || inv->result == PROSODY_PERMANENT)
     pr__layers_done(inv); /* handled (dedup: a duplicate is skipped from
                              now on) */
-  if (inv->is_timer && !inv->rearmed && inv->eng->store && !inv->df_loaded) {
-    pr__firing_delete(inv); /* finishes once the store has deleted it */
-    return;
-  }
+  if (pr__layers_commit(inv))
+    return; /* a fired timer: finishes once the store has deleted it */
   pr__outcome_finish(inv, 1);
 }

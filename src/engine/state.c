@@ -618,16 +618,21 @@ static void poll_store(pr__engine_t *eng) {
     eng->kst->store->ops->poll(eng->kst->store);
 }
 
-int pr__state_on(const pr__engine_t *eng) {
-  return eng->kst && eng->kst->store;
-}
-
 pr__sstore_t *pr__st_store(const pr__engine_t *eng) {
   return eng->kst ? eng->kst->store : NULL;
 }
 
+/* The claimable hook: with keyed state no event follows another in one
+ * run, as the key's next event must read what this one wrote, which the
+ * engine stores only once it has this one's result. */
+static int claimable(inv_t *head, inv_t *f) {
+  (void)f;
+  return !(head->eng->kst && head->eng->kst->store);
+}
+
 const pr__layer_t pr__layer_state = {.name = "keyed state",
                                      .open = open_layer,
+                                     .claimable = claimable,
                                      .settle = state_settle,
                                      .drop = state_drop,
                                      .forget = state_drop,

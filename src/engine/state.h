@@ -102,12 +102,18 @@ typedef struct row {
 /* One operation: a blocking call's is on the caller's stack (the engine
  * fills the result and signals `cond`, then never touches it); an
  * asynchronous one (`cb`) is malloc'd and freed once `cb` returned. */
-typedef struct sop {
+typedef struct sop sop_t;
+/* How an operation is answered (pr__st_sop_done; resolve's continuation). */
+typedef void (*pr__st_answer_fn)(sop_t *op, prosody_err_t err, const char *fmt,
+                                 ...) __attribute__((format(printf, 3, 4)));
+
+struct sop {
   pr__mail_t mail;
   prosody_context_t *ctx;
   int def, kind, op;
   int payload;   /* PROSODY_STATE_MESSAGE: items are loaded before ... */
-  int resolving; /* ... the answer (state_msg.c) */
+  int resolving; /* ... the answer (state_msg.c), which then goes ... */
+  pr__st_answer_fn resolved; /* ... through this */
   /* The arguments, copied. */
   char *key;
   size_t key_len;
@@ -155,7 +161,7 @@ typedef struct sop {
   int done;
   prosody_state_cb cb;
   void *opaque;
-} sop_t;
+};
 
 /* ---- across the files ---- */
 
@@ -192,9 +198,10 @@ void pr__st_sop_free_args(sop_t *op);
 /* Runs `op` on (op->store, op->paddr, op->coll), with no transaction: a
  * published read (state_pub.c), on the reader's thread. */
 void pr__st_run_read(sop_t *op);
-void pr__st_value_step(sop_t *op);
-void pr__st_map_step(sop_t *op);
-void pr__st_deque_step(sop_t *op);
+/* Each kind's steps (state_kinds.c), by PROSODY_STATE_VALUE, _MAP and
+ * _DEQUE: what an operation does to it, reading at most one cell or page
+ * per step (pr__st_read_cell, pr__st_read_range continue it). */
+extern void (*const pr__st_kind_step[3])(sop_t *op);
 
 /* ---- published state's readers (state_pub.c, state_pub_open.c) ---------- */
 
@@ -249,8 +256,9 @@ void pr__pubs_cache_clear(pr__pubs_t *pubs);
 int pr__st_ref_encode(const prosody_message_t *m, char **out, size_t *len);
 int pr__st_ref_decode(const uint8_t *p, size_t n, char **topic,
                       int32_t *partition, int64_t *offset);
-/* Loads the answer's records, then answers (pr__st_sop_done). */
-void pr__st_resolve(sop_t *op);
+/* Loads the answer's records, then answers through `then` (the caller's
+ * pr__st_sop_done, called again with op->resolving set). */
+void pr__st_resolve(sop_t *op, pr__st_answer_fn then);
 void pr__st_message_free(prosody_message_t *m);
 
 #endif /* PR_ENGINE_STATE_H */

@@ -45,7 +45,7 @@ static int del_pos(sop_t *op, int64_t pos) {
   return pr__st_ov_set(op->coll, 1, k, sizeof(k), NULL, 0, 1);
 }
 
-void pr__st_value_step(sop_t *op) {
+static void value_step(sop_t *op) {
   switch (op->op) {
   case PROSODY_STATE_GET:
     if (op->stage++ == 0)
@@ -68,7 +68,7 @@ void pr__st_value_step(sop_t *op) {
   }
 }
 
-void pr__st_map_step(sop_t *op) {
+static void map_step(sop_t *op) {
   switch (op->op) {
   case PROSODY_STATE_GET:
   case PROSODY_STATE_CONTAINS:
@@ -169,7 +169,7 @@ static int bounds(sop_t *op) {
   return 0;
 }
 
-void pr__st_deque_step(sop_t *op) {
+static void deque_step(sop_t *op) {
   uint8_t k[8];
   int64_t len, pos, cap = op->capacity;
   if (op->op == PROSODY_STATE_CLEAR) {
@@ -305,3 +305,8 @@ void pr__st_deque_step(sop_t *op) {
     return;
   }
 }
+
+void (*const pr__st_kind_step[3])(sop_t *op) = {
+    [PROSODY_STATE_VALUE] = value_step,
+    [PROSODY_STATE_MAP] = map_step,
+    [PROSODY_STATE_DEQUE] = deque_step};

@@ -292,13 +292,13 @@ static void loaded(pr__mail_t *mail, void *owner) {
              : l->r.error ? l->r.error
                           : "no record");
     pr__load_free(&l->r);
-    pr__st_sop_done(op, err, "%s", why);
+    op->resolved(op, err, "%s", why);
     return;
   }
   it->message = message_of(l->r.rkm);
   pr__load_free(&l->r);
   if (!it->message) {
-    pr__st_sop_done(op, PROSODY_ERR_NOMEM, "out of memory");
+    op->resolved(op, PROSODY_ERR_NOMEM, "out of memory");
     return;
   }
   free((char *)it->json);
@@ -318,28 +318,28 @@ static void load_next(sop_t *op) {
   while (op->at < op->r.n && !op->r.items[op->at].json)
     op->at++;
   if (op->at == op->r.n) {
-    pr__st_sop_done(op, PROSODY_OK, NULL);
+    op->resolved(op, PROSODY_OK, NULL);
     return;
   }
   if (pr__st_ref_decode((const uint8_t *)op->r.items[op->at].json,
                         op->r.items[op->at].json_len, &topic, &partition,
                         &offset)) {
-    pr__st_sop_done(op, PROSODY_ERR_PERMANENT,
-                    "keyed state: \"%s\" holds a malformed record reference",
-                    op->coll->name);
+    op->resolved(op, PROSODY_ERR_PERMANENT,
+                 "keyed state: \"%s\" holds a malformed record reference",
+                 op->coll->name);
     return;
   }
   if (!eng->loader && !(eng->loader = pr__loader_new(eng, eng->bootstrap))) {
     free(topic);
-    pr__st_sop_done(op, PROSODY_ERR_TRANSIENT,
-                    "keyed state: could not start the record loader");
+    op->resolved(op, PROSODY_ERR_TRANSIENT,
+                 "keyed state: could not start the record loader");
     return;
   }
   tl = strlen(topic) + 1;
   kl = strlen(op->stx->key) + 1;
   if (!(l = calloc(1, sizeof(*l) + tl + kl))) {
     free(topic);
-    pr__st_sop_done(op, PROSODY_ERR_NOMEM, "out of memory");
+    op->resolved(op, PROSODY_ERR_NOMEM, "out of memory");
     return;
   }
   l->op = op;
@@ -355,8 +355,9 @@ static void load_next(sop_t *op) {
   pr__loader_post(eng->loader, &l->r);
 }
 
-void pr__st_resolve(sop_t *op) {
+void pr__st_resolve(sop_t *op, pr__st_answer_fn then) {
   op->resolving = 1;
+  op->resolved = then;
   op->at = 0;
   load_next(op);
 }

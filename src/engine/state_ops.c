@@ -100,7 +100,7 @@ void pr__st_sop_done(sop_t *op, prosody_err_t err, const char *fmt, ...) {
   char why[512] = "";
   if (!err && op->payload == PROSODY_STATE_MESSAGE && !op->resolving &&
       op->r.n) {
-    pr__st_resolve(op); /* the records first; it answers */
+    pr__st_resolve(op, pr__st_sop_done); /* the records first; it answers */
     return;
   }
   if (fmt) {
@@ -432,12 +432,7 @@ static void step(sop_t *op) {
   default:
     break;
   }
-  if (op->kind == PROSODY_STATE_VALUE)
-    pr__st_value_step(op);
-  else if (op->kind == PROSODY_STATE_MAP)
-    pr__st_map_step(op);
-  else
-    pr__st_deque_step(op);
+  pr__st_kind_step[op->kind](op);
 }
 
 /* ---- running an operation ---------------------------------------------- */

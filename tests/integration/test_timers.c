@@ -5,19 +5,21 @@
  * clear_and_schedule / scheduled() semantics (same-second upsert,
  * sub-second rounding, a timer replaced while it fires); a key's timer and
  * messages never overlap, and a message waits for the key's running timer;
- * a transiently failing timer is retried and deleted once it succeeds;
+ * a transiently failing timer is retried and deleted once it succeeds, and
+ * a delete the store refuses is retried before the key's next event;
  * in low-latency mode a timer failing past max_retries is dropped, never
  * sent to the failure topic;
  * 500 timers behind a slow handler all fire under max_uncommitted; a
  * context kept past its handler is refused; bad times are refused with the
  * time named.
  *
- * One consumer runs every scenario but the low-latency one (its own ctest
- * entry); each has its own keys. A record's payload is a JSON string
- * "<op> <arg>".
+ * One consumer runs every scenario but the low-latency and refused-delete
+ * ones (their own ctest entries); each has its own keys. A record's payload
+ * is a JSON string "<op> <arg>".
  */
 #include <pthread.h>
 
+#include "config/config.h"
 #include "harness.h"
 
 #define BURST 500
@@ -57,6 +59,8 @@ static char replace_log[512];
 static int burst_running, burst_peak;
 static int ll_attempts, ll_after_done;
 static char ll_after[128];
+static int d_fires, d_fires_at_after, d_after_done, d_refused_logs;
+static char d_after[128];
 
 /* Marks `key` busy; notes an overlap if it already was. */
 static void enter(const char *key) {
@@ -211,6 +215,17 @@ static prosody_result_t on_message(prosody_context_t *ctx,
     return PROSODY_PERMANENT; /* the failure topic's only record */
   } else if (!strcmp(verb, "burst")) {
     SCHED(ctx, now + 1000);
+  } else if (!strcmp(verb, "d")) {
+    SCHED(ctx, now + 1000);
+  } else if (!strcmp(verb, "d-after")) { /* produced once the timer fired */
+    char buf[128];
+    scheduled_str(ctx, 0, buf, sizeof(buf));
+    pthread_mutex_lock(&lock);
+    snprintf(d_after, sizeof(d_after), "%s", buf);
+    d_fires_at_after = d_fires;
+    d_after_done = 1;
+    pthread_cond_broadcast(&cond);
+    pthread_mutex_unlock(&lock);
   }
   leave(key);
   return PROSODY_SUCCESS;
@@ -285,6 +300,11 @@ static prosody_result_t on_timer(prosody_context_t *ctx,
     pthread_cond_broadcast(&cond);
     pthread_mutex_unlock(&lock);
     r = PROSODY_TRANSIENT; /* always */
+  } else if (!strcmp(key, "del")) {
+    pthread_mutex_lock(&lock);
+    d_fires++;
+    pthread_cond_broadcast(&cond);
+    pthread_mutex_unlock(&lock);
   } else if (!strncmp(key, "burst-", 6)) {
     pthread_mutex_lock(&lock);
     if (++burst_running > burst_peak)
@@ -563,5 +583,63 @@ T_SCENARIO(low_latency_timer_dropped_past_max_retries_not_dead_lettered, T_BOTH,
     prosody_client_destroy(client);
   }
   printf("ok: timers\n");
+  return 0;
+}
+
+/* The store's refusals of a fired timer's delete, as logged. */
+static void count_refusals(prosody_log_level_t level, const char *subsystem,
+                           const char *message, void *opaque) {
+  (void)level;
+  (void)subsystem;
+  (void)opaque;
+  if (!strstr(message, "could not delete the fired timer"))
+    return;
+  pthread_mutex_lock(&lock);
+  d_refused_logs++;
+  pthread_mutex_unlock(&lock);
+}
+
+/* A fired timer's delete that the store refuses is retried with backoff,
+ * without running the handler again, and the key's next event starts only
+ * once the timer is deleted: it lists no timer. */
+T_SCENARIO(fired_timer_delete_refused_retried_before_the_keys_next_event,
+           T_BOTH, 90) {
+  static pr__test_opts_t refuse = {.timer_refuse_deletes = 3};
+  char err[1024], group[160], topic[128];
+  prosody_config_t *conf;
+  prosody_client_t *client;
+  prosody_handler_t handler = {on_message, on_timer, NULL, 0};
+  snprintf(topic, sizeof(topic), "%s", t_topic("timers-del"));
+  snprintf(group, sizeof(group), "%s-group", topic);
+  t_create_topic(topic, 1);
+  conf = t_consumer_config(group, topic);
+  t_set(conf, "retry_base", "50ms");
+  t_set(conf, "max_retry_delay", "200ms");
+  pr__config_set_test(conf, &refuse);
+  prosody_config_set_log_cb(conf, count_refusals, NULL);
+  client = prosody_client_new(conf, err, sizeof(err));
+  CHECK(client, "client: %s", err);
+  CHECK_OK(prosody_subscribe(client, &handler, err, sizeof(err)), err);
+  produce(topic, "del", "d", 0);
+  pthread_mutex_lock(&lock);
+  WAIT_UNTIL(d_fires >= 1, 60);
+  CHECK(d_fires >= 1, "the timer did not fire");
+  pthread_mutex_unlock(&lock);
+  produce(topic, "del", "d-after", 0);
+  pthread_mutex_lock(&lock);
+  WAIT_UNTIL(d_after_done, 30);
+  CHECK(d_after_done, "the key's next record did not run (the timer's "
+                      "refused delete was not retried)");
+  CHECK(d_fires_at_after == 1 && d_fires == 1,
+        "the timer ran %d times (its handler succeeded once; only its delete "
+        "was refused)",
+        d_fires);
+  CHECK(!strcmp(d_after, "[] "),
+        "the key's next record still sees the timer stored: %s", d_after);
+  CHECK(d_refused_logs >= 1,
+        "no refused delete was logged: the test option did not act");
+  pthread_mutex_unlock(&lock);
+  CHECK_OK(prosody_unsubscribe(client), "unsubscribe");
+  prosody_client_destroy(client);
   return 0;
 }
