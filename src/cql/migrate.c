@@ -115,13 +115,14 @@ static prosody_err_t run(pr__cql_sync_t *y, const char *q,
   o.serial_consistency = serial;
   /* A table another instance has just created can be listed in
    * system_schema (or exist for CREATE ... IF NOT EXISTS) a moment before
-   * the node serves it ("table ... does not exist"): instances starting
-   * together on a new keyspace meet that window, so it is waited out for
-   * a few seconds. */
+   * the node serves it ("table ... does not exist", or a server error
+   * "Unknown CF <table id>" while the node applies the new table):
+   * instances starting together on a new keyspace meet that window, so it
+   * is waited out for a few seconds. */
   for (int tries = 0;; tries++) {
     err = pr__cql_sync_run(y, q, v, n, &o, 0, res, errstr, errstr_size);
     if (!err || tries >= SCHEMA_SETTLE_TRIES ||
-        !strstr(errstr, "does not exist"))
+        (!strstr(errstr, "does not exist") && !strstr(errstr, "Unknown CF")))
       return err;
     usleep(SCHEMA_SETTLE_MS * 1000);
   }
