@@ -33,7 +33,7 @@ typedef struct pr__dd_ev {
   uint8_t st;             /* enum dd_state */
   uint8_t waiting;        /* at its key's head, waiting for the lookup */
 } pr__dd_ev_t;
-_Static_assert(sizeof(pr__dd_ev_t) <= sizeof(pr__ev_area_t),
+_Static_assert(sizeof(pr__dd_ev_t) <= sizeof(((inv_t *)0)->ddx),
                "pr__dd_ev_t must fit struct inv's ddx");
 #define DDX(inv) ((pr__dd_ev_t *)(void *)(inv)->ddx.bytes)
 

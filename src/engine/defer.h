@@ -27,7 +27,7 @@ typedef struct pr__df_ev {
   uint8_t held;       /* INV_DEFERRING, written, waiting for the key's
                          row */
 } pr__df_ev_t;
-_Static_assert(sizeof(pr__df_ev_t) <= sizeof(pr__ev_area_t),
+_Static_assert(sizeof(pr__df_ev_t) <= sizeof(((inv_t *)0)->dfx),
                "pr__df_ev_t must fit struct inv's dfx");
 #define DFX(inv) ((pr__df_ev_t *)(void *)(inv)->dfx.bytes)
 
@@ -40,7 +40,7 @@ typedef struct pr__df_kq {
                        is deferred (PR_DF_UNKNOWN, _ASKING, _KNOWN): its
                        events wait at the head until it answers */
 } pr__df_kq_t;
-_Static_assert(sizeof(pr__df_kq_t) <= sizeof(pr__area24_t),
+_Static_assert(sizeof(pr__df_kq_t) <= sizeof(((kq_t *)0)->dfk),
                "pr__df_kq_t must fit struct kq's dfk");
 #define DFK(kq) ((pr__df_kq_t *)(void *)(kq)->dfk.bytes)
 enum { PR_DF_UNKNOWN = 0, PR_DF_ASKING, PR_DF_KNOWN };
@@ -54,7 +54,7 @@ typedef struct pr__df_part {
   int64_t ask_ms; /* a key lookup failed: its keys are asked again from
                      then (0: none) */
 } pr__df_part_t;
-_Static_assert(sizeof(pr__df_part_t) <= sizeof(pr__area24_t),
+_Static_assert(sizeof(pr__df_part_t) <= sizeof(((part_t *)0)->dfp),
                "pr__df_part_t must fit struct part's dfp");
 #define DFP(part) ((pr__df_part_t *)(void *)(part)->dfp.bytes)
 

@@ -119,25 +119,21 @@ enum inv_state {
                      written) */
 };
 
-/* One event (a record or a fired timer) from intake until it finishes.
- * Engine thread, except: while RUNNING the handler's thread reads `msg`,
- * `tmr` and the decode fields; the completing thread writes `result` and
- * `result_error` before it posts `mail` (the post publishes them). */
 /* A layer's own state in an engine structure (an event's ddx and dfx, a
  * key queue's dfk, a partition's dfp): opaque room for a struct that only
  * the layer's files define, which checks that it fits (_Static_assert
  * beside its definition). */
-typedef union pr__ev_area {
-  int64_t align_i;
-  void *align_p;
-  unsigned char bytes[48];
-} pr__ev_area_t;
-typedef union pr__area24 {
-  int64_t align_i;
-  void *align_p;
-  unsigned char bytes[24];
-} pr__area24_t;
+#define PR__AREA(n)                                                            \
+  union {                                                                      \
+    int64_t align_i;                                                           \
+    void *align_p;                                                             \
+    unsigned char bytes[n];                                                    \
+  }
 
+/* One event (a record or a fired timer) from intake until it finishes.
+ * Engine thread, except: while RUNNING the handler's thread reads `msg`,
+ * `tmr` and the decode fields; the completing thread writes `result` and
+ * `result_error` before it posts `mail` (the post publishes them). */
 struct inv {
   inv_t *next;         /* key FIFO link */
   inv_t *chain_next;   /* the key's next event claimed for the same run
@@ -180,7 +176,8 @@ struct inv {
    * allocation, a struct that only the layer's own files define and read
    * (dedup.h's pr__dd_ev_t through DDX(inv), defer.h's pr__df_ev_t through
    * DFX(inv)); zero (calloc) until the layer sets it. */
-  pr__ev_area_t ddx, dfx;
+  PR__AREA(32) ddx;
+  PR__AREA(40) dfx;
   /* Keyed state (state.c): the running attempt's transaction (a struct
    * only its files define), or NULL. */
   struct pr__stx *stx;
@@ -276,11 +273,12 @@ struct kq {
   char *key;           /* in the same allocation */
   pr__sched_key_t *sk; /* its scheduler state, pinned while the queue lives */
   inv_t *head, *tail;  /* FIFO; head is the only one that may run */
-  pr__area24_t dfk;    /* the defer layer's (defer.h's pr__df_kq_t): the
-                          key's deferred kinds; the queue lives while one
-                          is (pr__df_holds) */
-  int idle;            /* empty at the last tick and not asked for since:
-                          the next tick removes it (pr__part_tick_keys) */
+  PR__AREA(24)
+  dfk;      /* the defer layer's (defer.h's pr__df_kq_t): the
+               key's deferred kinds; the queue lives while one
+               is (pr__df_holds) */
+  int idle; /* empty at the last tick and not asked for since:
+               the next tick removes it (pr__part_tick_keys) */
 };
 
 /* An assigned partition (engine thread). */
@@ -329,9 +327,10 @@ struct part {
   int64_t tidy_ms;     /* the next look for finished slabs */
   int retiring;        /* a retire in flight */
   int no_retire;       /* out of memory: finished slabs left to expire */
-  pr__area24_t dfp;    /* the defer layer's (defer.h's pr__df_part_t): its
-                          deferred keys, and whether they are being read
-                          (pr__df_listing, pr__df_keyed) */
+  PR__AREA(24)
+  dfp; /* the defer layer's (defer.h's pr__df_part_t): its
+          deferred keys, and whether they are being read
+          (pr__df_listing, pr__df_keyed) */
 };
 
 enum phase { PH_RUNNING, PH_DRAINING };
