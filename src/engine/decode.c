@@ -23,7 +23,7 @@ void pr__decode_prepare(inv_t *inv) {
   int warn = 0;
   inv->unprepared = 0;
   pr__inv_release_rkm(inv);
-  if (inv->dd == DD_LATE && pr__dd_prepare(inv)) {
+  if (pr__dd_prepare(inv)) {
     inv->skip = "a duplicate of one already handled";
     inv->skip_dup = 1;
     return;

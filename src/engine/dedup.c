@@ -258,9 +258,9 @@ int64_t pr__dd_ttl_s(const pr__engine_t *eng) {
 
 const pr__did_t *pr__dd_stored_id(const inv_t *inv) {
   PR_ENGINE_THREAD(inv->eng);
-  if (!inv->eng->dd || inv->eng->dd->late || inv->dd != DD_UNSEEN)
+  if (!inv->eng->dd || inv->eng->dd->late || DDX(inv)->st != DD_UNSEEN)
     return NULL;
-  return &inv->did;
+  return &DDX(inv)->did;
 }
 
 /* The poll hook: the store's finished lookups and records. */
@@ -275,14 +275,14 @@ static void on_seen(void *arg, prosody_err_t err, const char *errstr, int seen);
 static void lookup(inv_t *inv) {
   pr__engine_t *eng = inv->eng;
   struct pr__dd_req *req = malloc(sizeof(*req));
-  inv->dd = DD_PENDING;
+  DDX(inv)->st = DD_PENDING;
   if (!req) {
-    inv->dd = DD_ERROR; /* asked again at the head, with backoff */
+    DDX(inv)->st = DD_ERROR; /* asked again at the head, with backoff */
     return;
   }
   req->inv = inv;
-  inv->dd_req = req;
-  pr__dedup_seen(eng->dd->store, eng->group_id, inv->did, on_seen, req);
+  DDX(inv)->req = req;
+  pr__dedup_seen(eng->dd->store, eng->group_id, DDX(inv)->did, on_seen, req);
 }
 
 static void on_seen(void *arg, prosody_err_t err, const char *errstr,
@@ -293,30 +293,30 @@ static void on_seen(void *arg, prosody_err_t err, const char *errstr,
   free(req);
   if (!inv)
     return; /* the event went first (released) */
-  inv->dd_req = NULL;
+  DDX(inv)->req = NULL;
   /* Recorded since the lookup was sent (by the event ahead of this one on
    * its key, dd_record): the store's answer is older than that. */
-  if (inv->dd == DD_SEEN || known(inv->eng, inv->did)) {
+  if (DDX(inv)->st == DD_SEEN || known(inv->eng, DDX(inv)->did)) {
     err = PROSODY_OK;
     seen = 1;
   }
   if (err) {
-    inv->dd = DD_ERROR;
+    DDX(inv)->st = DD_ERROR;
     PR_WARN("engine",
             "%s: deduplication lookup failed: %s; the handler waits and the "
             "lookup is retried",
             pr__inv_describe(inv, ev, sizeof(ev)), errstr ? errstr : "error");
-    if (inv->dd_waiting) {
-      inv->dd_waiting = 0;
-      pr__outcome_arm_retry(inv,
-                            pr__outcome_backoff_ms(inv->eng, ++inv->dd_tries));
+    if (DDX(inv)->waiting) {
+      DDX(inv)->waiting = 0;
+      pr__outcome_arm_retry(
+          inv, pr__outcome_backoff_ms(inv->eng, ++DDX(inv)->tries));
     }
     return;
   }
-  inv->dd = seen ? DD_SEEN : DD_UNSEEN;
-  inv->dd_tries = 0;
-  if (inv->dd_waiting) {
-    inv->dd_waiting = 0;
+  DDX(inv)->st = seen ? DD_SEEN : DD_UNSEEN;
+  DDX(inv)->tries = 0;
+  if (DDX(inv)->waiting) {
+    DDX(inv)->waiting = 0;
     pr__dispatch_schedule(inv);
   }
 }
@@ -338,9 +338,9 @@ static void read_id(inv_t *inv) {
   }
   if (v && (id = vn <= sizeof(small) ? small : malloc(vn)))
     idn = pr__json_unescape(v, vn, id);
-  inv->did = pr__dd_id(PR_CFG_STR(eng->st, IDEMPOTENCE_VERSION), eng->group_id,
-                       inv->msg.topic, inv->msg.partition, inv->msg.key, id,
-                       idn, inv->msg.offset);
+  DDX(inv)->did = pr__dd_id(PR_CFG_STR(eng->st, IDEMPOTENCE_VERSION),
+                            eng->group_id, inv->msg.topic, inv->msg.partition,
+                            inv->msg.key, id, idn, inv->msg.offset);
   if (id && id != small)
     free(id);
 }
@@ -351,51 +351,53 @@ static void dd_intake(inv_t *inv) {
   PR_ENGINE_THREAD(inv->eng);
   pr__engine_t *eng = inv->eng;
   if (eng->dd->late) {
-    inv->dd = DD_LATE; /* read and looked up by the thread that runs it */
+    DDX(inv)->st = DD_LATE; /* read and looked up by the thread that runs it */
     return;
   }
   read_id(inv);
-  if (known(eng, inv->did))
-    inv->dd = DD_SEEN;
+  if (known(eng, DDX(inv)->did))
+    DDX(inv)->st = DD_SEEN;
   else
     lookup(inv);
 }
 
 int pr__dd_prepare(inv_t *inv) {
+  if (DDX(inv)->st != DD_LATE)
+    return 0;
   read_id(inv);
-  inv->dd = known(inv->eng, inv->did) ? DD_SEEN : DD_UNSEEN;
-  return inv->dd == DD_SEEN;
+  DDX(inv)->st = known(inv->eng, DDX(inv)->did) ? DD_SEEN : DD_UNSEEN;
+  return DDX(inv)->st == DD_SEEN;
 }
 
 /* The completed hook (the completing thread, before the post): without a
  * store a success is recorded here (DD_RECORDED). */
 static void completed(inv_t *inv, prosody_result_t result) {
-  if (inv->dd != DD_UNSEEN || !inv->eng->dd->late ||
+  if (DDX(inv)->st != DD_UNSEEN || !inv->eng->dd->late ||
       result != PROSODY_SUCCESS || inv->skip)
     return; /* a permanent failure: dd_record, on the engine thread */
-  remember(inv->eng, inv->did);
-  inv->dd = DD_RECORDED;
+  remember(inv->eng, DDX(inv)->did);
+  DDX(inv)->st = DD_RECORDED;
 }
 
 /* At the head of its key: run it, skip it (a duplicate: commit past it),
  * or wait (pr__dispatch_schedule() is called again once known). */
 static int dd_gate(inv_t *inv) {
   PR_ENGINE_THREAD(inv->eng);
-  switch (inv->dd) {
+  switch (DDX(inv)->st) {
   case DD_OFF:
     return DD_RUN;
   case DD_SEEN:
     return DD_SKIP;
   case DD_ERROR:
     lookup(inv);
-    if (inv->dd == DD_ERROR) { /* could not even ask: later */
-      pr__outcome_arm_retry(inv,
-                            pr__outcome_backoff_ms(inv->eng, ++inv->dd_tries));
+    if (DDX(inv)->st == DD_ERROR) { /* could not even ask: later */
+      pr__outcome_arm_retry(
+          inv, pr__outcome_backoff_ms(inv->eng, ++DDX(inv)->tries));
       return DD_WAIT;
     }
     /* fall through */
   case DD_PENDING:
-    inv->dd_waiting = 1;
+    DDX(inv)->waiting = 1;
     return DD_WAIT;
   default: /* DD_UNSEEN (dd_record marks later duplicates) */
     return DD_RUN;
@@ -405,12 +407,13 @@ static int dd_gate(inv_t *inv) {
 /* The claimable hook: not a duplicate of one the run handles first. */
 static int claimable(inv_t *head, inv_t *f) {
   PR_ENGINE_THREAD(head->eng);
-  if (!head->eng->dd || f->dd == DD_OFF || f->dd == DD_LATE)
+  if (!head->eng->dd || DDX(f)->st == DD_OFF || DDX(f)->st == DD_LATE)
     return 1; /* DD_LATE: looked up once the run's earlier ones recorded */
-  if (f->dd != DD_UNSEEN)
+  if (DDX(f)->st != DD_UNSEEN)
     return 0;
   for (inv_t *i = head; i; i = i->chain_next)
-    if (i->dd != DD_OFF && i->did.hi == f->did.hi && i->did.lo == f->did.lo)
+    if (DDX(i)->st != DD_OFF && DDX(i)->did.hi == DDX(f)->did.hi &&
+        DDX(i)->did.lo == DDX(f)->did.lo)
       return 0; /* a duplicate of one the run handles first */
   return 1;
 }
@@ -431,25 +434,26 @@ static void dd_record(inv_t *inv) {
   pr__engine_t *eng = inv->eng;
   /* A miss in the cache costs a store lookup; the memory store is its own
    * cache. */
-  remember(eng, inv->did);
+  remember(eng, DDX(inv)->did);
   /* Taken before this was recorded, the same id behind it on its key. */
   for (inv_t *i = inv->next; i; i = i->next)
-    if (i->state == INV_QUEUED && i->dd != DD_OFF && i->dd != DD_LATE &&
-        i->did.hi == inv->did.hi && i->did.lo == inv->did.lo)
-      i->dd = DD_SEEN;
+    if (i->state == INV_QUEUED && DDX(i)->st != DD_OFF &&
+        DDX(i)->st != DD_LATE && DDX(i)->did.hi == DDX(inv)->did.hi &&
+        DDX(i)->did.lo == DDX(inv)->did.lo)
+      DDX(i)->st = DD_SEEN;
   if (!eng->dd->late) {
     eng->dd->recording++;
-    pr__dedup_record(eng->dd->store, eng->group_id, inv->did, eng->dd->ttl_s,
-                     on_recorded, eng);
+    pr__dedup_record(eng->dd->store, eng->group_id, DDX(inv)->did,
+                     eng->dd->ttl_s, on_recorded, eng);
   }
 }
 
 /* The forget hook: a lookup in flight must not reach the freed inv. */
 static void forget(inv_t *inv) {
   PR_ENGINE_THREAD(inv->eng);
-  if (inv->dd_req)
-    inv->dd_req->inv = NULL;
-  inv->dd_req = NULL;
+  if (DDX(inv)->req)
+    DDX(inv)->req->inv = NULL;
+  DDX(inv)->req = NULL;
 }
 
 /* ---- the layer ---------------------------------------------------------- */
@@ -467,7 +471,7 @@ static void intake(inv_t *inv) {
 }
 
 static int admit(inv_t *inv) {
-  if (inv->dd == DD_OFF)
+  if (DDX(inv)->st == DD_OFF)
     return PR_ADMIT_RUN;
   switch (dd_gate(inv)) {
   case DD_RUN:
@@ -484,7 +488,7 @@ static int admit(inv_t *inv) {
  * queued behind it on its key is a duplicate from now on (DD_RECORDED: by
  * its worker already). */
 static void done(inv_t *inv) {
-  if (inv->dd == DD_UNSEEN)
+  if (DDX(inv)->st == DD_UNSEEN)
     dd_record(inv);
 }
 
@@ -498,3 +502,8 @@ const pr__layer_t pr__layer_dedup = {.name = "dedup",
                                      .forget = forget,
                                      .poll = poll_store,
                                      .close = dd_close};
+
+void pr__dd_unwait(inv_t *inv) {
+  PR_ENGINE_THREAD(inv->eng);
+  DDX(inv)->waiting = 0;
+}

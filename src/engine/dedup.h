@@ -22,12 +22,31 @@ enum dd_state {
 };
 enum dd_gate { DD_RUN, DD_SKIP, DD_WAIT };
 
+/* An event's deduplication state (inv->ddx, which no other file reads).
+ * `st` and `did` are written by the thread running the event while it runs
+ * (DD_LATE: pr__dd_prepare and the completed hook), else by the engine
+ * thread; the rest by the engine thread. */
+typedef struct pr__dd_ev {
+  pr__did_t did;          /* its id (st != DD_OFF) */
+  struct pr__dd_req *req; /* the store lookup in flight, or NULL */
+  int tries;              /* failed lookups in a row */
+  uint8_t st;             /* enum dd_state */
+  uint8_t waiting;        /* at its key's head, waiting for the lookup */
+} pr__dd_ev_t;
+_Static_assert(sizeof(pr__dd_ev_t) <= sizeof(((inv_t *)0)->ddx),
+               "pr__dd_ev_t must fit struct inv's ddx");
+#define DDX(inv) ((pr__dd_ev_t *)(void *)(inv)->ddx.bytes)
+
 pr__did_t pr__dd_id(const char *version, const char *group, const char *topic,
                     int32_t partition, const char *key, const char *id,
                     size_t id_len, int64_t offset);
-/* DD_LATE, right before its first attempt (the thread about to run it):
- * reads its id and looks it up; 1 when it is a duplicate (DD_SEEN). */
+/* Right before a message's first attempt (the thread about to run it):
+ * when DD_LATE, reads its id and looks it up; 1 when it is a duplicate
+ * (DD_SEEN), else 0. */
 int pr__dd_prepare(inv_t *inv);
+/* The event leaves its key's head to be deferred: a lookup's answer no
+ * longer schedules it (engine thread). */
+void pr__dd_unwait(inv_t *inv);
 /* Is deduplication on (pipeline mode, idempotence_cache_size > 0)? Any
  * thread once the layer is open. */
 int pr__dd_on(const pr__engine_t *eng);

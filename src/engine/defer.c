@@ -31,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dedup.h"
 #include "defer.h"
 
 /* A segment is one group's topic partition, named as the original names
@@ -51,19 +52,19 @@ pr__dk_t *pr__df_dk_new(part_t *part, kq_t *kq, int kind, int64_t retry_at_ms) {
   dk->kq = kq;
   dk->kind = kind;
   dk->retry_at_ms = retry_at_ms;
-  kq->dk[kind] = dk;
-  dk->next = part->dks;
-  part->dks = dk;
+  DFK(kq)->dk[kind] = dk;
+  dk->next = DFP(part)->dks;
+  DFP(part)->dks = dk;
   return dk;
 }
 
 static void dk_free(part_t *part, pr__dk_t *dk) {
-  pr__dk_t **pp = &part->dks;
+  pr__dk_t **pp = &DFP(part)->dks;
   while (*pp && *pp != dk)
     pp = &(*pp)->next;
   if (*pp)
     *pp = dk->next;
-  dk->kq->dk[dk->kind] = NULL;
+  DFK(dk->kq)->dk[dk->kind] = NULL;
   pr__kq_trim(part, dk->kq);
   free(dk);
 }
@@ -71,12 +72,12 @@ static void dk_free(part_t *part, pr__dk_t *dk) {
 void pr__df_part_free(part_t *part) {
   PR_ENGINE_THREAD(part->eng);
   pr__dk_t *dk, *next;
-  for (dk = part->dks; dk; dk = next) {
+  for (dk = DFP(part)->dks; dk; dk = next) {
     next = dk->next;
-    dk->kq->dk[dk->kind] = NULL;
+    DFK(dk->kq)->dk[dk->kind] = NULL;
     free(dk);
   }
-  part->dks = NULL;
+  DFP(part)->dks = NULL;
 }
 
 pr__load_t *pr__df_req_new(const part_t *part, const char *key, int kind) {
@@ -111,7 +112,7 @@ pr__dk_t *pr__df_req_dk(const pr__load_t *r, part_t **partp) {
   part_t *part = pr__df_req_part(r);
   kq_t *kq = part ? pr__kq_get(part, r->key, 0) : NULL;
   *partp = part;
-  return kq ? kq->dk[r->kind] : NULL;
+  return kq ? DFK(kq)->dk[r->kind] : NULL;
 }
 
 static void log_cb(void *arg, prosody_err_t err, const char *errstr) {
@@ -231,16 +232,16 @@ void pr__df_forget(part_t *part, pr__dk_t *dk, pr__load_t *r) {
  * state, committed when `commit`. */
 static void leave(inv_t *inv, int commit) {
   kq_t *kq = pr__kq_get(inv->part, inv->msg.key, 0);
-  pr__dk_t *dk = kq ? kq->dk[PR_DF_KIND(inv)] : NULL;
+  pr__dk_t *dk = kq ? DFK(kq)->dk[PR_DF_KIND(inv)] : NULL;
   if (dk) {
     dk->writes--;
-    if (inv->df_prev)
-      inv->df_prev->df_next = inv->df_next;
+    if (DFX(inv)->prev)
+      DFX(DFX(inv)->prev)->next = DFX(inv)->next;
     else if (dk->deferring == inv)
-      dk->deferring = inv->df_next;
-    if (inv->df_next)
-      inv->df_next->df_prev = inv->df_prev;
-    inv->df_prev = inv->df_next = NULL;
+      dk->deferring = DFX(inv)->next;
+    if (DFX(inv)->next)
+      DFX(DFX(inv)->next)->prev = DFX(inv)->prev;
+    DFX(inv)->prev = DFX(inv)->next = NULL;
   }
   inv->part->active--;
   inv->eng->dlq_inflight--;
@@ -251,14 +252,14 @@ static void leave(inv_t *inv, int commit) {
  * events held for its key row along. They leave first: while `inv` is
  * still counted, the partition (a zombie's too) and the key stay. */
 static void leave_all(inv_t *inv, int commit) {
-  kq_t *kq = inv->df_key_at ? pr__kq_get(inv->part, inv->msg.key, 0) : NULL;
-  pr__dk_t *dk = kq ? kq->dk[PR_DF_KIND(inv)] : NULL;
+  kq_t *kq = DFX(inv)->key_at ? pr__kq_get(inv->part, inv->msg.key, 0) : NULL;
+  pr__dk_t *dk = kq ? DFK(kq)->dk[PR_DF_KIND(inv)] : NULL;
   if (dk) {
     if (commit)
       dk->row_written = 1;
     for (inv_t *h = dk->deferring, *next; h; h = next) {
-      next = h->df_next; /* leave() unlinks it */
-      if (h->df_held)
+      next = DFX(h)->next; /* leave() unlinks it */
+      if (DFX(h)->held)
         leave(h, commit);
     }
   }
@@ -271,26 +272,26 @@ static void written(void *arg, prosody_err_t err, const char *errstr) {
   inv_t *inv = arg;
   char ev[160];
   if (err) {
-    inv->df_failed = 1;
+    DFX(inv)->failed = 1;
     PR_WARN("defer",
             "%s: could not write it to its key's defer queue: %s; trying "
             "again (it is not committed meanwhile)",
             pr__inv_describe(inv, ev, sizeof(ev)),
             errstr ? errstr : prosody_err_name(err));
   }
-  if (--inv->df_writes > 0)
+  if (--DFX(inv)->writes > 0)
     return;
-  if (!inv->df_failed) {
+  if (!DFX(inv)->failed) {
     kq_t *kq = pr__kq_get(inv->part, inv->msg.key, 0);
-    pr__dk_t *dk = kq ? kq->dk[PR_DF_KIND(inv)] : NULL;
-    if (!inv->df_key_at && dk && !dk->row_written) {
-      inv->df_held = 1; /* committed with the key's first event */
+    pr__dk_t *dk = kq ? DFK(kq)->dk[PR_DF_KIND(inv)] : NULL;
+    if (!DFX(inv)->key_at && dk && !dk->row_written) {
+      DFX(inv)->held = 1; /* committed with the key's first event */
       return;
     }
     leave_all(inv, 1);
     return;
   }
-  inv->df_failed = 0;
+  DFX(inv)->failed = 0;
   if (inv->part->revoking || inv->part->zombie ||
       inv->eng->phase != PH_RUNNING) {
     leave_all(inv, 0); /* not committed: redelivered to the next owner */
@@ -312,7 +313,7 @@ void pr__df_write(inv_t *inv) {
   pr__engine_t *eng = inv->eng;
   part_t *part = inv->part;
   char seg[PR_DF_SEG_MAX];
-  int64_t key_at = inv->df_key_at;
+  int64_t key_at = DFX(inv)->key_at;
   int kind = PR_DF_KIND(inv);
   pr__defer_t *store = pr__df_store(eng, kind);
   kq_t *kq = pr__kq_get(part, inv->msg.key, 0);
@@ -321,21 +322,21 @@ void pr__df_write(inv_t *inv) {
     leave_all(inv, 0);
     return;
   }
-  if (kq && kq->dk[kind])
-    kq->dk[kind]->appended = 1;
+  if (kq && DFK(kq)->dk[kind])
+    DFK(kq)->dk[kind]->appended = 1;
   pr__df_segment(part, seg, sizeof(seg));
-  inv->df_writes = key_at ? 2 : 1;
-  inv->df_failed = 0;
+  DFX(inv)->writes = key_at ? 2 : 1;
+  DFX(inv)->failed = 0;
   if (key_at) { /* first: the memory store answers at once */
     /* The key was not deferred: whatever the store holds below it was
      * left by a deferral whose key row was never written, and its events
      * were handled since (redelivered uncommitted). */
-    inv->df_writes++;
+    DFX(inv)->writes++;
     pr__defer_trim(store, seg, inv->msg.key, position, written, inv);
     if (pr__df_refuse_row(eng)) { /* test option */
       written(inv, PROSODY_ERR_TRANSIENT, "refused (test option)");
     } else {
-      inv->df_writes++; /* the retry timer too */
+      DFX(inv)->writes++; /* the retry timer too */
       retry_timer(part, inv->msg.key, kind, (key_at + 999) / 1000, written,
                   inv);
       pr__defer_set_key(store, seg, inv->msg.key, (key_at + 999) / 1000,
@@ -343,16 +344,16 @@ void pr__df_write(inv_t *inv) {
     }
   }
   /* The last write may finish (and free) inv. */
-  pr__defer_append(store, seg, inv->msg.key, position, inv->df_retries, written,
-                   inv);
+  pr__defer_append(store, seg, inv->msg.key, position, DFX(inv)->retries,
+                   written, inv);
 }
 
 void pr__df_release_waiting(part_t *part) {
   PR_ENGINE_THREAD(part->eng);
-  for (pr__dk_t *dk = part->dks; dk; dk = dk->next)
+  for (pr__dk_t *dk = DFP(part)->dks; dk; dk = dk->next)
     for (inv_t *inv = dk->deferring, *next; inv; inv = next) {
-      next = inv->df_next;       /* leave() unlinks it */
-      if (inv->df_writes == 0) { /* its retry timer is armed, or held */
+      next = DFX(inv)->next;       /* leave() unlinks it */
+      if (DFX(inv)->writes == 0) { /* its retry timer is armed, or held */
         pr__inv_timer_close(&inv->timer);
         leave(inv, 0);
       }
@@ -366,7 +367,7 @@ void pr__df_unscheduled(part_t *part, const char *key, int64_t time_s) {
   kq_t *kq = pr__kq_get(part, key, 0);
   pr__load_t *r;
   char seg[PR_DF_SEG_MAX];
-  if (!store || !kq || !kq->dk[PR_DEFER_TIMERS] ||
+  if (!store || !kq || !DFK(kq)->dk[PR_DEFER_TIMERS] ||
       !(r = pr__df_req_new(part, key, PR_DEFER_TIMERS)))
     return;
   r->error = strdup("removing an unscheduled timer from its defer queue (it "
@@ -386,15 +387,15 @@ static void defer_inv(inv_t *inv, pr__dk_t *dk, int32_t retries,
     pr__slabs_pin(inv->part, inv->time_s, 0);
   pr__kq_unlink(inv);
   inv->state = INV_DEFERRING;
-  inv->df_retries = retries;
-  inv->df_key_at = key_at_ms;
+  DFX(inv)->retries = retries;
+  DFX(inv)->key_at = key_at_ms;
   inv->part->active++;
   inv->eng->dlq_inflight++;
   dk->writes++;
-  inv->df_prev = NULL;
-  inv->df_next = dk->deferring;
+  DFX(inv)->prev = NULL;
+  DFX(inv)->next = dk->deferring;
   if (dk->deferring)
-    dk->deferring->df_prev = inv;
+    DFX(dk->deferring)->prev = inv;
   dk->deferring = inv;
   PR_BUMP(inv->eng->metrics.deferred, 1);
   pr__inv_release_rkm(inv);
@@ -404,7 +405,7 @@ static void defer_inv(inv_t *inv, pr__dk_t *dk, int32_t retries,
 
 int pr__df_hold(inv_t *inv) {
   PR_ENGINE_THREAD(inv->eng);
-  pr__dk_t *dk = inv->kq->dk[PR_DF_KIND(inv)];
+  pr__dk_t *dk = DFK(inv->kq)->dk[PR_DF_KIND(inv)];
   if (!dk || inv->df_loaded)
     return 0;
   inv->kq = NULL; /* never in the key queue */
@@ -437,8 +438,8 @@ static void retry_later(inv_t *inv) {
   pr__engine_t *eng = inv->eng;
   kq_t *kq = inv->kq;
   int kind = PR_DF_KIND(inv);
-  pr__dk_t *dk = kq ? kq->dk[kind] : NULL;
-  int32_t n = inv->df_retries + 1;
+  pr__dk_t *dk = kq ? DFK(kq)->dk[kind] : NULL;
+  int32_t n = DFX(inv)->retries + 1;
   int64_t delay = pr__df_delay_s(eng, n);
   int64_t at_ms = pr__wall_ms() + delay * 1000;
   char seg[PR_DF_SEG_MAX], ev[160];
@@ -455,13 +456,13 @@ static void retry_later(inv_t *inv) {
     PR_INFO("defer",
             "%s: deferred retry %d failed after the timer was unscheduled; "
             "not retried",
-            pr__inv_describe(inv, ev, sizeof(ev)), (int)inv->df_retries);
+            pr__inv_describe(inv, ev, sizeof(ev)), (int)DFX(inv)->retries);
     pr__outcome_finish(inv, 1);
     return;
   }
   r = dk ? pr__df_req_new(inv->part, kq->key, kind) : NULL;
   PR_WARN("defer", "%s: deferred retry %d failed: %s; next retry in %llds",
-          pr__inv_describe(inv, ev, sizeof(ev)), (int)inv->df_retries,
+          pr__inv_describe(inv, ev, sizeof(ev)), (int)DFX(inv)->retries,
           inv->result_error ? inv->result_error : "(no message)",
           (long long)delay);
   inv->df_loaded = 0; /* what follows is this function's */
@@ -497,7 +498,7 @@ static void defer_queued(pr__dk_t *dk, int kind, inv_t *j) {
     }
     /* A head waiting for its dedup lookup is not scheduled by the answer
      * any more: it is deferred (its retry is looked up again). */
-    j->dd_waiting = 0;
+    pr__dd_unwait(j);
     defer_inv(j, dk, 0, 0);
   }
 }
@@ -521,7 +522,7 @@ void pr__df_defer(inv_t *inv) {
   part_t *part = inv->part;
   kq_t *kq = inv->kq;
   int kind = PR_DF_KIND(inv);
-  pr__dk_t *dk = kq->dk[kind];
+  pr__dk_t *dk = DFK(kq)->dk[kind];
   int64_t delay, key_at = 0;
   char ev[160];
   if (inv->df_loaded) {
@@ -568,13 +569,13 @@ void pr__df_defer(inv_t *inv) {
 /* `key` of `part` is deferred: its dk (retried at `at_ms`), or NULL when
  * out of memory. */
 static pr__dk_t *dk_found(part_t *part, kq_t *kq, int kind, int64_t at_ms) {
-  pr__dk_t *dk = kq->dk[kind];
+  pr__dk_t *dk = DFK(kq)->dk[kind];
   if (dk)
     return dk;
   if (!(dk = pr__df_dk_new(part, kq, kind, at_ms)))
     return NULL;
   dk->row_written = 1;
-  kq->df_known[kind] = PR_DF_KNOWN;
+  DFK(kq)->known[kind] = PR_DF_KNOWN;
   PR_INFO("defer",
           "%s[%" PRId32 "] key \"%.64s\": has deferred %s in the store (an "
           "earlier owner's); its later ones join them",
@@ -593,7 +594,7 @@ static void asked(void *arg, prosody_err_t err, const char *errstr, int found,
   int kind = r->kind;
   (void)position;
   (void)retries;
-  if (!kq || kq->df_known[kind] != PR_DF_ASKING) {
+  if (!kq || DFK(kq)->known[kind] != PR_DF_ASKING) {
     if (r->pending == 1)
       r->pending = 2;
     else
@@ -616,15 +617,15 @@ static void asked(void *arg, prosody_err_t err, const char *errstr, int found,
     err = PROSODY_OK;
   }
   if (err) {
-    kq->df_known[kind] = PR_DF_UNKNOWN;
-    part->df_ask_ms = pr__wall_ms() + 1000;
+    DFK(kq)->known[kind] = PR_DF_UNKNOWN;
+    DFP(part)->ask_ms = pr__wall_ms() + 1000;
     PR_WARN("defer",
             "%s[%" PRId32 "] key \"%.64s\": could not read whether it is "
             "deferred: %s; its events wait (asking again in 1s)",
             part->topic, part->partition, r->key,
             errstr ? errstr : prosody_err_name(err));
   } else {
-    kq->df_known[kind] = PR_DF_KNOWN;
+    DFK(kq)->known[kind] = PR_DF_KNOWN;
   }
   if (r->pending == 1) {
     r->pending = 2;
@@ -633,8 +634,8 @@ static void asked(void *arg, prosody_err_t err, const char *errstr, int found,
   pr__load_free(r);
   if (err)
     return;
-  if (kq->dk[kind])
-    take_queued(part, kq, kq->dk[kind], kind);
+  if (DFK(kq)->dk[kind])
+    take_queued(part, kq, DFK(kq)->dk[kind], kind);
   else
     start_head(part, kq);
 }
@@ -649,19 +650,19 @@ int pr__df_admit(inv_t *inv) {
   char seg[PR_DF_SEG_MAX];
   if (!pr__df_store(eng, kind) || inv->df_loaded || !kq)
     return PR_ADMIT_RUN;
-  if (kq->dk[kind]) { /* found deferred since it was queued */
-    take_queued(part, kq, kq->dk[kind], kind);
+  if (DFK(kq)->dk[kind]) { /* found deferred since it was queued */
+    take_queued(part, kq, DFK(kq)->dk[kind], kind);
     return PR_ADMIT_TAKEN;
   }
-  if (kq->df_known[kind] == PR_DF_KNOWN)
+  if (DFK(kq)->known[kind] == PR_DF_KNOWN)
     return PR_ADMIT_RUN;
-  if (kq->df_known[kind] == PR_DF_ASKING || part->df_ask_ms > pr__wall_ms())
+  if (DFK(kq)->known[kind] == PR_DF_ASKING || DFP(part)->ask_ms > pr__wall_ms())
     return PR_ADMIT_WAIT; /* the answer, or the tick, schedules it */
   if (!(r = pr__df_req_new(part, kq->key, kind))) {
-    part->df_ask_ms = pr__wall_ms() + 1000;
+    DFP(part)->ask_ms = pr__wall_ms() + 1000;
     return PR_ADMIT_WAIT;
   }
-  kq->df_known[kind] = PR_DF_ASKING;
+  DFK(kq)->known[kind] = PR_DF_ASKING;
   r->pending = 1;
   pr__df_segment(part, seg, sizeof(seg));
   pr__defer_head(pr__df_store(eng, kind), seg, kq->key, asked, r);
@@ -670,10 +671,10 @@ int pr__df_admit(inv_t *inv) {
     return PR_ADMIT_WAIT;
   }
   pr__load_free(r); /* answered at once */
-  if (kq->df_known[kind] != PR_DF_KNOWN)
+  if (DFK(kq)->known[kind] != PR_DF_KNOWN)
     return PR_ADMIT_WAIT;
-  if (kq->dk[kind]) {
-    take_queued(part, kq, kq->dk[kind], kind);
+  if (DFK(kq)->dk[kind]) {
+    take_queued(part, kq, DFK(kq)->dk[kind], kind);
     return PR_ADMIT_TAKEN;
   }
   return PR_ADMIT_RUN;
@@ -690,7 +691,7 @@ int pr__df_timer_loaded(part_t *part, const char *key, int type,
     return 0;
   if (!(kq = pr__kq_get(part, key, 1)))
     return 0; /* out of memory: read again at the next assignment */
-  if ((dk = kq->dk[kind])) {
+  if ((dk = DFK(kq)->dk[kind])) {
     if (!dk->busy && time_s * 1000 < dk->retry_at_ms)
       dk->retry_at_ms = time_s * 1000;
     return 1;

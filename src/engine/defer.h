@@ -14,6 +14,61 @@
 
 #include "internal.h"
 
+/* An event's deferral state (inv->dfx, which no other file reads; the
+ * engine thread's). */
+typedef struct pr__df_ev {
+  int64_t key_at;     /* INV_DEFERRING: also writes its key's row,
+                         retrying then (ms since the epoch), else 0 */
+  inv_t *prev, *next; /* INV_DEFERRING: its deferred key's list */
+  int32_t retries;    /* df_loaded: its deferred retries so far */
+  int writes;         /* INV_DEFERRING: store writes not yet
+                         acknowledged ... */
+  int failed;         /* ... of which failed (written again later) */
+  uint8_t held;       /* INV_DEFERRING, written, waiting for the key's
+                         row */
+} pr__df_ev_t;
+_Static_assert(sizeof(pr__df_ev_t) <= sizeof(((inv_t *)0)->dfx),
+               "pr__df_ev_t must fit struct inv's dfx");
+#define DFX(inv) ((pr__df_ev_t *)(void *)(inv)->dfx.bytes)
+
+/* A key queue's deferral state (kq->dfk; the engine thread's). */
+typedef struct pr__df_kq {
+  pr__dk_t *dk[2];  /* deferred messages [PR_DEFER_MESSAGES] or timers
+                       [PR_DEFER_TIMERS]: the key's later ones of that
+                       kind join the store's queue, not this one */
+  uint8_t known[2]; /* per kind: whether the store was asked if the key
+                       is deferred (PR_DF_UNKNOWN, _ASKING, _KNOWN): its
+                       events wait at the head until it answers */
+} pr__df_kq_t;
+_Static_assert(sizeof(pr__df_kq_t) <= sizeof(((kq_t *)0)->dfk),
+               "pr__df_kq_t must fit struct kq's dfk");
+#define DFK(kq) ((pr__df_kq_t *)(void *)(kq)->dfk.bytes)
+enum { PR_DF_UNKNOWN = 0, PR_DF_ASKING, PR_DF_KNOWN };
+
+/* A partition's deferral state (part->dfp; the engine thread's). */
+typedef struct pr__df_part {
+  pr__dk_t *dks;  /* its deferred keys */
+  int listing[2]; /* its deferred keys (per kind) are being read: its
+                     queue is not read nor its timers fired meanwhile (2:
+                     read them again) */
+  int64_t ask_ms; /* a key lookup failed: its keys are asked again from
+                     then (0: none) */
+} pr__df_part_t;
+_Static_assert(sizeof(pr__df_part_t) <= sizeof(((part_t *)0)->dfp),
+               "pr__df_part_t must fit struct part's dfp");
+#define DFP(part) ((pr__df_part_t *)(void *)(part)->dfp.bytes)
+
+/* Is the key deferred (of either kind)? Its queue lives while it is
+ * (keyq.c). */
+static inline int pr__df_holds(const kq_t *kq) {
+  const pr__df_kq_t *k = (const pr__df_kq_t *)(const void *)kq->dfk.bytes;
+  return k->dk[0] || k->dk[1];
+}
+/* Has `part` deferred keys (slabs.c: a slab pinned for a retry timer)? */
+static inline int pr__df_keyed(const part_t *part) {
+  return ((const pr__df_part_t *)(const void *)part->dfp.bytes)->dks != NULL;
+}
+
 /* ---- the layer, for the engine ------------------------------------------ */
 
 /* Puts the layer in place when defer_enabled (pipeline mode) with its
@@ -61,7 +116,8 @@ pr__defer_t *pr__df_store(const pr__engine_t *eng, int kind);
 int pr__df_refuse_row(pr__engine_t *eng);
 /* Are `part`'s deferred keys being read (its records and timers wait)? */
 static inline int pr__df_listing(const part_t *part) {
-  return part->df_listing[0] || part->df_listing[1];
+  const pr__df_part_t *p = (const pr__df_part_t *)(const void *)part->dfp.bytes;
+  return p->listing[0] || p->listing[1];
 }
 /* The deferred messages kept for their retries (defer_layer.c). */
 /* Keeps a copy of a message being deferred (out of memory: not kept). */

@@ -39,9 +39,9 @@ static void dk_idle(pr__dk_t *dk, int64_t at_ms) {
  * (INT64_MAX: none): a head read may miss them. */
 static int64_t unwritten_low(const pr__dk_t *dk) {
   int64_t low = INT64_MAX;
-  for (const inv_t *inv = dk->deferring; inv; inv = inv->df_next) {
+  for (const inv_t *inv = dk->deferring; inv; inv = DFX(inv)->next) {
     int64_t p = inv->is_timer ? inv->time_s : inv->msg.offset;
-    if (!inv->df_held && p < low)
+    if (!DFX(inv)->held && p < low)
       low = p;
   }
   return low;
@@ -90,7 +90,7 @@ int pr__df_end(inv_t *inv, int commit) {
   PR_ENGINE_THREAD(inv->eng);
   pr__engine_t *eng = inv->eng;
   part_t *part = inv->part;
-  pr__dk_t *dk = inv->kq ? inv->kq->dk[PR_DF_KIND(inv)] : NULL;
+  pr__dk_t *dk = inv->kq ? DFK(inv->kq)->dk[PR_DF_KIND(inv)] : NULL;
   if (!inv->df_loaded)
     return 0;
   inv->df_loaded = 0;
@@ -128,7 +128,7 @@ static void load_timer(part_t *part, pr__dk_t *dk, pr__load_t *r) {
   if (d && (inv->tr = calloc(1, sizeof(*inv->tr))))
     inv->tr->from = d->from; /* its span links back to it */
   inv->df_loaded = 1;
-  inv->df_retries = dk->retries;
+  DFX(inv)->retries = dk->retries;
   pr__dispatch_enqueue(inv);
 }
 
@@ -178,7 +178,7 @@ static void head_read(void *arg, prosody_err_t err, const char *errstr,
     if (inv) {
       pr__load_free(r);
       inv->df_loaded = 1;
-      inv->df_retries = retries;
+      DFX(inv)->retries = retries;
       pr__dispatch_enqueue(inv);
       return;
     }
@@ -269,7 +269,7 @@ static void loaded(pr__load_t *r) {
   r->rkm = NULL; /* the inv's now */
   pr__load_free(r);
   inv->df_loaded = 1;
-  inv->df_retries = dk->retries;
+  DFX(inv)->retries = dk->retries;
   pr__dispatch_enqueue(inv);
 }
 
@@ -298,7 +298,7 @@ static void keys_read(void *arg, prosody_err_t err, const char *errstr,
              "%s[%" PRId32 "]: could not read its deferred keys: %s; its "
              "records wait until they are read (trying again)",
              r->topic, r->partition, errstr ? errstr : prosody_err_name(err));
-    part->df_listing[r->kind] = 2;
+    DFP(part)->listing[r->kind] = 2;
     pr__load_free(r);
     return;
   }
@@ -307,7 +307,7 @@ static void keys_read(void *arg, prosody_err_t err, const char *errstr,
     pr__dk_t *dk;
     if (!kq)
       break;
-    if (!kq->dk[r->kind]) {
+    if (!DFK(kq)->dk[r->kind]) {
       if (!(dk = pr__df_dk_new(part, kq, r->kind, keys[i].retry_at_s * 1000)))
         break;
       dk->row_written = 1;
@@ -318,7 +318,7 @@ static void keys_read(void *arg, prosody_err_t err, const char *errstr,
              "%s[%" PRId32 "]: out of memory taking its deferred "
              "keys; trying again",
              r->topic, r->partition);
-    part->df_listing[r->kind] = 2;
+    DFP(part)->listing[r->kind] = 2;
     pr__load_free(r);
     return;
   }
@@ -326,7 +326,7 @@ static void keys_read(void *arg, prosody_err_t err, const char *errstr,
     PR_INFO("defer", "%s[%" PRId32 "]: %zu key(s) with deferred %s", r->topic,
             r->partition, n,
             r->kind == PR_DEFER_TIMERS ? "timers" : "messages");
-  part->df_listing[r->kind] = 0;
+  DFP(part)->listing[r->kind] = 0;
   part->eng->resumed = 1;    /* its queue is read again */
   pr__firing_arm(part->eng); /* and its timers fire */
   pr__load_free(r);
@@ -335,9 +335,9 @@ static void keys_read(void *arg, prosody_err_t err, const char *errstr,
 static void read_keys(part_t *part, int kind) {
   char seg[PR_DF_SEG_MAX];
   pr__load_t *r = pr__df_req_new(part, "", kind);
-  part->df_listing[kind] = 1;
+  DFP(part)->listing[kind] = 1;
   if (!r) {
-    part->df_listing[kind] = 2;
+    DFP(part)->listing[kind] = 2;
     return;
   }
   pr__df_segment(part, seg, sizeof(seg));
@@ -356,15 +356,15 @@ void pr__df_assigned(pr__engine_t *eng, part_t *part) {
 
 /* Events waiting for a failed "is it deferred?" are asked about again. */
 static void ask_again(pr__engine_t *eng, part_t *part, int64_t now_ms) {
-  if (!part->df_ask_ms || part->df_ask_ms > now_ms)
+  if (!DFP(part)->ask_ms || DFP(part)->ask_ms > now_ms)
     return;
-  part->df_ask_ms = 0;
+  DFP(part)->ask_ms = 0;
   for (size_t b = 0; part->buckets && b < part->nbuckets; b++) {
     kq_t *kq = part->buckets[b], *knext;
     for (; kq; kq = knext) {
       knext = kq->next; /* scheduling may finish (and free) a dropped head */
       if (kq->head && kq->head->state == INV_QUEUED &&
-          kq->df_known[PR_DF_KIND(kq->head)] == PR_DF_UNKNOWN &&
+          DFK(kq)->known[PR_DF_KIND(kq->head)] == PR_DF_UNKNOWN &&
           eng->phase == PH_RUNNING)
         pr__dispatch_schedule(kq->head);
     }
@@ -381,12 +381,12 @@ void pr__df_tick(pr__engine_t *eng) {
     if (part->revoking || part->held)
       continue;
     for (int kind = 0; kind < 2; kind++)
-      if (part->df_listing[kind] == 2)
+      if (DFP(part)->listing[kind] == 2)
         read_keys(part, kind);
     ask_again(eng, part, now_ms);
     if (pr__df_listing(part))
       continue;
-    for (dk = part->dks; dk; dk = next) {
+    for (dk = DFP(part)->dks; dk; dk = next) {
       next = dk->next;              /* reading the head may free dk */
       if (dk->retry_at_ms > now_ms) /* writes in flight do not hold it:
                                         head_read checks what it read */

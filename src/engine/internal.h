@@ -119,6 +119,17 @@ enum inv_state {
                      written) */
 };
 
+/* A layer's own state in an engine structure (an event's ddx and dfx, a
+ * key queue's dfk, a partition's dfp): opaque room for a struct that only
+ * the layer's files define, which checks that it fits (_Static_assert
+ * beside its definition). */
+#define PR__AREA(n)                                                            \
+  union {                                                                      \
+    int64_t align_i;                                                           \
+    void *align_p;                                                             \
+    unsigned char bytes[n];                                                    \
+  }
+
 /* One event (a record or a fired timer) from intake until it finishes.
  * Engine thread, except: while RUNNING the handler's thread reads `msg`,
  * `tmr` and the decode fields; the completing thread writes `result` and
@@ -161,19 +172,15 @@ struct inv {
   size_t room;              /* bytes after the struct (pr__inv_alloc), 0
                                for an inv of another size */
   const char *skip;         /* set by decode: why the record is skipped */
-  /* Deduplication (dedup.c). */
-  int dd_tries;              /* failed lookups in a row */
-  pr__did_t did;             /* its id (dd != DD_OFF) */
-  struct pr__dd_req *dd_req; /* the store lookup in flight, or NULL */
-  /* Keyed state (state.c): the running attempt's transaction, or NULL. */
+  /* The layers' per-event state, opaque here: bytes in the event's
+   * allocation, a struct that only the layer's own files define and read
+   * (dedup.h's pr__dd_ev_t through DDX(inv), defer.h's pr__df_ev_t through
+   * DFX(inv)); zero (calloc) until the layer sets it. */
+  PR__AREA(32) ddx;
+  PR__AREA(40) dfx;
+  /* Keyed state (state.c): the running attempt's transaction (a struct
+   * only its files define), or NULL. */
   struct pr__stx *stx;
-  /* Deferral (defer.c, defer_retry.c). */
-  int32_t df_retries; /* df_loaded: its deferred retries so far */
-  int df_writes;      /* INV_DEFERRING: store writes not yet acknowledged */
-  int df_failed;      /* ... of which failed (written again later) */
-  int64_t df_key_at;  /* INV_DEFERRING: also writes its key's row, retrying
-                         then (ms since the epoch), else 0 */
-  inv_t *df_prev, *df_next; /* INV_DEFERRING: its deferred key's list */
   /* Flags and small states, a byte each, together. Each has the writer its
    * comment (or, unsaid, the struct's) gives; bytes are separate memory
    * locations (bit-fields would not be). */
@@ -196,15 +203,8 @@ struct inv {
   uint8_t inline_strings; /* msg.key/payload live in this allocation */
   int8_t json_state;      /* payload checked at intake: 1 valid, -1 not;
                              0 unchecked (decode checks it) */
-  uint8_t dd;             /* enum dd_state; with `did`, written by the
-                             thread running it while it runs (DD_LATE,
-                             pr__dd_prepare and dedup's completed hook) */
-  uint8_t dd_waiting;     /* dedup: at its key's head, waiting for the
-                             lookup */
   uint8_t df_loaded;      /* a deferred message loaded again: its offset
                              was committed when it was deferred */
-  uint8_t df_held;        /* INV_DEFERRING, written, waiting for the key's
-                             row */
 };
 
 /* A deferred key of a partition (defer.c; engine thread): hung on its key
@@ -218,7 +218,8 @@ typedef struct pr__dk {
                           flight */
   int writes;          /* its events in INV_DEFERRING (appends in flight or
                           waiting to be written again) */
-  inv_t *deferring;    /* ... those events (linked by df_prev/df_next) */
+  inv_t *deferring;    /* ... those events (linked through their DFX prev/next,
+                          defer.h) */
   int row_written;     /* its key row is known to be in the store; until
                           then, events written after the first are held
                           (not committed: a timer would be lost) */
@@ -272,18 +273,13 @@ struct kq {
   char *key;           /* in the same allocation */
   pr__sched_key_t *sk; /* its scheduler state, pinned while the queue lives */
   inv_t *head, *tail;  /* FIFO; head is the only one that may run */
-  pr__dk_t *dk[2];     /* deferred messages [PR_DEFER_MESSAGES] or timers
-                          [PR_DEFER_TIMERS]: the key's later ones of that
-                          kind join the store's queue, not this one */
-  int idle;            /* empty at the last tick and not asked for since:
-                          the next tick removes it (pr__part_tick_keys) */
-  uint8_t df_known[2]; /* per kind: whether the store was asked if the key
-                          is deferred (PR_DF_UNKNOWN, _ASKING, _KNOWN):
-                          its events wait at the head until it answers */
+  PR__AREA(24)
+  dfk;      /* the defer layer's (defer.h's pr__df_kq_t): the
+               key's deferred kinds; the queue lives while one
+               is (pr__df_holds) */
+  int idle; /* empty at the last tick and not asked for since:
+               the next tick removes it (pr__part_tick_keys) */
 };
-
-/* kq.df_known */
-enum { PR_DF_UNKNOWN = 0, PR_DF_ASKING, PR_DF_KNOWN };
 
 /* An assigned partition (engine thread). */
 struct part {
@@ -331,12 +327,10 @@ struct part {
   int64_t tidy_ms;     /* the next look for finished slabs */
   int retiring;        /* a retire in flight */
   int no_retire;       /* out of memory: finished slabs left to expire */
-  pr__dk_t *dks;       /* its deferred keys */
-  int df_listing[2];   /* its deferred keys (per kind) are being read:
-                          its queue is not read nor its timers fired
-                          meanwhile (2: read them again) */
-  int64_t df_ask_ms;   /* a key lookup failed: its keys are asked again
-                          from then (0: none) */
+  PR__AREA(24)
+  dfp; /* the defer layer's (defer.h's pr__df_part_t): its
+          deferred keys, and whether they are being read
+          (pr__df_listing, pr__df_keyed) */
 };
 
 enum phase { PH_RUNNING, PH_DRAINING };

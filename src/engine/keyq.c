@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "defer.h"
 #include "internal.h"
 
 /* `topic`[p] in a list of partitions (the live ones, or the zombies). */
@@ -104,7 +105,7 @@ void pr__part_tick_keys(pr__engine_t *eng) {
     for (size_t b = 0; part->buckets && b < part->nbuckets; b++) {
       kq_t **pp = &part->buckets[b], *kq;
       while ((kq = *pp)) {
-        if (kq->head || kq->dk[0] || kq->dk[1]) {
+        if (kq->head || pr__df_holds(kq)) {
           kq->idle = 0;
           /* The state first: a running event's rkm is its worker's. */
           for (inv_t *inv = kq->head; inv; inv = inv->next)
@@ -127,7 +128,7 @@ void pr__part_tick_keys(pr__engine_t *eng) {
 
 void pr__kq_trim(part_t *part, kq_t *kq) {
   PR_ENGINE_THREAD(part->eng);
-  if (!kq->head && !kq->dk[0] && !kq->dk[1])
+  if (!kq->head && !pr__df_holds(kq))
     pr__kq_remove(part, kq);
 }
 

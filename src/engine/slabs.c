@@ -35,6 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "defer.h"
 #include "internal.h"
 
 /* Slab rows one retire deletes at most: one batch, so that the writes
@@ -210,10 +211,10 @@ static void tidy(pr__engine_t *eng, part_t *part, int64_t now_s) {
   if (end < 0 || part->no_retire)
     return;
   for (size_t i = 0; i < part->nrows; i++) {
-    part->rows[i].active = part->rows[i].puts > 0 ||
-                           part->rows[i].pinned == PIN_KEEP ||
-                           (part->rows[i].pinned == PIN_RETRY && part->dks);
-    if (!part->dks && part->rows[i].pinned == PIN_RETRY)
+    part->rows[i].active =
+        part->rows[i].puts > 0 || part->rows[i].pinned == PIN_KEEP ||
+        (part->rows[i].pinned == PIN_RETRY && pr__df_keyed(part));
+    if (!pr__df_keyed(part) && part->rows[i].pinned == PIN_RETRY)
       part->rows[i].pinned = PIN_NONE; /* no deferred key left */
   }
   pr__tq_each_in(part->tq, 0, (end + 1) * eng->slab_s, mark_queued, part);
