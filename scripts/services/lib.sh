@@ -299,6 +299,15 @@ kafka_logging() {
 }
 
 # kafka_cluster_id : prints a fresh cluster id (a base64url UUID, 22 characters).
+# Never one that starts with "-" (1 in 64 would): the storage tool's option
+# parser takes it for an option, and the format fails (as Kafka's own
+# Uuid.randomUuid, which draws again).
 kafka_cluster_id() {
-  python3 -c 'import base64,uuid; print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))'
+  python3 -c '
+import base64, uuid
+while True:
+    s = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    if not s.startswith("-"):
+        print(s)
+        break'
 }
