@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "cql/cql.h"
+#include "cql/worker.h"
 #include "timers/timers.h"
 #include "util/util.h"
 
@@ -77,6 +78,7 @@ int main(int argc, char **argv) {
   pr__cql_conf_t conf;
   pr__cql_sync_t *y;
   pr__tstore_t *s;
+  pr__cqlw_t *w;
   pr__tseg_t segs[SEGS];
   int64_t base_s;
   double t0, t1, c0;
@@ -105,11 +107,15 @@ int main(int argc, char **argv) {
   }
   pr__cql_sync_free(y);
   snprintf(group, sizeof(group), "bench-tstore-%d", (int)getpid());
-  if (!(s = pr__cqlstore_new(&conf, keyspace, group, 3600, 3600, wake, NULL,
-                             err, sizeof(err)))) {
+  /* A session of its own, which the store then holds alone. */
+  if (!(w = pr__cqlw_new(&conf, wake, NULL, err, sizeof(err))) ||
+      pr__cqlw_start(w, err, sizeof(err)) ||
+      !(s = pr__cqlstore_new(w, keyspace, group, 3600, 3600, err,
+                             sizeof(err)))) {
     fprintf(stderr, "bench_timer_store: %s\n", err);
     return 1;
   }
+  pr__cqlw_free(w);
   for (int i = 0; i < SEGS; i++)
     segs[i] = (pr__tseg_t){"bench", i};
   base_s = pr__wall_ms() / 1000 + 600;

@@ -125,6 +125,9 @@ struct pr__cql {
   size_t nconns, capconns, rr;
   int discovered; /* system.peers has been read */
   req_t *pend_head, *pend_tail;
+  pthread_mutex_t stmt_lock; /* guards the list `stmts` (pr__cql_stmt may
+                                run on any thread); each statement's other
+                                fields belong to the loop's thread */
   pr__cql_stmt_t *stmts;
   int64_t last_ts;
   SSL_CTX *ssl_ctx;     /* conf.ssl: the TLS settings; NULL: plaintext */
@@ -165,6 +168,7 @@ static void session_destroy(pr__cql_t *s) {
       free(s->stmts);
       s->stmts = n;
     }
+    pthread_mutex_destroy(&s->stmt_lock);
     free(s);
   }
 }
@@ -1308,6 +1312,7 @@ pr__cql_t *pr__cql_new(uv_loop_t *loop, const pr__cql_conf_t *conf,
   }
   if (!(s = calloc(1, sizeof(*s))))
     goto oom;
+  pthread_mutex_init(&s->stmt_lock, NULL);
   s->loop = loop;
   s->conf = *conf;
   if (!(s->flush = malloc(sizeof(*s->flush))))
@@ -1366,13 +1371,19 @@ oom:
 }
 
 void pr__cql_free(pr__cql_t *s) {
+  pr__cql_stmt_t *head;
   if (!s)
     return;
   s->closing = 1;
   while (s->pend_head)
     finish(s->pend_head, PROSODY_ERR_STATE, "the Cassandra session closed",
            NULL);
-  for (pr__cql_stmt_t *st = s->stmts; st; st = st->next)
+  /* Statements are only ever added at the head: those after a snapshot of
+   * it stay put (a callback below may add one). */
+  pthread_mutex_lock(&s->stmt_lock);
+  head = s->stmts;
+  pthread_mutex_unlock(&s->stmt_lock);
+  for (pr__cql_stmt_t *st = head; st; st = st->next)
     while (st->wait_head)
       finish(st->wait_head, PROSODY_ERR_STATE, "the Cassandra session closed",
              NULL);
@@ -1398,15 +1409,20 @@ void pr__cql_free(pr__cql_t *s) {
 
 pr__cql_stmt_t *pr__cql_stmt(pr__cql_t *s, const char *query) {
   pr__cql_stmt_t *st;
+  pthread_mutex_lock(&s->stmt_lock);
   for (st = s->stmts; st; st = st->next)
     if (!strcmp(st->query, query))
-      return st;
-  if (!(st = calloc(1, sizeof(*st))) || !(st->query = strdup(query))) {
-    free(st);
-    return NULL;
+      break;
+  if (!st && (st = calloc(1, sizeof(*st)))) {
+    if ((st->query = strdup(query))) {
+      st->next = s->stmts;
+      s->stmts = st;
+    } else {
+      free(st);
+      st = NULL;
+    }
   }
-  st->next = s->stmts;
-  s->stmts = st;
+  pthread_mutex_unlock(&s->stmt_lock);
   return st;
 }
 

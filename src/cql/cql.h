@@ -7,8 +7,8 @@
  * monotonic timestamps, LOCAL_QUORUM by default.
  *
  * Threading: a session belongs to the thread running its loop; every
- * function and callback runs there. pr__cql_sync_* wrap a session on a
- * private loop for blocking callers (migrations, tools, tests).
+ * function and callback runs there, pr__cql_stmt excepted. pr__cql_sync_* wrap
+ * a session on a private loop for blocking callers (migrations, tools, tests).
  */
 #ifndef PR_CQL_H
 #define PR_CQL_H
@@ -47,7 +47,9 @@ pr__cql_t *pr__cql_new(uv_loop_t *loop, const pr__cql_conf_t *conf,
  * closing them (run it until it returns). */
 void pr__cql_free(pr__cql_t *s);
 
-/* A statement by its text, prepared on first use; owned by the session. */
+/* A statement by its text, prepared on first use; owned by the session.
+ * The one call that may run on any thread (a store opening on a running
+ * session): its requests still go through the loop's thread. */
 pr__cql_stmt_t *pr__cql_stmt(pr__cql_t *s, const char *query);
 
 typedef struct pr__cql_opts {

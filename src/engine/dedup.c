@@ -66,7 +66,6 @@ struct pr__dd_state {
                          the threads running events while `late`, kept
                          until close(final 1)) or Cassandra (engine thread;
                          closed, NULL, at close(final 0)) */
-  int recording;      /* engine thread: ids being written to the store */
 };
 
 /* A store lookup in flight: `inv` is cleared when the event goes first. */
@@ -163,15 +162,14 @@ static void remember(pr__engine_t *eng, pr__did_t d) {
 }
 
 /* Puts the layer in place (pipeline mode, idempotence_cache_size > 0) with
- * its store; `wake` is the stores' wake-up (subscribing thread). */
-static prosody_err_t dd_open(pr__engine_t *eng, void (*wake)(void *),
-                             char *errstr, size_t errstr_size) {
+ * its store, on the engine's Cassandra session (subscribing thread). */
+static prosody_err_t dd_open(pr__engine_t *eng, char *errstr,
+                             size_t errstr_size) {
   const pr__settings_t *st = eng->st;
   size_t cap = (size_t)PR_CFG_INT(st, IDEMPOTENCE_CACHE_SIZE);
   int memory = PR_CFG_BOOL(st, MOCK) || st->test.memory_timers ||
                !PR_CFG_SET(st, CASSANDRA_NODES);
   struct pr__dd_state *dd;
-  pr__cql_conf_t c;
   prosody_err_t err;
 
   if (eng->mode != PR_MODE_PIPELINE || cap == 0)
@@ -202,12 +200,9 @@ static prosody_err_t dd_open(pr__engine_t *eng, void (*wake)(void *),
     pr__errf(errstr, errstr_size, "out of memory");
     goto fail;
   }
-  /* The timer store migrated the keyspace when it uses Cassandra. */
-  if (!eng->handler.on_timer &&
-      (err = pr__cql_keyspace_ready(st, errstr, errstr_size)))
+  if ((err = pr__cql_shared_open(&eng->cql, st, errstr, errstr_size)))
     goto fail;
-  c = pr__cql_conf_of(st);
-  dd->store = pr__dedup_new(&c, PR_CFG_STR(st, CASSANDRA_KEYSPACE), wake, eng,
+  dd->store = pr__dedup_new(eng->cql.w, PR_CFG_STR(st, CASSANDRA_KEYSPACE),
                             errstr, errstr_size);
   if (!dd->store) {
     err = PROSODY_ERR_TRANSIENT;
@@ -220,22 +215,15 @@ fail:
   return err;
 }
 
-/* Closes the store: at shutdown (`final` 0) an asynchronous one, whose
- * thread wakes the engine; when the engine is freed (1), any. */
+/* Closes the store: at shutdown (`final` 0) a Cassandra one, whose
+ * records still being written the engine waited for (a little) before it
+ * stopped their session (engine.c, stores_stop); when the engine is freed
+ * (1), any. */
 static void dd_close(pr__engine_t *eng, int final) {
   PR_ENGINE_THREAD(eng);
   struct pr__dd_state *dd = eng->dd;
-  /* Records still being written are waited for (a little): a handled id
-   * that never reaches the store would be handled again when resent. */
-  int64_t give_up = pr__now_ns() + INT64_C(2000000000);
   if (!dd)
     return;
-  while (dd->store && dd->recording > 0 && pr__now_ns() < give_up) {
-    struct timespec ts;
-    pr__deadline_after(CLOCK_REALTIME, 50000000, &ts);
-    pr__mailbox_wait(&eng->mb, &ts);
-    pr__mailbox_deliver(&eng->mb);
-  }
   /* The memory store stays until the engine is freed: a handler that
    * outlived the shutdown records its success in it (the completed hook), and
    * an abandoned engine is never freed. The state stays too (the completed hook
@@ -419,8 +407,7 @@ static int claimable(inv_t *head, inv_t *f) {
 }
 
 static void on_recorded(void *arg, prosody_err_t err, const char *errstr) {
-  pr__engine_t *eng = arg;
-  eng->dd->recording--;
+  (void)arg;
   if (err)
     PR_WARN("engine",
             "deduplication: recording a handled id failed: %s (the "
@@ -442,7 +429,6 @@ static void dd_record(inv_t *inv) {
         DDX(i)->did.lo == DDX(inv)->did.lo)
       DDX(i)->st = DD_SEEN;
   if (!eng->dd->late) {
-    eng->dd->recording++;
     pr__dedup_record(eng->dd->store, eng->group_id, DDX(inv)->did,
                      eng->dd->ttl_s, on_recorded, eng);
   }
@@ -459,10 +445,9 @@ static void forget(inv_t *inv) {
 /* ---- the layer ---------------------------------------------------------- */
 
 static prosody_err_t open_layer(pr__engine_t *eng, const char *bootstrap,
-                                void (*wake)(void *), char *errstr,
-                                size_t errstr_size) {
+                                char *errstr, size_t errstr_size) {
   (void)bootstrap;
-  return dd_open(eng, wake, errstr, errstr_size);
+  return dd_open(eng, errstr, errstr_size);
 }
 
 static void intake(inv_t *inv) {

@@ -75,8 +75,7 @@ static inline int pr__df_keyed(const part_t *part) {
  * store: memory in mock mode, Cassandra when cassandra_nodes is set, else
  * the layer stays off (a deferred message must outlive the process). */
 prosody_err_t pr__df_open(pr__engine_t *eng, const char *bootstrap,
-                          void (*wake)(void *), char *errstr,
-                          size_t errstr_size);
+                          char *errstr, size_t errstr_size);
 void pr__df_close(pr__engine_t *eng);
 /* A handler result, for the failure rate. */
 void pr__df_count(pr__engine_t *eng, prosody_result_t result, int64_t now_ns);

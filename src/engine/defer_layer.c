@@ -226,13 +226,11 @@ inv_t *pr__dm_inv(part_t *part, const char *key, int64_t offset) {
 }
 
 prosody_err_t pr__df_open(pr__engine_t *eng, const char *bootstrap,
-                          void (*wake)(void *), char *errstr,
-                          size_t errstr_size) {
+                          char *errstr, size_t errstr_size) {
   const pr__settings_t *st = eng->st;
   int kinds = eng->handler.on_timer ? 2 : 1; /* timers only with on_timer */
   struct pr__df_state *df;
   prosody_err_t err;
-  pr__cql_conf_t c;
   if (eng->mode != PR_MODE_PIPELINE || !PR_CFG_BOOL(st, DEFER_ENABLED))
     return PROSODY_OK; /* the layer is not in the list */
   /* Made here, freed by close(final 1) also when opening fails. */
@@ -263,19 +261,15 @@ prosody_err_t pr__df_open(pr__engine_t *eng, const char *bootstrap,
                      "retried in place)");
     return PROSODY_OK;
   }
-  /* The timer store or the dedup layer migrated the keyspace already when
-   * they use Cassandra. */
-  if (!eng->handler.on_timer && !pr__dd_on(eng) &&
-      (err = pr__cql_keyspace_ready(st, errstr, errstr_size)))
+  if ((err = pr__cql_shared_open(&eng->cql, st, errstr, errstr_size)))
     return err;
-  c = pr__cql_conf_of(st);
   for (int kind = 0; kind < kinds; kind++) {
     size_t cache = (size_t)PR_CFG_INT(st, DEFER_STORE_CACHE_SIZE);
     pr__defer_t *d, *cached;
-    if (!(d = pr__defer_new(&c, PR_CFG_STR(st, CASSANDRA_KEYSPACE),
+    if (!(d = pr__defer_new(eng->cql.w, PR_CFG_STR(st, CASSANDRA_KEYSPACE),
                             (pr__defer_kind_t)kind,
                             PR_CFG_NS(st, CASSANDRA_RETENTION) / 1000000000,
-                            wake, eng, errstr, errstr_size)))
+                            errstr, errstr_size)))
       return PROSODY_ERR_TRANSIENT;
     if (cache && !(cached = pr__defer_cached(d, cache))) {
       pr__defer_free(d);

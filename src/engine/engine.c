@@ -60,6 +60,24 @@ static void error_cb(rd_kafka_t *rk, int err, const char *reason,
             rd_kafka_err2name((rd_kafka_resp_err_t)err));
 }
 
+/* Before the stores close (engine thread; the opening thread when the
+ * start failed): their writes still in flight are waited for, up to
+ * `wait_ms` (a handled id that never reaches the dedup store would be
+ * handled again when resent); then the session they share stops, so what
+ * is left fails, and is delivered while every store is still there. Its
+ * thread no longer wakes the engine, whose wake handle may then close. */
+static void stores_stop(pr__engine_t *eng, int64_t wait_ms) {
+  int left;
+  if (!eng->cql.w)
+    return;
+  if (wait_ms && (left = pr__cqlw_drain(eng->cql.w, wait_ms)) > 0)
+    PR_WARN("engine",
+            "%d Cassandra operation(s) still pending after %lld ms at "
+            "shutdown: they fail",
+            left, (long long)wait_ms);
+  pr__cqlw_stop(eng->cql.w);
+}
+
 /* Closes (and so stops) the loop's handles; the loop's last run finishes
  * closing them. */
 static void close_handles(pr__engine_t *eng) {
@@ -95,11 +113,10 @@ static void shutdown_engine(pr__engine_t *eng) {
   pr__loader_free(eng->loader);
   eng->loader = NULL;
   pr__mailbox_close(&eng->mb);
+  stores_stop(eng, 2000);
   /* The store's handles close with the loop's last run. */
   eng->store->ops->destroy(eng->store);
   eng->store = NULL;
-  /* The layers' stores: their threads wake the engine, gone before the
-   * loop. */
   pr__layers_close(eng, 0);
   pr__part_count(eng);
   PR_INFO("engine", "consumer stopped in %lld ms",
@@ -164,6 +181,8 @@ static void *engine_main(void *arg) {
 }
 
 static void engine_free(pr__engine_t *eng) {
+  if (eng->cql.w) /* stopped already, unless the start failed early */
+    pr__cqlw_stop(eng->cql.w);
   if (eng->pool)
     pr__pool_destroy(eng->pool);
   if (eng->pipefd[0] >= 0)
@@ -173,7 +192,8 @@ static void engine_free(pr__engine_t *eng) {
   if (eng->store)
     eng->store->ops->destroy(eng->store);
   pr__layers_close(eng, 1);
-  free(eng->bootstrap); /* unless the defer layer's close freed it */
+  pr__cqlw_free(eng->cql.w); /* after its stores */
+  free(eng->bootstrap);      /* unless the defer layer's close freed it */
   pr__sched_fini(&eng->sched);
   pr__metrics_fini(&eng->metrics);
   pr__ctx_stash_flush(&eng->ctx_stash);
@@ -354,14 +374,16 @@ prosody_err_t pr__engine_start(const pr__settings_t *st, const char *bootstrap,
    * missing or unreachable one is said before anything joins the group.
    * Deferral keeps its keys' retry times there too (defer.c), so it is
    * durable whenever deferral is. */
+  eng->cql.wake = store_wake;
+  eng->cql.wake_arg = eng;
   if ((err = pr__tstore_open(
            st,
            handler->on_timer != NULL || (eng->mode == PR_MODE_PIPELINE &&
                                          PR_CFG_BOOL(st, DEFER_ENABLED) &&
                                          PR_CFG_SET(st, CASSANDRA_NODES)),
-           eng->slab_s, store_wake, eng, &eng->store, errstr, errstr_size)))
+           eng->slab_s, &eng->cql, &eng->store, errstr, errstr_size)))
     goto fail;
-  if ((err = pr__layers_open(eng, bootstrap, store_wake, errstr, errstr_size)))
+  if ((err = pr__layers_open(eng, bootstrap, errstr, errstr_size)))
     goto fail;
   /* The loader reads records again for deferral and for message
    * collections: it needs the bootstrap also without the defer layer
@@ -389,11 +411,10 @@ prosody_err_t pr__engine_start(const pr__settings_t *st, const char *bootstrap,
   return PROSODY_OK;
 
 fail:
+  stores_stop(eng, 0);
   if (eng->store)
     eng->store->ops->destroy(eng->store);
   eng->store = NULL;
-  /* The layers' stores stop waking the engine before its wake handle
-   * closes (a store's thread may still be answering). */
   pr__layers_close(eng, 0);
   loop_abandon(eng);
   if (eng->rk) {

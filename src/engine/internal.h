@@ -417,8 +417,13 @@ struct pr__engine {
                          (rebalance.c) */
   int held;           /* test option hold_rebalances: said an event waits */
   unsigned seed;
-  pr__tstore_t *store; /* the timer store */
-  uint64_t part_gen;   /* last partition assignment generation */
+  pr__tstore_t *store;  /* the timer store */
+  pr__cql_shared_t cql; /* the one Cassandra session of the stores (w NULL
+                           until a store needs it): opened by the opening
+                           thread, stopped by shutdown_engine (or by a
+                           failed start) before any store is destroyed,
+                           its reference dropped by engine_free */
+  uint64_t part_gen;    /* last partition assignment generation */
   /* An assignment that could not be allocated, retried on the tick. */
   rd_kafka_topic_partition_list_t *assign_retry;
   int assign_coop; /* ... and whether it is an incremental one */

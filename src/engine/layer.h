@@ -108,8 +108,8 @@ enum pr__admit {
 
 typedef struct pr__layer {
   const char *name;
-  prosody_err_t (*open)(pr__engine_t *eng, const char *bootstrap,
-                        void (*wake)(void *), char *errstr, size_t errstr_size);
+  prosody_err_t (*open)(pr__engine_t *eng, const char *bootstrap, char *errstr,
+                        size_t errstr_size);
   int (*hold)(inv_t *inv);
   void (*intake)(inv_t *inv);
   int (*admit)(inv_t *inv);
@@ -145,8 +145,7 @@ extern const pr__layer_t pr__layer_timers;   /* firing.c */
 /* The table of `mode` (PR_MODE_*), NULL-terminated. */
 const pr__layer_t *const *pr__mode_layers(int mode);
 prosody_err_t pr__layers_open(pr__engine_t *eng, const char *bootstrap,
-                              void (*wake)(void *), char *errstr,
-                              size_t errstr_size);
+                              char *errstr, size_t errstr_size);
 int pr__layers_hold(inv_t *inv);
 void pr__layers_intake(inv_t *inv);
 int pr__layers_admit(inv_t *inv);

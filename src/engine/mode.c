@@ -128,13 +128,11 @@ const pr__layer_t *const *pr__mode_layers(int mode) {
 #define EACH(eng, l) for (const pr__layer_t *const *l = (eng)->layers; *l; l++)
 
 prosody_err_t pr__layers_open(pr__engine_t *eng, const char *bootstrap,
-                              void (*wake)(void *), char *errstr,
-                              size_t errstr_size) {
+                              char *errstr, size_t errstr_size) {
   prosody_err_t err;
   PR_ENGINE_THREAD(eng);
   EACH(eng, l)
-  if ((*l)->open &&
-      (err = (*l)->open(eng, bootstrap, wake, errstr, errstr_size)))
+  if ((*l)->open && (err = (*l)->open(eng, bootstrap, errstr, errstr_size)))
     return err;
   return PROSODY_OK;
 }

@@ -59,12 +59,10 @@ static int admit(inv_t *inv) {
 /* On in pipeline mode with monopolization_enabled: keeps the threshold,
  * and the scheduler keeps each key's handler time over the window. */
 static prosody_err_t open_layer(pr__engine_t *eng, const char *bootstrap,
-                                void (*wake)(void *), char *errstr,
-                                size_t errstr_size) {
+                                char *errstr, size_t errstr_size) {
   const pr__settings_t *st = eng->st;
   double threshold = PR_CFG_FLOAT(st, MONOPOLIZATION_THRESHOLD);
   (void)bootstrap;
-  (void)wake;
   if (eng->mode != PR_MODE_PIPELINE ||
       !PR_CFG_BOOL(st, MONOPOLIZATION_ENABLED) || !(threshold > 0))
     return PROSODY_OK;

@@ -55,23 +55,14 @@
  * registered, freed by its close(final 1); eng->kst NULL: no keyed state.
  * Written only while the engine's owner opens the layer, except as said. */
 struct pr__kst_state {
-  pr__engine_t *eng;           /* its engine (for engine_wake) */
-  pr__sstore_t *store;         /* memory or Cassandra; its operations and
-                                  answers on the engine thread (the
-                                  opening thread while the layer opens) */
-  void (*engine_wake)(void *); /* under `lock`: the engine's wake-up,
-                                  called by st_wake (Cassandra: the store's
-                                  thread) with `lock` held; NULL once the
-                                  layer closes, before the engine's wake
-                                  handle does */
-  pthread_mutex_t lock;        /* guards `woken` and `engine_wake` */
-  pthread_cond_t cond;         /* signalled when `woken` is set */
-  int woken;                   /* under `lock`: the store finished
-                                  operations (the opening thread's wait) */
-  int settles;                 /* engine thread: events whose state was
-                                  stored */
-  int refused;                 /* engine thread: settles refused (test
-                                  option) */
+  pr__sstore_t *store; /* memory or Cassandra (on the engine's
+                          session); its operations and answers on
+                          the engine thread (the opening thread
+                          while the layer opens) */
+  int settles;         /* engine thread: events whose state was
+                          stored */
+  int refused;         /* engine thread: settles refused (test
+                          option) */
 };
 
 /* ---- the overlay ---------------------------------------------------- */
@@ -436,18 +427,6 @@ static int state_settle(inv_t *inv) {
 
 /* The store finished operations (its thread): the engine delivers them;
  * while the layer opens, the opening thread does. */
-static void st_wake(void *arg) {
-  struct pr__kst_state *k = arg;
-  pthread_mutex_lock(&k->lock);
-  k->woken = 1;
-  pthread_cond_broadcast(&k->cond);
-  /* Under the lock: once close_layer has cleared it, no thread is still
-   * inside the engine's wake-up, whose handle may then close. */
-  if (k->engine_wake)
-    k->engine_wake(k->eng);
-  pthread_mutex_unlock(&k->lock);
-}
-
 struct ident_wait {
   int pending;
   prosody_err_t err;
@@ -468,11 +447,7 @@ static void ident_done(void *arg, prosody_err_t err, const char *errstr) {
 static prosody_err_t ident_wait(pr__engine_t *eng, struct ident_wait *w) {
   struct pr__kst_state *k = eng->kst;
   while (w->pending > 0) {
-    pthread_mutex_lock(&k->lock);
-    while (!k->woken)
-      pthread_cond_wait(&k->cond, &k->lock);
-    k->woken = 0;
-    pthread_mutex_unlock(&k->lock);
+    pr__cqlw_wait(eng->cql.w, 1000);
     k->store->ops->poll(k->store);
   }
   return w->err;
@@ -533,8 +508,7 @@ static void publication(pr__engine_t *eng, struct ident_wait *w) {
 }
 
 static prosody_err_t open_layer(pr__engine_t *eng, const char *bootstrap,
-                                void (*wake)(void *), char *errstr,
-                                size_t errstr_size) {
+                                char *errstr, size_t errstr_size) {
   const pr__settings_t *st = eng->st;
   int memory = PR_CFG_BOOL(st, MOCK) || st->test.memory_timers;
   struct ident_wait w = {0, PROSODY_OK, ""};
@@ -557,22 +531,14 @@ static prosody_err_t open_layer(pr__engine_t *eng, const char *bootstrap,
     pr__errf(errstr, errstr_size, "out of memory");
     return PROSODY_ERR_NOMEM;
   }
-  k->eng = eng;
-  pthread_mutex_init(&k->lock, NULL);
-  pthread_cond_init(&k->cond, NULL);
   eng->kst = k;
   if (memory) {
     k->store = pr__memstate();
   } else {
-    pr__cql_conf_t c;
-    if ((err = pr__cql_keyspace_ready(st, errstr, errstr_size)))
+    if ((err = pr__cql_shared_open(&eng->cql, st, errstr, errstr_size)))
       return err;
-    c = pr__cql_conf_of(st);
-    pthread_mutex_lock(&k->lock);
-    k->engine_wake = wake;
-    pthread_mutex_unlock(&k->lock);
-    k->store = pr__cqlstate_new(&c, PR_CFG_STR(st, CASSANDRA_KEYSPACE), st_wake,
-                                k, errstr, errstr_size);
+    k->store = pr__cqlstate_new(eng->cql.w, PR_CFG_STR(st, CASSANDRA_KEYSPACE),
+                                errstr, errstr_size);
     if (!k->store)
       return PROSODY_ERR_TRANSIENT;
   }
@@ -594,19 +560,12 @@ static prosody_err_t open_layer(pr__engine_t *eng, const char *bootstrap,
 
 static void close_layer(pr__engine_t *eng, int final) {
   struct pr__kst_state *k = eng->kst;
-  if (!k)
-    return;
-  /* The engine's wake handle closes after this (also when the engine
-   * failed to start): late answers of the store stop waking it. */
-  pthread_mutex_lock(&k->lock);
-  k->engine_wake = NULL;
-  pthread_mutex_unlock(&k->lock);
-  if (!final)
+  /* At shutdown (`final` 0) the store stays: the engine stopped its
+   * session, whose answers no longer wake the engine. */
+  if (!k || !final)
     return;
   if (k->store)
     k->store->ops->destroy(k->store);
-  pthread_mutex_destroy(&k->lock);
-  pthread_cond_destroy(&k->cond);
   free(k);
   eng->kst = NULL;
 }

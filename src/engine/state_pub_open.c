@@ -100,12 +100,15 @@ static prosody_err_t pubs_new(const pr__settings_t *st, pr__pubs_t **out,
   if (memory) {
     pubs->store = pr__memstate();
   } else {
-    pr__cql_conf_t c = pr__cql_conf_of(st);
-    if ((err = pr__cql_keyspace_ready(st, errstr, errstr_size)))
+    /* The reader's own session (its thread owns the store): the store
+     * holds its one reference, and its destroy stops it. */
+    pr__cql_shared_t sh = {NULL, store_wake, pubs};
+    if ((err = pr__cql_shared_open(&sh, st, errstr, errstr_size)))
       goto fail;
-    if (!(pubs->store =
-              pr__cqlstate_new(&c, PR_CFG_STR(st, CASSANDRA_KEYSPACE),
-                               store_wake, pubs, errstr, errstr_size))) {
+    pubs->store = pr__cqlstate_new(sh.w, PR_CFG_STR(st, CASSANDRA_KEYSPACE),
+                                   errstr, errstr_size);
+    pr__cqlw_free(sh.w);
+    if (!pubs->store) {
       err = PROSODY_ERR_TRANSIENT;
       goto fail;
     }

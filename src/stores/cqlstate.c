@@ -882,17 +882,15 @@ static pr__cql_stmt_t *stmt(cql_state_t *s, const char *ks, const char *a,
   return st;
 }
 
-pr__sstore_t *pr__cqlstate_new(const pr__cql_conf_t *conf, const char *keyspace,
-                               void (*wake)(void *), void *wake_arg,
+pr__sstore_t *pr__cqlstate_new(pr__cqlw_t *w, const char *keyspace,
                                char *errstr, size_t errstr_size) {
   cql_state_t *s = calloc(1, sizeof(*s));
   const char *ks = keyspace;
-  if (!s || !(s->w = pr__cqlw_new(conf, wake, wake_arg, errstr, errstr_size))) {
-    if (!s)
-      pr__errf(errstr, errstr_size, "out of memory");
-    free(s);
+  if (!s) {
+    pr__errf(errstr, errstr_size, "out of memory");
     return NULL;
   }
+  s->w = pr__cqlw_ref(w);
   s->base.ops = &cql_state_ops;
   s->get =
       stmt(s, ks, SEL_ROWS, ".keyed_state_cell" PK_WHERE " AND coordinate = ?");
@@ -935,10 +933,6 @@ pr__sstore_t *pr__cqlstate_new(const pr__cql_conf_t *conf, const char *keyspace,
              "keyed state: out of memory, or keyspace "
              "name \"%.64s\" too long",
              keyspace);
-    cql_destroy(&s->base);
-    return NULL;
-  }
-  if (pr__cqlw_start(s->w, errstr, errstr_size)) {
     cql_destroy(&s->base);
     return NULL;
   }

@@ -225,17 +225,15 @@ static void cql_dedup_destroy(pr__dedup_t *b) {
 static const pr__dedup_ops_t cql_dedup_ops = {
     cql_seen, cql_record, cql_dedup_poll, cql_dedup_destroy};
 
-pr__dedup_t *pr__dedup_new(const pr__cql_conf_t *conf, const char *keyspace,
-                           void (*wake)(void *), void *wake_arg, char *errstr,
+pr__dedup_t *pr__dedup_new(pr__cqlw_t *w, const char *keyspace, char *errstr,
                            size_t errstr_size) {
   cql_dedup_t *d = calloc(1, sizeof(*d));
   char q[256];
-  if (!d || !(d->w = pr__cqlw_new(conf, wake, wake_arg, errstr, errstr_size))) {
-    if (!d)
-      pr__errf(errstr, errstr_size, "out of memory");
-    free(d);
+  if (!d) {
+    pr__errf(errstr, errstr_size, "out of memory");
     return NULL;
   }
+  d->w = pr__cqlw_ref(w);
   d->base.ops = &cql_dedup_ops;
   snprintf(q, sizeof(q), "SELECT id FROM %s.deduplication WHERE id = ?",
            keyspace);
@@ -244,9 +242,8 @@ pr__dedup_t *pr__dedup_new(const pr__cql_conf_t *conf, const char *keyspace,
            "INSERT INTO %s.deduplication (id) VALUES (?) USING TTL ?",
            keyspace);
   d->ins = pr__cql_stmt(pr__cqlw_cql(d->w), q);
-  if (!d->sel || !d->ins || pr__cqlw_start(d->w, errstr, errstr_size)) {
-    if (!d->sel || !d->ins)
-      pr__errf(errstr, errstr_size, "out of memory");
+  if (!d->sel || !d->ins) {
+    pr__errf(errstr, errstr_size, "out of memory");
     cql_dedup_destroy(&d->base);
     return NULL;
   }
@@ -755,10 +752,9 @@ static pr__cql_stmt_t *stmt(pr__cql_t *cql, const char *fmt, const char *ks,
   return pr__cql_stmt(cql, q);
 }
 
-pr__defer_t *pr__defer_new(const pr__cql_conf_t *conf, const char *keyspace,
+pr__defer_t *pr__defer_new(pr__cqlw_t *w, const char *keyspace,
                            pr__defer_kind_t kind, int64_t retention_s,
-                           void (*wake)(void *), void *wake_arg, char *errstr,
-                           size_t errstr_size) {
+                           char *errstr, size_t errstr_size) {
   int t = kind == PR_DEFER_TIMERS;
   const char *tb = t ? "deferred_timers" : "deferred_offsets";
   const char *pos = t ? "original_time" : "offset";
@@ -766,12 +762,11 @@ pr__defer_t *pr__defer_new(const pr__cql_conf_t *conf, const char *keyspace,
   const char *ks = keyspace;
   cql_defer_t *d = calloc(1, sizeof(*d));
   pr__cql_t *cql;
-  if (!d || !(d->w = pr__cqlw_new(conf, wake, wake_arg, errstr, errstr_size))) {
-    if (!d)
-      pr__errf(errstr, errstr_size, "out of memory");
-    free(d);
+  if (!d) {
+    pr__errf(errstr, errstr_size, "out of memory");
     return NULL;
   }
+  d->w = pr__cqlw_ref(w);
   d->base.ops = &cql_ops;
   d->base.kind = kind;
   d->retention_s = retention_s;
@@ -829,8 +824,8 @@ pr__defer_t *pr__defer_new(const pr__cql_conf_t *conf, const char *keyspace,
     cql_defer_destroy(&d->base);
     return NULL;
   }
-  pr__cqlw_on_round(d->w, on_round, d);
-  if (pr__cqlw_start(d->w, errstr, errstr_size)) {
+  if (pr__cqlw_on_round(d->w, on_round, d)) {
+    pr__errf(errstr, errstr_size, "too many stores on one Cassandra session");
     cql_defer_destroy(&d->base);
     return NULL;
   }

@@ -2051,10 +2051,9 @@ static const pr__tstore_ops_t cqlstore_ops = {
     c_put,       c_del,     c_del_key, c_key_times, c_slabs,
     c_load_slab, c_release, c_poll,    c_destroy,   c_retire};
 
-pr__tstore_t *pr__cqlstore_new(const pr__cql_conf_t *conf, const char *keyspace,
+pr__tstore_t *pr__cqlstore_new(pr__cqlw_t *w, const char *keyspace,
                                const char *group, int64_t slab_s,
-                               int64_t retention_s, void (*wake)(void *),
-                               void *wake_arg, char *errstr,
+                               int64_t retention_s, char *errstr,
                                size_t errstr_size) {
   cqlstore_t *st = calloc(1, sizeof(*st));
   char q[512];
@@ -2072,14 +2071,8 @@ pr__tstore_t *pr__cqlstore_new(const pr__cql_conf_t *conf, const char *keyspace,
   st->rng = (uint64_t)pr__wall_ms() * UINT64_C(0x9E3779B97F4A7C15) ^
             (uint64_t)(uintptr_t)st;
   st->rng = st->rng ? st->rng : 1;
-  if (!(st->w = pr__cqlw_new(conf, wake, wake_arg, errstr, errstr_size))) {
-    free(st->keys);
-    free(st->group);
-    free(st);
-    return NULL;
-  }
+  st->w = pr__cqlw_ref(w);
   st->cql = pr__cqlw_cql(st->w);
-  pr__cqlw_on_round(st->w, on_round, st);
 #define STMT(field, ...)                                                       \
   do {                                                                         \
     snprintf(q, sizeof(q), __VA_ARGS__);                                       \
@@ -2151,8 +2144,11 @@ pr__tstore_t *pr__cqlstore_new(const pr__cql_conf_t *conf, const char *keyspace,
        "timer_type = ?",
        keyspace);
 #undef STMT
-  if (pr__cqlw_start(st->w, errstr, errstr_size))
+  /* Last: a hook stays registered as long as the worker runs. */
+  if (pr__cqlw_on_round(st->w, on_round, st)) {
+    pr__errf(errstr, errstr_size, "too many stores on one Cassandra session");
     goto fail;
+  }
   return &st->base;
 oom:
   pr__errf(errstr, errstr_size, "out of memory");

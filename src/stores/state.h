@@ -157,9 +157,9 @@ struct pr__sstore {
  * NULL when out of memory. */
 pr__sstore_t *pr__memstate(void);
 
-/* The Cassandra store (the keyspace migrated), on its own thread. */
-pr__sstore_t *pr__cqlstate_new(const pr__cql_conf_t *conf, const char *keyspace,
-                               void (*wake)(void *), void *wake_arg,
+/* The Cassandra store (the keyspace migrated) on session `w` (a
+ * reference taken; see worker.h for the order of closing). */
+pr__sstore_t *pr__cqlstate_new(pr__cqlw_t *w, const char *keyspace,
                                char *errstr, size_t errstr_size);
 
 #endif /* PR_STORES_STATE_H */

@@ -1,8 +1,8 @@
 /*
  * stores.h - the deduplication and deferral stores (private), for the
  * quality-of-service layers: Cassandra implementations on a CQL worker
- * thread (src/cql/worker.h), on the original Prosody's tables (the layout:
- * cqlstores.c).
+ * thread (src/cql/worker.h) that their owner's other stores share, on the
+ * original Prosody's tables (the layout: cqlstores.c).
  *
  * Like the timer store, every operation is started on its owner's thread
  * and its callback runs there too, from poll() after `wake` was called.
@@ -13,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../cql/cql.h"
+#include "../cql/worker.h"
 #include "prosody.h"
 
 typedef void (*pr__store_done_cb)(void *arg, prosody_err_t err,
@@ -71,9 +71,9 @@ struct pr__dedup {
   int sync; /* completes before it returns, on any thread */
 };
 
-/* The Cassandra store (the keyspace migrated), on its own thread. */
-pr__dedup_t *pr__dedup_new(const pr__cql_conf_t *conf, const char *keyspace,
-                           void (*wake)(void *), void *wake_arg, char *errstr,
+/* The Cassandra store (the keyspace migrated) on session `w` (a
+ * reference taken; see worker.h for the order of closing). */
+pr__dedup_t *pr__dedup_new(pr__cqlw_t *w, const char *keyspace, char *errstr,
                            size_t errstr_size);
 /* The memory store (memdedup.c): one per process, shared by every client,
  * of about a million ids (the least recently used evicted). NULL when out
@@ -173,11 +173,11 @@ struct pr__defer {
   int sync; /* every operation completes before it returns */
 };
 
-/* The Cassandra store (the keyspace migrated), on its own thread. */
-pr__defer_t *pr__defer_new(const pr__cql_conf_t *conf, const char *keyspace,
+/* The Cassandra store (the keyspace migrated) on session `w` (a
+ * reference taken; see worker.h for the order of closing). */
+pr__defer_t *pr__defer_new(pr__cqlw_t *w, const char *keyspace,
                            pr__defer_kind_t kind, int64_t retention_s,
-                           void (*wake)(void *), void *wake_arg, char *errstr,
-                           size_t errstr_size);
+                           char *errstr, size_t errstr_size);
 /* The memory store of `kind` (memdefer.c): one per process, shared by
  * every client, so what a client deferred outlives its partition's
  * revoke and the client itself (mock mode promises no more: the process

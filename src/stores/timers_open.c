@@ -1,7 +1,8 @@
 /*
- * timers_open.c - picks and opens the timer store a consumer's settings ask
- * for: memory in mock mode (or when the handler cannot use timers), else
- * Cassandra, whose keyspace is migrated first.
+ * timers_open.c - opens an owner's one Cassandra session (its keyspace
+ * migrated first), which all its stores share, and picks and opens the
+ * timer store a consumer's settings ask for: memory in mock mode (or when
+ * the handler cannot use timers), else Cassandra on that session.
  *
  * Threads: the subscribing thread (blocking: the migration runs on a
  * private loop).
@@ -10,6 +11,7 @@
 
 #include "../config/config.h"
 #include "../cql/cql.h"
+#include "../cql/worker.h"
 #include "../timers/timers.h"
 #include "../util/util.h"
 
@@ -60,11 +62,31 @@ prosody_err_t pr__cql_keyspace_ready(const pr__settings_t *st, char *errstr,
   return PROSODY_OK;
 }
 
-prosody_err_t pr__tstore_open(const pr__settings_t *st, int uses_timers,
-                              int64_t slab_s, void (*wake)(void *),
-                              void *wake_arg, pr__tstore_t **out, char *errstr,
-                              size_t errstr_size) {
+prosody_err_t pr__cql_shared_open(pr__cql_shared_t *sh,
+                                  const pr__settings_t *st, char *errstr,
+                                  size_t errstr_size) {
   pr__cql_conf_t c;
+  prosody_err_t err;
+  pr__cqlw_t *w;
+  if (sh->w)
+    return PROSODY_OK;
+  if ((err = pr__cql_keyspace_ready(st, errstr, errstr_size)))
+    return err;
+  c = pr__cql_conf_of(st);
+  if (!(w = pr__cqlw_new(&c, sh->wake, sh->wake_arg, errstr, errstr_size)))
+    return PROSODY_ERR_TRANSIENT;
+  if (pr__cqlw_start(w, errstr, errstr_size)) {
+    pr__cqlw_free(w);
+    return PROSODY_ERR_NOMEM;
+  }
+  sh->w = w;
+  return PROSODY_OK;
+}
+
+prosody_err_t pr__tstore_open(const pr__settings_t *st, int uses_timers,
+                              int64_t slab_s, pr__cql_shared_t *sh,
+                              pr__tstore_t **out, char *errstr,
+                              size_t errstr_size) {
   prosody_err_t err;
   *out = NULL;
   if (PR_CFG_BOOL(st, MOCK) || !uses_timers || st->test.memory_timers) {
@@ -74,12 +96,11 @@ prosody_err_t pr__tstore_open(const pr__settings_t *st, int uses_timers,
     }
     return PROSODY_OK;
   }
-  if ((err = pr__cql_keyspace_ready(st, errstr, errstr_size)))
+  if ((err = pr__cql_shared_open(sh, st, errstr, errstr_size)))
     return err;
-  c = pr__cql_conf_of(st);
-  *out = pr__cqlstore_new(&c, PR_CFG_STR(st, CASSANDRA_KEYSPACE),
+  *out = pr__cqlstore_new(sh->w, PR_CFG_STR(st, CASSANDRA_KEYSPACE),
                           PR_CFG_STR(st, GROUP_ID), slab_s,
-                          PR_CFG_NS(st, CASSANDRA_RETENTION) / 1000000000, wake,
-                          wake_arg, errstr, errstr_size);
+                          PR_CFG_NS(st, CASSANDRA_RETENTION) / 1000000000,
+                          errstr, errstr_size);
   return *out ? PROSODY_OK : PROSODY_ERR_TRANSIENT;
 }

@@ -118,26 +118,46 @@ int pr__timer_segment_id(const char *name, uint8_t out[16]);
 /* The in-memory store (engine thread only). NULL when out of memory. */
 pr__tstore_t *pr__memstore_new(void);
 
-/* The Cassandra store for consumer group `group`, on its own thread; the
- * keyspace must be migrated (pr__cql_migrate). `conf` is copied. `wake`
- * is called from the store thread when operations finished: the owner
- * then calls poll() on its own thread. */
-struct pr__cql_conf;
-pr__tstore_t *pr__cqlstore_new(const struct pr__cql_conf *conf,
-                               const char *keyspace, const char *group,
-                               int64_t slab_s, int64_t retention_s,
-                               void (*wake)(void *), void *wake_arg,
-                               char *errstr, size_t errstr_size);
+/* The Cassandra store for consumer group `group` on session `w` (a
+ * reference taken; see worker.h for the order of closing); the keyspace
+ * must be migrated (pr__cql_migrate). The session's `wake` is called from
+ * its thread when operations finished: the owner then calls poll() on its
+ * own thread. */
+struct pr__cqlw;
+pr__tstore_t *pr__cqlstore_new(struct pr__cqlw *w, const char *keyspace,
+                               const char *group, int64_t slab_s,
+                               int64_t retention_s, char *errstr,
+                               size_t errstr_size);
+
+/*
+ * One owner's Cassandra session, shared by its stores: `w` NULL until the
+ * first store that needs it opens it (pr__cql_shared_open), then one
+ * reference of it, which the owner drops (pr__cqlw_free) after stopping
+ * the session and destroying the stores. `wake` and `wake_arg` are the
+ * session's wake-up (worker.h).
+ */
+typedef struct pr__cql_shared {
+  struct pr__cqlw *w;
+  void (*wake)(void *);
+  void *wake_arg;
+} pr__cql_shared_t;
+
+/* Opens `sh`'s session unless it is open (blocking: checks that
+ * cassandra_nodes is set and migrates the keyspace first); sh->w then.
+ * Errors as pr__cql_keyspace_ready's, and PROSODY_ERR_NOMEM. */
+struct pr__settings;
+prosody_err_t pr__cql_shared_open(pr__cql_shared_t *sh,
+                                  const struct pr__settings *st, char *errstr,
+                                  size_t errstr_size);
 
 /* Opens the store the settings ask for: memory in mock mode, when the
  * handler has no on_timer (`uses_timers` 0) or for a test that asks for
- * it; else Cassandra, after migrating its keyspace (blocking). Errors:
+ * it; else Cassandra, on the session `sh` (opened if need be). Errors:
  * PROSODY_ERR_CONFIG (cassandra_nodes missing), PROSODY_ERR_TRANSIENT
  * (Cassandra unreachable or failing), PROSODY_ERR_NOMEM. */
-struct pr__settings;
 prosody_err_t pr__tstore_open(const struct pr__settings *st, int uses_timers,
-                              int64_t slab_s, void (*wake)(void *),
-                              void *wake_arg, pr__tstore_t **out, char *errstr,
+                              int64_t slab_s, pr__cql_shared_t *sh,
+                              pr__tstore_t **out, char *errstr,
                               size_t errstr_size);
 /* The Cassandra settings as the CQL client takes them (pointers into
  * `st`). */

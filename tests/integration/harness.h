@@ -539,6 +539,7 @@ static inline long long t_metric(int port, const char *name) {
 /* White-box programs (tests/CMakeLists.txt: INTERNAL) also get the store
  * tests' Cassandra set-up. */
 #include "cql/cql.h"
+#include "cql/worker.h"
 
 /* `conf` pointing at t_cassandra_nodes() (`*node` holds the address). */
 static inline void t_cql_conf(pr__cql_conf_t *conf, char **node) {
@@ -559,6 +560,19 @@ static inline void t_cql_migrate(const pr__cql_conf_t *conf) {
   CHECK_OK(pr__cql_migrate(y, T_KEYSPACE, 60000, NULL, err, sizeof(err)), err);
   pr__cql_sync_free(y);
 }
+
+/* A store on a session of its own, which the store then holds alone (its
+ * destroy stops it): `make` makes the store on `w` (NULL and errstr on
+ * failure). */
+#define T_LONE_STORE(conf, wake, wake_arg, err, make)                          \
+  __extension__({                                                              \
+    pr__cqlw_t *w =                                                            \
+        pr__cqlw_new((conf), (wake), (wake_arg), (err), sizeof(err));          \
+    CHECK(w && !pr__cqlw_start(w, (err), sizeof(err)), "%s", (err));           \
+    __typeof__(make) t_store_ = (make);                                        \
+    pr__cqlw_free(w);                                                          \
+    t_store_;                                                                  \
+  })
 #endif
 
 #endif /* PR_TEST_HARNESS_H */

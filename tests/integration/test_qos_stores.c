@@ -144,7 +144,8 @@ static void test_dedup(const pr__cql_conf_t *conf) {
   const pr__did_t evt1 = {run, 1}, evt2 = {run, 2}, evt3 = {run, 3};
   uint8_t u[16];
   ans_t a;
-  pr__dedup_t *d = pr__dedup_new(conf, keyspace, wake, NULL, err, sizeof(err));
+  pr__dedup_t *d = T_LONE_STORE(conf, wake, NULL, err,
+                                pr__dedup_new(w, keyspace, err, sizeof(err)));
   CHECK(d, "dedup: %s", err);
   DEDUP(pr__dedup_seen(d, "g", evt1, on_seen, &a));
   CHECK(!a.seen, "evt-1 seen before it was recorded");
@@ -201,7 +202,8 @@ static void test_defer(const pr__cql_conf_t *conf, pr__defer_kind_t kind) {
   uint8_t id[16];
   ans_t a;
   pr__defer_t *f =
-      pr__defer_new(conf, keyspace, kind, 86400, wake, NULL, err, sizeof(err));
+      T_LONE_STORE(conf, wake, NULL, err,
+                   pr__defer_new(w, keyspace, kind, 86400, err, sizeof(err)));
   CHECK(f, "defer: %s", err);
   snprintf(group, sizeof(group), "g-%d-%ld", (int)getpid(), (long)time(NULL));
   snprintf(seg, sizeof(seg), "topic/3:%s", group);

@@ -10,6 +10,7 @@
  *   test_state --child BOOTSTRAP|- TOPIC GROUP   a consumer that exits at
  *                                                its third stored event
  */
+#include <dirent.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -1383,6 +1384,143 @@ T_SCENARIO(a_record_kafka_no_longer_has_reads_as_a_permanent_error, T_REAL,
   CHECK(gone_err == PROSODY_ERR_PERMANENT && strstr(gone_why, "no longer has"),
         "reading a deleted record: %s (%s)", prosody_err_name(gone_err),
         gone_why);
+  pthread_mutex_unlock(&lock);
+  return 0;
+}
+
+/* ---- one Cassandra session for every store ----------------------------- */
+
+/* Threads of this process named `name`. */
+static int threads_named(const char *name) {
+  DIR *d = opendir("/proc/self/task");
+  struct dirent *e;
+  int n = 0;
+  CHECK(d, "/proc/self/task");
+  while ((e = readdir(d))) {
+    char path[300], comm[64] = "";
+    FILE *f;
+    if (e->d_name[0] == '.')
+      continue;
+    snprintf(path, sizeof(path), "/proc/self/task/%s/comm", e->d_name);
+    if (!(f = fopen(path, "r")))
+      continue; /* ended meanwhile */
+    if (fgets(comm, sizeof(comm), f))
+      comm[strcspn(comm, "\n")] = '\0';
+    fclose(f);
+    n += !strcmp(comm, name);
+  }
+  closedir(d);
+  return n;
+}
+
+/* This process's established TCP connections to `port`: the sockets of
+ * /proc/self/fd found in /proc/net/tcp and tcp6 with that remote port. */
+static int connections_to(int port) {
+  unsigned long inodes[1024];
+  size_t ni = 0;
+  int n = 0;
+  DIR *d = opendir("/proc/self/fd");
+  struct dirent *e;
+  CHECK(d, "/proc/self/fd");
+  while ((e = readdir(d)) && ni < 1024) {
+    char path[300], link[64];
+    ssize_t len;
+    snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
+    if ((len = readlink(path, link, sizeof(link) - 1)) > 0) {
+      link[len] = '\0';
+      if (sscanf(link, "socket:[%lu]", &inodes[ni]) == 1)
+        ni++;
+    }
+  }
+  closedir(d);
+  for (int v6 = 0; v6 < 2; v6++) {
+    FILE *f = fopen(v6 ? "/proc/net/tcp6" : "/proc/net/tcp", "r");
+    char line[512];
+    if (!f)
+      continue;
+    while (fgets(line, sizeof(line), f)) {
+      char rem[64];
+      unsigned st, rport;
+      unsigned long inode;
+      char *colon;
+      if (sscanf(line, " %*s %*s %63s %x %*s %*s %*s %*s %*s %lu", rem, &st,
+                 &inode) != 3 ||
+          !(colon = strrchr(rem, ':')) || sscanf(colon + 1, "%x", &rport) != 1)
+        continue;
+      for (size_t i = 0; i < ni; i++)
+        n += st == 1 && (int)rport == port && inodes[i] == inode;
+    }
+    fclose(f);
+  }
+  return n;
+}
+
+static prosody_result_t plain_msg(prosody_context_t *ctx,
+                                  const prosody_message_t *msg, void *op) {
+  prosody_state_t *st = open_state(ctx, "count");
+  (void)msg;
+  (void)op;
+  if (!st)
+    return PROSODY_PERMANENT;
+  set_json(st, "1");
+  prosody_state_free(st);
+  ended();
+  return PROSODY_SUCCESS;
+}
+
+static prosody_result_t plain_timer(prosody_context_t *ctx,
+                                    const prosody_timer_t *t, void *op) {
+  (void)ctx;
+  (void)t;
+  (void)op;
+  return PROSODY_SUCCESS;
+}
+
+/* A consumer with every store in Cassandra (timers, deduplication,
+ * deferred messages and timers, keyed state) has one session: one thread
+ * and one connection to the one node, which its stop closes. */
+T_SCENARIO(every_store_shares_one_cassandra_session, T_REAL, 120) {
+  const char *topic = t_topic("state-one-session");
+  const char *node = t_cassandra_nodes();
+  const char *colon = strrchr(node, ':');
+  int port = colon ? atoi(colon + 1) : 9042;
+  prosody_state_def_t def = PROSODY_STATE_DEF_INIT;
+  prosody_handler_t h = {plain_msg, plain_timer, NULL, 0};
+  prosody_client_t *client;
+  char err[1024], group[128];
+  int threads, conns;
+  double t0, subscribe_s;
+  def.name = "count";
+  def.kind = PROSODY_STATE_VALUE;
+  reset();
+  t_create_topic(topic, 1);
+  produce(topic, 1, "{\"i\":%d,\"k\":%d}");
+  snprintf(group, sizeof(group), "%s-g", topic);
+  CHECK(threads_named("prosody-cql") == 0, "no session before the consumer");
+  client =
+      prosody_client_new(state_config(group, topic, &def, 1), err, sizeof(err));
+  CHECK(client, "client: %s", err);
+  t0 = t_now();
+  CHECK_OK(prosody_subscribe(client, &h, err, sizeof(err)), err);
+  subscribe_s = t_now() - t0;
+  /* Each store has been used: the timers' segment, dedup's lookups,
+   * keyed state's reads and writes. */
+  CHECK(t_wait_locked(&lock, &events, KEYS, 60) >= KEYS, "the %d records",
+        KEYS);
+  threads = threads_named("prosody-cql");
+  conns = connections_to(port);
+  t0 = t_now();
+  CHECK_OK(prosody_unsubscribe(client), "unsubscribe");
+  printf("one consumer, every store in Cassandra: %d CQL thread(s), %d "
+         "connection(s); subscribe %.0f ms, unsubscribe %.0f ms\n",
+         threads, conns, subscribe_s * 1000, (t_now() - t0) * 1000);
+  CHECK(threads == 1, "%d Cassandra threads for one consumer (want 1)",
+        threads);
+  CHECK(conns == 1, "%d connections to the one Cassandra node (want 1)", conns);
+  CHECK(threads_named("prosody-cql") == 0, "the stop ends the session");
+  prosody_client_destroy(client);
+  pthread_mutex_lock(&lock);
+  CHECK(!bad, "%d bad observations, the first: %s", bad, first_bad);
   pthread_mutex_unlock(&lock);
   return 0;
 }

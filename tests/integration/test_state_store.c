@@ -91,7 +91,8 @@ static char group[64]; /* this run's: its cells are its own */
 static pr__sstore_t *store_new(void) {
   char err[512];
   pr__sstore_t *s =
-      pr__cqlstate_new(&cqlconf, T_KEYSPACE, wake, NULL, err, sizeof(err));
+      T_LONE_STORE(&cqlconf, wake, NULL, err,
+                   pr__cqlstate_new(w, T_KEYSPACE, err, sizeof(err)));
   CHECK(s, "pr__cqlstate_new: %s", err);
   CHECK(!s->sync, "the Cassandra store answers from poll()");
   return s;
@@ -609,7 +610,8 @@ T_SCENARIO(store_failure_is_transient_and_named, T_BOTH, 60) {
   conf.nnodes = 1;
   conf.connect_timeout_ms = 300;
   conf.request_timeout_ms = 800;
-  st = pr__cqlstate_new(&conf, T_KEYSPACE, wake, NULL, err, sizeof(err));
+  st = T_LONE_STORE(&conf, wake, NULL, err,
+                    pr__cqlstate_new(w, T_KEYSPACE, err, sizeof(err)));
   CHECK(st, "pr__cqlstate_new: %s", err);
   st->ops->get(st, &c, 0, (const uint8_t *)"", 0, on_get, &a);
   await(st, &a);

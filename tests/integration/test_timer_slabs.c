@@ -113,8 +113,9 @@ static void listed(const char *group, const char *topic, int64_t a, char *out,
   double deadline = t_now() + 30;
   pr__tstore_t *s;
   t_cql_conf(&conf, &node);
-  s = pr__cqlstore_new(&conf, T_KEYSPACE, group, SLAB_S, 3600, wake, NULL, err,
-                       sizeof(err));
+  s = T_LONE_STORE(
+      &conf, wake, NULL, err,
+      pr__cqlstore_new(w, T_KEYSPACE, group, SLAB_S, 3600, err, sizeof(err)));
   CHECK(s, "%s", err);
   l.a = a;
   s->ops->slabs(s, &seg, SLAB_S, on_slabs, &l);

@@ -320,8 +320,9 @@ static void test_handover(pr__cql_conf_t *conf, const pr__tseg_t *seg,
   int64_t t = base_s + 30 * SLAB_S;
   pr__tstore_t *a, *b;
   got_t g = {0};
-  a = pr__cqlstore_new(conf, T_KEYSPACE, group, SLAB_S, 3600, wake, NULL, err,
-                       sizeof(err));
+  a = T_LONE_STORE(
+      conf, wake, NULL, err,
+      pr__cqlstore_new(w, T_KEYSPACE, group, SLAB_S, 3600, err, sizeof(err)));
   CHECK(a, "%s", err);
   answered = failed = 0;
   a->ops->put(a, seg, "one", t, PR_TIMER_APPLICATION, NULL, on_done, NULL);
@@ -343,8 +344,9 @@ static void test_handover(pr__cql_conf_t *conf, const pr__tseg_t *seg,
   a->ops->release(a, seg);
   a->ops->destroy(a);
 
-  b = pr__cqlstore_new(conf, T_KEYSPACE, group, SLAB_S, 3600, wake, NULL, err,
-                       sizeof(err));
+  b = T_LONE_STORE(
+      conf, wake, NULL, err,
+      pr__cqlstore_new(w, T_KEYSPACE, group, SLAB_S, 3600, err, sizeof(err)));
   CHECK(b, "%s", err);
   expect_times(b, seg, "one", t, "0");
   expect_times(b, seg, "two", t, "0,1");
@@ -363,8 +365,9 @@ static void test_handover(pr__cql_conf_t *conf, const pr__tseg_t *seg,
   await_n(b, &answered, 3, 30);
   CHECK(!failed, "writes failed: %s", last_errstr);
   b->ops->destroy(b);
-  a = pr__cqlstore_new(conf, T_KEYSPACE, group, SLAB_S, 3600, wake, NULL, err,
-                       sizeof(err));
+  a = T_LONE_STORE(
+      conf, wake, NULL, err,
+      pr__cqlstore_new(w, T_KEYSPACE, group, SLAB_S, 3600, err, sizeof(err)));
   CHECK(a, "%s", err);
   expect_times(a, seg, "two", t, "1");
   expect_times(a, seg, "one", t, "0,5");
@@ -377,8 +380,10 @@ static void test_handover(pr__cql_conf_t *conf, const pr__tseg_t *seg,
 static void test_slab_size_refused(pr__cql_conf_t *conf, const pr__tseg_t *seg,
                                    const char *group) {
   char err[1024];
-  pr__tstore_t *s = pr__cqlstore_new(conf, T_KEYSPACE, group, SLAB_S * 2, 3600,
-                                     wake, NULL, err, sizeof(err));
+  pr__tstore_t *s =
+      T_LONE_STORE(conf, wake, NULL, err,
+                   pr__cqlstore_new(w, T_KEYSPACE, group, SLAB_S * 2, 3600, err,
+                                    sizeof(err)));
   CHECK(s, "%s", err);
   answered = failed = 0;
   s->ops->put(s, seg, "k", base_s, PR_TIMER_APPLICATION, NULL, on_done, NULL);
@@ -401,8 +406,9 @@ static void test_unreachable(void) {
   conf.nnodes = 1;
   conf.connect_timeout_ms = 300;
   conf.request_timeout_ms = 1000;
-  s = pr__cqlstore_new(&conf, "prosody_test", "nobody", SLAB_S, 3600, wake,
-                       NULL, err, sizeof(err));
+  s = T_LONE_STORE(&conf, wake, NULL, err,
+                   pr__cqlstore_new(w, "prosody_test", "nobody", SLAB_S, 3600,
+                                    err, sizeof(err)));
   CHECK(s, "%s", err);
   answered = failed = 0;
   for (int i = 0; i < 50; i++)
@@ -436,8 +442,9 @@ static pr__tstore_t *store_new(pr__cql_conf_t *conf, char **node,
   snprintf(store_group, sizeof(store_group), "tstore-%d", (int)getpid());
   segs[0] = (pr__tseg_t){"topic", 3};
   segs[1] = (pr__tseg_t){"other", 0};
-  s = pr__cqlstore_new(conf, T_KEYSPACE, store_group, SLAB_S, 3600, wake, NULL,
-                       err, sizeof(err));
+  s = T_LONE_STORE(conf, wake, NULL, err,
+                   pr__cqlstore_new(w, T_KEYSPACE, store_group, SLAB_S, 3600,
+                                    err, sizeof(err)));
   CHECK(s, "%s", err);
   return s;
 }
@@ -504,8 +511,10 @@ static void expect_listed(pr__cql_conf_t *conf, const pr__tseg_t *seg,
                           int64_t s0, const char *want) {
   char err[1024], out[256];
   got_t g = {0};
-  pr__tstore_t *o = pr__cqlstore_new(conf, T_KEYSPACE, store_group, SLAB_S,
-                                     3600, wake, NULL, err, sizeof(err));
+  pr__tstore_t *o =
+      T_LONE_STORE(conf, wake, NULL, err,
+                   pr__cqlstore_new(w, T_KEYSPACE, store_group, SLAB_S, 3600,
+                                    err, sizeof(err)));
   CHECK(o, "%s", err);
   o->ops->slabs(o, seg, SLAB_S, on_times, &g);
   await_got(o, &g);

@@ -359,9 +359,8 @@ static void test_defer_gate(void **state) {
                    PROSODY_OK);
   f->st.test.memory_timers = 1; /* the layer's stores in memory */
   /* no on_timer: a message store only */
-  assert_int_equal(
-      pr__df_open(&f->eng, "localhost:9092", NULL, err, sizeof(err)),
-      PROSODY_OK);
+  assert_int_equal(pr__df_open(&f->eng, "localhost:9092", err, sizeof(err)),
+                   PROSODY_OK);
   assert_true(pr__df_gate(&f->eng, t)); /* nothing yet: open */
   pr__df_count(&f->eng, PROSODY_TRANSIENT, t);
   assert_false(pr__df_gate(&f->eng, t)); /* 1 of 1 > 0.9 */
