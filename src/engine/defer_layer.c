@@ -272,7 +272,9 @@ prosody_err_t pr__df_open(pr__engine_t *eng, const char *bootstrap,
                             errstr, errstr_size)))
       return PROSODY_ERR_TRANSIENT;
     if (cache && !(cached = pr__defer_cached(d, cache))) {
-      pr__defer_free(d);
+      /* Freed by the close, once the engine has stopped the session
+       * (the store's round hook runs on its thread until then). */
+      df->store[kind] = d;
       pr__errf(errstr, errstr_size, "out of memory");
       return PROSODY_ERR_NOMEM;
     }
