@@ -425,8 +425,8 @@ static int state_settle(inv_t *inv) {
 
 /* ---- the layer ----------------------------------------------------------- */
 
-/* The store finished operations (its thread): the engine delivers them;
- * while the layer opens, the opening thread does. */
+/* Answers the opening thread waits for (the engine delivers the store's
+ * answers once it runs; while the layer opens, the opening thread does). */
 struct ident_wait {
   int pending;
   prosody_err_t err;
@@ -443,10 +443,11 @@ static void ident_done(void *arg, prosody_err_t err, const char *errstr) {
   }
 }
 
-/* Waits for the store's answers of `w` (the opening thread); w->err. */
+/* Waits for the store's answers of `w` (the opening thread); w->err. The
+ * memory store has answered before this (it answers at once). */
 static prosody_err_t ident_wait(pr__engine_t *eng, struct ident_wait *w) {
   struct pr__kst_state *k = eng->kst;
-  while (w->pending > 0) {
+  while (w->pending > 0 && eng->cql.w) {
     pr__cqlw_wait(eng->cql.w, 1000);
     k->store->ops->poll(k->store);
   }
