@@ -126,11 +126,6 @@ void pr__dlq_done(inv_t *inv) {
 
 static void send_again(uv_timer_t *t) {
   inv_t *inv = t->data;
-  /* It fired: from now on a timer means a retry is pending (the drain
-   * keeps a send in flight, and releases one that waits for its retry). */
-  pr__inv_timer_close(&inv->timer);
-  if (inv->eng->phase != PH_RUNNING || inv->part->revoking)
-    pr__outcome_finish(inv, 0); /* released: redelivered later */
-  else
+  if (!pr__outcome_retry_fired(inv))
     pr__dlq_send(inv);
 }

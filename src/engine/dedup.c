@@ -251,13 +251,6 @@ const pr__did_t *pr__dd_stored_id(const inv_t *inv) {
   return &DDX(inv)->did;
 }
 
-/* The poll hook: the store's finished lookups and records. */
-static void poll_store(pr__engine_t *eng) {
-  PR_ENGINE_THREAD(eng);
-  if (eng->dd && eng->dd->store)
-    pr__dedup_poll(eng->dd->store);
-}
-
 static void on_seen(void *arg, prosody_err_t err, const char *errstr, int seen);
 
 static void lookup(inv_t *inv) {
@@ -392,6 +385,11 @@ static int dd_gate(inv_t *inv) {
   }
 }
 
+/* Two events' ids are the same (both read). */
+static int same_id(const inv_t *a, const inv_t *b) {
+  return DDX(a)->did.hi == DDX(b)->did.hi && DDX(a)->did.lo == DDX(b)->did.lo;
+}
+
 /* The claimable hook: not a duplicate of one the run handles first. */
 static int claimable(inv_t *head, inv_t *f) {
   PR_ENGINE_THREAD(head->eng);
@@ -400,8 +398,7 @@ static int claimable(inv_t *head, inv_t *f) {
   if (DDX(f)->st != DD_UNSEEN)
     return 0;
   for (inv_t *i = head; i; i = i->chain_next)
-    if (DDX(i)->st != DD_OFF && DDX(i)->did.hi == DDX(f)->did.hi &&
-        DDX(i)->did.lo == DDX(f)->did.lo)
+    if (DDX(i)->st != DD_OFF && same_id(i, f))
       return 0; /* a duplicate of one the run handles first */
   return 1;
 }
@@ -425,13 +422,11 @@ static void dd_record(inv_t *inv) {
   /* Taken before this was recorded, the same id behind it on its key. */
   for (inv_t *i = inv->next; i; i = i->next)
     if (i->state == INV_QUEUED && DDX(i)->st != DD_OFF &&
-        DDX(i)->st != DD_LATE && DDX(i)->did.hi == DDX(inv)->did.hi &&
-        DDX(i)->did.lo == DDX(inv)->did.lo)
+        DDX(i)->st != DD_LATE && same_id(i, inv))
       DDX(i)->st = DD_SEEN;
-  if (!eng->dd->late) {
+  if (!eng->dd->late)
     pr__dedup_record(eng->dd->store, eng->group_id, DDX(inv)->did,
-                     eng->dd->ttl_s, on_recorded, eng);
-  }
+                     eng->dd->ttl_s, on_recorded, NULL);
 }
 
 /* The forget hook: a lookup in flight must not reach the freed inv. */
@@ -485,7 +480,6 @@ const pr__layer_t pr__layer_dedup = {.name = "dedup",
                                      .completed = completed,
                                      .done = done,
                                      .forget = forget,
-                                     .poll = poll_store,
                                      .close = dd_close};
 
 void pr__dd_unwait(inv_t *inv) {

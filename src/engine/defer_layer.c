@@ -46,14 +46,6 @@ int pr__df_refuse_row(pr__engine_t *eng) {
   return 1;
 }
 
-/* The poll hook: the stores' finished operations. */
-static void poll_stores(pr__engine_t *eng) {
-  PR_ENGINE_THREAD(eng);
-  for (int kind = 0; eng->df && kind < 2; kind++)
-    if (eng->df->store[kind])
-      pr__defer_poll(eng->df->store[kind]);
-}
-
 /* ---- the failure rate ---------------------------------------------------- */
 
 static void gate_roll(struct pr__df_state *df, int64_t now_ns) {
@@ -350,5 +342,4 @@ const pr__layer_t pr__layer_defer = {.name = "defer",
                                      .timer_loaded = pr__df_timer_loaded,
                                      .unscheduled = pr__df_unscheduled,
                                      .on_tick = pr__df_tick,
-                                     .poll = poll_stores,
                                      .close = close_layer};

@@ -206,15 +206,15 @@ static void engine_free(pr__engine_t *eng) {
   free(eng);
 }
 
-/* The stores' letter: each store delivers the results its thread has
- * finished. Results finished after this are posted anew. */
+/* The stores' letter: their session delivers the results its thread has
+ * finished, for every store on it (memory stores answer at once). Results
+ * finished after this are posted anew. */
 static void store_mail(pr__mail_t *mail, void *owner) {
   pr__engine_t *eng = owner;
   (void)mail;
   atomic_store(&eng->store_posted, 0);
-  if (eng->store)
-    eng->store->ops->poll(eng->store);
-  pr__layers_poll(eng);
+  if (eng->cql.w)
+    pr__cqlw_poll(eng->cql.w);
 }
 
 /* A store's thread finished operations (any thread): the engine delivers

@@ -184,12 +184,7 @@ static void timer_deleted_cb(void *arg, prosody_err_t err, const char *errstr) {
 
 static void delete_again(uv_timer_t *t) {
   inv_t *inv = t->data;
-  /* It fired: from now on a timer means a retry is pending (the drain
-   * keeps a delete in flight, and releases one that waits for its retry). */
-  pr__inv_timer_close(&inv->timer);
-  if (inv->eng->phase != PH_RUNNING || inv->part->revoking)
-    pr__outcome_finish(inv, 0); /* released: it fires again on a load */
-  else
+  if (!pr__outcome_retry_fired(inv)) /* released: it fires again on a load */
     firing_delete(inv);
 }
 

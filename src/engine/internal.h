@@ -663,9 +663,15 @@ typedef struct pr__stx pr__stx_t;
  * on the way in refused it): the mode's layers decide, as for a handler's
  * transient failure. */
 void pr__outcome_reject(inv_t *inv, const char *why);
-/* Runs the inv again (handler, or failure-topic send when its state is
- * INV_DLQ) after `ms`. */
+/* Runs the inv's handler again after `ms`. */
 void pr__outcome_arm_retry(inv_t *inv, uint64_t ms);
+/* An event's retry timer fired (first in its callback): from now on a
+ * timer means a retry is pending (a drain keeps a send or delete in flight,
+ * and releases one that waits for its retry). 1: the event was released
+ * meanwhile (stopping, or its partition revoking) and is finished
+ * uncommitted (redelivered, or fired again, later): do nothing more; 0:
+ * retry it. */
+int pr__outcome_retry_fired(inv_t *inv);
 /* Full jitter: uniform in [0, min(2^n * retry_base, max_retry_delay)). */
 uint64_t pr__outcome_backoff_ms(pr__engine_t *eng, int n);
 

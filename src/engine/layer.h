@@ -55,8 +55,6 @@
  *             a handler deleted the key's application timer at `time_s`
  *             (-1: all of the key's timers)
  *   on_tick   every poll_interval
- *   poll      the layer's store finished operations: deliver their
- *             results (the engine's stores' letter)
  *   close     at shutdown (`final` 0) and when the engine is freed (1)
  *
  * A layer's engine-wide state is a struct its own file defines, behind one
@@ -129,7 +127,6 @@ typedef struct pr__layer {
   int (*timer_loaded)(part_t *part, const char *key, int type, int64_t time_s);
   void (*unscheduled)(part_t *part, const char *key, int64_t time_s);
   void (*on_tick)(pr__engine_t *eng);
-  void (*poll)(pr__engine_t *eng);
   void (*close)(pr__engine_t *eng, int final);
 } pr__layer_t;
 
@@ -170,7 +167,6 @@ int pr__layers_timer_loaded(part_t *part, const char *key, int type,
                             int64_t time_s);
 void pr__layers_unscheduled(part_t *part, const char *key, int64_t time_s);
 void pr__layers_tick(pr__engine_t *eng);
-void pr__layers_poll(pr__engine_t *eng);
 void pr__layers_close(pr__engine_t *eng, int final);
 
 #endif /* PR_ENGINE_LAYER_H */

@@ -281,13 +281,6 @@ void pr__layers_tick(pr__engine_t *eng) {
     (*l)->on_tick(eng);
 }
 
-void pr__layers_poll(pr__engine_t *eng) {
-  PR_ENGINE_THREAD(eng);
-  EACH(eng, l)
-  if ((*l)->poll)
-    (*l)->poll(eng);
-}
-
 void pr__layers_close(pr__engine_t *eng, int final) {
   PR_ENGINE_THREAD(eng);
   if (!eng->layers)

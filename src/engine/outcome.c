@@ -80,17 +80,19 @@ void pr__outcome_arm_retry(inv_t *inv, uint64_t ms) {
     pr__dispatch_schedule(inv); /* no timer: try again at once */
 }
 
+int pr__outcome_retry_fired(inv_t *inv) {
+  PR_ENGINE_THREAD(inv->eng);
+  pr__inv_timer_close(&inv->timer);
+  if (inv->eng->phase == PH_RUNNING && !inv->part->revoking)
+    return 0;
+  pr__outcome_finish(inv, 0);
+  return 1;
+}
+
 static void on_retry(uv_timer_t *t) {
   inv_t *inv = t->data;
-  /* It fired: from now on a timer means a retry is pending (the drain keeps
-   * a failure-topic send or timer delete in flight, and releases one that
-   * waits for its retry). */
-  pr__inv_timer_close(&inv->timer);
-  if (inv->eng->phase != PH_RUNNING || inv->part->revoking) {
-    pr__outcome_finish(inv, 0); /* released: redelivered later */
-    return;
-  }
-  pr__dispatch_schedule(inv);
+  if (!pr__outcome_retry_fired(inv))
+    pr__dispatch_schedule(inv);
 }
 
 static void decided(inv_t *inv, pr__verdict_t v, const pr__layer_t *by);

@@ -571,13 +571,6 @@ static void close_layer(pr__engine_t *eng, int final) {
   eng->kst = NULL;
 }
 
-/* The poll hook: the store's finished operations. */
-static void poll_store(pr__engine_t *eng) {
-  PR_ENGINE_THREAD(eng);
-  if (eng->kst && eng->kst->store)
-    eng->kst->store->ops->poll(eng->kst->store);
-}
-
 pr__sstore_t *pr__st_store(const pr__engine_t *eng) {
   return eng->kst ? eng->kst->store : NULL;
 }
@@ -596,5 +589,4 @@ const pr__layer_t pr__layer_state = {.name = "keyed state",
                                      .settle = state_settle,
                                      .drop = state_drop,
                                      .forget = state_drop,
-                                     .poll = poll_store,
                                      .close = close_layer};
